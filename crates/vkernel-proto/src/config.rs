@@ -1,0 +1,76 @@
+//! Engine configuration. Times are in microseconds.
+
+use crate::pid::HostId;
+use crate::wire::{FIXED_BYTES, MAX_DATAGRAM};
+use std::net::SocketAddr;
+
+/// Time in microseconds since an arbitrary epoch chosen by the runtime.
+pub type Micros = u64;
+
+/// Largest segment part that can travel appended to a Send or Reply.
+pub const MAX_APPEND: usize = MAX_DATAGRAM - FIXED_BYTES;
+
+/// Tunables of one logical host's protocol engine.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Fixed logical host id, or `None` to allocate one by announcement–complaint.
+    pub host_id: Option<HostId>,
+    /// Where to send queries when the location of a host is unknown: a static
+    /// peer list and/or a broadcast address.
+    pub discovery: Vec<SocketAddr>,
+    /// UDP payload size used for bulk-data chunks (MoveTo/MoveFrom).
+    pub datagram_size: usize,
+    /// Bulk-data bytes in flight before an acknowledgement (flow-control window).
+    pub window: usize,
+    /// Alien descriptors (buffers for incoming remote requests), preallocated bound.
+    pub alien_pool: usize,
+    /// At most this many aliens held for one remote host.
+    pub alien_per_host: usize,
+    /// Retransmission timeout before any RTT sample.
+    pub initial_rto: Micros,
+    /// Floor of the adaptive retransmission timeout.
+    pub min_rto: Micros,
+    /// Ceiling of the adaptive retransmission timeout (after backoff).
+    pub max_rto: Micros,
+    /// A Send/MoveTo/MoveFrom fails when the peer host is silent this long.
+    pub host_timeout: Micros,
+    /// An alien not heard from for this long is freed (saved replies too).
+    pub alien_timeout: Micros,
+    /// A remote GetPid gives up (returns the null pid) after this long.
+    pub getpid_timeout: Micros,
+    /// Announcement–complaint: how long to wait for a complaint.
+    pub alloc_timeout: Micros,
+    /// Entries in the logical host → address cache (LRU).
+    pub location_cache: usize,
+    /// Seed for host id choice and sequence numbers.
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            host_id: None,
+            discovery: Vec::new(),
+            datagram_size: MAX_DATAGRAM,
+            window: 1 << 20,
+            alien_pool: 256,
+            alien_per_host: 128,
+            initial_rto: 100_000,
+            min_rto: 2_000,
+            max_rto: 1_000_000,
+            host_timeout: 3_000_000,
+            alien_timeout: 8_000_000,
+            getpid_timeout: 500_000,
+            alloc_timeout: 500_000,
+            location_cache: 1024,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl Config {
+    /// Data bytes per bulk chunk.
+    pub fn chunk_bytes(&self) -> usize {
+        self.datagram_size.clamp(FIXED_BYTES + 64, MAX_DATAGRAM) - FIXED_BYTES
+    }
+}

@@ -1,0 +1,647 @@
+//! MoveTo / MoveFrom: local copies, and remote streaming of chunk datagrams
+//! with one acknowledgement per half window, selective retransmission from a
+//! chunk bitmap, and a credit window for flow control.
+//!
+//! Wire use of the message words in bulk packets (see `docs/PROTOCOL.md`):
+//! w0 transfer id, w1 base offset in the lent segment, w2 chunk size,
+//! w3 first chunk (range start / cumulative ack), w4 end chunk (exclusive).
+
+use std::net::SocketAddr;
+
+use super::bitset::{packed_get, BitSet};
+use super::{Completion, Dest, Engine, PState};
+use crate::config::{Micros, MAX_APPEND};
+use crate::error::IpcError;
+use crate::message::Message;
+use crate::pid::Pid;
+use crate::segment::Seg;
+use crate::stats::DropReason;
+use crate::wire::{Header, Packet, PacketType, Status, F_ACK_NOW, F_RETRANSMIT};
+
+/// Largest bitmap carried in one acknowledgement, in chunks.
+const MAX_ACK_SPAN: usize = 8192 * 8;
+/// Inbound MoveTo transfers remembered per exchange.
+const MAX_INBOUND: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// Our buffer → their segment.
+    To,
+    /// Their segment → our buffer.
+    From,
+}
+
+/// A remote MoveTo/MoveFrom the mover is blocked in.
+pub(crate) struct MoveOp {
+    dir: Dir,
+    peer: Pid,
+    xseq: u32,
+    xfer: u32,
+    base: u32,
+    total: usize,
+    chunk: usize,
+    buf: Seg,
+    /// MoveTo: acknowledged chunks. MoveFrom: received chunks.
+    done: BitSet,
+    /// MoveTo: next never-sent chunk. MoveFrom: end of the requested range.
+    next_new: usize,
+    /// MoveTo: transmission counter of each chunk's last send.
+    last_tx: Vec<u32>,
+    tx_counter: u32,
+    rto: Micros,
+    timer: Micros,
+    deadline: Micros,
+    addr: SocketAddr,
+    /// MoveFrom: holes below this end were already re-requested.
+    rerequested_to: usize,
+}
+
+/// A MoveTo arriving into a local process's segment (owner side).
+pub(crate) struct InBulk {
+    mover: Pid,
+    xfer: u32,
+    got: BitSet,
+    highest: usize,
+}
+
+fn status_error(s: Status, peer: Pid) -> IpcError {
+    match s {
+        Status::NoSuchProcess => IpcError::NoSuchProcess(peer),
+        Status::AccessDenied => IpcError::AccessDenied(peer),
+        Status::OutOfBounds => IpcError::OutOfBounds(peer),
+        Status::Busy => IpcError::NoResources,
+        _ => IpcError::NotAwaitingReply(peer),
+    }
+}
+
+fn nchunks(total: usize, chunk: usize) -> usize {
+    total.div_ceil(chunk.max(1))
+}
+
+impl Engine {
+    fn window_chunks(&self, chunk: usize) -> usize {
+        (self.cfg.window / chunk.max(1)).max(1)
+    }
+
+    /// MoveTo: copies `src` into `target`'s write-granted segment at
+    /// `dest_off`. `target` must be awaiting reply from `mover`. Returns the
+    /// byte count at once for a local target, or `None` (blocked until a
+    /// [`Completion::Move`]) for a remote one.
+    pub fn move_to(
+        &mut self,
+        now: Micros,
+        mover: Pid,
+        target: Pid,
+        dest_off: u32,
+        src: Seg,
+    ) -> Result<Option<usize>, IpcError> {
+        self.check_ready_caller(mover)?;
+        let n = src.len();
+        if self.is_local(target) {
+            let Some(o) = self.outgoing_mut(target) else {
+                return Err(IpcError::NotAwaitingReply(target));
+            };
+            if o.dst != mover || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(target));
+            }
+            if !o.access.write {
+                return Err(IpcError::AccessDenied(target));
+            }
+            let Some(seg) = o.seg.as_mut() else {
+                return Err(IpcError::AccessDenied(target));
+            };
+            let off = dest_off as usize;
+            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
+                return Err(IpcError::OutOfBounds(target));
+            }
+            seg.bytes_mut()[off..off + n].copy_from_slice(src.bytes());
+            self.stats.bulk_bytes += n as u64;
+            return Ok(Some(n));
+        }
+        let i = self.received_alien(target, mover)?;
+        let Some(a) = self.slots[i].alien.as_ref() else {
+            return Err(IpcError::NotAwaitingReply(target));
+        };
+        if !a.access.write {
+            return Err(IpcError::AccessDenied(target));
+        }
+        if dest_off as u64 + n as u64 > a.seg_total as u64 {
+            return Err(IpcError::OutOfBounds(target));
+        }
+        if n == 0 {
+            return Ok(Some(0));
+        }
+        let (xseq, addr) = (a.seq, a.addr);
+        let chunk = self.cfg.chunk_bytes();
+        let nc = nchunks(n, chunk);
+        let op = MoveOp {
+            dir: super::bulk::Dir::To,
+            peer: target,
+            xseq,
+            xfer: self.random_u32(),
+            base: dest_off,
+            total: n,
+            chunk,
+            buf: src,
+            done: BitSet::new(nc),
+            next_new: 0,
+            last_tx: vec![0; nc],
+            tx_counter: 0,
+            rto: self.rto_for(target.host()),
+            timer: 0,
+            deadline: now + self.cfg.host_timeout,
+            addr,
+            rerequested_to: 0,
+        };
+        self.set_state(mover, PState::Moving(Box::new(op)));
+        self.pump_move_to(now, mover);
+        Ok(None)
+    }
+
+    /// MoveFrom: copies from `source`'s read-granted segment at `src_off`
+    /// into `dest`. `source` must be awaiting reply from `mover`.
+    pub fn move_from(
+        &mut self,
+        now: Micros,
+        mover: Pid,
+        source: Pid,
+        src_off: u32,
+        mut dest: Seg,
+    ) -> Result<Option<usize>, IpcError> {
+        self.check_ready_caller(mover)?;
+        let n = dest.len();
+        let off = src_off as usize;
+        if self.is_local(source) {
+            let Some(o) = self.outgoing(source) else {
+                return Err(IpcError::NotAwaitingReply(source));
+            };
+            if o.dst != mover || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(source));
+            }
+            if !o.access.read {
+                return Err(IpcError::AccessDenied(source));
+            }
+            let Some(seg) = o.seg.as_ref() else {
+                return Err(IpcError::AccessDenied(source));
+            };
+            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
+                return Err(IpcError::OutOfBounds(source));
+            }
+            dest.bytes_mut().copy_from_slice(&seg.bytes()[off..off + n]);
+            self.stats.bulk_bytes += n as u64;
+            return Ok(Some(n));
+        }
+        let i = self.received_alien(source, mover)?;
+        let Some(a) = self.slots[i].alien.as_ref() else {
+            return Err(IpcError::NotAwaitingReply(source));
+        };
+        if !a.access.read {
+            return Err(IpcError::AccessDenied(source));
+        }
+        if off as u64 + n as u64 > a.seg_total as u64 {
+            return Err(IpcError::OutOfBounds(source));
+        }
+        // Already here with the request (receive-with-segment data)?
+        if off + n <= self.slots[i].data.len() {
+            dest.bytes_mut()
+                .copy_from_slice(&self.slots[i].data[off..off + n]);
+            self.stats.bulk_bytes += n as u64;
+            return Ok(Some(n));
+        }
+        let (xseq, addr) = (a.seq, a.addr);
+        let chunk = self.cfg.chunk_bytes();
+        let nc = nchunks(n, chunk);
+        let first = nc.min(self.window_chunks(chunk));
+        let op = MoveOp {
+            dir: Dir::From,
+            peer: source,
+            xseq,
+            xfer: self.random_u32(),
+            base: src_off,
+            total: n,
+            chunk,
+            buf: dest,
+            done: BitSet::new(nc),
+            next_new: first,
+            last_tx: Vec::new(),
+            tx_counter: 0,
+            rto: self.rto_for(source.host()),
+            timer: 0,
+            deadline: now + self.cfg.host_timeout,
+            addr,
+            rerequested_to: 0,
+        };
+        self.set_state(mover, PState::Moving(Box::new(op)));
+        self.request_range(now, mover, 0, first, false);
+        Ok(None)
+    }
+
+    fn move_op(&mut self, pid: Pid) -> Option<&mut MoveOp> {
+        match &mut self.proc_mut(pid)?.state {
+            PState::Moving(op) => Some(op),
+            _ => None,
+        }
+    }
+
+    /// Sends new MoveTo chunks while the window allows.
+    fn pump_move_to(&mut self, now: Micros, mover: Pid) {
+        let win = self.window_chunks(self.cfg.chunk_bytes());
+        let half = (win / 2).max(1);
+        let mut sends = Vec::new();
+        {
+            let Some(op) = self.move_op(mover) else { return };
+            let nc = op.done.len();
+            let cum = op.done.first_clear_from(0);
+            while op.next_new < nc && op.next_new < cum + win {
+                let idx = op.next_new;
+                op.next_new += 1;
+                let ack_now = (idx + 1) % half == 0 || idx + 1 == nc || idx + 1 == cum + win;
+                op.tx_counter += 1;
+                op.last_tx[idx] = op.tx_counter;
+                sends.push((idx, ack_now));
+            }
+            if !sends.is_empty() {
+                op.timer = now + op.rto;
+            }
+        }
+        for (idx, ack_now) in sends {
+            self.send_move_to_chunk(mover, idx, ack_now, false);
+        }
+        if let Some(t) = self.move_op(mover).map(|op| op.timer) {
+            self.arm(t);
+        }
+    }
+
+    fn send_move_to_chunk(&mut self, mover: Pid, idx: usize, ack_now: bool, retx: bool) {
+        let Some(op) = self.move_op(mover) else { return };
+        let start = idx * op.chunk;
+        let end = (start + op.chunk).min(op.total);
+        let mut h = Header::new(PacketType::MoveToRequest);
+        h.seq = op.xseq;
+        h.src = mover;
+        h.dst = op.peer;
+        h.forwarder = mover;
+        h.flags = if ack_now { F_ACK_NOW } else { 0 } | if retx { F_RETRANSMIT } else { 0 };
+        h.total_length = op.total as u32;
+        h.local_addr = start as u32;
+        h.remote_addr = op.base.wrapping_add(start as u32);
+        let msg = Message([op.xfer, op.base, op.chunk as u32, 0, 0, 0, 0, 0]);
+        let addr = op.addr;
+        let mut buf = std::mem::take(&mut self.encode_buf);
+        if let Some(op) = self.move_op(mover) {
+            crate::wire::encode_into(&h, &msg, &op.buf.bytes()[start..end], &mut buf);
+        }
+        let bytes = buf.clone();
+        self.encode_buf = buf;
+        if retx {
+            self.stats.bulk_retransmits += 1;
+        }
+        self.emit_raw(addr, PacketType::MoveToRequest, bytes);
+    }
+
+    /// MoveFrom: asks the owner for chunks `[from, to)`, skipping held ones.
+    fn request_range(&mut self, now: Micros, mover: Pid, from: usize, to: usize, retx: bool) {
+        let Some(op) = self.move_op(mover) else { return };
+        let mut h = Header::new(PacketType::MoveFromRequest);
+        h.seq = op.xseq;
+        h.src = mover;
+        h.dst = op.peer;
+        h.forwarder = mover;
+        h.flags = if retx { F_RETRANSMIT } else { 0 };
+        h.total_length = op.total as u32;
+        let msg = Message([
+            op.xfer,
+            op.base,
+            op.chunk as u32,
+            from as u32,
+            to as u32,
+            0,
+            0,
+            0,
+        ]);
+        let map = if retx { op.done.pack(from, to) } else { Vec::new() };
+        let addr = op.addr;
+        op.timer = now + op.rto;
+        let t = op.timer;
+        self.emit(Dest::Addr(addr), &h, &msg, &map);
+        self.arm(t);
+    }
+
+    fn refuse(&mut self, to: SocketAddr, t: PacketType, h: &Header, msg: &Message, st: Status) {
+        let mut r = Header::new(t);
+        r.status = st;
+        r.seq = h.seq;
+        r.src = h.dst;
+        r.dst = h.src;
+        let m = Message([msg.0[0], 0, 0, 0, 0, 0, 0, 0]);
+        self.stats.drop(DropReason::SegmentViolation);
+        self.emit(Dest::Addr(to), &r, &m, &[]);
+    }
+
+    /// Checks a bulk request against the owner's exchange; returns the error
+    /// status, if any. Extends the owner's Send deadline (the peer is alive).
+    fn validate_owner(&mut self, now: Micros, h: &Header, msg: &Message, write: bool) -> Status {
+        let host_timeout = self.cfg.host_timeout;
+        let chunk = msg.0[2] as usize;
+        let base = msg.0[1] as usize;
+        let total = h.total_length as usize;
+        let Some(o) = self.outgoing_mut(h.dst) else {
+            return Status::NotAwaitingReply;
+        };
+        if o.dst != h.src || o.seq != h.seq || o.remote.is_none() {
+            return Status::NotAwaitingReply;
+        }
+        if let Some(r) = o.remote.as_mut() {
+            r.deadline = now + host_timeout;
+        }
+        if (write && !o.access.write) || (!write && !o.access.read) {
+            return Status::AccessDenied;
+        }
+        let Some(seg) = o.seg.as_ref() else {
+            return Status::AccessDenied;
+        };
+        if base.checked_add(total).is_none_or(|e| e > seg.len()) {
+            return Status::OutOfBounds;
+        }
+        if chunk == 0 || chunk > MAX_APPEND {
+            return Status::BadRequest;
+        }
+        Status::Ok
+    }
+
+    pub(super) fn on_move_to_request(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let msg = pkt.msg;
+        let st = self.validate_owner(now, &h, &msg, true);
+        if st != Status::Ok {
+            return self.refuse(from, PacketType::MoveToReply, &h, &msg, st);
+        }
+        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let total = h.total_length as usize;
+        let off = h.local_addr as usize;
+        let nc = nchunks(total, chunk);
+        let idx = off / chunk;
+        let want = chunk.min(total.saturating_sub(off));
+        if off % chunk != 0 || idx >= nc || pkt.data.len() != want {
+            return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
+        }
+        let Some(o) = self.outgoing_mut(h.dst) else { return };
+        let pos = match o.inbound.iter().position(|b| b.mover == h.src && b.xfer == xfer) {
+            Some(p) => p,
+            None => {
+                if o.inbound.len() >= MAX_INBOUND {
+                    o.inbound.remove(0);
+                }
+                o.inbound.push(InBulk {
+                    mover: h.src,
+                    xfer,
+                    got: BitSet::new(nc),
+                    highest: 0,
+                });
+                o.inbound.len() - 1
+            }
+        };
+        if o.inbound[pos].got.len() != nc {
+            return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
+        }
+        let fresh = o.inbound[pos].got.set(idx);
+        if fresh {
+            if let Some(seg) = o.seg.as_mut() {
+                seg.bytes_mut()[base + off..base + off + want].copy_from_slice(pkt.data);
+            }
+        }
+        let b = &mut o.inbound[pos];
+        b.highest = b.highest.max(idx + 1);
+        let full = b.got.full();
+        if !(h.flags & F_ACK_NOW != 0 || (full && fresh)) {
+            return;
+        }
+        let cum = b.got.first_clear_from(0);
+        let end = b.highest.max(cum).min(cum + MAX_ACK_SPAN);
+        let map = b.got.pack(cum, end);
+        let mut r = Header::new(PacketType::MoveToReply);
+        r.seq = h.seq;
+        r.src = h.dst;
+        r.dst = h.src;
+        r.total_length = h.total_length;
+        let m = Message([xfer, msg.0[1], chunk as u32, cum as u32, end as u32, 0, 0, 0]);
+        self.emit(Dest::Addr(from), &r, &m, &map);
+    }
+
+    pub(super) fn on_move_to_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let host_timeout = self.cfg.host_timeout;
+        let rto = self.rto_for(h.src.host());
+        let win = self.window_chunks(self.cfg.chunk_bytes());
+        let Some(op) = self.move_op(h.dst) else {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        };
+        if op.dir != Dir::To || op.peer != h.src || op.xfer != pkt.msg.0[0] {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        }
+        if h.status != Status::Ok {
+            let e = status_error(h.status, op.peer);
+            self.complete(h.dst, Completion::Move(Err(e)));
+            return;
+        }
+        let nc = op.done.len();
+        let cum = (pkt.msg.0[3] as usize).min(nc);
+        let end = (pkt.msg.0[4] as usize).min(nc).max(cum);
+        let before = op.done.ones();
+        for i in op.done.first_clear_from(0)..cum {
+            op.done.set(i);
+        }
+        for i in cum..end {
+            if packed_get(pkt.data, i - cum) {
+                op.done.set(i);
+            }
+        }
+        if op.done.ones() > before {
+            op.deadline = now + host_timeout;
+            op.rto = rto;
+            op.timer = now + op.rto;
+        }
+        if op.done.full() {
+            let n = op.total;
+            self.stats.bulk_bytes += n as u64;
+            self.complete(h.dst, Completion::Move(Ok(n)));
+            return;
+        }
+        // Chunks sent before the latest-sent acknowledged one and still
+        // missing were lost (the path delivers in order, or nearly so).
+        let mut mark = 0;
+        for i in cum.saturating_sub(1)..end {
+            if op.done.get(i) {
+                mark = mark.max(op.last_tx[i]);
+            }
+        }
+        let mut lost = Vec::new();
+        let lo = op.done.first_clear_from(0);
+        for i in lo..op.next_new.min(lo + win) {
+            if !op.done.get(i) && op.last_tx[i] < mark {
+                lost.push(i);
+            }
+        }
+        let k = lost.len();
+        for (j, &i) in lost.iter().enumerate() {
+            if let Some(op) = self.move_op(h.dst) {
+                op.tx_counter += 1;
+                op.last_tx[i] = op.tx_counter;
+            }
+            self.send_move_to_chunk(h.dst, i, j + 1 == k, true);
+        }
+        self.pump_move_to(now, h.dst);
+    }
+
+    pub(super) fn on_move_from_request(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let msg = pkt.msg;
+        let st = self.validate_owner(now, &h, &msg, false);
+        if st != Status::Ok {
+            return self.refuse(from, PacketType::MoveFromReply, &h, &msg, st);
+        }
+        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let total = h.total_length as usize;
+        let nc = nchunks(total, chunk);
+        let (lo, hi) = (msg.0[3] as usize, msg.0[4] as usize);
+        let cap = 2 * self.window_chunks(chunk);
+        if lo > hi || hi > nc || hi - lo > cap {
+            return self.refuse(from, PacketType::MoveFromReply, &h, &msg, Status::BadRequest);
+        }
+        let todo: Vec<usize> = (lo..hi).filter(|&i| !packed_get(pkt.data, i - lo)).collect();
+        let retx = h.flags & F_RETRANSMIT != 0;
+        let mut r = Header::new(PacketType::MoveFromReply);
+        r.seq = h.seq;
+        r.src = h.dst;
+        r.dst = h.src;
+        r.total_length = h.total_length;
+        let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
+        let mut buf = std::mem::take(&mut self.encode_buf);
+        let mut out = Vec::with_capacity(todo.len());
+        if let Some(seg) = self.outgoing(h.dst).and_then(|o| o.seg.as_ref()) {
+            for (j, &i) in todo.iter().enumerate() {
+                let start = i * chunk;
+                let end = (start + chunk).min(total);
+                r.local_addr = start as u32;
+                r.remote_addr = (base + start) as u32;
+                r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
+                crate::wire::encode_into(&r, &m, &seg.bytes()[base + start..base + end], &mut buf);
+                out.push(buf.clone());
+            }
+        }
+        self.encode_buf = buf;
+        if retx {
+            self.stats.bulk_retransmits += out.len() as u64;
+        }
+        for b in out {
+            self.emit_raw(from, PacketType::MoveFromReply, b);
+        }
+    }
+
+    pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let host_timeout = self.cfg.host_timeout;
+        let rto = self.rto_for(h.src.host());
+        let win = self.window_chunks(self.cfg.chunk_bytes());
+        let Some(op) = self.move_op(h.dst) else {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        };
+        if op.dir != Dir::From || op.peer != h.src || op.xfer != pkt.msg.0[0] {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        }
+        if h.status != Status::Ok {
+            let e = status_error(h.status, op.peer);
+            self.complete(h.dst, Completion::Move(Err(e)));
+            return;
+        }
+        let off = h.local_addr as usize;
+        let idx = off / op.chunk;
+        let want = op.chunk.min(op.total.saturating_sub(off));
+        if off % op.chunk != 0 || idx >= op.done.len() || pkt.data.len() != want {
+            self.stats.drop(DropReason::Malformed);
+            return;
+        }
+        if op.done.set(idx) {
+            op.buf.bytes_mut()[off..off + want].copy_from_slice(pkt.data);
+            op.deadline = now + host_timeout;
+            op.rto = rto;
+            op.timer = now + op.rto;
+        }
+        if op.done.full() {
+            let n = op.total;
+            self.stats.bulk_bytes += n as u64;
+            self.complete(h.dst, Completion::Move(Ok(n)));
+            return;
+        }
+        let nc = op.done.len();
+        let outstanding = op.next_new - op.done.ones().min(op.next_new);
+        // The last chunk of a burst arrived with holes below it: re-request them once.
+        let cum = op.done.first_clear_from(0);
+        let mut rereq = None;
+        if idx + 1 >= op.next_new && cum < op.next_new && op.rerequested_to < op.next_new {
+            op.rerequested_to = op.next_new;
+            rereq = Some((cum, op.next_new));
+        }
+        let mut more = None;
+        if outstanding <= win / 2 && op.next_new < nc {
+            let end = nc.min(op.next_new + (win - outstanding));
+            more = Some((op.next_new, end));
+            op.next_new = end;
+        }
+        if let Some((a, b)) = rereq {
+            self.request_range(now, h.dst, a, b, true);
+        }
+        if let Some((a, b)) = more {
+            self.request_range(now, h.dst, a, b, false);
+        }
+    }
+
+    pub(super) fn bulk_pending(&mut self, _now: Micros, _h: &Header) -> bool {
+        false
+    }
+
+    pub(super) fn bulk_timers(&mut self, now: Micros, next: &mut Micros) {
+        let Some(host) = self.host_id() else { return };
+        let movers: Vec<Pid> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| matches!(p.state, PState::Moving(_)))
+            .map(|(&l, _)| Pid::new(host, l))
+            .collect();
+        let max_rto = self.cfg.max_rto;
+        for m in movers {
+            let Some(op) = self.move_op(m) else { continue };
+            if now >= op.deadline {
+                let peer = op.peer;
+                self.stats.timeouts += 1;
+                self.complete(m, Completion::Move(Err(IpcError::Timeout(peer))));
+                continue;
+            }
+            if now >= op.timer {
+                op.rto = (op.rto * 2).min(max_rto);
+                let cum = op.done.first_clear_from(0);
+                match op.dir {
+                    Dir::To => {
+                        op.timer = now + op.rto;
+                        op.tx_counter += 1;
+                        if cum < op.last_tx.len() {
+                            op.last_tx[cum] = op.tx_counter;
+                        }
+                        self.send_move_to_chunk(m, cum, true, true);
+                    }
+                    Dir::From => {
+                        let end = op.next_new;
+                        self.request_range(now, m, cum, end, true);
+                    }
+                }
+            }
+            if let Some(op) = self.move_op(m) {
+                *next = (*next).min(op.timer).min(op.deadline);
+            }
+        }
+    }
+}

@@ -1,0 +1,1415 @@
+//! The sans-IO kernel of one logical host.
+//!
+//! [`Engine`] owns every piece of IPC state of a logical host: the process
+//! table and message queues, alien descriptors for remote senders, remote
+//! exchanges in progress, bulk transfers, the logical-id map and the location
+//! cache. It never touches a socket or a clock: callers feed it datagrams and
+//! the current time, and drain [`Transmit`]s, [`Event`]s and a timer deadline.
+//! That keeps it deterministic, so a seeded simulator can drive it through
+//! loss, duplication, reordering and crashes.
+
+mod bitset;
+mod bulk;
+mod naming;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+pub use naming::Scope;
+
+use crate::config::{Config, Micros, MAX_APPEND};
+use crate::error::IpcError;
+use crate::message::{Message, SegAccess};
+use crate::pid::{HostId, Pid};
+use crate::rtt::Rtt;
+use crate::segment::Seg;
+use crate::stats::{DropReason, Stats};
+use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
+
+use bulk::{InBulk, MoveOp};
+
+/// Local id reserved for the kernel-server process of every logical host.
+pub const KERNEL_SERVER_LOCAL_ID: u16 = 1;
+
+/// A datagram the runtime must send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination address.
+    pub to: SocketAddr,
+    /// The encoded packet.
+    pub data: Vec<u8>,
+}
+
+/// Something the runtime must act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The blocked operation of this process has completed; call
+    /// [`Engine::take_completion`].
+    Wake(Pid),
+    /// The logical host id is allocated; processes may be created.
+    HostReady(HostId),
+    /// Another host complained that our fixed host id is in use.
+    HostIdConflict(HostId),
+}
+
+/// A message handed to a receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// The sender (the original sender after a Forward).
+    pub from: Pid,
+    /// The message.
+    pub msg: Message,
+    /// Bytes of the sender's segment copied into the receive buffer.
+    pub seg_bytes: usize,
+    /// The process that forwarded it (== `from` if not forwarded).
+    pub forwarder: Pid,
+}
+
+/// The reply a Send returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyInfo {
+    /// The reply message.
+    pub msg: Message,
+    /// Bytes the replier wrote into the sender's segment with the reply.
+    pub seg_bytes: usize,
+    /// The process that replied.
+    pub from: Pid,
+}
+
+/// Result of a blocked operation, taken with [`Engine::take_completion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// A Send finished.
+    Send(Result<ReplyInfo, IpcError>),
+    /// A Receive got a message.
+    Receive(Result<Received, IpcError>),
+    /// A MoveTo or MoveFrom finished (bytes moved).
+    Move(Result<usize, IpcError>),
+    /// A GetPid finished (null pid: not found).
+    GetPid(Result<Pid, IpcError>),
+}
+
+/// Retransmission state of a remote Send.
+#[derive(Debug)]
+struct Retx {
+    sent_at: Micros,
+    next: Micros,
+    rto: Micros,
+    deadline: Micros,
+    retransmitted: bool,
+}
+
+/// A Send in progress, kept in the sender's descriptor.
+struct Outgoing {
+    dst: Pid,
+    seq: u32,
+    msg: Message,
+    seg: Option<Seg>,
+    access: SegAccess,
+    forwarder: Pid,
+    /// The (local) receiver has taken the message.
+    received: bool,
+    remote: Option<Retx>,
+    /// MoveTo transfers arriving into our segment from remote movers.
+    inbound: Vec<InBulk>,
+}
+
+enum PState {
+    Ready,
+    Receiving { from: Option<Pid>, buf: Option<Seg> },
+    Sending(Box<Outgoing>),
+    Moving(Box<MoveOp>),
+    GettingPid { qseq: u32 },
+}
+
+/// A message queued for a receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    /// From a local sender (the message lives in its descriptor).
+    Local(Pid),
+    /// From a remote sender (slot, sequence number).
+    Alien(usize, u32),
+}
+
+struct Proc {
+    state: PState,
+    queue: VecDeque<Pending>,
+    completion: Option<Completion>,
+}
+
+#[derive(Debug)]
+enum AlienState {
+    Queued,
+    Received,
+    /// Reply sent; the packet is kept to answer retransmissions (non-idempotent).
+    Replied(Vec<u8>),
+    /// Forwarded back to the sender's kernel; kept to answer retransmissions.
+    Forwarded(Vec<u8>),
+}
+
+/// Descriptor standing for a remote sender.
+struct Alien {
+    src: Pid,
+    seq: u32,
+    receiver: Pid,
+    forwarder: Pid,
+    msg: Message,
+    access: SegAccess,
+    seg_total: u32,
+    idempotent: bool,
+    state: AlienState,
+    last_heard: Micros,
+    addr: SocketAddr,
+}
+
+/// A preallocated alien slot; its buffer is kept across uses.
+struct AlienSlot {
+    alien: Option<Alien>,
+    data: Vec<u8>,
+}
+
+enum HostState {
+    Allocating {
+        candidate: HostId,
+        nonce: u32,
+        deadline: Micros,
+        next_announce: Micros,
+    },
+    Ready {
+        id: HostId,
+        nonce: u32,
+    },
+}
+
+/// Where a packet goes.
+#[derive(Clone, Copy)]
+enum Dest {
+    Addr(SocketAddr),
+    Host(HostId),
+    Discovery,
+}
+
+/// The protocol engine of one logical host. See the module docs.
+pub struct Engine {
+    cfg: Config,
+    host: HostState,
+    rng: SmallRng,
+    procs: HashMap<u16, Proc>,
+    next_local: u16,
+    next_seq: u32,
+    slots: Vec<AlienSlot>,
+    free_slots: Vec<usize>,
+    alien_by_src: HashMap<Pid, usize>,
+    aliens_per_host: HashMap<HostId, usize>,
+    last_seq: HashMap<Pid, (u32, Micros)>,
+    location: HashMap<HostId, (SocketAddr, u64)>,
+    lru_clock: u64,
+    rtt: HashMap<HostId, Rtt>,
+    names: naming::Names,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    next_timer: Micros,
+    next_sweep: Micros,
+    stats: Stats,
+    encode_buf: Vec<u8>,
+}
+
+/// Serial-number comparison: is `a` older than `b` within a window?
+fn seq_older(a: u32, b: u32) -> bool {
+    let d = b.wrapping_sub(a);
+    d != 0 && d < (1 << 20)
+}
+
+impl Engine {
+    /// A new engine. With no fixed host id it starts announcement–complaint.
+    pub fn new(cfg: Config, now: Micros) -> Engine {
+        let mut rng = SmallRng::seed_from_u64(cfg.seed);
+        let nonce = rng.gen::<u32>() | 1;
+        let host = match cfg.host_id {
+            Some(id) => HostState::Ready { id, nonce },
+            None => HostState::Allocating {
+                candidate: HostId(rng.gen_range(1..=HostId::MAX)),
+                nonce,
+                deadline: now + cfg.alloc_timeout,
+                next_announce: now,
+            },
+        };
+        let slots = (0..cfg.alien_pool)
+            .map(|_| AlienSlot {
+                alien: None,
+                data: Vec::new(),
+            })
+            .collect();
+        let mut e = Engine {
+            next_local: rng.gen_range(2..0x8000),
+            next_seq: rng.gen(),
+            free_slots: (0..cfg.alien_pool).rev().collect(),
+            slots,
+            cfg,
+            host,
+            rng,
+            procs: HashMap::new(),
+            alien_by_src: HashMap::new(),
+            aliens_per_host: HashMap::new(),
+            last_seq: HashMap::new(),
+            location: HashMap::new(),
+            lru_clock: 0,
+            rtt: HashMap::new(),
+            names: naming::Names::default(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            next_timer: now,
+            next_sweep: now,
+            stats: Stats::default(),
+            encode_buf: Vec::new(),
+        };
+        if let HostState::Ready { id, nonce } = e.host {
+            e.events.push_back(Event::HostReady(id));
+            e.announce(id, nonce);
+        }
+        e
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The logical host id, once allocated.
+    pub fn host_id(&self) -> Option<HostId> {
+        match self.host {
+            HostState::Ready { id, .. } => Some(id),
+            HostState::Allocating { .. } => None,
+        }
+    }
+
+    fn my_host(&self) -> Result<HostId, IpcError> {
+        self.host_id().ok_or(IpcError::NoHostId)
+    }
+
+    /// Protocol counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Number of live local processes.
+    pub fn process_count(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Next datagram to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// Next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Earliest time at which [`Engine::handle_timeout`] has work (may be early).
+    pub fn poll_timeout(&self) -> Micros {
+        self.next_timer
+    }
+
+    /// The completion of `pid`'s blocked operation, if it has completed.
+    pub fn take_completion(&mut self, pid: Pid) -> Option<Completion> {
+        self.procs.get_mut(&pid.local())?.completion.take()
+    }
+
+    fn arm(&mut self, t: Micros) {
+        if t < self.next_timer {
+            self.next_timer = t;
+        }
+    }
+
+    fn new_seq(&mut self) -> u32 {
+        self.next_seq = self.next_seq.wrapping_add(1);
+        self.next_seq
+    }
+
+    fn is_local(&self, pid: Pid) -> bool {
+        self.host_id() == Some(pid.host())
+    }
+
+    fn proc_mut(&mut self, pid: Pid) -> Option<&mut Proc> {
+        if !self.is_local(pid) {
+            return None;
+        }
+        self.procs.get_mut(&pid.local())
+    }
+
+    fn complete(&mut self, pid: Pid, c: Completion) {
+        if let Some(p) = self.proc_mut(pid) {
+            p.state = PState::Ready;
+            p.completion = Some(c);
+            self.events.push_back(Event::Wake(pid));
+        }
+    }
+
+    fn rto_for(&self, host: HostId) -> Micros {
+        self.rtt
+            .get(&host)
+            .copied()
+            .unwrap_or_default()
+            .rto(self.cfg.initial_rto, self.cfg.min_rto, self.cfg.max_rto)
+    }
+
+    /// The smoothed round-trip time to `host`, if measured.
+    pub fn srtt(&self, host: HostId) -> Option<Micros> {
+        self.rtt.get(&host).and_then(|r| r.srtt())
+    }
+
+    // ---------------------------------------------------------------- output
+
+    fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
+        let mut buf = std::mem::take(&mut self.encode_buf);
+        wire::encode_into(h, msg, data, &mut buf);
+        let targets: Vec<SocketAddr> = match dest {
+            Dest::Addr(a) => vec![a],
+            Dest::Host(host) => match self.lookup(host) {
+                Some(a) => vec![a],
+                None => self.cfg.discovery.clone(),
+            },
+            Dest::Discovery => self.cfg.discovery.clone(),
+        };
+        for to in targets {
+            self.stats.tx_type(h.ptype, buf.len());
+            self.transmits.push_back(Transmit {
+                to,
+                data: buf.clone(),
+            });
+        }
+        self.encode_buf = buf;
+    }
+
+    fn emit_raw(&mut self, to: SocketAddr, ptype: PacketType, bytes: Vec<u8>) {
+        self.stats.tx_type(ptype, bytes.len());
+        self.transmits.push_back(Transmit { to, data: bytes });
+    }
+
+    fn lookup(&mut self, host: HostId) -> Option<SocketAddr> {
+        self.lru_clock += 1;
+        let clock = self.lru_clock;
+        let e = self.location.get_mut(&host)?;
+        e.1 = clock;
+        Some(e.0)
+    }
+
+    fn learn(&mut self, host: HostId, addr: SocketAddr) {
+        if !host.is_valid() || Some(host) == self.host_id() {
+            return;
+        }
+        self.lru_clock += 1;
+        let clock = self.lru_clock;
+        if let Some(e) = self.location.get_mut(&host) {
+            *e = (addr, clock);
+            return;
+        }
+        if self.location.len() >= self.cfg.location_cache.max(1) {
+            if let Some((&victim, _)) = self.location.iter().min_by_key(|(_, v)| v.1) {
+                self.location.remove(&victim);
+            }
+        }
+        self.location.insert(host, (addr, clock));
+    }
+
+    /// The cached address of a logical host.
+    pub fn location_of(&self, host: HostId) -> Option<SocketAddr> {
+        self.location.get(&host).map(|e| e.0)
+    }
+
+    /// Adds an address to query when a host's location is unknown.
+    pub fn add_discovery(&mut self, a: SocketAddr) {
+        if !self.cfg.discovery.contains(&a) {
+            self.cfg.discovery.push(a);
+        }
+    }
+
+    // ------------------------------------------------------------- processes
+
+    /// Creates a process; its pid's local part comes from a counter.
+    pub fn create_process(&mut self) -> Result<Pid, IpcError> {
+        let host = self.my_host()?;
+        for _ in 0..0x10000 {
+            let l = self.next_local;
+            self.next_local = self.next_local.wrapping_add(1);
+            if l <= KERNEL_SERVER_LOCAL_ID || self.procs.contains_key(&l) {
+                continue;
+            }
+            self.procs.insert(l, Proc::new());
+            return Ok(Pid::new(host, l));
+        }
+        Err(IpcError::TableFull)
+    }
+
+    /// Creates the kernel-server process (fixed local id 1).
+    pub fn create_kernel_server(&mut self) -> Result<Pid, IpcError> {
+        let host = self.my_host()?;
+        if self.procs.contains_key(&KERNEL_SERVER_LOCAL_ID) {
+            return Err(IpcError::Busy(Pid::new(host, KERNEL_SERVER_LOCAL_ID)));
+        }
+        self.procs.insert(KERNEL_SERVER_LOCAL_ID, Proc::new());
+        Ok(Pid::new(host, KERNEL_SERVER_LOCAL_ID))
+    }
+
+    /// True if `pid` is a live process of this host.
+    pub fn process_exists(&self, pid: Pid) -> bool {
+        self.is_local(pid) && pid.is_process() && self.procs.contains_key(&pid.local())
+    }
+
+    /// Destroys a local process: its blocked operation fails, senders waiting
+    /// on it get `NoSuchProcess`, and remote senders are nAcked.
+    pub fn destroy_process(&mut self, now: Micros, pid: Pid) -> Result<(), IpcError> {
+        if !self.process_exists(pid) {
+            return Err(IpcError::NoSuchProcess(pid));
+        }
+        let Some(p) = self.procs.remove(&pid.local()) else {
+            return Err(IpcError::NoSuchProcess(pid));
+        };
+        self.names.forget_pid(pid);
+        for pend in p.queue {
+            self.fail_pending(now, pend, pid);
+        }
+        // Local senders awaiting reply from it (already received).
+        let waiting: Vec<Pid> = self
+            .procs
+            .iter()
+            .filter_map(|(&l, q)| match &q.state {
+                PState::Sending(o) if o.dst == pid && o.remote.is_none() => {
+                    Some(Pid::new(pid.host(), l))
+                }
+                _ => None,
+            })
+            .collect();
+        for s in waiting {
+            self.complete(s, Completion::Send(Err(IpcError::NoSuchProcess(pid))));
+            self.stats.local_exchanges += 1;
+        }
+        // Aliens it had received: nAck their senders.
+        let held: Vec<usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match &s.alien {
+                Some(a) if a.receiver == pid && matches!(a.state, AlienState::Received) => Some(i),
+                _ => None,
+            })
+            .collect();
+        for i in held {
+            self.nack_alien(i, Status::NoSuchProcess);
+        }
+        Ok(())
+    }
+
+    fn fail_pending(&mut self, _now: Micros, pend: Pending, dead: Pid) {
+        match pend {
+            Pending::Local(s) => {
+                self.complete(s, Completion::Send(Err(IpcError::NoSuchProcess(dead))));
+            }
+            Pending::Alien(i, seq) => {
+                if self.alien_is(i, seq) {
+                    self.nack_alien(i, Status::NoSuchProcess);
+                }
+            }
+        }
+    }
+
+    fn alien_is(&self, i: usize, seq: u32) -> bool {
+        matches!(self.slots.get(i).and_then(|s| s.alien.as_ref()), Some(a) if a.seq == seq)
+    }
+
+    fn nack_alien(&mut self, i: usize, status: Status) {
+        let Some(a) = self.slots.get(i).and_then(|s| s.alien.as_ref()) else {
+            return;
+        };
+        let mut h = Header::new(PacketType::NAck);
+        h.status = status;
+        h.seq = a.seq;
+        h.src = a.receiver;
+        h.dst = a.src;
+        let to = a.addr;
+        self.emit(Dest::Addr(to), &h, &Message::zero(), &[]);
+        self.free_alien(i);
+    }
+
+    // ------------------------------------------------------------------ Send
+
+    /// Starts a Send from `src` to `dst`. The sender is blocked until a
+    /// [`Completion::Send`] arrives (an immediate error is returned directly).
+    /// `seg` is the sender's segment, with rights declared in `msg`.
+    pub fn send(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        dst: Pid,
+        mut msg: Message,
+        seg: Option<Seg>,
+    ) -> Result<(), IpcError> {
+        self.check_ready_caller(src)?;
+        if dst.is_group() {
+            return Err(IpcError::GroupUnsupported);
+        }
+        if !dst.is_process() {
+            return Err(IpcError::InvalidPid(dst));
+        }
+        let access = if seg.is_some() {
+            msg.seg_access()
+        } else {
+            SegAccess::NONE
+        };
+        let seg_len = seg.as_ref().map_or(0, |s| s.len());
+        msg.set_segment(access, seg_len as u32);
+        let out = Outgoing {
+            dst,
+            seq: self.new_seq(),
+            msg,
+            seg: if access.any() { seg } else { None },
+            access,
+            forwarder: src,
+            received: false,
+            remote: None,
+            inbound: Vec::new(),
+        };
+        if self.is_local(dst) {
+            if !self.process_exists(dst) {
+                return Err(IpcError::NoSuchProcess(dst));
+            }
+            self.set_state(src, PState::Sending(Box::new(out)));
+            self.enqueue(now, dst, Pending::Local(src));
+        } else {
+            self.set_state(src, PState::Sending(Box::new(out)));
+            self.transmit_send(now, src, false);
+        }
+        Ok(())
+    }
+
+    fn check_ready_caller(&self, pid: Pid) -> Result<(), IpcError> {
+        self.my_host()?;
+        match self.procs.get(&pid.local()) {
+            Some(p) if self.is_local(pid) => match p.state {
+                PState::Ready => Ok(()),
+                _ => Err(IpcError::Busy(pid)),
+            },
+            _ => Err(IpcError::NotAProcess(pid)),
+        }
+    }
+
+    fn set_state(&mut self, pid: Pid, st: PState) {
+        if let Some(p) = self.proc_mut(pid) {
+            p.state = st;
+            p.completion = None;
+        }
+    }
+
+    fn outgoing(&self, pid: Pid) -> Option<&Outgoing> {
+        if !self.is_local(pid) {
+            return None;
+        }
+        match &self.procs.get(&pid.local())?.state {
+            PState::Sending(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn outgoing_mut(&mut self, pid: Pid) -> Option<&mut Outgoing> {
+        match &mut self.proc_mut(pid)?.state {
+            PState::Sending(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// (Re)transmits the RemoteSend of `src`'s current exchange.
+    fn transmit_send(&mut self, now: Micros, src: Pid, retransmission: bool) {
+        let Some(o) = self.outgoing(src) else { return };
+        let dst = o.dst;
+        let mut h = Header::new(PacketType::RemoteSend);
+        h.seq = o.seq;
+        h.src = src;
+        h.dst = dst;
+        h.forwarder = o.forwarder;
+        h.flags = if retransmission { F_RETRANSMIT } else { 0 };
+        let msg = o.msg;
+        let (data, total): (&[u8], u32) = match (&o.seg, o.access.read) {
+            (Some(s), true) => {
+                let b = s.bytes();
+                (&b[..b.len().min(MAX_APPEND)], b.len() as u32)
+            }
+            (Some(s), false) => (&[], s.len() as u32),
+            _ => (&[], 0),
+        };
+        h.total_length = total;
+        let bytes = wire::encode(&h, &msg, data);
+        let targets: Vec<SocketAddr> = match self.lookup(dst.host()) {
+            Some(a) => vec![a],
+            None => self.cfg.discovery.clone(),
+        };
+        for to in targets {
+            self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+        }
+        let rto = self.rto_for(dst.host());
+        let host_timeout = self.cfg.host_timeout;
+        let max_rto = self.cfg.max_rto;
+        let Some(o) = self.outgoing_mut(src) else {
+            return;
+        };
+        let next = match &mut o.remote {
+            Some(r) if retransmission => {
+                r.retransmitted = true;
+                r.rto = (r.rto * 2).min(max_rto);
+                r.next = now + r.rto;
+                r.next
+            }
+            _ => {
+                o.remote = Some(Retx {
+                    sent_at: now,
+                    next: now + rto,
+                    rto,
+                    deadline: now + host_timeout,
+                    retransmitted: false,
+                });
+                now + rto
+            }
+        };
+        if retransmission {
+            self.stats.retransmits += 1;
+        }
+        self.arm(next);
+    }
+
+    fn enqueue(&mut self, now: Micros, dst: Pid, pend: Pending) {
+        let Some(p) = self.proc_mut(dst) else { return };
+        p.queue.push_back(pend);
+        if let PState::Receiving { .. } = p.state {
+            self.try_deliver(now, dst);
+        }
+    }
+
+    fn pending_sender(&self, pend: Pending) -> Option<Pid> {
+        match pend {
+            Pending::Local(s) => Some(s),
+            Pending::Alien(i, seq) => self
+                .slots
+                .get(i)?
+                .alien
+                .as_ref()
+                .filter(|a| a.seq == seq)
+                .map(|a| a.src),
+        }
+    }
+
+    /// If `pid` is receiving and a matching message is queued, deliver it.
+    fn try_deliver(&mut self, _now: Micros, pid: Pid) -> bool {
+        let Some(p) = self.proc_mut(pid) else {
+            return false;
+        };
+        let PState::Receiving { from, .. } = &p.state else {
+            return false;
+        };
+        let from = *from;
+        let queue: Vec<Pending> = p.queue.iter().copied().collect();
+        let mut chosen = None;
+        let mut stale = Vec::new();
+        for (idx, pend) in queue.iter().enumerate() {
+            match self.pending_sender(*pend) {
+                None => stale.push(idx),
+                Some(s) => {
+                    if from.is_none_or(|f| f == s) {
+                        chosen = Some(idx);
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(p) = self.proc_mut(pid) else {
+            return false;
+        };
+        let chosen_pend = chosen.map(|i| queue[i]);
+        p.queue.retain(|q| {
+            Some(*q) != chosen_pend && !stale.iter().any(|&s| queue[s] == *q)
+        });
+        let Some(pend) = chosen_pend else {
+            return false;
+        };
+        let PState::Receiving { buf, .. } = std::mem::replace(&mut p.state, PState::Ready) else {
+            return false;
+        };
+        let r = self.deliver(pid, pend, buf);
+        self.complete(pid, Completion::Receive(Ok(r)));
+        true
+    }
+
+    /// Hands a queued message to `receiver`, copying the segment's first part.
+    fn deliver(&mut self, receiver: Pid, pend: Pending, mut buf: Option<Seg>) -> Received {
+        match pend {
+            Pending::Local(s) => {
+                let Some(o) = self.outgoing_mut(s) else {
+                    return Received {
+                        from: s,
+                        msg: Message::zero(),
+                        seg_bytes: 0,
+                        forwarder: s,
+                    };
+                };
+                o.received = true;
+                let mut n = 0;
+                if let (Some(b), Some(seg), true) = (buf.as_mut(), o.seg.as_ref(), o.access.read) {
+                    n = b.len().min(seg.len());
+                    b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
+                }
+                let _ = receiver;
+                Received {
+                    from: s,
+                    msg: o.msg,
+                    seg_bytes: n,
+                    forwarder: o.forwarder,
+                }
+            }
+            Pending::Alien(i, _) => {
+                let slot = &mut self.slots[i];
+                let Some(a) = slot.alien.as_mut() else {
+                    return Received {
+                        from: Pid::NONE,
+                        msg: Message::zero(),
+                        seg_bytes: 0,
+                        forwarder: Pid::NONE,
+                    };
+                };
+                a.state = AlienState::Received;
+                let mut n = 0;
+                if let Some(b) = buf.as_mut() {
+                    n = b.len().min(slot.data.len());
+                    b.bytes_mut()[..n].copy_from_slice(&slot.data[..n]);
+                }
+                Received {
+                    from: a.src,
+                    msg: a.msg,
+                    seg_bytes: n,
+                    forwarder: a.forwarder,
+                }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------- Receive
+
+    /// Receive (or ReceiveSpecific with `from`). Returns the message at once
+    /// if one is queued; otherwise the process blocks until a
+    /// [`Completion::Receive`]. `buf` receives the first part of a
+    /// read-granted segment.
+    pub fn receive(
+        &mut self,
+        now: Micros,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<Seg>,
+    ) -> Result<Option<Received>, IpcError> {
+        self.check_ready_caller(pid)?;
+        if let Some(f) = from {
+            if !f.is_process() || (self.is_local(f) && !self.process_exists(f)) {
+                return Err(IpcError::NoSuchProcess(f));
+            }
+        }
+        self.set_state(pid, PState::Receiving { from, buf });
+        if self.try_deliver(now, pid) {
+            if let Some(Completion::Receive(r)) = self.take_completion(pid) {
+                // Delivered synchronously: no wake needed.
+                self.events.retain(|e| *e != Event::Wake(pid));
+                return r.map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Abandons a blocked Receive (e.g. the caller's wait timed out).
+    pub fn cancel_receive(&mut self, pid: Pid) -> bool {
+        if let Some(p) = self.proc_mut(pid) {
+            if let PState::Receiving { .. } = p.state {
+                p.state = PState::Ready;
+                return true;
+            }
+        }
+        false
+    }
+
+    // ----------------------------------------------------------------- Reply
+
+    /// Replies to `to`, which must be awaiting reply from `replier`. With
+    /// `seg = Some((offset, data))` the data is written into the sender's
+    /// write-granted segment at `offset` (reply-with-segment).
+    pub fn reply(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        msg: Message,
+        seg: Option<(u32, &[u8])>,
+    ) -> Result<(), IpcError> {
+        self.check_ready_caller(replier)?;
+        if let Some((_, d)) = seg {
+            if d.len() > MAX_APPEND {
+                return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
+            }
+        }
+        if self.is_local(to) {
+            let Some(o) = self.outgoing_mut(to) else {
+                return Err(IpcError::NotAwaitingReply(to));
+            };
+            if o.dst != replier || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(to));
+            }
+            let mut n = 0;
+            if let Some((off, d)) = seg {
+                if !d.is_empty() {
+                    if !o.access.write {
+                        return Err(IpcError::AccessDenied(to));
+                    }
+                    let Some(s) = o.seg.as_mut() else {
+                        return Err(IpcError::AccessDenied(to));
+                    };
+                    let off = off as usize;
+                    if off.checked_add(d.len()).is_none_or(|end| end > s.len()) {
+                        return Err(IpcError::OutOfBounds(to));
+                    }
+                    s.bytes_mut()[off..off + d.len()].copy_from_slice(d);
+                    n = d.len();
+                }
+            }
+            self.stats.local_exchanges += 1;
+            self.complete(
+                to,
+                Completion::Send(Ok(ReplyInfo {
+                    msg,
+                    seg_bytes: n,
+                    from: replier,
+                })),
+            );
+            return Ok(());
+        }
+        let i = self.received_alien(to, replier)?;
+        let (src, seq, addr, access, seg_total, idem) = {
+            let Some(a) = self.slots[i].alien.as_ref() else {
+                return Err(IpcError::NotAwaitingReply(to));
+            };
+            (a.src, a.seq, a.addr, a.access, a.seg_total, a.idempotent)
+        };
+        let mut h = Header::new(PacketType::RemoteReply);
+        h.seq = seq;
+        h.src = replier;
+        h.dst = src;
+        h.forwarder = replier;
+        let data: &[u8] = match seg {
+            Some((off, d)) if !d.is_empty() => {
+                if !access.write {
+                    return Err(IpcError::AccessDenied(to));
+                }
+                if (off as u64) + (d.len() as u64) > seg_total as u64 {
+                    return Err(IpcError::OutOfBounds(to));
+                }
+                h.remote_addr = off;
+                h.total_length = d.len() as u32;
+                d
+            }
+            _ => &[],
+        };
+        let bytes = wire::encode(&h, &msg, data);
+        self.emit_raw(addr, PacketType::RemoteReply, bytes.clone());
+        if idem {
+            self.free_alien(i);
+        } else if let Some(a) = self.slots[i].alien.as_mut() {
+            a.state = AlienState::Replied(bytes);
+            a.last_heard = now;
+            self.arm(now + self.cfg.alien_timeout);
+        }
+        Ok(())
+    }
+
+    fn received_alien(&self, sender: Pid, by: Pid) -> Result<usize, IpcError> {
+        let i = *self
+            .alien_by_src
+            .get(&sender)
+            .ok_or(IpcError::NotAwaitingReply(sender))?;
+        match self.slots[i].alien.as_ref() {
+            Some(a) if a.receiver == by && matches!(a.state, AlienState::Received) => Ok(i),
+            _ => Err(IpcError::NotAwaitingReply(sender)),
+        }
+    }
+
+    // --------------------------------------------------------------- Forward
+
+    /// Forwards `from`'s message (now `msg`) to `to`, as if `from` had sent
+    /// it. `from` must be awaiting reply from `forwarder`.
+    pub fn forward(
+        &mut self,
+        now: Micros,
+        forwarder: Pid,
+        from: Pid,
+        to: Pid,
+        msg: Message,
+    ) -> Result<(), IpcError> {
+        self.check_ready_caller(forwarder)?;
+        if !to.is_process() {
+            return Err(IpcError::InvalidPid(to));
+        }
+        if self.is_local(from) {
+            let seq = self.new_seq();
+            let to_local = self.is_local(to);
+            if to_local && !self.process_exists(to) {
+                return Err(IpcError::NoSuchProcess(to));
+            }
+            let Some(o) = self.outgoing_mut(from) else {
+                return Err(IpcError::NotAwaitingReply(from));
+            };
+            if o.dst != forwarder || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(from));
+            }
+            let keep = o.msg.word0() & crate::message::FLAG_MASK;
+            o.msg = msg;
+            o.msg.0[0] = (msg.word0() & !crate::message::FLAG_MASK) | keep;
+            o.msg.0[6] = 0;
+            o.msg.0[7] = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+            o.dst = to;
+            o.forwarder = forwarder;
+            o.received = false;
+            o.seq = seq;
+            o.inbound.clear();
+            if to_local {
+                self.enqueue(now, to, Pending::Local(from));
+            } else {
+                self.transmit_send(now, from, false);
+            }
+            return Ok(());
+        }
+        let i = self.received_alien(from, forwarder)?;
+        if self.is_local(to) {
+            if !self.process_exists(to) {
+                return Err(IpcError::NoSuchProcess(to));
+            }
+            let seq = {
+                let Some(a) = self.slots[i].alien.as_mut() else {
+                    return Err(IpcError::NotAwaitingReply(from));
+                };
+                let keep = a.msg.word0() & crate::message::FLAG_MASK;
+                a.msg = Message(msg.0);
+                a.msg.0[0] = (msg.word0() & !crate::message::FLAG_MASK) | keep;
+                a.msg.0[6] = 0;
+                a.msg.0[7] = a.seg_total;
+                a.receiver = to;
+                a.forwarder = forwarder;
+                a.state = AlienState::Queued;
+                a.seq
+            };
+            self.enqueue(now, to, Pending::Alien(i, seq));
+            return Ok(());
+        }
+        // Remote to remote: ask the sender's kernel to re-send.
+        let (seq, addr) = {
+            let Some(a) = self.slots[i].alien.as_ref() else {
+                return Err(IpcError::NotAwaitingReply(from));
+            };
+            (a.seq, a.addr)
+        };
+        let mut h = Header::new(PacketType::RemoteForward);
+        h.seq = seq;
+        h.src = forwarder;
+        h.dst = from;
+        h.forwarder = to;
+        let bytes = wire::encode(&h, &msg, &[]);
+        self.emit_raw(addr, PacketType::RemoteForward, bytes.clone());
+        if let Some(a) = self.slots[i].alien.as_mut() {
+            a.state = AlienState::Forwarded(bytes);
+            a.last_heard = now;
+        }
+        self.arm(now + self.cfg.alien_timeout);
+        Ok(())
+    }
+
+    // --------------------------------------------------------------- datagrams
+
+    /// Processes one received datagram. Malformed or unexpected datagrams are
+    /// counted and dropped; this never panics.
+    pub fn handle_datagram(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
+        let pkt = match wire::decode(buf) {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.decode_error(e);
+                return;
+            }
+        };
+        self.stats.rx_type(pkt.header.ptype, buf.len());
+        let h = pkt.header;
+        match h.ptype {
+            PacketType::LogicalHostRequest | PacketType::LogicalHostComplaint => {
+                return self.on_host_alloc(now, from, &pkt);
+            }
+            _ => {}
+        }
+        let Some(me) = self.host_id() else {
+            self.stats.drop(DropReason::NotReady);
+            return;
+        };
+        if h.src.host() == me {
+            self.stats.drop(DropReason::OwnEcho);
+            return;
+        }
+        if h.ptype != PacketType::RemoteGetPid && h.dst.host() != me {
+            self.stats.drop(DropReason::NotForUs);
+            return;
+        }
+        if !h.src.is_process() {
+            self.stats.drop(DropReason::Malformed);
+            return;
+        }
+        self.learn(h.src.host(), from);
+        match h.ptype {
+            PacketType::RemoteSend => self.on_remote_send(now, from, &pkt),
+            PacketType::RemoteReply => self.on_remote_reply(now, &pkt),
+            PacketType::RemoteForward => self.on_remote_forward(now, &pkt),
+            PacketType::NAck => self.on_nack(now, &pkt),
+            PacketType::ReplyPending => self.on_reply_pending(now, &pkt),
+            PacketType::RemoteGetPid => self.on_getpid(now, from, &pkt),
+            PacketType::RemoteGetPidReply => self.on_getpid_reply(now, &pkt),
+            PacketType::MoveToRequest => self.on_move_to_request(now, from, &pkt),
+            PacketType::MoveToReply => self.on_move_to_reply(now, &pkt),
+            PacketType::MoveFromRequest => self.on_move_from_request(now, from, &pkt),
+            PacketType::MoveFromReply => self.on_move_from_reply(now, &pkt),
+            PacketType::LogicalHostRequest | PacketType::LogicalHostComplaint => {}
+        }
+    }
+
+    fn reply_pending(&mut self, to: SocketAddr, src: Pid, dst: Pid, seq: u32) {
+        let mut h = Header::new(PacketType::ReplyPending);
+        h.seq = seq;
+        h.src = dst;
+        h.dst = src;
+        self.emit(Dest::Addr(to), &h, &Message::zero(), &[]);
+    }
+
+    fn on_remote_send(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        // Duplicate of an exchange in progress or finished?
+        if let Some(&i) = self.alien_by_src.get(&h.src) {
+            let same = matches!(&self.slots[i].alien, Some(a) if a.seq == h.seq);
+            if same {
+                self.stats.duplicates += 1;
+                let mut resend = None;
+                if let Some(a) = self.slots[i].alien.as_mut() {
+                    a.last_heard = now;
+                    a.addr = from;
+                    resend = match &a.state {
+                        AlienState::Replied(b) => Some((PacketType::RemoteReply, b.clone())),
+                        AlienState::Forwarded(b) => Some((PacketType::RemoteForward, b.clone())),
+                        _ => None,
+                    };
+                }
+                match resend {
+                    Some((t, b)) => {
+                        self.stats.saved_replies_resent += 1;
+                        self.emit_raw(from, t, b);
+                    }
+                    None => self.reply_pending(from, h.src, h.dst, h.seq),
+                }
+                return;
+            }
+        }
+        if let Some(&(last, _)) = self.last_seq.get(&h.src) {
+            if seq_older(h.seq, last) || h.seq == last {
+                self.stats.drop(DropReason::Stale);
+                return;
+            }
+        }
+        if !self.process_exists(h.dst) {
+            let mut n = Header::new(PacketType::NAck);
+            n.status = Status::NoSuchProcess;
+            n.seq = h.seq;
+            n.src = h.dst;
+            n.dst = h.src;
+            self.emit(Dest::Addr(from), &n, &Message::zero(), &[]);
+            return;
+        }
+        // A new message from this sender acknowledges its previous exchange.
+        if let Some(&old) = self.alien_by_src.get(&h.src) {
+            self.free_alien(old);
+        }
+        let host = h.src.host();
+        let per_host = self.aliens_per_host.get(&host).copied().unwrap_or(0);
+        let Some(i) = (if per_host < self.cfg.alien_per_host {
+            self.free_slots.pop()
+        } else {
+            None
+        }) else {
+            self.stats.drop(DropReason::NoBuffers);
+            self.reply_pending(from, h.src, h.dst, h.seq);
+            return;
+        };
+        *self.aliens_per_host.entry(host).or_insert(0) += 1;
+        self.stats.aliens_in_use += 1;
+        self.last_seq.insert(h.src, (h.seq, now));
+        let slot = &mut self.slots[i];
+        slot.data.clear();
+        slot.data.extend_from_slice(pkt.data);
+        let access = pkt.msg.seg_access();
+        let mut msg = pkt.msg;
+        msg.0[6] = 0;
+        msg.0[7] = h.total_length;
+        slot.alien = Some(Alien {
+            src: h.src,
+            seq: h.seq,
+            receiver: h.dst,
+            forwarder: h.forwarder,
+            msg,
+            access,
+            seg_total: h.total_length,
+            idempotent: pkt.msg.idempotent(),
+            state: AlienState::Queued,
+            last_heard: now,
+            addr: from,
+        });
+        self.alien_by_src.insert(h.src, i);
+        self.arm(now + self.cfg.alien_timeout);
+        self.enqueue(now, h.dst, Pending::Alien(i, h.seq));
+    }
+
+    fn free_alien(&mut self, i: usize) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let Some(a) = slot.alien.take() else { return };
+        if slot.data.capacity() > MAX_APPEND {
+            slot.data = Vec::new();
+        }
+        if self.alien_by_src.get(&a.src) == Some(&i) {
+            self.alien_by_src.remove(&a.src);
+        }
+        if let Some(c) = self.aliens_per_host.get_mut(&a.src.host()) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.aliens_per_host.remove(&a.src.host());
+            }
+        }
+        self.stats.aliens_in_use = self.stats.aliens_in_use.saturating_sub(1);
+        self.free_slots.push(i);
+    }
+
+    /// The local process awaiting a remote reply with this sequence number.
+    fn remote_waiter(&mut self, pid: Pid, seq: u32) -> Option<&mut Outgoing> {
+        let o = self.outgoing_mut(pid)?;
+        (o.seq == seq && o.remote.is_some()).then_some(o)
+    }
+
+    fn on_remote_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let Some(o) = self.remote_waiter(h.dst, h.seq) else {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        };
+        let mut n = 0;
+        let mut violation = false;
+        if !pkt.data.is_empty() {
+            let off = h.remote_addr as usize;
+            match o.seg.as_mut() {
+                Some(s)
+                    if o.access.write
+                        && off
+                            .checked_add(pkt.data.len())
+                            .is_some_and(|end| end <= s.len()) =>
+                {
+                    s.bytes_mut()[off..off + pkt.data.len()].copy_from_slice(pkt.data);
+                    n = pkt.data.len();
+                }
+                _ => violation = true,
+            }
+        }
+        let sample = o
+            .remote
+            .as_ref()
+            .filter(|r| !r.retransmitted)
+            .map(|r| now.saturating_sub(r.sent_at));
+        if violation {
+            self.stats.drop(DropReason::SegmentViolation);
+        }
+        if let Some(s) = sample {
+            self.rtt.entry(h.src.host()).or_default().sample(s);
+        }
+        self.stats.remote_exchanges += 1;
+        self.complete(
+            h.dst,
+            Completion::Send(Ok(ReplyInfo {
+                msg: pkt.msg,
+                seg_bytes: n,
+                from: h.src,
+            })),
+        );
+    }
+
+    fn on_remote_forward(&mut self, now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let new_dst = h.forwarder;
+        let seq = self.new_seq();
+        let Some(o) = self.remote_waiter(h.dst, h.seq) else {
+            self.stats.drop(DropReason::NoMatch);
+            return;
+        };
+        if !new_dst.is_process() {
+            self.stats.drop(DropReason::Malformed);
+            return;
+        }
+        let keep = o.msg.word0() & crate::message::FLAG_MASK;
+        o.msg = pkt.msg;
+        o.msg.0[0] = (pkt.msg.word0() & !crate::message::FLAG_MASK) | keep;
+        o.msg.0[6] = 0;
+        o.msg.0[7] = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+        o.dst = new_dst;
+        o.forwarder = h.src;
+        o.seq = seq;
+        o.remote = None;
+        o.received = false;
+        o.inbound.clear();
+        if self.is_local(new_dst) {
+            if self.process_exists(new_dst) {
+                self.enqueue(now, new_dst, Pending::Local(h.dst));
+            } else {
+                self.complete(h.dst, Completion::Send(Err(IpcError::NoSuchProcess(new_dst))));
+            }
+        } else {
+            self.transmit_send(now, h.dst, false);
+        }
+    }
+
+    fn on_nack(&mut self, _now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        if self.remote_waiter(h.dst, h.seq).is_some() {
+            let err = match h.status {
+                Status::Busy => IpcError::NoResources,
+                _ => IpcError::NoSuchProcess(h.src),
+            };
+            self.complete(h.dst, Completion::Send(Err(err)));
+            return;
+        }
+        self.stats.drop(DropReason::NoMatch);
+    }
+
+    fn on_reply_pending(&mut self, now: Micros, pkt: &Packet<'_>) {
+        let h = pkt.header;
+        let host_timeout = self.cfg.host_timeout;
+        let rto = self.rto_for(h.src.host());
+        if let Some(o) = self.remote_waiter(h.dst, h.seq) {
+            if let Some(r) = o.remote.as_mut() {
+                r.deadline = now + host_timeout;
+                r.rto = rto.max(r.rto);
+                r.next = now + r.rto;
+                let next = r.next;
+                self.arm(next);
+            }
+            return;
+        }
+        if self.bulk_pending(now, &h) {
+            return;
+        }
+        self.stats.drop(DropReason::NoMatch);
+    }
+
+    // ---------------------------------------------------------------- timers
+
+    /// Runs every timer due at `now`: retransmissions, timeouts, alien expiry.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        let mut next = Micros::MAX;
+        self.host_alloc_timer(now, &mut next);
+        // Remote sends.
+        let mut retx = Vec::new();
+        let mut dead = Vec::new();
+        let host = self.host_id();
+        for (&l, p) in &self.procs {
+            let Some(h) = host else { break };
+            if let PState::Sending(o) = &p.state {
+                if let Some(r) = &o.remote {
+                    if now >= r.deadline {
+                        dead.push((Pid::new(h, l), o.dst));
+                    } else if now >= r.next {
+                        retx.push(Pid::new(h, l));
+                    } else {
+                        next = next.min(r.next).min(r.deadline);
+                    }
+                }
+            }
+        }
+        for (pid, dst) in dead {
+            self.stats.timeouts += 1;
+            self.complete(pid, Completion::Send(Err(IpcError::Timeout(dst))));
+        }
+        for pid in retx {
+            self.transmit_send(now, pid, true);
+            if let Some(r) = self.outgoing(pid).and_then(|o| o.remote.as_ref()) {
+                next = next.min(r.next).min(r.deadline);
+            }
+        }
+        self.bulk_timers(now, &mut next);
+        self.naming_timers(now, &mut next);
+        // Alien expiry (sweep at most every quarter timeout).
+        if now >= self.next_sweep {
+            self.next_sweep = now + self.cfg.alien_timeout / 4;
+            let expired: Vec<usize> = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| match &s.alien {
+                    Some(a) if now.saturating_sub(a.last_heard) > self.cfg.alien_timeout => Some(i),
+                    _ => None,
+                })
+                .collect();
+            for i in expired {
+                self.free_alien(i);
+            }
+            let horizon = self.cfg.alien_timeout * 2;
+            self.last_seq
+                .retain(|_, (_, t)| now.saturating_sub(*t) <= horizon);
+        }
+        if self.stats.aliens_in_use > 0 || !self.last_seq.is_empty() {
+            next = next.min(self.next_sweep);
+        }
+        self.next_timer = next;
+    }
+
+    /// Fails every blocked operation with `Shutdown` (the runtime is stopping).
+    pub fn shutdown(&mut self) {
+        let Some(h) = self.host_id() else { return };
+        let blocked: Vec<(Pid, Completion)> = self
+            .procs
+            .iter()
+            .filter_map(|(&l, p)| {
+                let c = match p.state {
+                    PState::Ready => return None,
+                    PState::Receiving { .. } => Completion::Receive(Err(IpcError::Shutdown)),
+                    PState::Sending(_) => Completion::Send(Err(IpcError::Shutdown)),
+                    PState::Moving(_) => Completion::Move(Err(IpcError::Shutdown)),
+                    PState::GettingPid { .. } => Completion::GetPid(Err(IpcError::Shutdown)),
+                };
+                Some((Pid::new(h, l), c))
+            })
+            .collect();
+        for (p, c) in blocked {
+            self.complete(p, c);
+        }
+    }
+
+    /// A random number from the engine's seeded generator.
+    pub(crate) fn random_u32(&mut self) -> u32 {
+        self.rng.gen()
+    }
+}
+
+impl Proc {
+    fn new() -> Proc {
+        Proc {
+            state: PState::Ready,
+            queue: VecDeque::new(),
+            completion: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,29 @@
+//! Sans-IO core of vkernel, the distributed V kernel for Linux.
+//!
+//! - [`pid`]: 32-bit global process ids.
+//! - [`message`]: the fixed 32-byte message and its flag bits.
+//! - [`wire`]: the byte-exact interkernel packet format.
+//! - [`engine`]: the protocol state machine of one logical host.
+//!
+//! Nothing here performs I/O or reads a clock; see the `vkernel` crate for
+//! the runtime that owns sockets and threads.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod message;
+pub mod pid;
+pub mod rtt;
+pub mod segment;
+pub mod stats;
+pub mod wire;
+
+pub use config::{Config, Micros, MAX_APPEND};
+pub use engine::{Completion, Engine, Event, Received, ReplyInfo, Scope, Transmit};
+pub use error::IpcError;
+pub use message::{Message, SegAccess};
+pub use pid::{HostId, Pid};
+pub use segment::{Seg, SegMem, SharedBuf};
+pub use stats::{DropReason, Stats};

@@ -1,0 +1,202 @@
+//! The fixed 32-byte V message: 8 × 32-bit words.
+//!
+//! Word 0 carries the request code in its low 24 bits and kernel-legislated
+//! flags in its high byte. Words 6 and 7 describe the segment, if any.
+
+/// Message size in bytes (8 words).
+pub const MSG_BYTES: usize = 32;
+
+/// Flag (word 0): a segment is described by words 6 and 7.
+pub const SEGMENT: u32 = 1 << 31;
+/// Flag (word 0): the receiver may read the segment (MoveFrom, appended data).
+pub const SEG_READ: u32 = 1 << 30;
+/// Flag (word 0): the receiver may write the segment (MoveTo, reply-with-segment).
+pub const SEG_WRITE: u32 = 1 << 29;
+/// Flag (word 0): the request is idempotent; the kernel need not keep its reply.
+pub const IDEMPOTENT: u32 = 1 << 28;
+/// Two bits (word 0) reserved for the group reply mode (0-, 1-, multi-reply).
+pub const GROUP_MODE_MASK: u32 = 0b11 << 26;
+/// Shift of the group reply mode bits.
+pub const GROUP_MODE_SHIFT: u32 = 26;
+/// All kernel-owned flag bits of word 0 (the top byte).
+pub const FLAG_MASK: u32 = 0xff00_0000;
+/// The user request code part of word 0.
+pub const CODE_MASK: u32 = 0x00ff_ffff;
+
+/// A 32-byte V message.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Message(pub [u32; 8]);
+
+impl Message {
+    /// An all-zero message.
+    pub const fn zero() -> Message {
+        Message([0; 8])
+    }
+
+    /// A message with the given request code (low 24 bits) and flags (high byte).
+    pub fn with_code(code: u32) -> Message {
+        let mut m = Message::zero();
+        m.0[0] = code;
+        m
+    }
+
+    /// Word 0: flags and request code.
+    pub fn word0(&self) -> u32 {
+        self.0[0]
+    }
+
+    /// The request code (low 24 bits of word 0).
+    pub fn code(&self) -> u32 {
+        self.0[0] & CODE_MASK
+    }
+
+    /// Sets the request code, keeping the flag bits.
+    pub fn set_code(&mut self, code: u32) {
+        self.0[0] = (self.0[0] & FLAG_MASK) | (code & CODE_MASK);
+    }
+
+    /// True if the flag bit(s) `f` are all set in word 0.
+    pub fn has(&self, f: u32) -> bool {
+        self.0[0] & f == f
+    }
+
+    /// Sets or clears flag bit(s) in word 0.
+    pub fn set_flag(&mut self, f: u32, on: bool) {
+        if on {
+            self.0[0] |= f;
+        } else {
+            self.0[0] &= !f;
+        }
+    }
+
+    /// True if the request is marked idempotent.
+    pub fn idempotent(&self) -> bool {
+        self.has(IDEMPOTENT)
+    }
+
+    /// The segment rights declared by the message.
+    pub fn seg_access(&self) -> SegAccess {
+        if !self.has(SEGMENT) {
+            return SegAccess::NONE;
+        }
+        SegAccess {
+            read: self.has(SEG_READ),
+            write: self.has(SEG_WRITE),
+        }
+    }
+
+    /// Word 6: segment start address (offset in the lender's segment; the kernel sets 0).
+    pub fn seg_addr(&self) -> u32 {
+        self.0[6]
+    }
+
+    /// Word 7: segment length in bytes.
+    pub fn seg_len(&self) -> u32 {
+        self.0[7]
+    }
+
+    /// Declares a segment of `len` bytes with the given rights (words 0, 6, 7).
+    pub fn set_segment(&mut self, access: SegAccess, len: u32) {
+        self.set_flag(SEGMENT, access.read || access.write);
+        self.set_flag(SEG_READ, access.read);
+        self.set_flag(SEG_WRITE, access.write);
+        self.0[6] = 0;
+        self.0[7] = if access.read || access.write { len } else { 0 };
+    }
+
+    /// Encodes into 32 big-endian bytes.
+    pub fn to_bytes(&self) -> [u8; MSG_BYTES] {
+        let mut b = [0u8; MSG_BYTES];
+        for (i, w) in self.0.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_be_bytes());
+        }
+        b
+    }
+
+    /// Decodes 32 big-endian bytes.
+    pub fn from_bytes(b: &[u8; MSG_BYTES]) -> Message {
+        let mut m = [0u32; 8];
+        for (i, w) in m.iter_mut().enumerate() {
+            *w = u32::from_be_bytes([b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]]);
+        }
+        Message(m)
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Message[")?;
+        for (i, w) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, " ")?;
+            }
+            write!(f, "{w:08x}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+/// Rights a sender grants on its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SegAccess {
+    /// Receiver may read (MoveFrom; first part appended to the request).
+    pub read: bool,
+    /// Receiver may write (MoveTo; reply-with-segment).
+    pub write: bool,
+}
+
+impl SegAccess {
+    /// No segment.
+    pub const NONE: SegAccess = SegAccess {
+        read: false,
+        write: false,
+    };
+    /// Read-only.
+    pub const READ: SegAccess = SegAccess {
+        read: true,
+        write: false,
+    };
+    /// Write-only.
+    pub const WRITE: SegAccess = SegAccess {
+        read: false,
+        write: true,
+    };
+    /// Read and write.
+    pub const READ_WRITE: SegAccess = SegAccess {
+        read: true,
+        write: true,
+    };
+
+    /// True if any right is granted.
+    pub fn any(self) -> bool {
+        self.read || self.write
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_roundtrip() {
+        let m = Message([1, 2, 3, 0xdead_beef, 5, 6, 7, 0xffff_ffff]);
+        assert_eq!(Message::from_bytes(&m.to_bytes()), m);
+    }
+
+    #[test]
+    fn flags_and_code_are_separate() {
+        let mut m = Message::with_code(0x123456);
+        m.set_segment(SegAccess::READ_WRITE, 4096);
+        m.set_flag(IDEMPOTENT, true);
+        assert_eq!(m.code(), 0x123456);
+        assert_eq!(m.seg_access(), SegAccess::READ_WRITE);
+        assert_eq!(m.seg_len(), 4096);
+        assert!(m.idempotent());
+        m.set_code(7);
+        assert_eq!(m.code(), 7);
+        assert!(m.idempotent());
+        m.set_segment(SegAccess::NONE, 99);
+        assert_eq!(m.seg_access(), SegAccess::NONE);
+        assert_eq!(m.seg_len(), 0);
+    }
+}

@@ -1,0 +1,78 @@
+//! Memory lent to the engine for the duration of one operation.
+//!
+//! A Send lends the sender's segment; Receive, MoveTo and MoveFrom lend the
+//! caller's buffer. The engine reads and writes it only through this trait and
+//! drops its handle when the operation completes. The runtime implements it
+//! over the caller's borrowed slice; tests implement it over a `Vec`.
+
+/// A buffer the engine may access until it drops the handle.
+pub trait SegMem: Send {
+    /// The whole buffer.
+    fn bytes(&self) -> &[u8];
+    /// The whole buffer, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Length in bytes.
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+    /// True if empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A boxed lent buffer.
+pub type Seg = Box<dyn SegMem>;
+
+/// An owned buffer shared with the test that created it, so the test can look
+/// at what the engine wrote after the operation completes.
+#[derive(Clone, Debug, Default)]
+pub struct SharedBuf(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedBuf {
+    /// A buffer holding `v`.
+    pub fn new(v: Vec<u8>) -> SharedBuf {
+        SharedBuf(std::sync::Arc::new(std::sync::Mutex::new(v)))
+    }
+
+    /// A copy of the contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        match self.0.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// A handle to lend to the engine.
+    pub fn lend(&self) -> Seg {
+        Box::new(VecSeg {
+            data: self.snapshot(),
+            back: self.clone(),
+        })
+    }
+}
+
+/// Lent view of a [`SharedBuf`]: works on a copy and writes it back on drop.
+struct VecSeg {
+    data: Vec<u8>,
+    back: SharedBuf,
+}
+
+impl SegMem for VecSeg {
+    fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+}
+
+impl Drop for VecSeg {
+    fn drop(&mut self) {
+        let mut g = match self.back.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *g = std::mem::take(&mut self.data);
+    }
+}
