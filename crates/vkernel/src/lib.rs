@@ -1,1 +1,40 @@
-//! placeholder
+//! vkernel: the distributed V kernel's message passing for Linux.
+//!
+//! A [`Kernel`] is one logical host (one UDP port). A [`Process`] is a pid
+//! registered with it; its methods are the V primitives — Send, Receive,
+//! Reply, Forward, MoveTo, MoveFrom, SetPid/GetPid — and they behave the
+//! same whether the peer process is on this logical host or another one.
+//!
+//! ```no_run
+//! use vkernel::{Kernel, KernelConfig, Message, Scope};
+//! let k = Kernel::start(KernelConfig::default()).unwrap();
+//! let server = k.create_process().unwrap();
+//! server.set_pid(42, server.pid(), Scope::Any);
+//! let spid = server.pid();
+//! std::thread::spawn(move || {
+//!     let mut m = Message::zero();
+//!     while let Ok(i) = server.receive(&mut m) {
+//!         m.0[1] += 1;
+//!         let _ = server.reply(&m, i.from);
+//!     }
+//! });
+//! let client = k.create_process().unwrap();
+//! let mut m = Message::with_code(1);
+//! client.send(&mut m, spid).unwrap();
+//! assert_eq!(m.0[1], 1);
+//! ```
+#![warn(missing_docs)]
+
+mod kernel;
+pub mod kernel_server;
+mod lent;
+pub mod net;
+mod process;
+pub mod sys;
+
+pub use kernel::{Kernel, KernelConfig, KernelError};
+pub use net::FaultConfig;
+pub use process::{Incoming, Process, Reply, Segment};
+pub use vkernel_proto::{
+    message, DropReason, HostId, IpcError, Message, Pid, Scope, SegAccess, Stats,
+};

@@ -688,16 +688,32 @@ impl Engine {
         }
     }
 
-    fn pending_sender(&self, pend: Pending) -> Option<Pid> {
+    /// The sender of a queued message, or `None` if the entry went stale
+    /// (sender cancelled, destroyed, re-sent elsewhere, or alien freed).
+    fn pending_sender(&self, pend: Pending, receiver: Pid) -> Option<Pid> {
         match pend {
-            Pending::Local(s) => Some(s),
+            Pending::Local(s) => self
+                .outgoing(s)
+                .filter(|o| o.dst == receiver && !o.received && o.remote.is_none())
+                .map(|_| s),
             Pending::Alien(i, seq) => self
                 .slots
                 .get(i)?
                 .alien
                 .as_ref()
-                .filter(|a| a.seq == seq)
+                .filter(|a| {
+                    a.seq == seq && a.receiver == receiver && matches!(a.state, AlienState::Queued)
+                })
                 .map(|a| a.src),
+        }
+    }
+
+    /// Abandons whatever `pid` is blocked in, releasing every lent buffer.
+    /// Used by the runtime when it must return without a completion.
+    pub fn cancel(&mut self, pid: Pid) {
+        if let Some(p) = self.proc_mut(pid) {
+            p.state = PState::Ready;
+            p.completion = None;
         }
     }
 
@@ -714,7 +730,7 @@ impl Engine {
         let mut chosen = None;
         let mut stale = Vec::new();
         for (idx, pend) in queue.iter().enumerate() {
-            match self.pending_sender(*pend) {
+            match self.pending_sender(*pend, pid) {
                 None => stale.push(idx),
                 Some(s) => {
                     if from.is_none_or(|f| f == s) {

@@ -1,0 +1,476 @@
+//! The runtime of one logical host: the engine behind a mutex, one UDP
+//! socket, a background thread for timers, and the waiting strategy.
+//!
+//! There is no network server thread on the common path. A process that
+//! sends puts its datagram on the wire from its own thread, and a process
+//! that waits reads the socket itself (busy-polling briefly, then blocking
+//! in `ppoll` on the socket and its own eventfd), so the reply it waits for
+//! is usually processed by the thread that wants it. Whoever reads a
+//! datagram runs it through the engine and wakes its target. The
+//! background thread only reads the socket when no process is waiting, and
+//! runs timers.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vkernel_proto::engine::KERNEL_SERVER_LOCAL_ID;
+use vkernel_proto::wire::MAX_DATAGRAM;
+use vkernel_proto::{Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
+
+use crate::net::{FaultConfig, Net};
+use crate::process::{Process, Waiter};
+use crate::sys::{poll2, EventFd};
+
+/// How a logical host is set up.
+#[derive(Clone, Debug)]
+pub struct KernelConfig {
+    /// UDP address to bind (IPv4 or IPv6). Port 0 picks a free port.
+    pub bind: SocketAddr,
+    /// Static peer list and/or broadcast addresses, used to find hosts whose
+    /// location is unknown, for remote GetPid and for host-id announcements.
+    pub peers: Vec<SocketAddr>,
+    /// A fixed logical host id; `None` allocates one by announcement–complaint.
+    pub host_id: Option<u16>,
+    /// UDP payload size for bulk data; `None` picks 64 KiB on loopback and
+    /// an Ethernet-MTU-sized datagram elsewhere.
+    pub datagram_size: Option<usize>,
+    /// Bulk-data flow-control window in bytes.
+    pub window: usize,
+    /// A remote operation fails when the peer host is silent this long.
+    pub host_timeout: Duration,
+    /// Busy-poll this long before blocking when waiting.
+    pub spin: Duration,
+    /// Fault injection on outgoing datagrams.
+    pub faults: FaultConfig,
+    /// Requested socket buffer size (receive and send).
+    pub socket_buffer: usize,
+    /// Preallocated alien descriptors (incoming remote requests).
+    pub alien_pool: usize,
+    /// Seed for host-id choice and sequence numbers (`None` = from the clock).
+    pub seed: Option<u64>,
+}
+
+impl Default for KernelConfig {
+    fn default() -> Self {
+        KernelConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            peers: Vec::new(),
+            host_id: None,
+            datagram_size: None,
+            window: 1 << 20,
+            host_timeout: Duration::from_secs(3),
+            spin: Duration::from_micros(50),
+            faults: FaultConfig::default(),
+            socket_buffer: 8 << 20,
+            alien_pool: 256,
+            seed: None,
+        }
+    }
+}
+
+/// Errors starting a logical host.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The socket could not be set up.
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// Another host holds our fixed logical host id.
+    #[error("logical host id {0} is already in use by another host")]
+    HostIdConflict(HostId),
+    /// The host id could not be allocated in time.
+    #[error("logical host id allocation did not finish")]
+    AllocationTimeout,
+    /// A bad configuration value.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The kernel server could not be created.
+    #[error("kernel server: {0}")]
+    Ipc(#[from] IpcError),
+}
+
+pub(crate) struct State {
+    pub(crate) engine: Engine,
+    pub(crate) waiters: HashMap<Pid, Arc<Waiter>>,
+    conflict: Option<HostId>,
+}
+
+/// State shared by a logical host's threads.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    pub(crate) net: Net,
+    epoch: Instant,
+    next_timer: AtomicU64,
+    pub(crate) readers: AtomicUsize,
+    bg_efd: EventFd,
+    stop: AtomicBool,
+    pub(crate) spin: Duration,
+    pub(crate) host: HostId,
+}
+
+thread_local! {
+    static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> Micros {
+        self.epoch.elapsed().as_micros() as Micros
+    }
+
+    /// Runs `f` on the engine, then timers if due; sends what it produced
+    /// and wakes whom it completed, after releasing the lock.
+    pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine, Micros) -> R) -> R {
+        let mut out = Vec::new();
+        let mut wakes: Vec<Arc<Waiter>> = Vec::new();
+        let r = {
+            let mut st = self.lock();
+            let now = self.now();
+            let r = f(&mut st.engine, now);
+            if now >= st.engine.poll_timeout() {
+                st.engine.handle_timeout(now);
+            }
+            while let Some(t) = st.engine.poll_transmit() {
+                out.push(t);
+            }
+            while let Some(e) = st.engine.poll_event() {
+                match e {
+                    Event::Wake(p) => {
+                        if let Some(w) = st.waiters.get(&p) {
+                            wakes.push(w.clone());
+                        }
+                    }
+                    Event::HostIdConflict(h) => st.conflict = Some(h),
+                    Event::HostReady(_) => {}
+                }
+            }
+            self.next_timer
+                .store(st.engine.poll_timeout(), Ordering::Release);
+            r
+        };
+        for t in out {
+            self.net.send(t.to, t.data);
+        }
+        for w in wakes {
+            w.wake();
+        }
+        r
+    }
+
+    /// Reads and processes every queued datagram (up to a bound).
+    pub(crate) fn poll_socket(&self) -> usize {
+        let mut n = 0;
+        RECV_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            while n < 256 {
+                let Some((len, from)) = self.net.try_recv(&mut buf) else {
+                    break;
+                };
+                n += 1;
+                let data = &buf[..len];
+                self.with_engine(|e, now| e.handle_datagram(now, from, data));
+            }
+        });
+        n
+    }
+
+    /// Runs engine timers if one is due.
+    pub(crate) fn run_timers_if_due(&self) {
+        if self.now() >= self.next_timer.load(Ordering::Acquire) {
+            self.with_engine(|_, _| ());
+        }
+    }
+
+    /// Time until the next engine timer, capped.
+    pub(crate) fn time_to_timer(&self, cap: Duration) -> Duration {
+        let t = self.next_timer.load(Ordering::Acquire);
+        let now = self.now();
+        Duration::from_micros(t.saturating_sub(now)).min(cap)
+    }
+
+    pub(crate) fn register(&self, pid: Pid, w: Arc<Waiter>) {
+        self.lock().waiters.insert(pid, w);
+    }
+
+    pub(crate) fn unregister(&self, pid: Pid) -> Option<Arc<Waiter>> {
+        self.lock().waiters.remove(&pid)
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn background(self: Arc<Self>) {
+        while !self.stopping() {
+            let idle_readers = self.readers.load(Ordering::Acquire) == 0;
+            let mut cap = if idle_readers {
+                Duration::from_millis(100)
+            } else {
+                Duration::from_millis(5)
+            };
+            if self.net.has_faults() {
+                cap = cap.min(Duration::from_millis(1));
+            }
+            let timeout = self.time_to_timer(cap);
+            let (_, ev) = if idle_readers {
+                poll2(self.bg_efd.fd(), Some(self.net.fd()), timeout)
+            } else {
+                poll2(self.bg_efd.fd(), None, timeout)
+            };
+            if ev || !idle_readers {
+                self.bg_efd.drain();
+            }
+            if self.readers.load(Ordering::Acquire) == 0 {
+                self.poll_socket();
+            }
+            self.run_timers_if_due();
+            self.net.flush_due();
+        }
+    }
+}
+
+/// One logical host: a kernel instance with its own UDP port.
+///
+/// Dropping it shuts the host down: blocked operations fail with
+/// [`IpcError::Shutdown`].
+pub struct Kernel {
+    shared: Arc<Shared>,
+    bg: Option<JoinHandle<()>>,
+    ks: Option<JoinHandle<()>>,
+}
+
+fn default_datagram(ip: IpAddr) -> usize {
+    if ip.is_loopback() {
+        MAX_DATAGRAM
+    } else if ip.is_ipv4() {
+        1472
+    } else {
+        1452
+    }
+}
+
+impl Kernel {
+    /// Starts a logical host with the given configuration.
+    pub fn start(cfg: KernelConfig) -> Result<Kernel, KernelError> {
+        let net = Net::bind(cfg.bind, cfg.faults.clone(), cfg.socket_buffer)?;
+        let me = net.local_addr()?;
+        let seed = cfg.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ ((std::process::id() as u64) << 32) ^ me.port() as u64
+        });
+        if let Some(h) = cfg.host_id {
+            if !HostId(h).is_valid() {
+                return Err(KernelError::Config(format!(
+                    "host id {h:#x} must be in 1..=0x7fff"
+                )));
+            }
+        }
+        let datagram_size = cfg
+            .datagram_size
+            .unwrap_or_else(|| default_datagram(me.ip()));
+        if !(256..=MAX_DATAGRAM).contains(&datagram_size) {
+            return Err(KernelError::Config(format!(
+                "datagram size {datagram_size} must be in 256..={MAX_DATAGRAM}"
+            )));
+        }
+        let host_timeout = cfg.host_timeout.as_micros() as Micros;
+        let ecfg = Config {
+            host_id: cfg.host_id.map(HostId),
+            discovery: cfg.peers.iter().copied().filter(|p| *p != me).collect(),
+            datagram_size,
+            window: cfg.window.max(datagram_size),
+            alien_pool: cfg.alien_pool.max(1),
+            alien_per_host: (cfg.alien_pool / 2).max(1),
+            host_timeout,
+            alien_timeout: host_timeout * 2 + 2_000_000,
+            seed,
+            ..Config::default()
+        };
+        let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);
+        let state = State {
+            engine: Engine::new(ecfg, 0),
+            waiters: HashMap::new(),
+            conflict: None,
+        };
+        let mut shared = Shared {
+            state: Mutex::new(state),
+            net,
+            epoch: Instant::now(),
+            next_timer: AtomicU64::new(0),
+            readers: AtomicUsize::new(0),
+            bg_efd: EventFd::new()?,
+            stop: AtomicBool::new(false),
+            spin: cfg.spin,
+            host: HostId(0),
+        };
+        // Allocate the host id before anyone else sees the state.
+        let deadline = Instant::now() + alloc_wait;
+        let started = Instant::now();
+        // A fixed id is announced once; give a holder a moment to complain.
+        let fixed_wait = if cfg.host_id.is_some() && !cfg.peers.is_empty() {
+            Duration::from_millis(100)
+        } else {
+            Duration::ZERO
+        };
+        let host = loop {
+            shared.poll_socket();
+            shared.run_timers_if_due();
+            let (id, conflict) = {
+                let st = shared.lock();
+                (st.engine.host_id(), st.conflict)
+            };
+            if let Some(c) = conflict {
+                return Err(KernelError::HostIdConflict(c));
+            }
+            if let Some(id) = id {
+                if cfg.host_id.is_none() || started.elapsed() >= fixed_wait {
+                    break id;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(KernelError::AllocationTimeout);
+            }
+            poll2(
+                shared.net.fd(),
+                None,
+                shared.time_to_timer(Duration::from_millis(10)),
+            );
+        };
+        shared.host = host;
+        let shared = Arc::new(shared);
+        let bg = {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("vk-{host}-timer"))
+                .spawn(move || s.background())?
+        };
+        let mut k = Kernel {
+            shared,
+            bg: Some(bg),
+            ks: None,
+        };
+        let ks = k.create_kernel_server()?;
+        k.ks = Some(
+            std::thread::Builder::new()
+                .name(format!("vk-{host}-kserver"))
+                .spawn(move || crate::kernel_server::run(ks))?,
+        );
+        Ok(k)
+    }
+
+    fn create_kernel_server(&self) -> Result<Process, IpcError> {
+        let pid = self.shared.with_engine(|e, _| e.create_kernel_server())?;
+        Process::new(self.shared.clone(), pid)
+    }
+
+    /// This host's logical id.
+    pub fn host_id(&self) -> HostId {
+        self.shared.host
+    }
+
+    /// The pid of this host's kernel-server process.
+    pub fn kernel_server(&self) -> Pid {
+        Pid::new(self.shared.host, KERNEL_SERVER_LOCAL_ID)
+    }
+
+    /// The UDP address this host listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared
+            .net
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// Receive buffer granted by the OS.
+    pub fn socket_buffer(&self) -> usize {
+        self.shared.net.rcvbuf()
+    }
+
+    /// Adds a peer address (static peer list) at run time.
+    pub fn add_peer(&self, a: SocketAddr) {
+        self.shared.with_engine(|e, _| e.add_discovery(a));
+    }
+
+    /// Creates a process owned by the caller (a V process is a thread that
+    /// uses this handle).
+    pub fn create_process(&self) -> Result<Process, IpcError> {
+        let pid = self.shared.with_engine(|e, _| e.create_process())?;
+        Process::new(self.shared.clone(), pid)
+    }
+
+    /// Creates a process and runs `f` with it on a new thread.
+    pub fn spawn<F>(&self, name: &str, f: F) -> Result<(Pid, JoinHandle<()>), IpcError>
+    where
+        F: FnOnce(Process) + Send + 'static,
+    {
+        let p = self.create_process()?;
+        let pid = p.pid();
+        let h = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || f(p))
+            .map_err(|_| IpcError::TableFull)?;
+        Ok((pid, h))
+    }
+
+    /// True if `pid` is a live process of this host.
+    pub fn process_exists(&self, pid: Pid) -> bool {
+        self.shared.with_engine(|e, _| e.process_exists(pid))
+    }
+
+    /// A copy of the protocol counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.with_engine(|e, _| e.stats().clone())
+    }
+
+    /// Datagram-layer counters (injected faults, send errors).
+    pub fn net_counters(&self) -> &crate::net::NetCounters {
+        &self.shared.net.counters
+    }
+
+    /// Measured smoothed RTT to a host, if any.
+    pub fn srtt(&self, host: HostId) -> Option<Duration> {
+        self.shared
+            .with_engine(|e, _| e.srtt(host))
+            .map(Duration::from_micros)
+    }
+
+    /// Stops the host; blocked operations fail with `Shutdown`.
+    pub fn shutdown(&mut self) {
+        if self.shared.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.with_engine(|e, _| e.shutdown());
+        self.shared.bg_efd.signal();
+        if let Some(h) = self.bg.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.ks.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+pub(crate) fn destroy_local(shared: &Shared, pid: Pid) -> Result<(), IpcError> {
+    shared.with_engine(|e, now| e.destroy_process(now, pid))?;
+    if let Some(w) = shared.unregister(pid) {
+        w.destroy();
+    }
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! The kernel-server process (local id 1 on every logical host).
+//!
+//! As in V, kernel operations that must be answered for a remote caller are
+//! ordinary messages to this process, so they need no special packet types.
+//! Request codes (word 0, low 24 bits); the reply's word 0 is 0 on success
+//! or an error code.
+
+use vkernel_proto::{IpcError, Message, Pid};
+
+use crate::kernel::destroy_local;
+use crate::process::Process;
+
+/// GetTime: reply w1 = high, w2 = low 32 bits of the host clock in µs.
+pub const GET_TIME: u32 = 0x4b_0001;
+/// Process existence: w1 = pid; reply w1 = 1 if it exists, else 0.
+pub const PROCESS_EXISTS: u32 = 0x4b_0002;
+/// Destroy a process of this host: w1 = pid; reply w0 = 0 or `ERR_NO_PROCESS`.
+pub const DESTROY_PROCESS: u32 = 0x4b_0003;
+/// Host info: reply w1 = number of processes.
+pub const HOST_INFO: u32 = 0x4b_0004;
+
+/// Reply code: success.
+pub const OK: u32 = 0;
+/// Reply code: no such process.
+pub const ERR_NO_PROCESS: u32 = 1;
+/// Reply code: unknown request.
+pub const ERR_UNKNOWN_REQUEST: u32 = 2;
+
+/// Serves kernel requests until the host shuts down.
+pub(crate) fn run(p: Process) {
+    let mut m = Message::zero();
+    loop {
+        let from = match p.receive(&mut m) {
+            Ok(i) => i.from,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(_) => continue,
+        };
+        let mut r = Message::zero();
+        match m.code() {
+            GET_TIME => {
+                let t = p.get_time().as_micros() as u64;
+                r.0[1] = (t >> 32) as u32;
+                r.0[2] = t as u32;
+            }
+            PROCESS_EXISTS => {
+                let pid = Pid(m.0[1]);
+                r.0[1] = u32::from(p.process_exists(pid).unwrap_or(false));
+            }
+            DESTROY_PROCESS => {
+                let pid = Pid(m.0[1]);
+                r.0[0] = if pid == p.pid() {
+                    ERR_UNKNOWN_REQUEST
+                } else {
+                    match destroy_local(p.shared(), pid) {
+                        Ok(()) => OK,
+                        Err(_) => ERR_NO_PROCESS,
+                    }
+                };
+            }
+            HOST_INFO => {
+                r.0[1] = p.shared().with_engine(|e, _| e.process_count()) as u32;
+            }
+            _ => r.0[0] = ERR_UNKNOWN_REQUEST,
+        }
+        // The requester may have gone; nothing to do then.
+        let _ = p.reply(&r, from);
+    }
+}

@@ -1,0 +1,396 @@
+//! The datagram layer: one UDP socket per logical host, plus optional fault
+//! injection (loss, duplication, reordering, delay) applied to every
+//! outgoing datagram, so the real binary can run on a "bad network".
+
+use std::collections::BinaryHeap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Fault rates (probabilities in `0.0..=1.0`) applied to outgoing datagrams.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultConfig {
+    /// Drop the datagram.
+    pub loss: f64,
+    /// Send it twice.
+    pub duplicate: f64,
+    /// Hold it back and send it after the next datagram.
+    pub reorder: f64,
+    /// Delay it by `delay` (uniform 0..=delay).
+    pub delay_rate: f64,
+    /// Upper bound of an injected delay.
+    pub delay: Duration,
+    /// RNG seed (0 = from the clock).
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    /// True if any fault is enabled.
+    pub fn active(&self) -> bool {
+        self.loss > 0.0 || self.duplicate > 0.0 || self.reorder > 0.0 || self.delay_rate > 0.0
+    }
+
+    /// Parses `loss=0.05,dup=0.01,reorder=0.01,delay=0.1:5ms,seed=7`.
+    pub fn parse(s: &str) -> Result<FaultConfig, String> {
+        let mut f = FaultConfig::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("fault spec `{part}`: expected key=value"))?;
+            let rate = |v: &str| -> Result<f64, String> {
+                let r: f64 = v
+                    .parse()
+                    .map_err(|_| format!("fault `{k}`: `{v}` is not a number"))?;
+                if !(0.0..=1.0).contains(&r) {
+                    return Err(format!("fault `{k}`: rate {r} not in 0..=1"));
+                }
+                Ok(r)
+            };
+            match k {
+                "loss" => f.loss = rate(v)?,
+                "dup" | "duplicate" => f.duplicate = rate(v)?,
+                "reorder" => f.reorder = rate(v)?,
+                "delay" => {
+                    let (r, d) = v.split_once(':').unwrap_or((v, "5ms"));
+                    f.delay_rate = rate(r)?;
+                    f.delay = parse_duration(d)?;
+                }
+                "seed" => {
+                    f.seed = v
+                        .parse()
+                        .map_err(|_| format!("fault seed `{v}` is not an integer"))?
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown fault `{k}` (known: loss, dup, reorder, delay, seed)"
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// Parses `5ms`, `200us`, `1s` or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "ms"), |i| (&s[..i], &s[i..]));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 5ms, 200us, 1s)"))?;
+    let secs = match unit {
+        "s" => n,
+        "ms" => n / 1e3,
+        "us" | "µs" => n / 1e6,
+        "ns" => n / 1e9,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (s, ms, us, ns)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("`{s}` is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+struct Delayed {
+    due: Instant,
+    to: SocketAddr,
+    data: Vec<u8>,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        self.due == o.due
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.due.cmp(&self.due) // min-heap
+    }
+}
+
+struct FaultState {
+    cfg: FaultConfig,
+    rng: SmallRng,
+    held: Option<(SocketAddr, Vec<u8>)>,
+    delayed: BinaryHeap<Delayed>,
+}
+
+/// Counters of the datagram layer.
+#[derive(Debug, Default)]
+pub struct NetCounters {
+    /// Datagrams dropped by injected loss.
+    pub injected_loss: AtomicU64,
+    /// Datagrams duplicated by injection.
+    pub injected_dup: AtomicU64,
+    /// Datagrams reordered by injection.
+    pub injected_reorder: AtomicU64,
+    /// Datagrams delayed by injection.
+    pub injected_delay: AtomicU64,
+    /// send_to failures (e.g. buffer full, unreachable).
+    pub send_errors: AtomicU64,
+}
+
+/// One logical host's socket with its fault injector.
+pub struct Net {
+    sock: UdpSocket,
+    faults: Option<Mutex<FaultState>>,
+    /// Counters.
+    pub counters: NetCounters,
+    rcvbuf: usize,
+}
+
+impl Net {
+    /// Binds `addr` (non-blocking), sizes the socket buffers.
+    pub fn bind(addr: SocketAddr, faults: FaultConfig, buffers: usize) -> io::Result<Net> {
+        let sock = UdpSocket::bind(addr)?;
+        sock.set_nonblocking(true)?;
+        let rcvbuf = crate::sys::set_socket_buffers(sock.as_raw_fd(), buffers);
+        let _ = crate::sys::set_broadcast(sock.as_raw_fd());
+        let faults = faults.active().then(|| {
+            let seed = if faults.seed == 0 {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+                    ^ std::process::id() as u64
+            } else {
+                faults.seed
+            };
+            Mutex::new(FaultState {
+                rng: SmallRng::seed_from_u64(seed),
+                cfg: faults,
+                held: None,
+                delayed: BinaryHeap::new(),
+            })
+        });
+        Ok(Net {
+            sock,
+            faults,
+            counters: NetCounters::default(),
+            rcvbuf,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// Receive buffer size granted by the OS.
+    pub fn rcvbuf(&self) -> usize {
+        self.rcvbuf
+    }
+
+    /// The socket descriptor (for poll).
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Non-blocking receive. `Ok(None)` when nothing is queued.
+    pub fn try_recv(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        loop {
+            match self.sock.recv_from(buf) {
+                Ok(r) => return Some(r),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock, or an ICMP error surfaced on the socket: nothing to read.
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn raw_send(&self, to: SocketAddr, data: &[u8]) {
+        loop {
+            match self.sock.send_to(data, to) {
+                Ok(_) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Socket buffer momentarily full: yield briefly, retry once.
+                    std::thread::yield_now();
+                    if self.sock.send_to(data, to).is_err() {
+                        self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                Err(_) => {
+                    self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends a datagram, through the fault injector if one is configured.
+    pub fn send(&self, to: SocketAddr, data: Vec<u8>) {
+        let Some(f) = &self.faults else {
+            self.raw_send(to, &data);
+            return;
+        };
+        let mut st = match f.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let c = &self.counters;
+        let st = &mut *st;
+        if st.rng.gen_bool(st.cfg.loss) {
+            c.injected_loss.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let copies = if st.rng.gen_bool(st.cfg.duplicate) {
+            c.injected_dup.fetch_add(1, Ordering::Relaxed);
+            2
+        } else {
+            1
+        };
+        if st.rng.gen_bool(st.cfg.delay_rate) {
+            c.injected_delay.fetch_add(1, Ordering::Relaxed);
+            let max = st.cfg.delay.as_micros() as u64;
+            let d = Duration::from_micros(st.rng.gen_range(0..=max));
+            for _ in 0..copies {
+                st.delayed.push(Delayed {
+                    due: Instant::now() + d,
+                    to,
+                    data: data.clone(),
+                });
+            }
+            return;
+        }
+        if st.held.is_none() && st.rng.gen_bool(st.cfg.reorder) {
+            c.injected_reorder.fetch_add(1, Ordering::Relaxed);
+            st.held = Some((to, data));
+            return;
+        }
+        let held = st.held.take();
+        for _ in 0..copies {
+            self.raw_send(to, &data);
+        }
+        if let Some((hto, hdata)) = held {
+            self.raw_send(hto, &hdata);
+        }
+    }
+
+    /// Sends delayed and held datagrams that are due; returns when the next
+    /// one falls due.
+    pub fn flush_due(&self) -> Option<Instant> {
+        let f = self.faults.as_ref()?;
+        let mut st = match f.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let now = Instant::now();
+        let mut out = Vec::new();
+        // A held (reordered) datagram waits at most one flush interval.
+        if let Some(h) = st.held.take() {
+            out.push(h);
+        }
+        while st.delayed.peek().is_some_and(|d| d.due <= now) {
+            if let Some(d) = st.delayed.pop() {
+                out.push((d.to, d.data));
+            }
+        }
+        let next = st.delayed.peek().map(|d| d.due);
+        drop(st);
+        for (to, d) in out {
+            self.raw_send(to, &d);
+        }
+        next.or(Some(now + Duration::from_millis(1)))
+    }
+
+    /// True if fault injection is on.
+    pub fn has_faults(&self) -> bool {
+        self.faults.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_fault_specs() {
+        let f = FaultConfig::parse("loss=0.05,dup=0.01,reorder=0.02,delay=0.1:2ms,seed=9").unwrap();
+        assert_eq!(f.loss, 0.05);
+        assert_eq!(f.duplicate, 0.01);
+        assert_eq!(f.reorder, 0.02);
+        assert_eq!(f.delay_rate, 0.1);
+        assert_eq!(f.delay, Duration::from_millis(2));
+        assert_eq!(f.seed, 9);
+        assert!(f.active());
+        assert!(FaultConfig::parse("loss=2").is_err());
+        assert!(FaultConfig::parse("bogus=0.1").is_err());
+        assert!(FaultConfig::parse("loss").is_err());
+        assert!(!FaultConfig::parse("").unwrap().active());
+        assert_eq!(parse_duration("200us").unwrap(), Duration::from_micros(200));
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn injected_loss_drops_about_the_rate() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let f = FaultConfig {
+            loss: 0.5,
+            seed: 42,
+            ..Default::default()
+        };
+        let net = Net::bind("127.0.0.1:0".parse().unwrap(), f, 1 << 20).unwrap();
+        let to = rx.local_addr().unwrap();
+        for _ in 0..400 {
+            net.send(to, vec![1, 2, 3]);
+        }
+        let lost = net.counters.injected_loss.load(Ordering::Relaxed);
+        assert!((120..280).contains(&lost), "lost {lost}");
+        std::thread::sleep(Duration::from_millis(50));
+        let mut n = 0;
+        let mut b = [0u8; 16];
+        while rx.recv_from(&mut b).is_ok() {
+            n += 1;
+        }
+        assert_eq!(n as u64, 400 - lost);
+    }
+
+    #[test]
+    fn delay_and_reorder_deliver_everything_eventually() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let f = FaultConfig {
+            reorder: 0.3,
+            delay_rate: 0.3,
+            delay: Duration::from_millis(3),
+            seed: 7,
+            ..Default::default()
+        };
+        let net = Net::bind("127.0.0.1:0".parse().unwrap(), f, 1 << 20).unwrap();
+        let to = rx.local_addr().unwrap();
+        for i in 0..50u8 {
+            net.send(to, vec![i]);
+        }
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < deadline {
+            net.flush_due();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut got = Vec::new();
+        let mut b = [0u8; 4];
+        rx.set_nonblocking(true).unwrap();
+        while let Ok((_, _)) = rx.recv_from(&mut b) {
+            got.push(b[0]);
+        }
+        got.sort();
+        assert_eq!(got, (0..50).collect::<Vec<u8>>());
+        assert!(net.counters.injected_reorder.load(Ordering::Relaxed) > 0);
+    }
+}

@@ -1,0 +1,461 @@
+//! The public IPC API: a [`Process`] handle and its primitives.
+//!
+//! Every call is the same whether the peer is on this logical host or
+//! another; the engine decides. A blocking call lends the caller's buffers
+//! to the engine and waits for its completion: first busy-polling (also
+//! reading the socket), then blocking in `ppoll` on the socket and the
+//! process's own eventfd.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel_proto::engine::{Completion, KERNEL_SERVER_LOCAL_ID};
+use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
+use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
+
+use crate::kernel::{destroy_local, Shared};
+use crate::kernel_server as ks;
+use crate::lent::Lease;
+use crate::sys::{poll2, EventFd};
+
+/// Wake-up state of one process.
+pub(crate) struct Waiter {
+    ready: AtomicBool,
+    parked: AtomicBool,
+    destroyed: AtomicBool,
+    efd: EventFd,
+}
+
+impl Waiter {
+    fn new() -> Option<Waiter> {
+        Some(Waiter {
+            ready: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
+            efd: EventFd::new().ok()?,
+        })
+    }
+
+    /// Marks the completion ready; signals the eventfd only if the process
+    /// is blocked in the kernel (a spinning process sees the flag).
+    pub(crate) fn wake(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            self.efd.signal();
+        }
+    }
+
+    pub(crate) fn destroy(&self) {
+        self.destroyed.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+}
+
+/// A segment lent with a Send: the receiver may read and/or write it while
+/// the sender awaits its reply.
+pub enum Segment<'a> {
+    /// Receiver may read (MoveFrom; the first part travels with the message).
+    Read(&'a [u8]),
+    /// Receiver may write (MoveTo; reply-with-segment).
+    Write(&'a mut [u8]),
+    /// Receiver may read and write.
+    ReadWrite(&'a mut [u8]),
+}
+
+/// What a Send got back besides the reply message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The process that replied.
+    pub from: Pid,
+    /// Bytes the replier wrote into the segment with its reply.
+    pub seg_bytes: usize,
+}
+
+/// A message taken by Receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The sender (reply to it).
+    pub from: Pid,
+    /// Bytes of the sender's segment copied into the receive buffer.
+    pub seg_bytes: usize,
+    /// The process that forwarded the message (== `from` if not forwarded).
+    pub forwarder: Pid,
+}
+
+/// How a wait should poll the socket while spinning.
+#[derive(Clone, Copy)]
+enum Expect {
+    Remote,
+    Either,
+    Local,
+}
+
+/// A V process: a pid and the IPC primitives. Use it from one thread at a
+/// time (it is `Send` but not `Sync`). Dropping it destroys the process.
+pub struct Process {
+    shared: Arc<Shared>,
+    pid: Pid,
+    waiter: Arc<Waiter>,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process").field("pid", &self.pid).finish()
+    }
+}
+
+impl Process {
+    pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<Process, IpcError> {
+        let Some(waiter) = Waiter::new() else {
+            // Out of file descriptors: undo the creation.
+            let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
+            return Err(IpcError::TableFull);
+        };
+        let waiter = Arc::new(waiter);
+        shared.register(pid, waiter.clone());
+        Ok(Process {
+            shared,
+            pid,
+            waiter,
+            _not_sync: PhantomData,
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// This process's pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Waits for the completion of the operation just started.
+    fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
+        let sh = &self.shared;
+        sh.readers.fetch_add(1, Ordering::AcqRel);
+        let r = self.wait_inner(expect);
+        sh.readers.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    fn wait_inner(&self, expect: Expect) -> Result<Completion, IpcError> {
+        let sh = &self.shared;
+        let w = &self.waiter;
+        let start = Instant::now();
+        let every = match expect {
+            Expect::Remote => 1,
+            Expect::Either => 4,
+            Expect::Local => 64,
+        };
+        let mut i: u32 = 0;
+        loop {
+            if w.ready.swap(false, Ordering::AcqRel) {
+                if let Some(c) = sh.with_engine(|e, _| e.take_completion(self.pid)) {
+                    return Ok(c);
+                }
+            }
+            if w.destroyed.load(Ordering::Acquire) {
+                return Err(IpcError::Destroyed);
+            }
+            if sh.stopping() {
+                // The engine failed every blocked op at shutdown; pick it up.
+                return sh.with_engine(|e, _| {
+                    e.take_completion(self.pid).ok_or_else(|| {
+                        e.cancel(self.pid);
+                        IpcError::Shutdown
+                    })
+                });
+            }
+            if start.elapsed() < sh.spin {
+                if i % every == 0 {
+                    sh.poll_socket();
+                    sh.run_timers_if_due();
+                }
+                i = i.wrapping_add(1);
+                std::hint::spin_loop();
+                continue;
+            }
+            w.parked.store(true, Ordering::SeqCst);
+            if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
+                w.parked.store(false, Ordering::SeqCst);
+                continue;
+            }
+            let timeout = sh.time_to_timer(Duration::from_millis(50));
+            let (_, ev) = poll2(sh.net.fd(), Some(w.efd.fd()), timeout);
+            w.parked.store(false, Ordering::SeqCst);
+            if ev {
+                w.efd.drain();
+            }
+            sh.poll_socket();
+            sh.run_timers_if_due();
+        }
+    }
+
+    fn expect_for(&self, peer: Pid) -> Expect {
+        if peer.host() == self.shared.host {
+            Expect::Local
+        } else {
+            Expect::Remote
+        }
+    }
+
+    /// Send: delivers `msg` to `to` and blocks until it is received and
+    /// replied to; the reply overwrites `msg`.
+    pub fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
+        msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
+        let m = *msg;
+        self.shared
+            .with_engine(|e, now| e.send(now, self.pid, to, m, None))?;
+        self.finish_send(msg, to)
+    }
+
+    /// Send with a segment the receiver may access while this process awaits
+    /// its reply. The segment's rights are set in `msg` from `seg`.
+    pub fn send_with_segment(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        seg: Segment<'_>,
+    ) -> Result<Reply, IpcError> {
+        let (lease, lent, access) = match seg {
+            Segment::Read(b) => {
+                let (l, s) = Lease::shared(b);
+                (l, s, SegAccess::READ)
+            }
+            Segment::Write(b) => {
+                let (l, s) = Lease::exclusive(b);
+                (l, s, SegAccess::WRITE)
+            }
+            Segment::ReadWrite(b) => {
+                let (l, s) = Lease::exclusive(b);
+                (l, s, SegAccess::READ_WRITE)
+            }
+        };
+        msg.set_segment(access, vkernel_proto::SegMem::len(&*lent) as u32);
+        let m = *msg;
+        let r = self
+            .shared
+            .with_engine(|e, now| e.send(now, self.pid, to, m, Some(lent)));
+        let r = r.and_then(|()| self.finish_send(msg, to));
+        lease.release();
+        r
+    }
+
+    fn finish_send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
+        match self.wait(self.expect_for(to))? {
+            Completion::Send(Ok(r)) => {
+                *msg = r.msg;
+                Ok(Reply {
+                    from: r.from,
+                    seg_bytes: r.seg_bytes,
+                })
+            }
+            Completion::Send(Err(e)) => Err(e),
+            _ => Err(IpcError::Busy(self.pid)),
+        }
+    }
+
+    /// Receive: blocks until a message arrives (first come, first served).
+    pub fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
+        self.receive_inner(msg, None, None)
+    }
+
+    /// Receive-with-segment: also copies the first part of a read-granted
+    /// segment into `buf` (`Incoming::seg_bytes` says how much).
+    pub fn receive_with_segment(
+        &self,
+        msg: &mut Message,
+        buf: &mut [u8],
+    ) -> Result<Incoming, IpcError> {
+        self.receive_inner(msg, None, Some(buf))
+    }
+
+    /// ReceiveSpecific: waits for a message from `from` only. Returns
+    /// `Ok(None)` if `from` does not exist (the V convention of returning 0).
+    pub fn receive_specific(
+        &self,
+        msg: &mut Message,
+        from: Pid,
+    ) -> Result<Option<Incoming>, IpcError> {
+        if from.host() != self.shared.host && from.is_process() && !self.process_exists(from)? {
+            return Ok(None);
+        }
+        match self.receive_inner(msg, Some(from), None) {
+            Ok(i) => Ok(Some(i)),
+            Err(IpcError::NoSuchProcess(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn receive_inner(
+        &self,
+        msg: &mut Message,
+        from: Option<Pid>,
+        buf: Option<&mut [u8]>,
+    ) -> Result<Incoming, IpcError> {
+        let (lease, lent) = match buf {
+            Some(b) => {
+                let (l, s) = Lease::exclusive(b);
+                (Some(l), Some(s as vkernel_proto::Seg))
+            }
+            None => (None, None),
+        };
+        let r = self
+            .shared
+            .with_engine(|e, now| e.receive(now, self.pid, from, lent));
+        let r = match r {
+            Ok(Some(rcv)) => Ok(rcv),
+            Ok(None) => match self.wait(Expect::Either) {
+                Ok(Completion::Receive(r)) => r,
+                Ok(_) => Err(IpcError::Busy(self.pid)),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        if let Some(l) = lease {
+            l.release();
+        }
+        let rcv = r?;
+        *msg = rcv.msg;
+        Ok(Incoming {
+            from: rcv.from,
+            seg_bytes: rcv.seg_bytes,
+            forwarder: rcv.forwarder,
+        })
+    }
+
+    /// Reply: `to` must be awaiting reply from this process. Does not block.
+    pub fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
+        let m = *msg;
+        self.shared
+            .with_engine(|e, now| e.reply(now, self.pid, to, m, None))
+    }
+
+    /// Reply-with-segment: also writes `data` at `offset` in `to`'s
+    /// write-granted segment, in the same datagram as the reply.
+    pub fn reply_with_segment(
+        &self,
+        msg: &Message,
+        to: Pid,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), IpcError> {
+        let m = *msg;
+        self.shared
+            .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, data))))
+    }
+
+    /// Forward: passes `from`'s request (as `msg`) to `to` as if `from` had
+    /// sent it; `from` must be awaiting reply from this process.
+    pub fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
+        let m = *msg;
+        self.shared
+            .with_engine(|e, now| e.forward(now, self.pid, from, to, m))
+    }
+
+    /// MoveTo: copies `src` into `to`'s write-granted segment at `offset`.
+    pub fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+        let (lease, lent) = Lease::shared(src);
+        let r = self
+            .shared
+            .with_engine(|e, now| e.move_to(now, self.pid, to, offset, lent));
+        let r = self.finish_move(r, to);
+        lease.release();
+        r
+    }
+
+    /// MoveFrom: copies from `from`'s read-granted segment at `offset` into `dest`.
+    pub fn move_from(&self, from: Pid, offset: u32, dest: &mut [u8]) -> Result<usize, IpcError> {
+        let (lease, lent) = Lease::exclusive(dest);
+        let r = self
+            .shared
+            .with_engine(|e, now| e.move_from(now, self.pid, from, offset, lent));
+        let r = self.finish_move(r, from);
+        lease.release();
+        r
+    }
+
+    fn finish_move(&self, r: Result<Option<usize>, IpcError>, peer: Pid) -> Result<usize, IpcError> {
+        match r? {
+            Some(n) => Ok(n),
+            None => match self.wait(self.expect_for(peer))? {
+                Completion::Move(r) => r,
+                _ => Err(IpcError::Busy(self.pid)),
+            },
+        }
+    }
+
+    /// SetPid: registers `pid` under `logical` with a scope.
+    pub fn set_pid(&self, logical: u32, pid: Pid, scope: Scope) {
+        self.shared
+            .with_engine(|e, _| e.set_pid(logical, pid, scope));
+    }
+
+    /// GetPid: looks up `logical`; the null pid if nobody answers.
+    pub fn get_pid(&self, logical: u32, scope: Scope) -> Result<Pid, IpcError> {
+        let r = self
+            .shared
+            .with_engine(|e, now| e.get_pid(now, self.pid, logical, scope))?;
+        match r {
+            Some(p) => Ok(p),
+            None => match self.wait(Expect::Remote)? {
+                Completion::GetPid(r) => r,
+                _ => Err(IpcError::Busy(self.pid)),
+            },
+        }
+    }
+
+    /// GetTime: the null kernel operation (enter the kernel, read its clock).
+    pub fn get_time(&self) -> Duration {
+        Duration::from_micros(self.shared.with_engine(|_, now| now))
+    }
+
+    /// True if `pid` names a live process; remote pids are asked of their
+    /// host's kernel server.
+    pub fn process_exists(&self, pid: Pid) -> Result<bool, IpcError> {
+        if !pid.is_process() {
+            return Ok(false);
+        }
+        if pid.host() == self.shared.host {
+            return Ok(self.shared.with_engine(|e, _| e.process_exists(pid)));
+        }
+        let mut m = Message::with_code(ks::PROCESS_EXISTS | IDEMPOTENT);
+        m.0[1] = pid.0;
+        match self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID)) {
+            Ok(_) => Ok(m.0[1] != 0),
+            Err(IpcError::NoSuchProcess(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Destroys a process, local or (through its kernel server) remote.
+    pub fn destroy(&self, pid: Pid) -> Result<(), IpcError> {
+        if pid == self.pid {
+            return Err(IpcError::Busy(pid));
+        }
+        if pid.host() == self.shared.host {
+            return destroy_local(&self.shared, pid);
+        }
+        let mut m = Message::with_code(ks::DESTROY_PROCESS);
+        m.0[1] = pid.0;
+        self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
+        match m.0[0] {
+            0 => Ok(()),
+            _ => Err(IpcError::NoSuchProcess(pid)),
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let pid = self.pid;
+        if !self.waiter.destroyed.load(Ordering::Acquire) {
+            let _ = self.shared.with_engine(|e, now| e.destroy_process(now, pid));
+        }
+        self.shared.unregister(pid);
+    }
+}

@@ -1,0 +1,212 @@
+//! Thin safe wrappers over the few Linux calls the runtime needs: eventfd,
+//! poll, socket buffer sizes and CPU affinity.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// An eventfd used to wake a thread blocked in [`poll2`].
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new non-blocking, close-on-exec eventfd.
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes the eventfd readable (wakes a poller).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own descriptor.
+        // A failure (counter overflow) still leaves the fd readable.
+        unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                (&one as *const u64).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    /// Resets the eventfd to unreadable.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a valid u64; non-blocking fd.
+        unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                (&mut v as *mut u64).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    /// The raw descriptor, for [`poll2`].
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Waits until `a` or `b` (if given) is readable, or `timeout` passes.
+/// Returns (a readable, b readable).
+pub fn poll2(a: RawFd, b: Option<RawFd>, timeout: Duration) -> (bool, bool) {
+    let mut fds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    let n: libc::nfds_t = if b.is_some() { 2 } else { 1 };
+    // SAFETY: `fds` and `ts` are valid for the call; the sigmask is null.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), n, &ts, std::ptr::null()) };
+    if r <= 0 {
+        return (false, false);
+    }
+    (
+        fds[0].revents & libc::POLLIN != 0,
+        fds[1].revents & libc::POLLIN != 0,
+    )
+}
+
+fn setsockopt_int(fd: RawFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const libc::c_int).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are live and sized for a c_int option.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut v as *mut libc::c_int).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// Sets receive and send buffers to `bytes` (forcing past the sysctl limit
+/// when privileged). Returns the receive buffer size granted.
+pub fn set_socket_buffers(fd: RawFd, bytes: usize) -> usize {
+    let v = bytes.min(i32::MAX as usize / 2) as libc::c_int;
+    if setsockopt_int(fd, libc::SO_RCVBUFFORCE, v).is_err() {
+        let _ = setsockopt_int(fd, libc::SO_RCVBUF, v);
+    }
+    if setsockopt_int(fd, libc::SO_SNDBUFFORCE, v).is_err() {
+        let _ = setsockopt_int(fd, libc::SO_SNDBUF, v);
+    }
+    getsockopt_int(fd, libc::SO_RCVBUF).map_or(0, |v| v.max(0) as usize)
+}
+
+/// Enables sending to broadcast addresses.
+pub fn set_broadcast(fd: RawFd) -> io::Result<()> {
+    setsockopt_int(fd, libc::SO_BROADCAST, 1)
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes within `set`; cpu is bounded by CPU_SETSIZE below.
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: passes a valid cpu_set_t of the size given; pid 0 = this thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// CPU time consumed by the calling thread.
+pub fn thread_cpu_time() -> Duration {
+    // SAFETY: timespec is plain data; clock_gettime fills it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid clock id and pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.max(0) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    #[test]
+    fn eventfd_wakes_poll() {
+        let e = EventFd::new().unwrap();
+        let (r, _) = poll2(e.fd(), None, Duration::from_millis(1));
+        assert!(!r);
+        e.signal();
+        let (r, _) = poll2(e.fd(), None, Duration::from_millis(100));
+        assert!(r);
+        e.drain();
+        let (r, _) = poll2(e.fd(), None, Duration::from_millis(1));
+        assert!(!r);
+    }
+
+    #[test]
+    fn poll_sees_socket_and_buffers_set() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let e = EventFd::new().unwrap();
+        let granted = set_socket_buffers(a.as_raw_fd(), 1 << 20);
+        assert!(granted > 0);
+        set_broadcast(b.as_raw_fd()).unwrap();
+        b.send_to(b"x", a.local_addr().unwrap()).unwrap();
+        let (sock, ev) = poll2(a.as_raw_fd(), Some(e.fd()), Duration::from_secs(2));
+        assert!(sock);
+        assert!(!ev);
+    }
+
+    #[test]
+    fn pin_and_cpu_time() {
+        pin_to_cpu(0).unwrap();
+        assert!(pin_to_cpu(usize::MAX).is_err());
+        let t0 = thread_cpu_time();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_add(std::hint::black_box(i));
+        }
+        std::hint::black_box(x);
+        assert!(thread_cpu_time() > t0);
+    }
+}

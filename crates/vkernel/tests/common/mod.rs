@@ -1,0 +1,40 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+use vkernel::{FaultConfig, Kernel, KernelConfig};
+
+/// Two logical hosts on loopback that know each other as peers.
+pub fn two_hosts() -> (Kernel, Kernel) {
+    two_hosts_with(FaultConfig::default(), Duration::from_secs(3))
+}
+
+/// Two logical hosts with fault injection on both.
+pub fn two_hosts_with(faults: FaultConfig, host_timeout: Duration) -> (Kernel, Kernel) {
+    let a = Kernel::start(KernelConfig {
+        faults: faults.clone(),
+        host_timeout,
+        ..Default::default()
+    })
+    .expect("start a");
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        faults: FaultConfig {
+            seed: faults.seed.wrapping_add(1),
+            ..faults
+        },
+        host_timeout,
+        ..Default::default()
+    })
+    .expect("start b");
+    a.add_peer(b.local_addr());
+    assert_ne!(a.host_id(), b.host_id());
+    (a, b)
+}
+
+/// Deterministic test pattern.
+pub fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_be_bytes()[0] ^ salt)
+        .collect()
+}

@@ -1,0 +1,278 @@
+//! The IPC primitives over real threads and real UDP sockets, each run both
+//! locally (client and server on one logical host) and remotely (two
+//! logical hosts), with identical expectations.
+
+mod common;
+
+use std::thread;
+
+use common::{pattern, two_hosts};
+use vkernel::{IpcError, Kernel, KernelConfig, Message, Pid, Process, Scope, Segment};
+
+const ECHO: u32 = 1;
+const READ_PAGE: u32 = 2;
+const WRITE_PAGE: u32 = 3;
+const PULL: u32 = 4;
+const PUSH: u32 = 5;
+const STOP: u32 = 9;
+
+/// A server handling the test requests until STOP.
+fn serve(p: Process) {
+    let mut m = Message::zero();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let i = p.receive_with_segment(&mut m, &mut buf).expect("receive");
+        match m.code() {
+            ECHO => {
+                m.0[1] = m.0[1].wrapping_add(1);
+                p.reply(&m, i.from).unwrap();
+            }
+            READ_PAGE => {
+                let n = m.0[2] as usize;
+                let page = pattern(n, m.0[1] as u8);
+                p.reply_with_segment(&m, i.from, 0, &page).unwrap();
+            }
+            WRITE_PAGE => {
+                // The page arrived with the message (receive-with-segment).
+                let sum: u32 = buf[..i.seg_bytes].iter().map(|&b| b as u32).sum();
+                m.0[1] = i.seg_bytes as u32;
+                m.0[2] = sum;
+                p.reply(&m, i.from).unwrap();
+            }
+            PULL => {
+                let n = m.seg_len() as usize;
+                let mut all = vec![0u8; n];
+                let got = p.move_from(i.from, 0, &mut all).unwrap();
+                m.0[1] = got as u32;
+                m.0[2] = all.iter().map(|&b| b as u32).fold(0u32, u32::wrapping_add);
+                p.reply(&m, i.from).unwrap();
+            }
+            PUSH => {
+                let n = m.seg_len() as usize;
+                let data = pattern(n, 7);
+                m.0[1] = p.move_to(i.from, 0, &data).unwrap() as u32;
+                p.reply(&m, i.from).unwrap();
+            }
+            STOP => {
+                p.reply(&m, i.from).unwrap();
+                return;
+            }
+            _ => {
+                p.reply(&Message::with_code(0xbad), i.from).unwrap();
+            }
+        }
+    }
+}
+
+fn exercise(client: &Process, server: Pid) {
+    // Plain exchange, reply overwrites message.
+    for k in 0..100u32 {
+        let mut m = Message::with_code(ECHO);
+        m.0[1] = k;
+        let r = client.send(&mut m, server).unwrap();
+        assert_eq!(r.from, server);
+        assert_eq!(m.0[1], k + 1);
+    }
+    // Page read: reply-with-segment.
+    let mut page = vec![0u8; 4096];
+    let mut m = Message::with_code(READ_PAGE);
+    m.0[1] = 3;
+    m.0[2] = 4096;
+    let r = client
+        .send_with_segment(&mut m, server, Segment::Write(&mut page))
+        .unwrap();
+    assert_eq!(r.seg_bytes, 4096);
+    assert_eq!(page, pattern(4096, 3));
+    // Page write: receive-with-segment.
+    let data = pattern(4096, 5);
+    let mut m = Message::with_code(WRITE_PAGE);
+    client
+        .send_with_segment(&mut m, server, Segment::Read(&data))
+        .unwrap();
+    assert_eq!(m.0[1], 4096);
+    assert_eq!(m.0[2], data.iter().map(|&b| b as u32).sum::<u32>());
+    // MoveFrom of a large segment.
+    let big = pattern(3 << 20, 9);
+    let mut m = Message::with_code(PULL);
+    client
+        .send_with_segment(&mut m, server, Segment::Read(&big))
+        .unwrap();
+    assert_eq!(m.0[1] as usize, big.len());
+    assert_eq!(m.0[2], big.iter().map(|&b| b as u32).fold(0u32, u32::wrapping_add));
+    // MoveTo into a large segment.
+    let mut dest = vec![0u8; (3 << 20) + 17];
+    let mut m = Message::with_code(PUSH);
+    client
+        .send_with_segment(&mut m, server, Segment::Write(&mut dest))
+        .unwrap();
+    assert_eq!(m.0[1] as usize, dest.len());
+    assert!(dest == pattern(dest.len(), 7), "MoveTo data differs");
+}
+
+fn stop(client: &Process, server: Pid) {
+    let mut m = Message::with_code(STOP);
+    client.send(&mut m, server).unwrap();
+}
+
+#[test]
+fn primitives_local() {
+    let k = Kernel::start(KernelConfig::default()).unwrap();
+    let (spid, h) = k.spawn("server", serve).unwrap();
+    let c = k.create_process().unwrap();
+    exercise(&c, spid);
+    stop(&c, spid);
+    h.join().unwrap();
+}
+
+#[test]
+fn primitives_remote() {
+    let (a, b) = two_hosts();
+    let (spid, h) = a.spawn("server", serve).unwrap();
+    let c = b.create_process().unwrap();
+    exercise(&c, spid);
+    stop(&c, spid);
+    h.join().unwrap();
+    let sa = a.stats();
+    assert!(sa.remote_exchanges == 0 && sa.rx_of(vkernel_proto::wire::PacketType::RemoteSend) >= 104);
+}
+
+#[test]
+fn getpid_scopes_and_nack() {
+    let (a, b) = two_hosts();
+    let (spid, h) = a.spawn("server", serve).unwrap();
+    let ca = a.create_process().unwrap();
+    ca.set_pid(77, spid, Scope::Any);
+    assert_eq!(ca.get_pid(77, Scope::Local).unwrap(), spid);
+    let cb = b.create_process().unwrap();
+    assert_eq!(cb.get_pid(77, Scope::Local).unwrap(), Pid::NONE);
+    assert_eq!(cb.get_pid(77, Scope::Any).unwrap(), spid);
+    assert_eq!(cb.get_pid(77, Scope::Remote).unwrap(), spid);
+    assert_eq!(cb.get_pid(78, Scope::Any).unwrap(), Pid::NONE);
+    // Send to a process that does not exist on a live host: nAck, at once.
+    let ghost = Pid::new(a.host_id(), 0x7777);
+    let t = std::time::Instant::now();
+    let mut m = Message::with_code(ECHO);
+    assert_eq!(cb.send(&mut m, ghost), Err(IpcError::NoSuchProcess(ghost)));
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    assert!(cb.process_exists(spid).unwrap());
+    assert!(!cb.process_exists(ghost).unwrap());
+    stop(&cb, spid);
+    h.join().unwrap();
+    assert!(!cb.process_exists(spid).unwrap());
+}
+
+#[test]
+fn receive_specific_and_forward() {
+    for remote in [false, true] {
+        let (a, b) = two_hosts();
+        let client_host = if remote { &b } else { &a };
+        // Forwarder on a forwards everything to the echo server on a.
+        let (spid, hs) = a.spawn("server", serve).unwrap();
+        let (fpid, hf) = a
+            .spawn("fwd", move |p| {
+                let mut m = Message::zero();
+                let i = p.receive(&mut m).unwrap();
+                p.forward(&m, i.from, spid).unwrap();
+            })
+            .unwrap();
+        let c = client_host.create_process().unwrap();
+        let mut m = Message::with_code(ECHO);
+        m.0[1] = 41;
+        let r = c.send(&mut m, fpid).unwrap();
+        assert_eq!(m.0[1], 42);
+        assert_eq!(r.from, spid);
+        hf.join().unwrap();
+        // ReceiveSpecific waits for the named sender; a missing pid gives None.
+        let rs = a.create_process().unwrap();
+        let rpid = rs.pid();
+        let ghost = Pid::new(a.host_id(), 0x6666);
+        let mut mm = Message::zero();
+        assert_eq!(rs.receive_specific(&mut mm, ghost).unwrap(), None);
+        let cpid = c.pid();
+        let h = thread::spawn(move || {
+            let mut m = Message::zero();
+            let i = rs.receive_specific(&mut m, cpid).unwrap().unwrap();
+            assert_eq!(i.from, cpid);
+            rs.reply(&m, i.from).unwrap();
+        });
+        let mut m = Message::with_code(ECHO);
+        c.send(&mut m, rpid).unwrap();
+        h.join().unwrap();
+        stop(&c, spid);
+        hs.join().unwrap();
+    }
+}
+
+#[test]
+fn segment_rights_are_enforced() {
+    for remote in [false, true] {
+        let (a, b) = two_hosts();
+        let client_host = if remote { &b } else { &a };
+        let (spid, h) = a
+            .spawn("checker", |p| {
+                let mut m = Message::zero();
+                let i = p.receive(&mut m).unwrap();
+                let mut buf = [0u8; 16];
+                // Read-only segment: MoveTo and reply-with-segment are refused.
+                assert_eq!(p.move_to(i.from, 0, &buf), Err(IpcError::AccessDenied(i.from)));
+                // Out of bounds.
+                assert_eq!(
+                    p.move_from(i.from, 60, &mut buf),
+                    Err(IpcError::OutOfBounds(i.from))
+                );
+                assert_eq!(p.move_from(i.from, 48, &mut buf), Ok(16));
+                assert_eq!(
+                    p.reply_with_segment(&m, i.from, 0, &buf),
+                    Err(IpcError::AccessDenied(i.from))
+                );
+                p.reply(&m, i.from).unwrap();
+                // After the reply the segment is gone.
+                assert_eq!(
+                    p.move_from(i.from, 0, &mut buf),
+                    Err(IpcError::NotAwaitingReply(i.from))
+                );
+                assert_eq!(p.reply(&m, i.from), Err(IpcError::NotAwaitingReply(i.from)));
+            })
+            .unwrap();
+        let c = client_host.create_process().unwrap();
+        let seg = [1u8; 64];
+        let mut m = Message::with_code(1);
+        c.send_with_segment(&mut m, spid, Segment::Read(&seg)).unwrap();
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn destroy_fails_waiters_and_remote_destroy_works() {
+    let (a, b) = two_hosts();
+    let (spid, h) = a
+        .spawn("sink", |p| {
+            let mut m = Message::zero();
+            // Receives but never replies, then is destroyed remotely.
+            let _ = p.receive(&mut m);
+            let r = p.receive(&mut m);
+            assert!(matches!(r, Err(IpcError::Destroyed)), "{r:?}");
+        })
+        .unwrap();
+    let c = b.create_process().unwrap();
+    let killer = b.create_process().unwrap();
+    let cpid_thread = thread::spawn(move || {
+        let mut m = Message::with_code(1);
+        c.send(&mut m, spid)
+    });
+    thread::sleep(std::time::Duration::from_millis(100));
+    killer.destroy(spid).unwrap();
+    let r = cpid_thread.join().unwrap();
+    assert_eq!(r, Err(IpcError::NoSuchProcess(spid)));
+    h.join().unwrap();
+    assert!(!killer.process_exists(spid).unwrap());
+}
+
+#[test]
+fn get_time_is_a_kernel_op() {
+    let k = Kernel::start(KernelConfig::default()).unwrap();
+    let p = k.create_process().unwrap();
+    let t1 = p.get_time();
+    let t2 = p.get_time();
+    assert!(t2 >= t1);
+}
