@@ -379,7 +379,11 @@ impl Process {
         r
     }
 
-    fn finish_move(&self, r: Result<Option<usize>, IpcError>, peer: Pid) -> Result<usize, IpcError> {
+    fn finish_move(
+        &self,
+        r: Result<Option<usize>, IpcError>,
+        peer: Pid,
+    ) -> Result<usize, IpcError> {
         match r? {
             Some(n) => Ok(n),
             None => match self.wait(self.expect_for(peer))? {
@@ -454,7 +458,9 @@ impl Drop for Process {
     fn drop(&mut self) {
         let pid = self.pid;
         if !self.waiter.destroyed.load(Ordering::Acquire) {
-            let _ = self.shared.with_engine(|e, now| e.destroy_process(now, pid));
+            let _ = self
+                .shared
+                .with_engine(|e, now| e.destroy_process(now, pid));
         }
         self.shared.unregister(pid);
     }

@@ -98,7 +98,10 @@ fn exercise(client: &Process, server: Pid) {
         .send_with_segment(&mut m, server, Segment::Read(&big))
         .unwrap();
     assert_eq!(m.0[1] as usize, big.len());
-    assert_eq!(m.0[2], big.iter().map(|&b| b as u32).fold(0u32, u32::wrapping_add));
+    assert_eq!(
+        m.0[2],
+        big.iter().map(|&b| b as u32).fold(0u32, u32::wrapping_add)
+    );
     // MoveTo into a large segment.
     let mut dest = vec![0u8; (3 << 20) + 17];
     let mut m = Message::with_code(PUSH);
@@ -133,7 +136,9 @@ fn primitives_remote() {
     stop(&c, spid);
     h.join().unwrap();
     let sa = a.stats();
-    assert!(sa.remote_exchanges == 0 && sa.rx_of(vkernel_proto::wire::PacketType::RemoteSend) >= 104);
+    assert!(
+        sa.remote_exchanges == 0 && sa.rx_of(vkernel_proto::wire::PacketType::RemoteSend) >= 104
+    );
 }
 
 #[test]
@@ -214,7 +219,10 @@ fn segment_rights_are_enforced() {
                 let i = p.receive(&mut m).unwrap();
                 let mut buf = [0u8; 16];
                 // Read-only segment: MoveTo and reply-with-segment are refused.
-                assert_eq!(p.move_to(i.from, 0, &buf), Err(IpcError::AccessDenied(i.from)));
+                assert_eq!(
+                    p.move_to(i.from, 0, &buf),
+                    Err(IpcError::AccessDenied(i.from))
+                );
                 // Out of bounds.
                 assert_eq!(
                     p.move_from(i.from, 60, &mut buf),
@@ -237,7 +245,8 @@ fn segment_rights_are_enforced() {
         let c = client_host.create_process().unwrap();
         let seg = [1u8; 64];
         let mut m = Message::with_code(1);
-        c.send_with_segment(&mut m, spid, Segment::Read(&seg)).unwrap();
+        c.send_with_segment(&mut m, spid, Segment::Read(&seg))
+            .unwrap();
         h.join().unwrap();
     }
 }

@@ -1,0 +1,78 @@
+//! Command-line options shared by every command that starts a logical host.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use vkernel::net::parse_duration;
+use vkernel::{FaultConfig, KernelConfig};
+
+/// How to set up this command's logical host.
+#[derive(Args, Clone, Debug)]
+pub struct HostOpts {
+    /// UDP address to bind (IPv4 or IPv6; port 0 picks one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: SocketAddr,
+    /// A peer logical host's address (repeatable): used to find hosts and
+    /// names, and to announce our host id. A broadcast address works too.
+    #[arg(long = "peer", value_name = "ADDR")]
+    pub peers: Vec<SocketAddr>,
+    /// Fixed logical host id (1..=32767); default: allocate by announcement–complaint.
+    #[arg(long, value_parser = parse_host_id)]
+    pub host_id: Option<u16>,
+    /// UDP payload size for bulk data (default: 65507 on loopback, 1472 otherwise).
+    #[arg(long)]
+    pub datagram_size: Option<usize>,
+    /// Bulk-data flow-control window in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub window: usize,
+    /// Fail a remote operation when the peer host is silent this long.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub host_timeout: Duration,
+    /// Busy-poll this long before blocking when waiting (0 = always block).
+    #[arg(long, default_value = "50us", value_parser = parse_duration)]
+    pub spin: Duration,
+    /// Inject faults into outgoing datagrams, e.g. `loss=0.05,dup=0.01,reorder=0.01,delay=0.1:5ms,seed=7`.
+    #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
+    pub fault: Option<FaultConfig>,
+}
+
+fn parse_host_id(s: &str) -> Result<u16, String> {
+    let v = if let Some(h) = s.strip_prefix("0x") {
+        u16::from_str_radix(h, 16)
+    } else {
+        s.parse()
+    }
+    .map_err(|_| format!("`{s}` is not a host id"))?;
+    if v == 0 || v > 0x7fff {
+        return Err(format!("host id {v} must be in 1..=32767"));
+    }
+    Ok(v)
+}
+
+impl HostOpts {
+    /// The kernel configuration these options describe.
+    pub fn config(&self) -> KernelConfig {
+        KernelConfig {
+            bind: self.bind,
+            peers: self.peers.clone(),
+            host_id: self.host_id,
+            datagram_size: self.datagram_size,
+            window: self.window,
+            host_timeout: self.host_timeout,
+            spin: self.spin,
+            faults: self.fault.clone().unwrap_or_default(),
+            ..KernelConfig::default()
+        }
+    }
+}
+
+/// Maps a service name to a logical id (FNV-1a, MSB clear).
+pub fn logical_id(name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h & 0x7fff_ffff
+}

@@ -1,0 +1,153 @@
+//! `vkernel ping`: finds a named echo server and times exchanges with it.
+
+use std::time::Instant;
+
+use vkernel::{Kernel, Message, Pid, Scope, Segment};
+
+use crate::echo::ECHO;
+use crate::hostopts::{logical_id, HostOpts};
+use crate::stats::Summary;
+
+/// Arguments of `vkernel ping`.
+#[derive(clap::Args, Debug)]
+pub struct PingArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// Service name to look up (GetPid, remote scope, via --peer).
+    #[arg(long, default_value = "echo")]
+    name: String,
+    /// Or: the server's pid in hex, skipping the lookup.
+    #[arg(long, value_parser = parse_pid)]
+    pid: Option<Pid>,
+    /// Number of timed exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    count: usize,
+    /// Untimed exchanges first.
+    #[arg(long, default_value_t = 100)]
+    warmup: usize,
+    /// Bytes per request: 32 is a bare message; more adds a read/write
+    /// segment of (size − 32) bytes that the echo server returns with its reply.
+    #[arg(long, default_value_t = 32)]
+    size: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Stop at the first failed exchange (exit status 1, with the error and
+    /// how long the failing exchange took).
+    #[arg(long)]
+    stop_on_error: bool,
+}
+
+fn parse_pid(s: &str) -> Result<Pid, String> {
+    u32::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map(Pid)
+        .map_err(|_| format!("`{s}` is not a hex pid"))
+}
+
+/// Runs `vkernel ping`.
+pub fn run(a: PingArgs) -> Result<(), String> {
+    if a.host.peers.is_empty() && a.pid.is_none() {
+        return Err("give --peer ADDR (where an echo host listens) or --pid".into());
+    }
+    if a.size < 32 || a.size > 32 + vkernel_proto::MAX_APPEND {
+        return Err(format!(
+            "--size must be in 32..={}",
+            32 + vkernel_proto::MAX_APPEND
+        ));
+    }
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let p = k.create_process().map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let server = match a.pid {
+        Some(pid) => pid,
+        None => {
+            let pid = p
+                .get_pid(logical_id(&a.name), Scope::Remote)
+                .map_err(|e| format!("GetPid(\"{}\"): {e}", a.name))?;
+            if pid.is_none() {
+                return Err(format!(
+                    "no host among {:?} has a process registered as \"{}\"",
+                    a.host.peers, a.name
+                ));
+            }
+            pid
+        }
+    };
+    if !a.json {
+        println!(
+            "vkernel ping: host {} on {}; \"{}\" = pid {} (found in {:.2} ms)",
+            k.host_id(),
+            k.local_addr(),
+            a.name,
+            server,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let seg_len = a.size - 32;
+    let out: Vec<u8> = (0..seg_len).map(|i| (i * 7 + 3) as u8).collect();
+    let mut buf = out.clone();
+    let mut samples = Vec::with_capacity(a.count);
+    let mut failures = 0usize;
+    let mut last_err = None;
+    let started = Instant::now();
+    for i in 0..a.warmup + a.count {
+        let mut m = Message::with_code(ECHO);
+        m.0[1] = i as u32;
+        let t0 = Instant::now();
+        let r = if seg_len > 0 {
+            buf.copy_from_slice(&out);
+            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
+        } else {
+            p.send(&mut m, server)
+        };
+        let dt = t0.elapsed();
+        let ok = match r {
+            Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
+            Err(e) => {
+                if a.stop_on_error {
+                    return Err(format!(
+                        "exchange {i} failed after {:.0} ms: {e}",
+                        dt.as_secs_f64() * 1e3
+                    ));
+                }
+                last_err = Some(e);
+                false
+            }
+        };
+        if i >= a.warmup {
+            if ok {
+                samples.push(dt);
+            } else {
+                failures += 1;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let s = Summary::of(&mut samples);
+    let st = k.stats();
+    if a.json {
+        let j = serde_json::json!({
+            "server": server.to_string(), "size": a.size, "summary": s, "failures": failures,
+            "retransmits": st.retransmits, "spin_us": a.host.spin.as_micros() as u64,
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "{} exchanges of {} bytes: {}  failures {}",
+            a.count, a.size, s, failures
+        );
+        println!(
+            "  {:.0} exchanges/s; retransmissions {}; wait: spin {:?} then block",
+            (a.warmup + a.count) as f64 / elapsed.as_secs_f64().max(1e-9),
+            st.retransmits,
+            a.host.spin
+        );
+    }
+    if let Some(e) = last_err {
+        eprintln!("last error: {e}");
+    }
+    if failures == a.count && a.count > 0 {
+        return Err("every exchange failed".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! Separate OS processes over loopback: `vkernel echo` and `vkernel ping`.
+
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `vkernel echo` and returns it with the address it printed.
+fn start_echo(bind: &str, extra: &[&str]) -> (Proc, String) {
+    let (p, addr, _) = start_echo_for(bind, "60s", extra);
+    (p, addr)
+}
+
+/// Starts `vkernel echo` that exits by itself after `life`; also returns
+/// its stdout for the exit report.
+fn start_echo_for(
+    bind: &str,
+    life: &str,
+    extra: &[&str],
+) -> (Proc, String, BufReader<std::process::ChildStdout>) {
+    let mut c = Command::new(BIN)
+        .args(["echo", "--bind", bind, "--exit-after", life])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn echo");
+    let out = c.stdout.take().expect("stdout");
+    let mut r = BufReader::new(out);
+    let mut line = String::new();
+    r.read_line(&mut line).expect("echo banner");
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .expect("address in banner")
+        .trim_end_matches(';')
+        .to_string();
+    (Proc(c), addr, r)
+}
+
+fn ping(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(BIN)
+        .arg("ping")
+        .args(args)
+        .output()
+        .expect("run ping");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn failures(out: &str) -> usize {
+    out.split("failures ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("failures count in output")
+}
+
+#[test]
+fn ping_finds_echo_by_name_ipv4_and_ipv6() {
+    for bind in ["127.0.0.1:0", "[::1]:0"] {
+        let (_echo, addr) = start_echo(bind, &["--name", "svc"]);
+        let (ok, out, err) = ping(&[
+            "--peer", &addr, "--bind", bind, "--name", "svc", "-n", "300", "--size", "32",
+        ]);
+        assert!(ok, "{out}\n{err}");
+        assert!(out.contains("\"svc\" = pid"), "{out}");
+        assert_eq!(failures(&out), 0, "{out}");
+        let (ok, out, err) = ping(&[
+            "--peer", &addr, "--bind", bind, "--name", "svc", "-n", "100", "--size", "4096",
+        ]);
+        assert!(ok, "{out}\n{err}");
+        assert_eq!(failures(&out), 0, "{out}");
+    }
+}
+
+#[test]
+fn ping_survives_injected_faults() {
+    let (_echo, addr) = start_echo(
+        "127.0.0.1:0",
+        &["--fault", "loss=0.05,dup=0.05,reorder=0.05,seed=5"],
+    );
+    let (ok, out, err) = ping(&[
+        "--peer",
+        &addr,
+        "-n",
+        "500",
+        "--size",
+        "2000",
+        "--fault",
+        "loss=0.05,dup=0.05,reorder=0.05,delay=0.05:2ms,seed=9",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(failures(&out), 0, "{out}");
+}
+
+#[test]
+fn unknown_name_and_bad_arguments_give_clear_errors() {
+    let (_echo, addr) = start_echo("127.0.0.1:0", &[]);
+    let (ok, _out, err) = ping(&["--peer", &addr, "--name", "nobody", "-n", "1"]);
+    assert!(!ok);
+    assert!(err.contains("no host among"), "{err}");
+    let (ok, _, err) = ping(&["-n", "1"]);
+    assert!(!ok);
+    assert!(err.contains("--peer"), "{err}");
+    let (ok, _, err) = ping(&["--peer", &addr, "--fault", "loss=7"]);
+    assert!(!ok);
+    assert!(err.contains("not in 0..=1"), "{err}");
+    let o = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Send/Receive/Reply"));
+}
+
+#[test]
+fn killed_echo_host_fails_ping_within_the_host_timeout() {
+    let (mut echo, addr) = start_echo("127.0.0.1:0", &[]);
+    let c = Command::new(BIN)
+        .args([
+            "ping",
+            "--peer",
+            &addr,
+            "-n",
+            "100000000",
+            "--warmup",
+            "0",
+            "--host-timeout",
+            "1s",
+            "--stop-on-error",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = Proc(c);
+    // Host-id allocation takes ~0.5 s, then the exchanges run for a while.
+    std::thread::sleep(Duration::from_millis(1500));
+    echo.0.kill().unwrap();
+    let _ = echo.0.wait();
+    let killed_at = Instant::now();
+    let mut c = c;
+    let status = loop {
+        if let Some(s) = c.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "ping hung after its peer died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let waited = killed_at.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("did not answer (timeout)"), "{err}");
+    // Host timeout 1 s; allow for scheduling slack.
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn malformed_datagrams_are_dropped_and_counted() {
+    let (mut echo, addr, mut out) = start_echo_for("127.0.0.1:0", "4s", &[]);
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut x: u32 = 12345;
+    let sent = 2000usize;
+    for i in 0..sent {
+        let n = i % 200;
+        let mut d: Vec<u8> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        if i % 3 == 0 && d.len() > 8 {
+            // Looks like ours: right magic and version, garbage after.
+            d[0] = 0x56;
+            d[1] = 1;
+        }
+        s.send_to(&d, &addr).unwrap();
+        if i % 100 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let (ok, o, err) = ping(&["--peer", &addr, "-n", "200"]);
+    assert!(ok, "{o}\n{err}");
+    assert_eq!(failures(&o), 0);
+    let status = echo.0.wait().unwrap();
+    assert!(status.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let dropped: usize = rest
+        .split(" malformed")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no malformed count in {rest:?}"));
+    assert_eq!(dropped, sent, "{rest}");
+}
