@@ -8,6 +8,12 @@ use crate::hostopts::{logical_id, HostOpts};
 
 /// Request code of an echo exchange.
 pub const ECHO: u32 = 0x0e_c400;
+/// Request code of a bulk echo: the server MoveFroms the whole segment,
+/// flips every byte (XOR 0xff) and MoveTos it back before replying.
+pub const ECHO_BULK: u32 = 0x0e_c401;
+
+/// Largest segment a bulk echo accepts.
+pub const MAX_BULK: usize = 256 << 20;
 
 /// Serves echo requests until the host shuts down: the message comes back
 /// unchanged, and a read+write segment's first part is returned with the reply.
@@ -21,6 +27,13 @@ pub fn serve(p: Process) {
             Err(_) => continue,
         };
         let access = m.seg_access();
+        if m.code() == ECHO_BULK {
+            let r = bulk(&p, &mut m, i.from);
+            if let Err(e) = r.and_then(|()| p.reply(&m, i.from)) {
+                tracing::debug!("bulk echo for {}: {e}", i.from);
+            }
+            continue;
+        }
         let r = if m.code() == ECHO && access.write && i.seg_bytes > 0 {
             p.reply_with_segment(&m, i.from, 0, &buf[..i.seg_bytes])
         } else {
@@ -30,6 +43,23 @@ pub fn serve(p: Process) {
             tracing::debug!("echo reply to {}: {e}", i.from);
         }
     }
+}
+
+fn bulk(p: &Process, m: &mut Message, from: vkernel::Pid) -> Result<(), IpcError> {
+    let n = m.seg_len() as usize;
+    let a = m.seg_access();
+    if !(a.read && a.write) || n > MAX_BULK {
+        m.0[1] = u32::MAX;
+        return Ok(());
+    }
+    let mut data = vec![0u8; n];
+    p.move_from(from, 0, &mut data)?;
+    for b in &mut data {
+        *b ^= 0xff;
+    }
+    p.move_to(from, 0, &data)?;
+    m.0[1] = n as u32;
+    Ok(())
 }
 
 /// Arguments of `vkernel echo`.

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use vkernel::{Kernel, Message, Pid, Scope, Segment};
 
-use crate::echo::ECHO;
+use crate::echo::{ECHO, ECHO_BULK, MAX_BULK};
 use crate::hostopts::{logical_id, HostOpts};
 use crate::stats::Summary;
 
@@ -29,6 +29,10 @@ pub struct PingArgs {
     /// segment of (size − 32) bytes that the echo server returns with its reply.
     #[arg(long, default_value_t = 32)]
     size: usize,
+    /// Bulk mode: each exchange lends a segment of this many bytes that the
+    /// server reads with MoveFrom and writes back (inverted) with MoveTo.
+    #[arg(long, value_name = "BYTES")]
+    bulk: Option<usize>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -54,6 +58,9 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             "--size must be in 32..={}",
             32 + vkernel_proto::MAX_APPEND
         ));
+    }
+    if a.bulk.is_some_and(|b| b == 0 || b > MAX_BULK) {
+        return Err(format!("--bulk must be in 1..={MAX_BULK}"));
     }
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
     let p = k.create_process().map_err(|e| e.to_string())?;
@@ -83,8 +90,9 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    let seg_len = a.size - 32;
+    let seg_len = a.bulk.unwrap_or(a.size - 32);
     let out: Vec<u8> = (0..seg_len).map(|i| (i * 7 + 3) as u8).collect();
+    let inverted: Vec<u8> = out.iter().map(|b| b ^ 0xff).collect();
     let mut buf = out.clone();
     let mut samples = Vec::with_capacity(a.count);
     let mut failures = 0usize;
@@ -94,7 +102,11 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         let mut m = Message::with_code(ECHO);
         m.0[1] = i as u32;
         let t0 = Instant::now();
-        let r = if seg_len > 0 {
+        let r = if a.bulk.is_some() {
+            m.set_code(ECHO_BULK);
+            buf.copy_from_slice(&out);
+            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
+        } else if seg_len > 0 {
             buf.copy_from_slice(&out);
             p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
         } else {
@@ -102,6 +114,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         };
         let dt = t0.elapsed();
         let ok = match r {
+            Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
             Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
             Err(e) => {
                 if a.stop_on_error {
@@ -132,10 +145,20 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         });
         println!("{j}");
     } else {
-        println!(
-            "{} exchanges of {} bytes: {}  failures {}",
-            a.count, a.size, s, failures
-        );
+        match a.bulk {
+            Some(b) => {
+                let mbps = b as f64 * 2.0 / (s.median_us.max(1e-9) * 1e-6) / 1e6;
+                println!(
+                    "{} bulk exchanges of {} bytes (MoveFrom + MoveTo): {}  failures {}",
+                    a.count, b, s, failures
+                );
+                println!("  {mbps:.1} MB/s moved at the median");
+            }
+            None => println!(
+                "{} exchanges of {} bytes: {}  failures {}",
+                a.count, a.size, s, failures
+            ),
+        }
         println!(
             "  {:.0} exchanges/s; retransmissions {}; wait: spin {:?} then block",
             (a.warmup + a.count) as f64 / elapsed.as_secs_f64().max(1e-9),

@@ -50,6 +50,9 @@ pub enum IpcError {
     /// Group ids are not handled by this operation.
     #[error("group ids are not supported by this operation")]
     GroupUnsupported,
+    /// The peer kernel refused a request as malformed.
+    #[error("the kernel of process {0} refused the request as malformed")]
+    Refused(Pid),
     /// The kernel is shutting down.
     #[error("kernel shut down")]
     Shutdown,

@@ -70,7 +70,8 @@ fn status_error(s: Status, peer: Pid) -> IpcError {
         Status::AccessDenied => IpcError::AccessDenied(peer),
         Status::OutOfBounds => IpcError::OutOfBounds(peer),
         Status::Busy => IpcError::NoResources,
-        _ => IpcError::NotAwaitingReply(peer),
+        Status::NotAwaitingReply => IpcError::NotAwaitingReply(peer),
+        _ => IpcError::Refused(peer),
     }
 }
 
@@ -249,7 +250,9 @@ impl Engine {
         let half = (win / 2).max(1);
         let mut sends = Vec::new();
         {
-            let Some(op) = self.move_op(mover) else { return };
+            let Some(op) = self.move_op(mover) else {
+                return;
+            };
             let nc = op.done.len();
             let cum = op.done.first_clear_from(0);
             while op.next_new < nc && op.next_new < cum + win {
@@ -273,7 +276,9 @@ impl Engine {
     }
 
     fn send_move_to_chunk(&mut self, mover: Pid, idx: usize, ack_now: bool, retx: bool) {
-        let Some(op) = self.move_op(mover) else { return };
+        let Some(op) = self.move_op(mover) else {
+            return;
+        };
         let start = idx * op.chunk;
         let end = (start + op.chunk).min(op.total);
         let mut h = Header::new(PacketType::MoveToRequest);
@@ -301,7 +306,9 @@ impl Engine {
 
     /// MoveFrom: asks the owner for chunks `[from, to)`, skipping held ones.
     fn request_range(&mut self, now: Micros, mover: Pid, from: usize, to: usize, retx: bool) {
-        let Some(op) = self.move_op(mover) else { return };
+        let Some(op) = self.move_op(mover) else {
+            return;
+        };
         let mut h = Header::new(PacketType::MoveFromRequest);
         h.seq = op.xseq;
         h.src = mover;
@@ -319,7 +326,11 @@ impl Engine {
             0,
             0,
         ]);
-        let map = if retx { op.done.pack(from, to) } else { Vec::new() };
+        let map = if retx {
+            op.done.pack(from, to)
+        } else {
+            Vec::new()
+        };
         let addr = op.addr;
         op.timer = now + op.rto;
         let t = op.timer;
@@ -385,8 +396,14 @@ impl Engine {
         if off % chunk != 0 || idx >= nc || pkt.data.len() != want {
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
         }
-        let Some(o) = self.outgoing_mut(h.dst) else { return };
-        let pos = match o.inbound.iter().position(|b| b.mover == h.src && b.xfer == xfer) {
+        let Some(o) = self.outgoing_mut(h.dst) else {
+            return;
+        };
+        let pos = match o
+            .inbound
+            .iter()
+            .position(|b| b.mover == h.src && b.xfer == xfer)
+        {
             Some(p) => p,
             None => {
                 if o.inbound.len() >= MAX_INBOUND {
@@ -424,7 +441,16 @@ impl Engine {
         r.src = h.dst;
         r.dst = h.src;
         r.total_length = h.total_length;
-        let m = Message([xfer, msg.0[1], chunk as u32, cum as u32, end as u32, 0, 0, 0]);
+        let m = Message([
+            xfer,
+            msg.0[1],
+            chunk as u32,
+            cum as u32,
+            end as u32,
+            0,
+            0,
+            0,
+        ]);
         self.emit(Dest::Addr(from), &r, &m, &map);
     }
 
@@ -506,11 +532,22 @@ impl Engine {
         let total = h.total_length as usize;
         let nc = nchunks(total, chunk);
         let (lo, hi) = (msg.0[3] as usize, msg.0[4] as usize);
-        let cap = 2 * self.window_chunks(chunk);
-        if lo > hi || hi > nc || hi - lo > cap {
-            return self.refuse(from, PacketType::MoveFromReply, &h, &msg, Status::BadRequest);
+        if lo > hi || hi > nc {
+            return self.refuse(
+                from,
+                PacketType::MoveFromReply,
+                &h,
+                &msg,
+                Status::BadRequest,
+            );
         }
-        let todo: Vec<usize> = (lo..hi).filter(|&i| !packed_get(pkt.data, i - lo)).collect();
+        // Serve at most two of our windows per request, so no request can
+        // make us burst more than that.
+        let cap = 2 * self.window_chunks(chunk);
+        let todo: Vec<usize> = (lo..hi)
+            .filter(|&i| !packed_get(pkt.data, i - lo))
+            .take(cap)
+            .collect();
         let retx = h.flags & F_RETRANSMIT != 0;
         let mut r = Header::new(PacketType::MoveFromReply);
         r.seq = h.seq;
@@ -587,8 +624,8 @@ impl Engine {
             rereq = Some((cum, op.next_new));
         }
         let mut more = None;
-        if outstanding <= win / 2 && op.next_new < nc {
-            let end = nc.min(op.next_new + (win - outstanding));
+        if outstanding <= win / 2 && op.next_new < nc && op.next_new < cum + 2 * win {
+            let end = nc.min(op.next_new + (win - outstanding)).min(cum + 2 * win);
             more = Some((op.next_new, end));
             op.next_new = end;
         }
