@@ -1,0 +1,348 @@
+//! Multi-host tests in real network namespaces joined by a veth pair
+//! (created and removed by the test). Needs root and iproute2; without them
+//! the tests skip, unless VKERNEL_REQUIRE_NETNS=1 (as in CI) makes that a
+//! failure.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
+
+struct Child2(Child);
+impl Drop for Child2 {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two namespaces `a` (192.0.2.1, fd00:76::1) and `b` (.2, ::2) on a veth pair.
+struct Pair {
+    a: String,
+    b: String,
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Pair {
+    fn create(tag: &str) -> Option<Pair> {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let have_ip = Command::new("ip").arg("-V").output().is_ok();
+        if !root || !have_ip {
+            if std::env::var("VKERNEL_REQUIRE_NETNS").as_deref() == Ok("1") {
+                panic!("netns tests need root and iproute2 (root={root}, ip={have_ip})");
+            }
+            eprintln!("skipping netns test: needs root and iproute2");
+            return None;
+        }
+        let id = std::process::id() % 100_000;
+        let p = Pair {
+            a: format!("vk{tag}a{id}"),
+            b: format!("vk{tag}b{id}"),
+        };
+        let (va, vb) = (format!("v{tag}a{id}"), format!("v{tag}b{id}"));
+        let ok = ip(&["netns", "add", &p.a])
+            && ip(&["netns", "add", &p.b])
+            && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && ip(&["link", "set", &va, "netns", &p.a])
+            && ip(&["link", "set", &vb, "netns", &p.b])
+            && ip(&[
+                "-n",
+                &p.a,
+                "addr",
+                "add",
+                "192.0.2.1/24",
+                "broadcast",
+                "192.0.2.255",
+                "dev",
+                &va,
+            ])
+            && ip(&[
+                "-n",
+                &p.b,
+                "addr",
+                "add",
+                "192.0.2.2/24",
+                "broadcast",
+                "192.0.2.255",
+                "dev",
+                &vb,
+            ])
+            && ip(&[
+                "-n",
+                &p.a,
+                "addr",
+                "add",
+                "fd00:76::1/64",
+                "dev",
+                &va,
+                "nodad",
+            ])
+            && ip(&[
+                "-n",
+                &p.b,
+                "addr",
+                "add",
+                "fd00:76::2/64",
+                "dev",
+                &vb,
+                "nodad",
+            ])
+            && ip(&["-n", &p.a, "link", "set", &va, "up"])
+            && ip(&["-n", &p.b, "link", "set", &vb, "up"])
+            && ip(&["-n", &p.a, "link", "set", "lo", "up"])
+            && ip(&["-n", &p.b, "link", "set", "lo", "up"]);
+        assert!(ok, "could not set up namespaces {} / {}", p.a, p.b);
+        Some(p)
+    }
+
+    fn spawn(&self, ns: &str, args: &[&str]) -> Child2 {
+        Child2(
+            Command::new("ip")
+                .args(["netns", "exec", ns, BIN])
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn in netns"),
+        )
+    }
+
+    fn run(&self, ns: &str, args: &[&str]) -> (bool, String, String) {
+        let o = Command::new("ip")
+            .args(["netns", "exec", ns, BIN])
+            .args(args)
+            .output()
+            .expect("run in netns");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        ip(&["netns", "del", &self.a]);
+        ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn wait_banner(c: &mut Child2) {
+    let out = c.0.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).expect("banner");
+    assert!(line.contains("listening"), "{line}");
+}
+
+fn failures(out: &str) -> usize {
+    out.split("failures ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no failure count in {out:?}"))
+}
+
+#[test]
+fn two_hosts_exchange_and_move_bulk_over_veth() {
+    let Some(n) = Pair::create("x") else { return };
+    let mut echo = n.spawn(
+        &n.a,
+        &["echo", "--bind", "0.0.0.0:7000", "--exit-after", "60s"],
+    );
+    wait_banner(&mut echo);
+    // Found by UDP broadcast on the LAN interface.
+    let (ok, out, err) = n.run(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.255:7000",
+            "-n",
+            "2000",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(failures(&out), 0, "{out}");
+    // Page-sized requests (appended segments, IP-fragmented).
+    let (ok, out, err) = n.run(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7000",
+            "-n",
+            "300",
+            "--size",
+            "4128",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(failures(&out), 0, "{out}");
+    // Bulk data in MTU-sized datagrams (the default off loopback), with loss.
+    let (ok, out, err) = n.run(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7000",
+            "-n",
+            "3",
+            "--warmup",
+            "0",
+            "--bulk",
+            "16777216",
+            "--fault",
+            "loss=0.02,seed=3",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(failures(&out), 0, "{out}");
+}
+
+#[test]
+fn ipv6_between_namespaces() {
+    let Some(n) = Pair::create("y") else { return };
+    let mut echo = n.spawn(
+        &n.a,
+        &["echo", "--bind", "[fd00:76::1]:7000", "--exit-after", "60s"],
+    );
+    wait_banner(&mut echo);
+    let (ok, out, err) = n.run(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "[fd00:76::2]:0",
+            "--peer",
+            "[fd00:76::1]:7000",
+            "-n",
+            "500",
+            "--size",
+            "1000",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(failures(&out), 0, "{out}");
+}
+
+#[test]
+fn killing_a_host_mid_exchange_fails_the_sender_in_bounded_time() {
+    let Some(n) = Pair::create("z") else { return };
+    let mut echo = n.spawn(
+        &n.a,
+        &["echo", "--bind", "192.0.2.1:7000", "--exit-after", "60s"],
+    );
+    wait_banner(&mut echo);
+    let mut ping = n.spawn(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7000",
+            "-n",
+            "100000000",
+            "--warmup",
+            "0",
+            "--host-timeout",
+            "1s",
+            "--stop-on-error",
+            "--bulk",
+            "1000000",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        ping.0.try_wait().unwrap().is_none(),
+        "ping ended before the kill"
+    );
+    echo.0.kill().unwrap();
+    let _ = echo.0.wait();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = ping.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "sender hung after the host died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    ping.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success());
+    assert!(err.contains("did not answer (timeout)"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
+fn duplicate_fixed_host_id_is_refused() {
+    let Some(n) = Pair::create("w") else { return };
+    let mut first = n.spawn(
+        &n.a,
+        &[
+            "echo",
+            "--bind",
+            "192.0.2.1:7000",
+            "--host-id",
+            "77",
+            "--exit-after",
+            "60s",
+        ],
+    );
+    wait_banner(&mut first);
+    let (ok, _out, err) = n.run(
+        &n.b,
+        &[
+            "echo",
+            "--bind",
+            "192.0.2.2:7000",
+            "--host-id",
+            "77",
+            "--peer",
+            "192.0.2.1:7000",
+            "--exit-after",
+            "1s",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("already in use"), "{err}");
+    // Allocated ids never collide: a second host without a fixed id starts.
+    let (ok, out, err) = n.run(
+        &n.b,
+        &[
+            "echo",
+            "--bind",
+            "192.0.2.2:7001",
+            "--peer",
+            "192.0.2.1:7000",
+            "--exit-after",
+            "1s",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains("host 004d "), "{out}");
+}
