@@ -1,9 +1,12 @@
 //! The `vkernel` command.
 
+mod baseline;
+mod demo;
 mod echo;
 mod hostopts;
 mod ping;
 mod stats;
+mod vkbench;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +26,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Two logical hosts on this machine exchange messages and move data,
+    /// next to raw UDP with the same placement (the default command).
+    Demo(demo::DemoArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
     /// Find an echo server by name (via --peer) and time N exchanges.
@@ -41,7 +47,8 @@ fn main() {
     let r = match cli.cmd {
         Some(Cmd::Echo(a)) => echo::run(a),
         Some(Cmd::Ping(a)) => ping::run(a),
-        None => Err("demo not yet wired".to_string()),
+        Some(Cmd::Demo(a)) => demo::run(a),
+        None => demo::run(demo::default_args()),
     };
     if let Err(e) = r {
         eprintln!("vkernel: {e}");

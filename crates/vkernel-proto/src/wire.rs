@@ -269,7 +269,16 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
 pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.reserve(FIXED_BYTES + data.len());
-    out.extend_from_slice(&[MAGIC, VERSION, h.ptype as u8, h.flags, h.status as u8, h.key_id, 0, 0]);
+    out.extend_from_slice(&[
+        MAGIC,
+        VERSION,
+        h.ptype as u8,
+        h.flags,
+        h.status as u8,
+        h.key_id,
+        0,
+        0,
+    ]);
     for w in [
         h.seq,
         h.src.0,
@@ -344,7 +353,10 @@ mod tests {
         let mut b = good.clone();
         b.push(0);
         assert_eq!(decode(&b), Err(DecodeError::BadLength));
-        assert_eq!(decode(&vec![0u8; MAX_DATAGRAM + 1]), Err(DecodeError::Oversized));
+        assert_eq!(
+            decode(&vec![0u8; MAX_DATAGRAM + 1]),
+            Err(DecodeError::Oversized)
+        );
     }
 
     proptest! {

@@ -104,7 +104,12 @@ pub(crate) struct Shared {
     pub(crate) net: Net,
     epoch: Instant,
     next_timer: AtomicU64,
+    /// Threads that will read the socket promptly (spinning or blocked on it).
     pub(crate) readers: AtomicUsize,
+    /// Processes busy-polling.
+    pub(crate) spinners: AtomicUsize,
+    /// Processes blocked in ppoll on the socket.
+    pub(crate) blocked_readers: AtomicUsize,
     bg_efd: EventFd,
     stop: AtomicBool,
     pub(crate) spin: Duration,
@@ -309,6 +314,8 @@ impl Kernel {
             epoch: Instant::now(),
             next_timer: AtomicU64::new(0),
             readers: AtomicUsize::new(0),
+            spinners: AtomicUsize::new(0),
+            blocked_readers: AtomicUsize::new(0),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             spin: cfg.spin,

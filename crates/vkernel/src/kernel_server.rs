@@ -28,6 +28,9 @@ pub const ERR_UNKNOWN_REQUEST: u32 = 2;
 
 /// Serves kernel requests until the host shuts down.
 pub(crate) fn run(p: Process) {
+    // Kernel requests are rare: never burn a CPU waiting for them.
+    p.set_spin(std::time::Duration::ZERO);
+    p.set_socket_reader(false);
     let mut m = Message::zero();
     loop {
         let from = match p.receive(&mut m) {

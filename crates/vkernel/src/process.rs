@@ -7,7 +7,7 @@
 //! process's own eventfd.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,24 @@ impl Waiter {
     pub(crate) fn destroy(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
         self.wake();
+    }
+}
+
+/// Counts a thread in one role (and as a socket reader) while it lives.
+struct Counted<'a>(&'a AtomicUsize, &'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn enter(role: &'a AtomicUsize, readers: &'a AtomicUsize) -> Counted<'a> {
+        role.fetch_add(1, Ordering::AcqRel);
+        readers.fetch_add(1, Ordering::AcqRel);
+        Counted(role, readers)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.1.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -98,6 +116,8 @@ pub struct Process {
     shared: Arc<Shared>,
     pid: Pid,
     waiter: Arc<Waiter>,
+    spin: std::cell::Cell<Duration>,
+    socket_reader: std::cell::Cell<bool>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -116,16 +136,33 @@ impl Process {
         };
         let waiter = Arc::new(waiter);
         shared.register(pid, waiter.clone());
+        let spin = std::cell::Cell::new(shared.spin);
         Ok(Process {
             shared,
             pid,
             waiter,
+            spin,
+            socket_reader: std::cell::Cell::new(true),
             _not_sync: PhantomData,
         })
     }
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// Sets how long this process busy-polls before blocking when it waits
+    /// (the host's `KernelConfig::spin` by default). Zero always blocks.
+    pub fn set_spin(&self, d: Duration) {
+        self.spin.set(d);
+    }
+
+    /// Whether this process, when blocked, also reads the host's socket
+    /// (default true: a waiting process usually reads its own reply). A
+    /// process that rarely talks to other hosts can turn it off to avoid
+    /// being woken by every datagram.
+    pub fn set_socket_reader(&self, on: bool) {
+        self.socket_reader.set(on);
     }
 
     /// This process's pid.
@@ -136,21 +173,16 @@ impl Process {
     /// Waits for the completion of the operation just started.
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
         let sh = &self.shared;
-        sh.readers.fetch_add(1, Ordering::AcqRel);
-        let r = self.wait_inner(expect);
-        sh.readers.fetch_sub(1, Ordering::AcqRel);
-        r
-    }
-
-    fn wait_inner(&self, expect: Expect) -> Result<Completion, IpcError> {
-        let sh = &self.shared;
         let w = &self.waiter;
         let start = Instant::now();
+        let spin = self.spin.get();
         let every = match expect {
             Expect::Remote => 1,
             Expect::Either => 4,
             Expect::Local => 64,
         };
+        // While spinning this thread reads the socket itself.
+        let mut spinning = Some(Counted::enter(&sh.spinners, &sh.readers));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
@@ -170,27 +202,50 @@ impl Process {
                     })
                 });
             }
-            if start.elapsed() < sh.spin {
+            if spinning.is_some() {
                 if i % every == 0 {
                     sh.poll_socket();
                     sh.run_timers_if_due();
                 }
                 i = i.wrapping_add(1);
-                std::hint::spin_loop();
-                continue;
+                if i % 64 != 0 || start.elapsed() < spin {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                spinning = None;
             }
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
                 w.parked.store(false, Ordering::SeqCst);
                 continue;
             }
-            let timeout = sh.time_to_timer(Duration::from_millis(50));
-            let (_, ev) = poll2(sh.net.fd(), Some(w.efd.fd()), timeout);
+            // Block. Read the socket too, unless another thread is spinning
+            // on it (then a datagram would wake us for nothing) or this
+            // process never reads it (the kernel server).
+            let reads = self.socket_reader.get() && sh.spinners.load(Ordering::Acquire) == 0;
+            let ev = if reads {
+                let _r = Counted::enter(&sh.blocked_readers, &sh.readers);
+                poll2(
+                    sh.net.fd(),
+                    Some(w.efd.fd()),
+                    sh.time_to_timer(Duration::from_millis(50)),
+                )
+                .1
+            } else {
+                let cap = if self.socket_reader.get() {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_millis(50)
+                };
+                poll2(w.efd.fd(), None, sh.time_to_timer(cap)).0
+            };
             w.parked.store(false, Ordering::SeqCst);
             if ev {
                 w.efd.drain();
             }
-            sh.poll_socket();
+            if reads {
+                sh.poll_socket();
+            }
             sh.run_timers_if_due();
         }
     }

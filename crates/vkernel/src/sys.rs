@@ -156,6 +156,13 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Number of online CPUs (independent of the caller's affinity mask).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
 /// CPU time consumed by the calling thread.
 pub fn thread_cpu_time() -> Duration {
     // SAFETY: timespec is plain data; clock_gettime fills it.
@@ -199,6 +206,7 @@ mod tests {
 
     #[test]
     fn pin_and_cpu_time() {
+        assert!(online_cpus() >= 1);
         pin_to_cpu(0).unwrap();
         assert!(pin_to_cpu(usize::MAX).is_err());
         let t0 = thread_cpu_time();

@@ -52,8 +52,11 @@ pub(crate) struct MoveOp {
     timer: Micros,
     deadline: Micros,
     addr: SocketAddr,
-    /// MoveFrom: holes below this end were already re-requested.
-    rerequested_to: usize,
+    /// MoveFrom: one past the highest chunk index received so far.
+    max_seen: usize,
+    /// RTT probe: (chunk index whose answer is timed, time sent). Only
+    /// first transmissions are timed (Karn).
+    probe: Option<(usize, Micros)>,
 }
 
 /// A MoveTo arriving into a local process's segment (owner side).
@@ -152,7 +155,8 @@ impl Engine {
             timer: 0,
             deadline: now + self.cfg.host_timeout,
             addr,
-            rerequested_to: 0,
+            max_seen: 0,
+            probe: None,
         };
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.pump_move_to(now, mover);
@@ -230,7 +234,8 @@ impl Engine {
             timer: 0,
             deadline: now + self.cfg.host_timeout,
             addr,
-            rerequested_to: 0,
+            max_seen: 0,
+            probe: None,
         };
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.request_range(now, mover, 0, first, false);
@@ -261,6 +266,9 @@ impl Engine {
                 let ack_now = (idx + 1) % half == 0 || idx + 1 == nc || idx + 1 == cum + win;
                 op.tx_counter += 1;
                 op.last_tx[idx] = op.tx_counter;
+                if ack_now && op.probe.is_none() {
+                    op.probe = Some((idx, now));
+                }
                 sends.push((idx, ack_now));
             }
             if !sends.is_empty() {
@@ -300,6 +308,9 @@ impl Engine {
         self.encode_buf = buf;
         if retx {
             self.stats.bulk_retransmits += 1;
+            if let Some(op) = self.move_op(mover) {
+                op.probe = None;
+            }
         }
         self.emit_raw(addr, PacketType::MoveToRequest, bytes);
     }
@@ -333,9 +344,36 @@ impl Engine {
         };
         let addr = op.addr;
         op.timer = now + op.rto;
+        if retx {
+            op.probe = None;
+        } else if op.probe.is_none() && from < to {
+            op.probe = Some((from, now));
+        }
         let t = op.timer;
         self.emit(Dest::Addr(addr), &h, &msg, &map);
         self.arm(t);
+    }
+
+    /// Feeds an RTT sample once the probed chunk is acknowledged (MoveTo) or
+    /// received (MoveFrom), and refreshes the transfer's timeout.
+    fn bulk_sample(&mut self, mover: Pid, now: Micros) {
+        let Some(op) = self.move_op(mover) else {
+            return;
+        };
+        let Some((i, t)) = op.probe else { return };
+        if !op.done.get(i) {
+            return;
+        }
+        op.probe = None;
+        let host = op.peer.host();
+        self.rtt
+            .entry(host)
+            .or_default()
+            .sample(now.saturating_sub(t));
+        let rto = self.rto_for(host);
+        if let Some(op) = self.move_op(mover) {
+            op.rto = rto;
+        }
     }
 
     fn refuse(&mut self, to: SocketAddr, t: PacketType, h: &Header, msg: &Message, st: Status) {
@@ -484,9 +522,16 @@ impl Engine {
                 op.done.set(i);
             }
         }
-        if op.done.ones() > before {
+        let progressed = op.done.ones() > before;
+        if progressed {
             op.deadline = now + host_timeout;
             op.rto = rto;
+        }
+        self.bulk_sample(h.dst, now);
+        let Some(op) = self.move_op(h.dst) else {
+            return;
+        };
+        if progressed {
             op.timer = now + op.rto;
         }
         if op.done.full() {
@@ -602,10 +647,17 @@ impl Engine {
             self.stats.drop(DropReason::Malformed);
             return;
         }
-        if op.done.set(idx) {
+        let fresh = op.done.set(idx);
+        if fresh {
             op.buf.bytes_mut()[off..off + want].copy_from_slice(pkt.data);
             op.deadline = now + host_timeout;
             op.rto = rto;
+        }
+        self.bulk_sample(h.dst, now);
+        let Some(op) = self.move_op(h.dst) else {
+            return;
+        };
+        if fresh {
             op.timer = now + op.rto;
         }
         if op.done.full() {
@@ -616,12 +668,17 @@ impl Engine {
         }
         let nc = op.done.len();
         let outstanding = op.next_new - op.done.ones().min(op.next_new);
-        // The last chunk of a burst arrived with holes below it: re-request them once.
+        // Chunks are sent in index order: a gap below a newly seen chunk
+        // means loss (or reordering). Re-request the gap at once; a loss of
+        // the re-requested chunks, or of the last one, falls to the timer.
         let cum = op.done.first_clear_from(0);
         let mut rereq = None;
-        if idx + 1 >= op.next_new && cum < op.next_new && op.rerequested_to < op.next_new {
-            op.rerequested_to = op.next_new;
-            rereq = Some((cum, op.next_new));
+        if idx >= op.max_seen {
+            let first = op.done.first_clear_from(op.max_seen);
+            if first < idx {
+                rereq = Some((first, idx));
+            }
+            op.max_seen = idx + 1;
         }
         let mut more = None;
         if outstanding <= win / 2 && op.next_new < nc && op.next_new < cum + 2 * win {

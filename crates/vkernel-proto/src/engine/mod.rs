@@ -351,11 +351,11 @@ impl Engine {
     }
 
     fn rto_for(&self, host: HostId) -> Micros {
-        self.rtt
-            .get(&host)
-            .copied()
-            .unwrap_or_default()
-            .rto(self.cfg.initial_rto, self.cfg.min_rto, self.cfg.max_rto)
+        self.rtt.get(&host).copied().unwrap_or_default().rto(
+            self.cfg.initial_rto,
+            self.cfg.min_rto,
+            self.cfg.max_rto,
+        )
     }
 
     /// The smoothed round-trip time to `host`, if measured.
@@ -744,9 +744,8 @@ impl Engine {
             return false;
         };
         let chosen_pend = chosen.map(|i| queue[i]);
-        p.queue.retain(|q| {
-            Some(*q) != chosen_pend && !stale.iter().any(|&s| queue[s] == *q)
-        });
+        p.queue
+            .retain(|q| Some(*q) != chosen_pend && !stale.iter().any(|&s| queue[s] == *q));
         let Some(pend) = chosen_pend else {
             return false;
         };
@@ -1288,7 +1287,10 @@ impl Engine {
             if self.process_exists(new_dst) {
                 self.enqueue(now, new_dst, Pending::Local(h.dst));
             } else {
-                self.complete(h.dst, Completion::Send(Err(IpcError::NoSuchProcess(new_dst))));
+                self.complete(
+                    h.dst,
+                    Completion::Send(Err(IpcError::NoSuchProcess(new_dst))),
+                );
             }
         } else {
             self.transmit_send(now, h.dst, false);

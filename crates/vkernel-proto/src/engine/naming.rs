@@ -210,7 +210,12 @@ impl Engine {
                     self.complain(from, asked, h.seq);
                 }
             }
-            (PacketType::LogicalHostRequest, HostState::Allocating { candidate, nonce, .. }) => {
+            (
+                PacketType::LogicalHostRequest,
+                HostState::Allocating {
+                    candidate, nonce, ..
+                },
+            ) => {
                 let (candidate, nonce) = (*candidate, *nonce);
                 if h.seq == nonce {
                     self.stats.drop(DropReason::OwnEcho);
@@ -223,7 +228,12 @@ impl Engine {
                     }
                 }
             }
-            (PacketType::LogicalHostComplaint, HostState::Allocating { candidate, nonce, .. }) => {
+            (
+                PacketType::LogicalHostComplaint,
+                HostState::Allocating {
+                    candidate, nonce, ..
+                },
+            ) => {
                 if asked == *candidate && h.seq == *nonce {
                     self.repick(_now);
                 }

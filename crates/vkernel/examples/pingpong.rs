@@ -1,0 +1,48 @@
+//! Remote null exchanges between two logical hosts in one process, for
+//! profiling: `cargo run --release --example pingpong -- 200000`.
+
+use std::time::{Duration, Instant};
+use vkernel::{Kernel, KernelConfig, Message};
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let spin = Duration::from_millis(100);
+    let a = Kernel::start(KernelConfig {
+        spin,
+        ..Default::default()
+    })
+    .expect("host a");
+    let b = Kernel::start(KernelConfig {
+        spin,
+        peers: vec![a.local_addr()],
+        ..Default::default()
+    })
+    .expect("host b");
+    let (spid, _h) = a
+        .spawn("echo", |p| {
+            if std::env::var("PIN").is_ok() {
+                let _ = vkernel::sys::pin_to_cpu(1);
+            }
+            let mut m = Message::zero();
+            while let Ok(i) = p.receive(&mut m) {
+                let _ = p.reply(&m, i.from);
+            }
+        })
+        .expect("server");
+    let c = b.create_process().expect("client");
+    if std::env::var("PIN").is_ok() {
+        let _ = vkernel::sys::pin_to_cpu(0);
+    }
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut m = Message::with_code(1);
+        let t = Instant::now();
+        c.send(&mut m, spid).expect("send");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!("n={n} median {:?} p99 {:?}", lat[n / 2], lat[n * 99 / 100]);
+}
