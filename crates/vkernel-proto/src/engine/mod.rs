@@ -1131,7 +1131,9 @@ impl Engine {
             }
         }
         if let Some(&(last, _)) = self.last_seq.get(&h.src) {
-            if seq_older(h.seq, last) || h.seq == last {
+            // The same seq with no alien left is an idempotent request whose
+            // reply was lost: execute it again. Older ones are stale.
+            if seq_older(h.seq, last) {
                 self.stats.drop(DropReason::Stale);
                 return;
             }
