@@ -167,8 +167,6 @@ pub fn stop_server(c: &Process, s: Pid, h: thread::JoinHandle<()>) {
 pub enum Op {
     /// Send-Receive-Reply with a bare 32-byte message.
     Null,
-    /// Send with an n-byte read-granted segment, received with the message.
-    SegSend(usize),
     /// Page read: Send, Reply-with-segment of n bytes.
     PageRead(usize),
     /// Page write: Send with n bytes appended, Receive-with-segment, Reply.
@@ -196,7 +194,7 @@ pub fn exchanges(
                 let t = Instant::now();
                 let r = match op {
                     Op::Null => c.send(&mut m, server_pid),
-                    Op::SegSend(n) | Op::PageWrite(n) => {
+                    Op::PageWrite(n) => {
                         m.set_code(PAGE_WRITE);
                         c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
                     }

@@ -47,6 +47,8 @@ pub struct Stats {
     pub duplicates: u64,
     /// Saved replies re-sent for non-idempotent duplicates.
     pub saved_replies_resent: u64,
+    /// Saved replies dropped because too many were kept (bounded memory).
+    pub saved_replies_evicted: u64,
     /// Exchanges, transfers and queries that timed out.
     pub timeouts: u64,
     /// Local exchanges completed.

@@ -203,12 +203,12 @@ impl Process {
                 });
             }
             if spinning.is_some() {
-                if i % every == 0 {
+                if i.is_multiple_of(every) {
                     sh.poll_socket();
                     sh.run_timers_if_due();
                 }
                 i = i.wrapping_add(1);
-                if i % 64 != 0 || start.elapsed() < spin {
+                if !i.is_multiple_of(64) || start.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
                 }

@@ -431,7 +431,7 @@ impl Engine {
         let nc = nchunks(total, chunk);
         let idx = off / chunk;
         let want = chunk.min(total.saturating_sub(off));
-        if off % chunk != 0 || idx >= nc || pkt.data.len() != want {
+        if !off.is_multiple_of(chunk) || idx >= nc || pkt.data.len() != want {
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
         }
         let Some(o) = self.outgoing_mut(h.dst) else {
@@ -643,7 +643,7 @@ impl Engine {
         let off = h.local_addr as usize;
         let idx = off / op.chunk;
         let want = op.chunk.min(op.total.saturating_sub(off));
-        if off % op.chunk != 0 || idx >= op.done.len() || pkt.data.len() != want {
+        if !off.is_multiple_of(op.chunk) || idx >= op.done.len() || pkt.data.len() != want {
             self.stats.drop(DropReason::Malformed);
             return;
         }

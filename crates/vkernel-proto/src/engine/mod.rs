@@ -144,10 +144,15 @@ struct Proc {
 enum AlienState {
     Queued,
     Received,
-    /// Reply sent; the packet is kept to answer retransmissions (non-idempotent).
-    Replied(Vec<u8>),
-    /// Forwarded back to the sender's kernel; kept to answer retransmissions.
-    Forwarded(Vec<u8>),
+}
+
+/// The answer to a finished non-idempotent exchange, kept (outside the
+/// alien pool) to answer retransmissions until the sender's next request.
+struct Saved {
+    seq: u32,
+    ptype: PacketType,
+    bytes: Vec<u8>,
+    at: Micros,
 }
 
 /// Descriptor standing for a remote sender.
@@ -188,7 +193,6 @@ enum HostState {
 #[derive(Clone, Copy)]
 enum Dest {
     Addr(SocketAddr),
-    Host(HostId),
     Discovery,
 }
 
@@ -203,6 +207,7 @@ pub struct Engine {
     slots: Vec<AlienSlot>,
     free_slots: Vec<usize>,
     alien_by_src: HashMap<Pid, usize>,
+    saved: HashMap<Pid, Saved>,
     aliens_per_host: HashMap<HostId, usize>,
     last_seq: HashMap<Pid, (u32, Micros)>,
     location: HashMap<HostId, (SocketAddr, u64)>,
@@ -253,6 +258,7 @@ impl Engine {
             rng,
             procs: HashMap::new(),
             alien_by_src: HashMap::new(),
+            saved: HashMap::new(),
             aliens_per_host: HashMap::new(),
             last_seq: HashMap::new(),
             location: HashMap::new(),
@@ -370,10 +376,6 @@ impl Engine {
         wire::encode_into(h, msg, data, &mut buf);
         let targets: Vec<SocketAddr> = match dest {
             Dest::Addr(a) => vec![a],
-            Dest::Host(host) => match self.lookup(host) {
-                Some(a) => vec![a],
-                None => self.cfg.discovery.clone(),
-            },
             Dest::Discovery => self.cfg.discovery.clone(),
         };
         for to in targets {
@@ -470,6 +472,9 @@ impl Engine {
         let Some(p) = self.procs.remove(&pid.local()) else {
             return Err(IpcError::NoSuchProcess(pid));
         };
+        if let PState::GettingPid { qseq } = p.state {
+            self.names.forget_query(qseq);
+        }
         self.names.forget_pid(pid);
         for pend in p.queue {
             self.fail_pending(now, pend, pid);
@@ -712,8 +717,11 @@ impl Engine {
     /// Used by the runtime when it must return without a completion.
     pub fn cancel(&mut self, pid: Pid) {
         if let Some(p) = self.proc_mut(pid) {
-            p.state = PState::Ready;
+            let old = std::mem::replace(&mut p.state, PState::Ready);
             p.completion = None;
+            if let PState::GettingPid { qseq } = old {
+                self.names.forget_query(qseq);
+            }
         }
     }
 
@@ -932,14 +940,32 @@ impl Engine {
         };
         let bytes = wire::encode(&h, &msg, data);
         self.emit_raw(addr, PacketType::RemoteReply, bytes.clone());
-        if idem {
-            self.free_alien(i);
-        } else if let Some(a) = self.slots[i].alien.as_mut() {
-            a.state = AlienState::Replied(bytes);
-            a.last_heard = now;
-            self.arm(now + self.cfg.alien_timeout);
+        if !idem {
+            self.save(now, src, seq, PacketType::RemoteReply, bytes);
         }
+        self.free_alien(i);
         Ok(())
+    }
+
+    /// Keeps a finished exchange's answer to re-send to retransmissions.
+    /// Bounded: past four saved answers per alien slot the oldest goes.
+    fn save(&mut self, now: Micros, src: Pid, seq: u32, ptype: PacketType, bytes: Vec<u8>) {
+        if self.saved.len() >= 4 * self.cfg.alien_pool.max(1) && !self.saved.contains_key(&src) {
+            if let Some((&old, _)) = self.saved.iter().min_by_key(|(_, s)| s.at) {
+                self.saved.remove(&old);
+                self.stats.saved_replies_evicted += 1;
+            }
+        }
+        self.saved.insert(
+            src,
+            Saved {
+                seq,
+                ptype,
+                bytes,
+                at: now,
+            },
+        );
+        self.arm(now + self.cfg.alien_timeout / 4);
     }
 
     fn received_alien(&self, sender: Pid, by: Pid) -> Result<usize, IpcError> {
@@ -1034,11 +1060,8 @@ impl Engine {
         h.forwarder = to;
         let bytes = wire::encode(&h, &msg, &[]);
         self.emit_raw(addr, PacketType::RemoteForward, bytes.clone());
-        if let Some(a) = self.slots[i].alien.as_mut() {
-            a.state = AlienState::Forwarded(bytes);
-            a.last_heard = now;
-        }
-        self.arm(now + self.cfg.alien_timeout);
+        self.save(now, from, seq, PacketType::RemoteForward, bytes);
+        self.free_alien(i);
         Ok(())
     }
 
@@ -1105,28 +1128,27 @@ impl Engine {
 
     fn on_remote_send(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let h = pkt.header;
-        // Duplicate of an exchange in progress or finished?
+        // Retransmission of a finished non-idempotent exchange?
+        if let Some(sv) = self.saved.get_mut(&h.src) {
+            if sv.seq == h.seq {
+                sv.at = now;
+                let (t, b) = (sv.ptype, sv.bytes.clone());
+                self.stats.duplicates += 1;
+                self.stats.saved_replies_resent += 1;
+                self.emit_raw(from, t, b);
+                return;
+            }
+        }
+        // Duplicate of an exchange in progress?
         if let Some(&i) = self.alien_by_src.get(&h.src) {
             let same = matches!(&self.slots[i].alien, Some(a) if a.seq == h.seq);
             if same {
                 self.stats.duplicates += 1;
-                let mut resend = None;
                 if let Some(a) = self.slots[i].alien.as_mut() {
                     a.last_heard = now;
                     a.addr = from;
-                    resend = match &a.state {
-                        AlienState::Replied(b) => Some((PacketType::RemoteReply, b.clone())),
-                        AlienState::Forwarded(b) => Some((PacketType::RemoteForward, b.clone())),
-                        _ => None,
-                    };
                 }
-                match resend {
-                    Some((t, b)) => {
-                        self.stats.saved_replies_resent += 1;
-                        self.emit_raw(from, t, b);
-                    }
-                    None => self.reply_pending(from, h.src, h.dst, h.seq),
-                }
+                self.reply_pending(from, h.src, h.dst, h.seq);
                 return;
             }
         }
@@ -1148,6 +1170,7 @@ impl Engine {
             return;
         }
         // A new message from this sender acknowledges its previous exchange.
+        self.saved.remove(&h.src);
         if let Some(&old) = self.alien_by_src.get(&h.src) {
             self.free_alien(old);
         }
@@ -1383,11 +1406,13 @@ impl Engine {
             for i in expired {
                 self.free_alien(i);
             }
+            let keep = self.cfg.alien_timeout;
+            self.saved.retain(|_, s| now.saturating_sub(s.at) <= keep);
             let horizon = self.cfg.alien_timeout * 2;
             self.last_seq
                 .retain(|_, (_, t)| now.saturating_sub(*t) <= horizon);
         }
-        if self.stats.aliens_in_use > 0 || !self.last_seq.is_empty() {
+        if self.stats.aliens_in_use > 0 || !self.last_seq.is_empty() || !self.saved.is_empty() {
             next = next.min(self.next_sweep);
         }
         self.next_timer = next;

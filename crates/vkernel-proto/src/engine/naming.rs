@@ -42,6 +42,10 @@ pub(crate) struct Names {
 }
 
 impl Names {
+    pub(crate) fn forget_query(&mut self, qseq: u32) {
+        self.queries.remove(&qseq);
+    }
+
     pub(crate) fn forget_pid(&mut self, pid: Pid) {
         self.map.retain(|_, (p, _)| *p != pid);
     }
@@ -199,7 +203,7 @@ impl Engine {
         self.emit(Dest::Discovery, &h, &Message::zero(), &[]);
     }
 
-    pub(super) fn on_host_alloc(&mut self, _now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
+    pub(super) fn on_host_alloc(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let h = pkt.header;
         let asked = h.dst.host();
         match (h.ptype, &self.host) {
@@ -224,7 +228,7 @@ impl Engine {
                     if nonce < h.seq {
                         self.complain(from, asked, h.seq);
                     } else {
-                        self.repick(_now);
+                        self.repick(now);
                     }
                 }
             }
@@ -233,15 +237,13 @@ impl Engine {
                 HostState::Allocating {
                     candidate, nonce, ..
                 },
-            ) => {
-                if asked == *candidate && h.seq == *nonce {
-                    self.repick(_now);
-                }
+            ) if asked == *candidate && h.seq == *nonce => {
+                self.repick(now);
             }
-            (PacketType::LogicalHostComplaint, HostState::Ready { id, nonce }) => {
-                if asked == *id && h.seq == *nonce {
-                    self.events.push_back(Event::HostIdConflict(*id));
-                }
+            (PacketType::LogicalHostComplaint, HostState::Ready { id, nonce })
+                if asked == *id && h.seq == *nonce =>
+            {
+                self.events.push_back(Event::HostIdConflict(*id));
             }
             _ => {}
         }
