@@ -1,6 +1,7 @@
 //! The `vkernel` command.
 
 mod baseline;
+mod bench;
 mod demo;
 mod echo;
 mod hostopts;
@@ -29,6 +30,9 @@ enum Cmd {
     /// Two logical hosts on this machine exchange messages and move data,
     /// next to raw UDP with the same placement (the default command).
     Demo(demo::DemoArgs),
+    /// vkernel against raw UDP, same threads, placement and waiting
+    /// (exchange latency, GetTime, 64 MiB MoveTo/MoveFrom, 5% loss).
+    Bench(bench::BenchArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
     /// Find an echo server by name (via --peer) and time N exchanges.
@@ -48,6 +52,7 @@ fn main() {
         Some(Cmd::Echo(a)) => echo::run(a),
         Some(Cmd::Ping(a)) => ping::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
+        Some(Cmd::Bench(a)) => bench::run(a),
         None => demo::run(demo::default_args()),
     };
     if let Err(e) = r {

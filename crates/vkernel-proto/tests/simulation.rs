@@ -137,6 +137,8 @@ struct World {
     /// Completed Sends: (ok, took).
     results: Vec<(bool, Micros)>,
     log: Vec<String>,
+    /// Digest of every datagram sent, in order (for the replay check).
+    digest: u64,
 }
 
 fn cfg(host: usize, addrs: &[SocketAddr], seed: u64) -> Config {
@@ -202,6 +204,9 @@ impl World {
         }
         let trace = std::env::var("VKERNEL_SIM_TRACE").is_ok();
         for t in out {
+            for &b in &t.data {
+                self.digest = (self.digest ^ b as u64).wrapping_mul(0x100_0000_01b3);
+            }
             let to = self.host_of(t.to);
             if trace {
                 if let Ok(p) = vkernel_proto::wire::decode(&t.data) {
@@ -615,7 +620,7 @@ impl World {
     }
 }
 
-fn scenario(seed: u64) -> (usize, usize) {
+fn scenario(seed: u64) -> (usize, usize, u64) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let hosts = rng.gen_range(2..=4);
     let addrs: Vec<SocketAddr> = (0..hosts)
@@ -662,6 +667,7 @@ fn scenario(seed: u64) -> (usize, usize) {
         executions: HashMap::new(),
         results: Vec::new(),
         log: Vec::new(),
+        digest: 0xcbf2_9ce4_8422_2325,
     };
     // Servers on host 0 (and host 1 when there are more than two hosts).
     let server_hosts: Vec<usize> = if hosts > 2 { vec![0, 1] } else { vec![0] };
@@ -751,7 +757,7 @@ fn scenario(seed: u64) -> (usize, usize) {
             w.results.len()
         ));
     }
-    (ok, w.results.len())
+    (ok, w.results.len(), w.digest ^ w.now)
 }
 
 #[test]
@@ -769,7 +775,7 @@ fn seeded_simulation() {
     let mut by_outcome: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut ok, mut all) = (0, 0);
     for s in &seeds {
-        let (o, a) = scenario(*s);
+        let (o, a, _) = scenario(*s);
         ok += o;
         all += a;
         *by_outcome
@@ -781,4 +787,15 @@ fn seeded_simulation() {
         seeds.len()
     );
     assert!(all > 0);
+}
+
+#[test]
+fn same_seed_same_run() {
+    for seed in [3, 17, 99, 1234] {
+        assert_eq!(
+            scenario(seed),
+            scenario(seed),
+            "seed {seed} is not reproducible"
+        );
+    }
 }

@@ -44,5 +44,45 @@ fn main() {
         lat.push(t.elapsed());
     }
     lat.sort();
-    println!("n={n} median {:?} p99 {:?}", lat[n / 2], lat[n * 99 / 100]);
+    println!(
+        "vkernel n={n} median {:?} p99 {:?}; raw UDP median {:?}",
+        lat[n / 2],
+        lat[n * 99 / 100],
+        raw(n)
+    );
+}
+
+/// Raw UDP ping-pong between two threads, busy-polling, for comparison.
+pub fn raw(n: usize) -> Duration {
+    use std::net::UdpSocket;
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let c = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.set_nonblocking(true).expect("nb");
+    c.set_nonblocking(true).expect("nb");
+    let sa = s.local_addr().expect("addr");
+    let h = std::thread::spawn(move || {
+        let mut b = [0u8; 2048];
+        for _ in 0..n {
+            loop {
+                if let Ok((k, from)) = s.recv_from(&mut b) {
+                    let _ = s.send_to(&b[..k], from);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(n);
+    let mut b = [0u8; 2048];
+    for _ in 0..n {
+        let t = Instant::now();
+        c.send_to(&[0u8; 32], sa).expect("send");
+        while c.recv_from(&mut b).is_err() {
+            std::hint::spin_loop();
+        }
+        lat.push(t.elapsed());
+    }
+    h.join().expect("join");
+    lat.sort();
+    lat[n / 2]
 }

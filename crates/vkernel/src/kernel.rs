@@ -138,7 +138,8 @@ impl Shared {
         let mut out = Vec::new();
         let mut wakes: Vec<Arc<Waiter>> = Vec::new();
         let r = {
-            let mut st = self.lock();
+            let mut guard = self.lock();
+            let st = &mut *guard;
             let now = self.now();
             let r = f(&mut st.engine, now);
             if now >= st.engine.poll_timeout() {
@@ -151,6 +152,11 @@ impl Shared {
                 match e {
                     Event::Wake(p) => {
                         if let Some(w) = st.waiters.get(&p) {
+                            // Hand the completion over now, so the woken
+                            // thread need not take the engine lock again.
+                            if let Some(c) = st.engine.take_completion(p) {
+                                w.deliver(c);
+                            }
                             wakes.push(w.clone());
                         }
                     }
@@ -171,12 +177,12 @@ impl Shared {
         r
     }
 
-    /// Reads and processes every queued datagram (up to a bound).
-    pub(crate) fn poll_socket(&self) -> usize {
+    /// Reads and processes up to `max` queued datagrams.
+    pub(crate) fn poll_socket(&self, max: usize) -> usize {
         let mut n = 0;
         RECV_BUF.with(|b| {
             let mut buf = b.borrow_mut();
-            while n < 256 {
+            while n < max {
                 let Some((len, from)) = self.net.try_recv(&mut buf) else {
                     break;
                 };
@@ -235,7 +241,7 @@ impl Shared {
                 self.bg_efd.drain();
             }
             if self.readers.load(Ordering::Acquire) == 0 {
-                self.poll_socket();
+                self.poll_socket(256);
             }
             self.run_timers_if_due();
             self.net.flush_due();
@@ -331,7 +337,7 @@ impl Kernel {
             Duration::ZERO
         };
         let host = loop {
-            shared.poll_socket();
+            shared.poll_socket(256);
             shared.run_timers_if_due();
             let (id, conflict) = {
                 let st = shared.lock();

@@ -22,6 +22,8 @@ use crate::sys::{poll2, EventFd};
 
 /// Wake-up state of one process.
 pub(crate) struct Waiter {
+    /// The completion handed over by whoever ran the engine.
+    slot: std::sync::Mutex<Option<Completion>>,
     ready: AtomicBool,
     parked: AtomicBool,
     destroyed: AtomicBool,
@@ -31,11 +33,26 @@ pub(crate) struct Waiter {
 impl Waiter {
     fn new() -> Option<Waiter> {
         Some(Waiter {
+            slot: std::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             efd: EventFd::new().ok()?,
         })
+    }
+
+    pub(crate) fn deliver(&self, c: Completion) {
+        match self.slot.lock() {
+            Ok(mut g) => *g = Some(c),
+            Err(p) => *p.into_inner() = Some(c),
+        }
+    }
+
+    fn take(&self) -> Option<Completion> {
+        match self.slot.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        }
     }
 
     /// Marks the completion ready; signals the eventfd only if the process
@@ -178,14 +195,17 @@ impl Process {
         let spin = self.spin.get();
         let every = match expect {
             Expect::Remote => 1,
-            Expect::Either => 4,
+            Expect::Either => 2,
             Expect::Local => 64,
         };
         // While spinning this thread reads the socket itself.
-        let mut spinning = Some(Counted::enter(&sh.spinners, &sh.readers));
+        let mut spinning = (!spin.is_zero()).then(|| Counted::enter(&sh.spinners, &sh.readers));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
+                if let Some(c) = w.take() {
+                    return Ok(c);
+                }
                 if let Some(c) = sh.with_engine(|e, _| e.take_completion(self.pid)) {
                     return Ok(c);
                 }
@@ -195,6 +215,9 @@ impl Process {
             }
             if sh.stopping() {
                 // The engine failed every blocked op at shutdown; pick it up.
+                if let Some(c) = w.take() {
+                    return Ok(c);
+                }
                 return sh.with_engine(|e, _| {
                     e.take_completion(self.pid).ok_or_else(|| {
                         e.cancel(self.pid);
@@ -204,7 +227,9 @@ impl Process {
             }
             if spinning.is_some() {
                 if i.is_multiple_of(every) {
-                    sh.poll_socket();
+                    // One datagram at a time: if it was ours, see it at once
+                    // instead of paying another empty recv first.
+                    sh.poll_socket(1);
                     sh.run_timers_if_due();
                 }
                 i = i.wrapping_add(1);
@@ -244,7 +269,7 @@ impl Process {
                 w.efd.drain();
             }
             if reads {
-                sh.poll_socket();
+                sh.poll_socket(256);
             }
             sh.run_timers_if_due();
         }

@@ -10,9 +10,10 @@
 
 mod bitset;
 mod bulk;
+mod idmap;
 mod naming;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use rand::rngs::SmallRng;
@@ -30,6 +31,7 @@ use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
 use bulk::{InBulk, MoveOp};
+use idmap::{new_map, IdMap};
 
 /// Local id reserved for the kernel-server process of every logical host.
 pub const KERNEL_SERVER_LOCAL_ID: u16 = 1;
@@ -201,18 +203,18 @@ pub struct Engine {
     cfg: Config,
     host: HostState,
     rng: SmallRng,
-    procs: HashMap<u16, Proc>,
+    procs: IdMap<u16, Proc>,
     next_local: u16,
     next_seq: u32,
     slots: Vec<AlienSlot>,
     free_slots: Vec<usize>,
-    alien_by_src: HashMap<Pid, usize>,
-    saved: HashMap<Pid, Saved>,
-    aliens_per_host: HashMap<HostId, usize>,
-    last_seq: HashMap<Pid, (u32, Micros)>,
-    location: HashMap<HostId, (SocketAddr, u64)>,
+    alien_by_src: IdMap<Pid, usize>,
+    saved: IdMap<Pid, Saved>,
+    aliens_per_host: IdMap<HostId, usize>,
+    last_seq: IdMap<Pid, (u32, Micros)>,
+    location: IdMap<HostId, (SocketAddr, u64)>,
     lru_clock: u64,
-    rtt: HashMap<HostId, Rtt>,
+    rtt: IdMap<HostId, Rtt>,
     names: naming::Names,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
@@ -232,6 +234,7 @@ impl Engine {
     /// A new engine. With no fixed host id it starts announcement–complaint.
     pub fn new(cfg: Config, now: Micros) -> Engine {
         let mut rng = SmallRng::seed_from_u64(cfg.seed);
+        let hs = rng.gen::<u64>();
         let nonce = rng.gen::<u32>() | 1;
         let host = match cfg.host_id {
             Some(id) => HostState::Ready { id, nonce },
@@ -256,15 +259,15 @@ impl Engine {
             cfg,
             host,
             rng,
-            procs: HashMap::new(),
-            alien_by_src: HashMap::new(),
-            saved: HashMap::new(),
-            aliens_per_host: HashMap::new(),
-            last_seq: HashMap::new(),
-            location: HashMap::new(),
+            procs: new_map(hs),
+            alien_by_src: new_map(hs),
+            saved: new_map(hs),
+            aliens_per_host: new_map(hs),
+            last_seq: new_map(hs),
+            location: new_map(hs),
             lru_clock: 0,
-            rtt: HashMap::new(),
-            names: naming::Names::default(),
+            rtt: new_map(hs),
+            names: naming::Names::new(hs),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             next_timer: now,
@@ -374,16 +377,23 @@ impl Engine {
     fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
         let mut buf = std::mem::take(&mut self.encode_buf);
         wire::encode_into(h, msg, data, &mut buf);
-        let targets: Vec<SocketAddr> = match dest {
-            Dest::Addr(a) => vec![a],
-            Dest::Discovery => self.cfg.discovery.clone(),
-        };
-        for to in targets {
-            self.stats.tx_type(h.ptype, buf.len());
-            self.transmits.push_back(Transmit {
-                to,
-                data: buf.clone(),
-            });
+        match dest {
+            Dest::Addr(to) => {
+                self.stats.tx_type(h.ptype, buf.len());
+                self.transmits.push_back(Transmit {
+                    to,
+                    data: buf.clone(),
+                });
+            }
+            Dest::Discovery => {
+                for to in self.cfg.discovery.clone() {
+                    self.stats.tx_type(h.ptype, buf.len());
+                    self.transmits.push_back(Transmit {
+                        to,
+                        data: buf.clone(),
+                    });
+                }
+            }
         }
         self.encode_buf = buf;
     }
@@ -648,12 +658,14 @@ impl Engine {
         };
         h.total_length = total;
         let bytes = wire::encode(&h, &msg, data);
-        let targets: Vec<SocketAddr> = match self.lookup(dst.host()) {
-            Some(a) => vec![a],
-            None => self.cfg.discovery.clone(),
-        };
-        for to in targets {
-            self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+        match self.lookup(dst.host()) {
+            Some(a) => self.emit_raw(a, PacketType::RemoteSend, bytes),
+            // Location unknown: fan out; the answer teaches where it is.
+            None => {
+                for to in self.cfg.discovery.clone() {
+                    self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+                }
+            }
         }
         let rto = self.rto_for(dst.host());
         let host_timeout = self.cfg.host_timeout;
@@ -734,27 +746,28 @@ impl Engine {
             return false;
         };
         let from = *from;
-        let queue: Vec<Pending> = p.queue.iter().copied().collect();
+        // Scan the queue without allocating: take it out, look, put it back.
+        let mut queue = std::mem::take(&mut p.queue);
         let mut chosen = None;
-        let mut stale = Vec::new();
-        for (idx, pend) in queue.iter().enumerate() {
-            match self.pending_sender(*pend, pid) {
-                None => stale.push(idx),
-                Some(s) => {
-                    if from.is_none_or(|f| f == s) {
-                        chosen = Some(idx);
-                        break;
-                    }
+        let mut i = 0;
+        while i < queue.len() {
+            match self.pending_sender(queue[i], pid) {
+                // Stale entry (sender cancelled or gone): drop it.
+                None => {
+                    queue.remove(i);
                 }
+                Some(s) if from.is_none_or(|f| f == s) => {
+                    chosen = queue.remove(i);
+                    break;
+                }
+                Some(_) => i += 1,
             }
         }
         let Some(p) = self.proc_mut(pid) else {
             return false;
         };
-        let chosen_pend = chosen.map(|i| queue[i]);
-        p.queue
-            .retain(|q| Some(*q) != chosen_pend && !stale.iter().any(|&s| queue[s] == *q));
-        let Some(pend) = chosen_pend else {
+        p.queue = queue;
+        let Some(pend) = chosen else {
             return false;
         };
         let PState::Receiving { buf, .. } = std::mem::replace(&mut p.state, PState::Ready) else {

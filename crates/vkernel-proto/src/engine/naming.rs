@@ -1,11 +1,11 @@
 //! Naming: SetPid/GetPid (local table and remote queries, first answer
 //! wins) and logical host id allocation by announcement–complaint.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use rand::Rng;
 
+use super::idmap::{new_map, IdMap};
 use super::{Completion, Dest, Engine, Event, HostState, PState};
 use crate::config::Micros;
 use crate::error::IpcError;
@@ -35,13 +35,19 @@ struct Query {
 }
 
 /// The LogicalIdMap plus outstanding queries.
-#[derive(Default)]
 pub(crate) struct Names {
-    map: HashMap<u32, (Pid, Scope)>,
-    queries: HashMap<u32, Query>,
+    map: IdMap<u32, (Pid, Scope)>,
+    queries: IdMap<u32, Query>,
 }
 
 impl Names {
+    pub(crate) fn new(seed: u64) -> Names {
+        Names {
+            map: new_map(seed),
+            queries: new_map(seed),
+        }
+    }
+
     pub(crate) fn forget_query(&mut self, qseq: u32) {
         self.queries.remove(&qseq);
     }
