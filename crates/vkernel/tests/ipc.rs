@@ -285,3 +285,47 @@ fn get_time_is_a_kernel_op() {
     let t2 = p.get_time();
     assert!(t2 >= t1);
 }
+
+#[test]
+fn forward_between_three_hosts_and_back_to_the_senders_host() {
+    let (a, b) = two_hosts();
+    let c = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr(), b.local_addr()],
+        ..Default::default()
+    })
+    .unwrap();
+    a.add_peer(c.local_addr());
+    b.add_peer(c.local_addr());
+    // Servers on c (third host) and on b (the client's own host).
+    let (s_c, hc) = c.spawn("server-c", serve).unwrap();
+    let (s_b, hb) = b.spawn("server-b", serve).unwrap();
+    // The forwarder on a sends each request on, alternately to c and to b.
+    let (fwd, hf) = a
+        .spawn("fwd", move |p| {
+            let mut m = Message::zero();
+            for k in 0..4 {
+                let i = p.receive(&mut m).unwrap();
+                let to = if k % 2 == 0 { s_c } else { s_b };
+                p.forward(&m, i.from, to).unwrap();
+            }
+        })
+        .unwrap();
+    let client = b.create_process().unwrap();
+    for k in 0..4u32 {
+        let mut m = Message::with_code(ECHO);
+        m.0[1] = 100 + k;
+        let r = client.send(&mut m, fwd).unwrap();
+        assert_eq!(m.0[1], 101 + k);
+        assert_eq!(r.from, if k % 2 == 0 { s_c } else { s_b });
+    }
+    hf.join().unwrap();
+    stop(&client, s_c);
+    stop(&client, s_b);
+    hc.join().unwrap();
+    hb.join().unwrap();
+    assert!(
+        a.stats()
+            .tx_of(vkernel_proto::wire::PacketType::RemoteForward)
+            >= 4
+    );
+}
