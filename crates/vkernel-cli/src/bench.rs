@@ -25,6 +25,9 @@ pub struct BenchArgs {
     /// Placements to run: any of spin, spin-pinned, block (comma-separated).
     #[arg(long, default_value = "spin,spin-pinned,block", value_delimiter = ',')]
     placements: Vec<String>,
+    /// Faults for the bad-network transfers (default: 5% loss).
+    #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
+    fault: Option<FaultConfig>,
     /// Write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
@@ -148,18 +151,22 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             blast_m,
             if intact { "data intact" } else { "DATA CORRUPT" }
         );
-        progress("  5% loss transfer");
-        let lossy = FaultConfig {
+        let lossy = a.fault.clone().unwrap_or(FaultConfig {
             loss: 0.05,
             seed: 5,
             ..FaultConfig::default()
-        };
-        let (la, lb) = vkbench::host_pair(pl, lossy)?;
+        });
+        progress(&format!(
+            "  transfers with faults: {}",
+            crate::demo::describe(&lossy)
+        ));
+        let (la, lb) = vkbench::host_pair(pl, lossy.clone())?;
         let (lpid, lh) = vkbench::start_server(&la, pl)?;
         let lt = vkbench::bulk(&lb, lpid, a.bulk, true, pl)?;
         let lf = vkbench::bulk(&lb, lpid, a.bulk, false, pl)?;
         println!(
-            "  at 5% injected loss: MoveTo {:.0} MB/s ({}), MoveFrom {:.0} MB/s ({})",
+            "  with faults ({}): MoveTo {:.0} MB/s ({}), MoveFrom {:.0} MB/s ({})",
+            crate::demo::describe(&lossy),
             mb(lt.bytes, lt.elapsed),
             if lt.intact { "intact" } else { "CORRUPT" },
             mb(lf.bytes, lf.elapsed),
@@ -179,6 +186,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "bulk_bytes": a.bulk,
             "move_to_mbps": to, "move_from_mbps": from, "raw_blast_mbps": blast,
             "intact": intact,
+            "faults": crate::demo::describe(&lossy),
             "lossy_move_to_mbps": mb(lt.bytes, lt.elapsed),
             "lossy_move_from_mbps": mb(lf.bytes, lf.elapsed),
             "lossy_intact": lt.intact && lf.intact,

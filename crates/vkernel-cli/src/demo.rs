@@ -26,6 +26,9 @@ pub struct DemoArgs {
     /// Do not pin the client and server threads to CPUs 0 and 1.
     #[arg(long)]
     pub unpinned: bool,
+    /// Faults for the bad-network transfer (default: 5% loss).
+    #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
+    pub fault: Option<FaultConfig>,
 }
 
 impl Default for DemoArgs {
@@ -35,6 +38,7 @@ impl Default for DemoArgs {
             bulk: 64 << 20,
             block: false,
             unpinned: false,
+            fault: None,
         }
     }
 }
@@ -163,17 +167,18 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     vkbench::stop_server(&asker, spid, sh);
     drop(reg);
     // The same transfer on a network losing 5% of datagrams.
-    let lossy = FaultConfig {
+    let lossy = a.fault.clone().unwrap_or(FaultConfig {
         loss: 0.05,
         seed: 5,
         ..FaultConfig::default()
-    };
-    let (la, lb) = vkbench::host_pair(pl, lossy)?;
+    });
+    let (la, lb) = vkbench::host_pair(pl, lossy.clone())?;
     let (lpid, lh) = vkbench::start_server(&la, pl)?;
     let lto = vkbench::bulk(&lb, lpid, a.bulk, true, pl)?;
     let lfrom = vkbench::bulk(&lb, lpid, a.bulk, false, pl)?;
     println!(
-        "  with 5% injected loss: MoveTo {:.1} MB/s ({}), MoveFrom {:.1} MB/s ({}); {} chunks retransmitted",
+        "  with injected faults ({}): MoveTo {:.1} MB/s ({}), MoveFrom {:.1} MB/s ({}); {} chunks retransmitted",
+        describe(&lossy),
         mb(lto.bytes, lto.elapsed),
         if lto.intact { "intact" } else { "CORRUPT" },
         mb(lfrom.bytes, lfrom.elapsed),
@@ -186,6 +191,26 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         return Err("a bulk transfer was corrupted".into());
     }
     Ok(())
+}
+
+/// A short description of a fault configuration.
+pub fn describe(f: &FaultConfig) -> String {
+    let mut v = Vec::new();
+    for (name, r) in [
+        ("loss", f.loss),
+        ("dup", f.duplicate),
+        ("reorder", f.reorder),
+        ("delay", f.delay_rate),
+    ] {
+        if r > 0.0 {
+            v.push(format!("{name} {:.0}%", r * 100.0));
+        }
+    }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
 }
 
 /// Re-exported for `main`.

@@ -216,3 +216,47 @@ fn malformed_datagrams_are_dropped_and_counted() {
         .unwrap_or_else(|| panic!("no malformed count in {rest:?}"));
     assert_eq!(dropped, sent, "{rest}");
 }
+
+#[test]
+fn demo_and_bench_run_and_report() {
+    let o = Command::new(BIN)
+        .args(["demo", "-n", "300", "--bulk", "1048576"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("remote Send-Receive-Reply"), "{out}");
+    assert!(out.contains("datagrams per remote exchange: 2.0"), "{out}");
+    assert_eq!(out.matches("(intact)").count(), 4, "{out}");
+    let json = std::env::temp_dir().join(format!("vkbench-{}.json", std::process::id()));
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "-n",
+            "300",
+            "--rounds",
+            "1",
+            "--bulk",
+            "1048576",
+            "--placements",
+            "block",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let r = &j["results"][0];
+    assert_eq!(r["placement"], "block");
+    assert!(r["remote_null"]["median_us"].as_f64().unwrap() > 0.0);
+    assert!(r["raw_udp_rtt_median_us"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["intact"], true);
+    assert_eq!(r["lossy_intact"], true);
+}

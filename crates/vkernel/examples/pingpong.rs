@@ -44,16 +44,24 @@ fn main() {
         lat.push(t.elapsed());
     }
     lat.sort();
+    let r = raw(n);
+    let q = |v: &[Duration], f: f64| v[((v.len() - 1) as f64 * f) as usize];
+    let slow = |v: &[Duration]| v.iter().filter(|d| d.as_micros() > 25).count();
     println!(
-        "vkernel n={n} median {:?} p99 {:?}; raw UDP median {:?}",
-        lat[n / 2],
-        lat[n * 99 / 100],
-        raw(n)
+        "vkernel median {:?} p90 {:?} p99 {:?} >25us {}; raw median {:?} p90 {:?} p99 {:?} >25us {}",
+        q(&lat, 0.5),
+        q(&lat, 0.9),
+        q(&lat, 0.99),
+        slow(&lat),
+        q(&r, 0.5),
+        q(&r, 0.9),
+        q(&r, 0.99),
+        slow(&r)
     );
 }
 
 /// Raw UDP ping-pong between two threads, busy-polling, for comparison.
-pub fn raw(n: usize) -> Duration {
+pub fn raw(n: usize) -> Vec<Duration> {
     use std::net::UdpSocket;
     let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
     let c = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -84,5 +92,5 @@ pub fn raw(n: usize) -> Duration {
     }
     h.join().expect("join");
     lat.sort();
-    lat[n / 2]
+    lat
 }

@@ -226,7 +226,7 @@ impl Shared {
             let mut cap = if idle_readers {
                 Duration::from_millis(100)
             } else {
-                Duration::from_millis(5)
+                Duration::from_millis(25)
             };
             if self.net.has_faults() {
                 cap = cap.min(Duration::from_millis(1));

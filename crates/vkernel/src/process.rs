@@ -230,6 +230,8 @@ impl Process {
                     // One datagram at a time: if it was ours, see it at once
                     // instead of paying another empty recv first.
                     sh.poll_socket(1);
+                }
+                if i.is_multiple_of(32) {
                     sh.run_timers_if_due();
                 }
                 i = i.wrapping_add(1);
