@@ -492,24 +492,37 @@ impl Engine {
         self.emit(Dest::Addr(from), &r, &m, &map);
     }
 
+    /// Matches an answer to the mover's transfer; a refusal ends the
+    /// transfer with its error. True if the answer should be processed.
+    fn accept_answer(&mut self, pkt: &Packet<'_>, dir: Dir) -> bool {
+        let h = pkt.header;
+        let Some(op) = self.move_op(h.dst) else {
+            self.stats.drop(DropReason::NoMatch);
+            return false;
+        };
+        if op.dir != dir || op.peer != h.src || op.xfer != pkt.msg.0[0] {
+            self.stats.drop(DropReason::NoMatch);
+            return false;
+        }
+        if h.status != Status::Ok {
+            let e = status_error(h.status, op.peer);
+            self.complete(h.dst, Completion::Move(Err(e)));
+            return false;
+        }
+        true
+    }
+
     pub(super) fn on_move_to_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let rto = self.rto_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
+        if !self.accept_answer(pkt, Dir::To) {
+            return;
+        }
         let Some(op) = self.move_op(h.dst) else {
-            self.stats.drop(DropReason::NoMatch);
             return;
         };
-        if op.dir != Dir::To || op.peer != h.src || op.xfer != pkt.msg.0[0] {
-            self.stats.drop(DropReason::NoMatch);
-            return;
-        }
-        if h.status != Status::Ok {
-            let e = status_error(h.status, op.peer);
-            self.complete(h.dst, Completion::Move(Err(e)));
-            return;
-        }
         let nc = op.done.len();
         let cum = (pkt.msg.0[3] as usize).min(nc);
         let end = (pkt.msg.0[4] as usize).min(nc).max(cum);
@@ -627,19 +640,12 @@ impl Engine {
         let host_timeout = self.cfg.host_timeout;
         let rto = self.rto_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
+        if !self.accept_answer(pkt, Dir::From) {
+            return;
+        }
         let Some(op) = self.move_op(h.dst) else {
-            self.stats.drop(DropReason::NoMatch);
             return;
         };
-        if op.dir != Dir::From || op.peer != h.src || op.xfer != pkt.msg.0[0] {
-            self.stats.drop(DropReason::NoMatch);
-            return;
-        }
-        if h.status != Status::Ok {
-            let e = status_error(h.status, op.peer);
-            self.complete(h.dst, Completion::Move(Err(e)));
-            return;
-        }
         let off = h.local_addr as usize;
         let idx = off / op.chunk;
         let want = op.chunk.min(op.total.saturating_sub(off));
