@@ -28,6 +28,9 @@ const ECHO: u32 = 1;
 const INCR: u32 = 2;
 const PULL: u32 = 3;
 const PUSH: u32 = 4;
+/// A request the server takes `size` µs to answer (longer than the host
+/// timeout, so only replyPending keeps it alive).
+const SLOW: u32 = 5;
 const HOST_TIMEOUT: Micros = 2_000_000;
 
 fn pattern(id: u32, n: usize) -> Vec<u8> {
@@ -55,6 +58,16 @@ struct Faults {
     jitter: Micros,
     partition: Option<(Micros, Micros)>,
     crash: Option<(Micros, Micros)>,
+}
+
+impl Faults {
+    /// Every Send must succeed: no partition, no crash, and loss low enough
+    /// that eight lost polls in a row (a host timeout's worth) are
+    /// vanishingly rare. Above that a timeout is a correct outcome, and only
+    /// the bounds and exactly-once are checked.
+    fn must_succeed(&self) -> bool {
+        self.partition.is_none() && self.crash.is_none() && self.loss <= 0.05
+    }
 }
 
 struct Packet {
@@ -92,6 +105,7 @@ struct Req {
 enum ServerState {
     Idle,
     Receiving,
+    Busy { until: Micros, r: Received },
     Moving { r: Received, buf: SharedBuf },
 }
 
@@ -139,6 +153,8 @@ struct World {
     log: Vec<String>,
     /// Digest of every datagram sent, in order (for the replay check).
     digest: u64,
+    /// Total server time of all SLOW requests (queueing allowance).
+    slow_total: Micros,
 }
 
 fn cfg(host: usize, addrs: &[SocketAddr], seed: u64) -> Config {
@@ -273,6 +289,16 @@ impl World {
                         return;
                     }
                 },
+                ServerState::Busy { until, r } => {
+                    if now < until {
+                        *st = ServerState::Busy { until, r };
+                        return;
+                    }
+                    let mut m = r.msg;
+                    m.0[1] = m.0[1].wrapping_add(1);
+                    let _ = e.reply(now, pid, r.from, m, None);
+                    continue;
+                }
                 ServerState::Moving { r, buf } => {
                     let res = match e.take_completion(pid) {
                         Some(Completion::Move(res)) => res,
@@ -301,6 +327,11 @@ impl World {
         };
         let mut m = r.msg;
         match r.msg.code() {
+            SLOW => {
+                let until = now + r.msg.0[3] as Micros;
+                self.procs[i].role = Role::Server(ServerState::Busy { until, r });
+                return;
+            }
             ECHO => {
                 m.0[1] = m.0[1].wrapping_add(1);
             }
@@ -392,7 +423,8 @@ impl World {
                     let mut m = Message::with_code(req.kind);
                     m.0[1] = req.id;
                     m.0[2] = req.id;
-                    if req.kind != INCR {
+                    m.0[3] = req.size as u32;
+                    if req.kind != INCR && req.kind != SLOW {
                         m.set_flag(IDEMPOTENT, true);
                     }
                     let seg = match req.kind {
@@ -456,7 +488,7 @@ impl World {
 
     fn check_reply(&mut self, req: Req, reply: Message, seg: Option<SharedBuf>) {
         match req.kind {
-            ECHO if reply.0[1] != req.id.wrapping_add(1) => {
+            ECHO | SLOW if reply.0[1] != req.id.wrapping_add(1) => {
                 self.fail(format!("echo #{} got {}", req.id, reply.0[1]))
             }
             INCR if reply.0[1] != 1 => self.fail(format!(
@@ -480,8 +512,7 @@ impl World {
         // A failed move (u32::MAX) is only allowed when the network broke.
         if (req.kind == PULL || req.kind == PUSH)
             && reply.0[1] == u32::MAX
-            && self.faults.partition.is_none()
-            && self.faults.crash.is_none()
+            && self.faults.must_succeed()
         {
             self.fail(format!(
                 "move #{} failed on a network without partitions or crashes",
@@ -493,7 +524,8 @@ impl World {
     fn check_bound(&mut self, req: Req, started: Micros, took: Micros) {
         // Base bound: one host timeout of silence per phase (send, move,
         // reply), plus the time the network was cut.
-        let mut bound = 3 * HOST_TIMEOUT + 2_000_000;
+        // A request may also wait behind every slow request at its server.
+        let mut bound = 3 * HOST_TIMEOUT + 2_000_000 + self.slow_total;
         if let Some((t0, t1)) = self.faults.partition {
             if t1 > started {
                 bound += t1 - t0;
@@ -571,6 +603,11 @@ impl World {
         for e in self.engines.iter().flatten() {
             t = t.min(e.poll_timeout());
         }
+        for p in &self.procs {
+            if let Role::Server(ServerState::Busy { until, .. }) = p.role {
+                t = t.min(until);
+            }
+        }
         for (a, b) in [self.faults.partition, self.faults.crash]
             .into_iter()
             .flatten()
@@ -586,11 +623,27 @@ impl World {
 
     fn step(&mut self) {
         self.crash_and_restart();
+        let now = self.now;
+        for p in self.procs.iter_mut() {
+            if let Role::Server(ServerState::Busy { until, .. }) = p.role {
+                if until <= now {
+                    p.runnable = true;
+                }
+            }
+        }
         while let Some(p) = self.net.peek() {
             if p.at > self.now {
                 break;
             }
             let Some(p) = self.net.pop() else { break };
+            if std::env::var("VKERNEL_SIM_TRACE").is_ok() {
+                if let Ok(d) = vkernel_proto::wire::decode(&p.data) {
+                    eprintln!(
+                        "{:>9} deliver to {} {:?} seq {:08x} {} -> {}",
+                        self.now, p.to, d.header.ptype, d.header.seq, d.header.src, d.header.dst
+                    );
+                }
+            }
             if let Some(e) = self.engines[p.to].as_mut() {
                 e.handle_datagram(self.now, p.from, &p.data);
             }
@@ -668,6 +721,7 @@ fn scenario(seed: u64) -> (usize, usize, u64) {
         results: Vec::new(),
         log: Vec::new(),
         digest: 0xcbf2_9ce4_8422_2325,
+        slow_total: 0,
     };
     // Servers on host 0 (and host 1 when there are more than two hosts).
     let server_hosts: Vec<usize> = if hosts > 2 { vec![0, 1] } else { vec![0] };
@@ -699,17 +753,24 @@ fn scenario(seed: u64) -> (usize, usize, u64) {
                 .create_process()
                 .unwrap_or_else(|err| panic!("create: {err}"));
             let server = servers[rng.gen_range(0..servers.len())];
-            let plan = (0..rng.gen_range(5..25))
+            let plan: Vec<Req> = (0..rng.gen_range(5..25))
                 .map(|_| {
                     id += 1;
-                    let kind = [ECHO, INCR, PULL, PUSH][rng.gen_range(0..4)];
+                    let kind =
+                        [ECHO, INCR, PULL, PUSH, ECHO, INCR, PULL, PUSH, SLOW][rng.gen_range(0..9)];
                     let size = match kind {
                         PULL | PUSH => rng.gen_range(1..40_000),
+                        SLOW => rng.gen_range(0..(5 * HOST_TIMEOUT / 2) as usize),
                         _ => 0,
                     };
                     Req { kind, id, size }
                 })
                 .collect();
+            w.slow_total += plan
+                .iter()
+                .filter(|r| r.kind == SLOW)
+                .map(|r| r.size as Micros)
+                .sum::<Micros>();
             w.procs.push(Proc {
                 host: h,
                 pid,
@@ -750,7 +811,7 @@ fn scenario(seed: u64) -> (usize, usize, u64) {
         w.now = t;
     }
     let ok = w.results.iter().filter(|r| r.0).count();
-    if w.faults.partition.is_none() && w.faults.crash.is_none() && ok != w.results.len() {
+    if w.faults.must_succeed() && ok != w.results.len() {
         w.fail(format!(
             "{} of {} sends failed on a network without partitions or crashes",
             w.results.len() - ok,

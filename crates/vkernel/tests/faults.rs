@@ -82,3 +82,30 @@ fn bulk_is_exact_with_dup_reorder_delay() {
         3,
     );
 }
+
+#[test]
+fn reply_pending_keeps_a_long_request_alive() {
+    // The server takes 2.5 s, far past the 1 s host timeout: the kernels'
+    // replyPending answers to retransmissions must keep the Send alive.
+    let (a, b) = two_hosts_with(FaultConfig::default(), Duration::from_secs(1));
+    let (spid, h) = a
+        .spawn("slow", |p| {
+            let mut m = Message::zero();
+            let i = p.receive(&mut m).unwrap();
+            std::thread::sleep(Duration::from_millis(2500));
+            p.reply(&m, i.from).unwrap();
+        })
+        .unwrap();
+    let c = b.create_process().unwrap();
+    let t = std::time::Instant::now();
+    let mut m = Message::with_code(7);
+    c.send(&mut m, spid).expect("long request survives");
+    assert!(t.elapsed() >= Duration::from_millis(2500));
+    h.join().unwrap();
+    assert!(
+        b.stats()
+            .rx_of(vkernel_proto::wire::PacketType::ReplyPending)
+            >= 1
+    );
+    assert!(b.stats().retransmits >= 1);
+}

@@ -712,7 +712,7 @@ impl Engine {
             .filter(|(_, p)| matches!(p.state, PState::Moving(_)))
             .map(|(&l, _)| Pid::new(host, l))
             .collect();
-        let max_rto = self.cfg.max_rto;
+        let max_rto = self.max_rto();
         for m in movers {
             let Some(op) = self.move_op(m) else { continue };
             if now >= op.deadline {

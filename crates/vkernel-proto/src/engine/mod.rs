@@ -363,8 +363,18 @@ impl Engine {
         self.rtt.get(&host).copied().unwrap_or_default().rto(
             self.cfg.initial_rto,
             self.cfg.min_rto,
-            self.cfg.max_rto,
+            self.max_rto(),
         )
+    }
+
+    /// Ceiling of the retransmission timeout: an eighth of the host timeout
+    /// at most, so a busy-but-alive peer is polled (and answers replyPending)
+    /// often enough that a few lost polls in a row do not look like death.
+    pub(crate) fn max_rto(&self) -> Micros {
+        self.cfg
+            .max_rto
+            .min(self.cfg.host_timeout / 8)
+            .max(self.cfg.min_rto)
     }
 
     /// The smoothed round-trip time to `host`, if measured.
@@ -669,7 +679,7 @@ impl Engine {
         }
         let rto = self.rto_for(dst.host());
         let host_timeout = self.cfg.host_timeout;
-        let max_rto = self.cfg.max_rto;
+        let max_rto = self.max_rto();
         let Some(o) = self.outgoing_mut(src) else {
             return;
         };
