@@ -83,7 +83,7 @@ pub fn udp_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Resul
                 None => return Err("raw UDP ping: timed out".into()),
             }
             if k >= warmup {
-                samples.push(t.elapsed());
+                samples.push(crate::stats::sample(t));
             }
         }
         Ok(samples)
@@ -151,4 +151,80 @@ pub fn udp_blast(total: usize, dgram: usize, pl: Placement) -> Result<f64, Strin
     })?;
     let (got, elapsed) = receiver.join().map_err(|_| "receiver panicked")??;
     Ok(got as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6)
+}
+
+/// Round-trip time of `size`-byte messages over TCP (NODELAY) on loopback
+/// between two threads, with the same placement and waiting.
+pub fn tcp_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Result<Summary, String> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let total = iters + warmup;
+    // Reads exactly buf.len() bytes, busy-polling or blocking.
+    fn fill(s: &mut TcpStream, buf: &mut [u8]) -> Result<(), String> {
+        let mut got = 0;
+        let t = Instant::now();
+        while got < buf.len() {
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return Err("tcp: peer closed".into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if t.elapsed() > RECV_TIMEOUT {
+                        return Err("tcp: timed out".into());
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+    fn send_all(s: &mut TcpStream, mut b: &[u8]) -> Result<(), String> {
+        while !b.is_empty() {
+            match s.write(b) {
+                Ok(n) => b = &b[n..],
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+    let server = thread::spawn(move || -> Result<(), String> {
+        pl.pin(1);
+        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        s.set_nonblocking(pl.spin).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(RECV_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; size];
+        for _ in 0..total {
+            fill(&mut s, &mut buf)?;
+            send_all(&mut s, &buf)?;
+        }
+        Ok(())
+    });
+    let client = thread::spawn(move || -> Result<Vec<Duration>, String> {
+        pl.pin(0);
+        let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        let out = vec![0x5au8; size];
+        let mut buf = vec![0u8; size];
+        s.set_read_timeout(Some(RECV_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        s.set_nonblocking(pl.spin).map_err(|e| e.to_string())?;
+        let mut samples = Vec::with_capacity(iters);
+        for k in 0..total {
+            let t = Instant::now();
+            send_all(&mut s, &out)?;
+            fill(&mut s, &mut buf)?;
+            if k >= warmup {
+                samples.push(crate::stats::sample(t));
+            }
+        }
+        Ok(samples)
+    });
+    let mut samples = client.join().map_err(|_| "tcp client panicked")??;
+    server.join().map_err(|_| "tcp server panicked")??;
+    Ok(Summary::of(&mut samples))
 }

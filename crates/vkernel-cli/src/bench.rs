@@ -1,36 +1,65 @@
-//! `vkernel bench`: vkernel against raw UDP on this machine, in one run,
-//! with the same threads, placement and waiting strategy on both sides.
-//! Rounds alternate between the two so drift in the machine hits both.
+//! `vkernel bench`: the papers' tables on this machine, with the published
+//! figures beside today's and raw UDP/TCP measured in the same run with the
+//! same threads, placement and waiting strategy.
+//!
+//! Method: N timed iterations after a warm-up, medians and p99 (never
+//! means), clock overhead subtracted from each sample, CPU per operation
+//! from each side's thread CPU clock (the modern busywork counter) in a
+//! second pass with blocking waits. Ratios are only meaningful within one run.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use vkernel::FaultConfig;
+use serde_json::{json, Value};
+use vkernel::{FaultConfig, Kernel};
+use vkernel_proto::Pid;
 
 use crate::baseline;
+use crate::chart;
+use crate::paper::{self, fmt, Row};
 use crate::stats::Summary;
 use crate::vkbench::{self, Op, Placement};
 
 /// Arguments of `vkernel bench`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Exchanges per round.
-    #[arg(short = 'n', long, default_value_t = 20_000)]
-    count: usize,
-    /// Alternating rounds (vkernel, raw, vkernel, raw, ...).
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// Bytes per bulk transfer.
-    #[arg(long, default_value_t = 64 << 20)]
-    bulk: usize,
-    /// Placements to run: any of spin, spin-pinned, block (comma-separated).
-    #[arg(long, default_value = "spin,spin-pinned,block", value_delimiter = ',')]
-    placements: Vec<String>,
-    /// Faults for the bad-network transfers (default: 5% loss).
+    /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
+    /// 4 sequential access, 5 program loading, 6 load, 7 peers).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    pub sections: Vec<u8>,
+    /// Small counts and sizes: finishes in well under a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Timed iterations per measurement (default 5000; 500 with --quick).
+    #[arg(short = 'n', long)]
+    pub count: Option<usize>,
+    /// Placement and waiting: spin (busy-poll, unpinned), spin-pinned
+    /// (client CPU 0, server CPU 1), or block.
+    #[arg(long, default_value = "spin")]
+    pub placement: String,
+    /// Faults for the bad-network transfer row (default: 5% loss).
     #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
-    fault: Option<FaultConfig>,
-    /// Write every figure as JSON to this file.
+    pub fault: Option<FaultConfig>,
+    /// Directory for bench.json and the SVG charts.
+    #[arg(long, default_value = "vkernel-bench-out")]
+    pub out: PathBuf,
+    /// Also write the JSON to this file.
     #[arg(long, value_name = "FILE")]
-    json: Option<std::path::PathBuf>,
+    pub json: Option<PathBuf>,
+}
+
+impl Default for BenchArgs {
+    fn default() -> Self {
+        BenchArgs {
+            sections: vec![1, 2, 3, 4, 5, 6, 7],
+            quick: false,
+            count: None,
+            placement: "spin".into(),
+            fault: None,
+            out: PathBuf::from("vkernel-bench-out"),
+            json: None,
+        }
+    }
 }
 
 fn placement(name: &str) -> Result<Placement, String> {
@@ -59,150 +88,664 @@ fn progress(s: &str) {
     eprintln!("vkernel bench: {s}");
 }
 
-fn line(name: &str, s: &Summary) {
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Least-squares line through points: (slope, intercept).
+pub fn linear_fit(pts: &[(f64, f64)]) -> (f64, f64) {
+    let n = pts.len() as f64;
+    if n < 2.0 {
+        return (0.0, pts.first().map_or(0.0, |p| p.1));
+    }
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = pts.iter().fold((0.0, 0.0), |a, p| {
+        (a.0 + (p.0 - mx) * (p.1 - my), a.1 + (p.0 - mx) * (p.0 - mx))
+    });
+    let a = if den == 0.0 { 0.0 } else { num / den };
+    (a, my - a * mx)
+}
+
+struct Ctx {
+    pl: Placement,
+    n: usize,
+    warm: usize,
+    quick: bool,
+    ka: Kernel,
+    kb: Kernel,
+    server: Pid,
+    /// One-way penalty fit (µs per byte, µs), from section 1 or measured on demand.
+    fit: Option<(f64, f64)>,
+}
+
+impl Ctx {
+    fn penalty(&mut self, bytes: usize) -> Result<f64, String> {
+        if self.fit.is_none() {
+            self.fit = Some(penalty_fit(self, &[76, 1100, 4172])?.0);
+        }
+        let (a, b) = self.fit.unwrap_or((0.0, 0.0));
+        Ok(a * bytes as f64 + b)
+    }
+
+    fn timed(&self, local: bool, op: Op, n: usize) -> Result<vkbench::Timed, String> {
+        let k = if local { &self.ka } else { &self.kb };
+        vkbench::timed(k, self.server, op, n, (n / 10).max(20), self.pl)
+    }
+}
+
+fn penalty_fit(c: &Ctx, sizes: &[usize]) -> Result<((f64, f64), Vec<Value>), String> {
+    let mut pts = Vec::new();
+    let mut rows = Vec::new();
+    for &s in sizes {
+        let r = baseline::udp_rtt(s, c.n, c.warm, c.pl)?;
+        pts.push((s as f64, r.median_us / 2.0));
+        rows.push(json!({"bytes": s, "rtt": r, "one_way_median_us": r.median_us / 2.0}));
+    }
+    Ok((linear_fit(&pts), rows))
+}
+
+fn section_penalty(c: &mut Ctx) -> Result<Value, String> {
     println!(
-        "  {name:<40} {:>9.2} {:>9.2} {:>9.2}",
-        s.min_us, s.median_us, s.p99_us
+        "\n1. Network penalty (Table 4-1/3-1): raw UDP, memory to memory, one way = round trip / 2"
+    );
+    let sizes: &[usize] = if c.quick {
+        &[64, 1024, 8192, 65000]
+    } else {
+        &[64, 128, 256, 512, 1024, 1472, 4096, 8192, 65000]
+    };
+    let (fit, rows) = penalty_fit(c, sizes)?;
+    println!(
+        "  {:>7} {:>12} {:>12} {:>12} {:>14}",
+        "bytes", "one-way µs", "RTT p99 µs", "1985 ms", "1985/today"
+    );
+    for r in &rows {
+        let b = r["bytes"].as_u64().unwrap_or(0) as usize;
+        let ow = r["one_way_median_us"].as_f64().unwrap_or(0.0);
+        let p99 = r["rtt"]["p99_us"].as_f64().unwrap_or(0.0);
+        let old = paper::PENALTY_1985.iter().find(|p| p.0 == b).map(|p| p.1);
+        let ratio = old.map_or("-".into(), |o| format!("{:.0}×", o * 1e3 / ow.max(1e-9)));
+        println!(
+            "  {b:>7} {ow:>12.2} {p99:>12.2} {:>12} {ratio:>14}",
+            fmt(old)
+        );
+    }
+    println!(
+        "  fit: P(n) = {:.5}·n + {:.2} µs   (1983, 3 Mb/8 MHz: {:.1}·n + {:.0} µs)",
+        fit.0,
+        fit.1,
+        paper::PENALTY_FIT_1983.0 * 1e3,
+        paper::PENALTY_FIT_1983.1 * 1e3
+    );
+    c.fit = Some(fit);
+    Ok(json!({"rows": rows, "fit_us_per_byte": fit.0, "fit_us": fit.1}))
+}
+
+fn table_header() {
+    println!(
+        "  {:<26} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "µs (ms for papers)",
+        "local",
+        "remote",
+        "diff",
+        "penalty",
+        "client",
+        "server",
+        "rem p99",
+        "(r-l)/P"
     );
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+/// Measures one operation locally and remotely and prints a row like the
+/// papers', with the published rows under it.
+fn op_row(
+    c: &mut Ctx,
+    name: &str,
+    op: Op,
+    minus_null: Option<&Value>,
+    penalty_bytes: usize,
+    papers: &[(&str, Row)],
+) -> Result<Value, String> {
+    let n = c.n;
+    let l = c.timed(true, op, n)?;
+    let r = c.timed(false, op, n)?;
+    let mut ls = l.samples.clone();
+    let mut rs = r.samples.clone();
+    let (ls, rs) = (Summary::of(&mut ls), Summary::of(&mut rs));
+    // Move rows: the enclosing Send-Receive-Reply's time and CPU come off.
+    let sub = |k: &str| minus_null.and_then(|v| v[k].as_f64()).unwrap_or(0.0);
+    let (lm, rm) = (
+        ls.median_us - sub("local_us"),
+        rs.median_us - sub("remote_us"),
+    );
+    let (ccpu, scpu) = (
+        us(r.client_cpu) - sub("client_cpu_us"),
+        us(r.server_cpu) - sub("server_cpu_us"),
+    );
+    let pen = c.penalty(penalty_bytes)?;
+    println!(
+        "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.2}",
+        rm - lm,
+        ccpu,
+        scpu,
+        rs.p99_us,
+        (rm - lm) / pen.max(1e-9)
+    );
+    for (who, p) in papers {
+        let diff = match (p.local, p.remote) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        println!(
+            "    {who:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            fmt(p.local),
+            fmt(p.remote),
+            fmt(diff),
+            fmt(p.penalty),
+            fmt(p.client),
+            fmt(p.server)
+        );
+    }
+    Ok(json!({
+        "op": name, "local": ls, "remote": rs, "local_us": lm, "remote_us": rm,
+        "penalty_us": pen, "client_cpu_us": ccpu, "server_cpu_us": scpu,
+        "local_client_cpu_us": us(l.client_cpu), "local_server_cpu_us": us(l.server_cpu),
+    }))
+}
+
+fn section_kernel_ops(c: &mut Ctx) -> Result<Value, String> {
+    println!("\n2. Kernel operations (Tables 5-1/5-2, 3-5..3-8); Move rows exclude the enclosing exchange");
+    table_header();
+    let mut gt = vkbench::get_time(&c.ka, c.n, c.pl)?;
+    let gt = Summary::of(&mut gt);
+    println!(
+        "  {:<26} {:>8.3}   (1983: {} ms)",
+        "GetTime",
+        gt.median_us,
+        paper::GET_TIME_1983
+    );
+    let mut rows = vec![json!({"op": "GetTime", "local": gt})];
+    let null = op_row(
+        c,
+        "Send-Receive-Reply",
+        Op::Null,
+        None,
+        76,
+        &[
+            ("1983 8MHz/3Mb", paper::SRR_1983),
+            ("1985 10MHz/10Mb", paper::SRR_1985),
+        ],
+    )?;
+    let base = null.clone();
+    rows.push(null);
+    rows.push(op_row(
+        c,
+        "MoveFrom 1 KiB",
+        Op::MoveFrom(1024),
+        Some(&base),
+        1024 + 76,
+        &[
+            ("1983", paper::MOVE_FROM_1983),
+            ("1985", paper::MOVE_FROM_1985),
+        ],
+    )?);
+    rows.push(op_row(
+        c,
+        "MoveTo 1 KiB",
+        Op::MoveTo(1024),
+        Some(&base),
+        1024 + 76,
+        &[("1983", paper::MOVE_TO_1983), ("1985", paper::MOVE_TO_1985)],
+    )?);
+    println!("  message size (request and reply each carry it):");
+    let sizes: &[usize] = if c.quick {
+        &[32, 1024, 8192]
+    } else {
+        &[32, 128, 512, 1024, 4096, 8192]
+    };
+    for &s in sizes {
+        let op = if s <= 32 { Op::Null } else { Op::Echo(s - 32) };
+        rows.push(op_row(
+            c,
+            &format!("exchange {s} B"),
+            op,
+            None,
+            s + 76,
+            &[],
+        )?);
+    }
+    Ok(json!({"rows": rows}))
+}
+
+fn section_pages(c: &mut Ctx) -> Result<Value, String> {
+    println!("\n3. Page-level file access (Table 6-1, 3-9/3-10): two datagrams per page");
+    table_header();
+    let mut rows = Vec::new();
+    for &n in &[512usize, 4096] {
+        let papers: Vec<(&str, Row)> = if n == 512 {
+            vec![("1985 10Mb", paper::PAGE_READ_1985)]
+        } else {
+            vec![]
+        };
+        rows.push(op_row(
+            c,
+            &format!("page read {n} B"),
+            Op::PageRead(n),
+            None,
+            n + 152,
+            &papers,
+        )?);
+        let papers: Vec<(&str, Row)> = if n == 512 {
+            vec![("1985 10Mb", paper::PAGE_WRITE_1985)]
+        } else {
+            vec![]
+        };
+        rows.push(op_row(
+            c,
+            &format!("page write {n} B"),
+            Op::PageWrite(n),
+            None,
+            n + 152,
+            &papers,
+        )?);
+        let t = op_row(
+            c,
+            &format!("Thoth write {n} B"),
+            Op::ThothWrite(n),
+            None,
+            n + 228,
+            &[],
+        )?;
+        let w = rows
+            .last()
+            .and_then(|r| r["remote_us"].as_f64())
+            .unwrap_or(0.0);
+        let tr = t["remote_us"].as_f64().unwrap_or(0.0);
+        println!(
+            "    segment saving per remote page write: {:.2} µs ({:.0}%); 1985: {:.1} ms",
+            tr - w,
+            (tr - w) / tr.max(1e-9) * 100.0,
+            paper::THOTH_WRITE_1985 - paper::PAGE_WRITE_1985.remote.unwrap_or(0.0)
+        );
+        rows.push(t);
+    }
+    Ok(json!({"rows": rows}))
+}
+
+fn section_sequential(c: &mut Ctx) -> Result<Value, String> {
+    println!("\n4. Sequential access (Table 6-2): server read-ahead waits a disk latency after each reply");
+    println!(
+        "  {:>10} {:>14} {:>12} {:>14}",
+        "latency ms", "ms per page", "% above min", "1983 ms/page"
+    );
+    let pages = if c.quick { 4 } else { 20 };
+    let mut rows = Vec::new();
+    for &d in &[0.1f64, 1.0, 10.0, 15.0, 20.0] {
+        let op = Op::SeqRead {
+            n: 512,
+            delay_us: (d * 1e3) as u32,
+        };
+        let t = c.timed(false, op, pages)?;
+        let mut s = t.samples.clone();
+        let s = Summary::of(&mut s);
+        let per = s.median_us / 1e3;
+        let old = paper::SEQUENTIAL_1983
+            .iter()
+            .find(|p| p.0 == d)
+            .map(|p| p.1);
+        println!(
+            "  {d:>10.1} {per:>14.3} {:>11.1}% {:>14}",
+            (per - d) / d * 100.0,
+            fmt(old)
+        );
+        rows.push(json!({"latency_ms": d, "per_page": s}));
+    }
+    Ok(json!({"rows": rows}))
+}
+
+fn section_loading(c: &mut Ctx, lossy: &FaultConfig) -> Result<Value, String> {
+    println!(
+        "\n5. Program loading (Table 6-3, 3-11/3-12): 64 KiB read by MoveTo in transfer units"
+    );
+    println!(
+        "  {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}   1985 local/remote/client/server ms",
+        "unit", "local ms", "remote ms", "diff", "client", "server", "MB/s",
+    );
+    let reps = if c.quick { 5 } else { 30 };
+    let mut rows = Vec::new();
+    for &(kib, l0, r0, c0, s0) in &paper::LOADING_1985 {
+        let op = Op::Load {
+            total: 64 << 10,
+            unit: kib << 10,
+        };
+        let l = c.timed(true, op, reps)?;
+        let r = c.timed(false, op, reps)?;
+        let (mut a, mut b) = (l.samples.clone(), r.samples.clone());
+        let (ls, rs) = (Summary::of(&mut a), Summary::of(&mut b));
+        let mbps = 65536.0 / rs.median_us.max(1e-9);
+        println!(
+            "  {:<12} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1}   {l0}/{r0}/{c0}/{s0}",
+            format!("{kib} KiB"),
+            ls.median_us / 1e3,
+            rs.median_us / 1e3,
+            (rs.median_us - ls.median_us) / 1e3,
+            ms(r.client_cpu),
+            ms(r.server_cpu),
+            mbps
+        );
+        rows.push(
+            json!({"unit_kib": kib, "local": ls, "remote": rs, "mbps": mbps,
+            "client_cpu_ms": ms(r.client_cpu), "server_cpu_ms": ms(r.server_cpu)}),
+        );
+    }
+    let big: &[usize] = if c.quick {
+        &[1 << 20, 8 << 20]
+    } else {
+        &[1 << 20, 64 << 20]
+    };
+    let mut images = Vec::new();
+    for &total in big {
+        let op = Op::Load {
+            total,
+            unit: 64 << 10,
+        };
+        let r = c.timed(false, op, if c.quick { 2 } else { 5 })?;
+        let mut s = r.samples.clone();
+        let s = Summary::of(&mut s);
+        let mbps = total as f64 / s.median_us.max(1e-9);
+        let blast = baseline::udp_blast(total, vkernel_proto::wire::MAX_DATAGRAM, c.pl)?;
+        println!(
+            "  image {:>5} MiB by 64 KiB MoveTo: {:8.1} MB/s, raw UDP blast {:8.1} MB/s ({:.2}×)",
+            total >> 20,
+            mbps,
+            blast,
+            mbps / blast.max(1e-9)
+        );
+        images.push(json!({"bytes": total, "mbps": mbps, "raw_blast_mbps": blast}));
+    }
+    // The same 64 MiB-class transfer on a bad network.
+    let (la, lb) = vkbench::host_pair(c.pl, lossy.clone())?;
+    let (lpid, lh) = vkbench::start_server(&la, c.pl)?;
+    let total = if c.quick { 8 << 20 } else { 64 << 20 };
+    let to = vkbench::bulk(&lb, lpid, total, true, c.pl)?;
+    let from = vkbench::bulk(&lb, lpid, total, false, c.pl)?;
+    let mb = |b: usize, d: Duration| b as f64 / d.as_secs_f64().max(1e-9) / 1e6;
+    println!(
+        "  with faults ({}): {} MiB MoveTo {:.1} MB/s ({}), MoveFrom {:.1} MB/s ({})",
+        crate::demo::describe(lossy),
+        total >> 20,
+        mb(to.bytes, to.elapsed),
+        if to.intact { "intact" } else { "CORRUPT" },
+        mb(from.bytes, from.elapsed),
+        if from.intact { "intact" } else { "CORRUPT" }
+    );
+    let cl = lb.create_process().map_err(|e| e.to_string())?;
+    vkbench::stop_server(&cl, lpid, lh);
+    if !(to.intact && from.intact) {
+        return Err("a transfer on the faulty network delivered wrong bytes".into());
+    }
+    Ok(json!({"rows": rows, "images": images,
+        "faulty": {"faults": crate::demo::describe(lossy), "move_to_mbps": mb(to.bytes, to.elapsed),
+                   "move_from_mbps": mb(from.bytes, from.elapsed), "intact": true}}))
+}
+
+fn section_load(c: &mut Ctx) -> Result<Value, String> {
+    println!("\n6. Load: concurrent exchanges, blocking waits (spinning k threads on 2 CPUs would only measure the scheduler)");
+    let dur = if c.quick {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_secs(2)
+    };
+    let block = Placement {
+        pinned: false,
+        spin: false,
+    };
+    let (ka, kb) = vkbench::host_pair(block, FaultConfig::default())?;
+    let mut rows = Vec::new();
+    println!(
+        "  {:<26} {:>12} {:>18}",
+        "configuration", "exchanges/s", "server CPU µs/exch"
+    );
+    for &(k, shared) in &[
+        (1usize, false),
+        (2, false),
+        (4, false),
+        (2, true),
+        (4, true),
+    ] {
+        let servers: Vec<(Pid, std::thread::JoinHandle<()>)> = (0..if shared { 1 } else { k })
+            .map(|_| vkbench::start_server(&ka, block))
+            .collect::<Result<_, _>>()?;
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
+        let cpu0: Duration = servers
+            .iter()
+            .map(|(s, _)| vkbench::server_cpu(&probe, *s))
+            .sum::<Result<Duration, String>>()?;
+        let deadline = Instant::now() + dur;
+        let counts: Vec<usize> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..k)
+                .map(|j| {
+                    let target = servers[if shared { 0 } else { j }].0;
+                    let p = kb.create_process();
+                    sc.spawn(move || -> Result<usize, String> {
+                        let p = p.map_err(|e| e.to_string())?;
+                        let mut done = 0;
+                        while Instant::now() < deadline {
+                            let mut m = vkernel::Message::with_code(1);
+                            p.send(&mut m, target).map_err(|e| e.to_string())?;
+                            done += 1;
+                        }
+                        Ok(done)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("load client panicked".into()))
+                })
+                .collect::<Result<Vec<usize>, String>>()
+        })?;
+        let cpu1: Duration = servers
+            .iter()
+            .map(|(s, _)| vkbench::server_cpu(&probe, *s))
+            .sum::<Result<Duration, String>>()?;
+        let total: usize = counts.iter().sum();
+        let rate = total as f64 / dur.as_secs_f64();
+        let cpu = us(cpu1.saturating_sub(cpu0)) / total.max(1) as f64;
+        let name = if shared {
+            format!("1 server, {k} clients")
+        } else {
+            format!("{k} client/server pairs")
+        };
+        println!("  {name:<26} {rate:>12.0} {cpu:>18.2}");
+        rows.push(json!({"config": name, "exchanges_per_s": rate, "server_cpu_us": cpu}));
+        for (s, h) in servers {
+            vkbench::stop_server(&probe, s, h);
+        }
+    }
+    println!(
+        "  (1985: a server saturated at ~{} exchanges/s)",
+        paper::SERVER_LIMIT_1985
+    );
+    Ok(json!({"rows": rows, "seconds": dur.as_secs_f64()}))
+}
+
+fn section_peers(c: &mut Ctx) -> Result<(Value, Vec<chart::Series>), String> {
+    println!("\n7. Peers, same run, same sizes, same placement: round trip µs (median / p99)");
+    let sizes: &[usize] = if c.quick {
+        &[32, 1024, 8192]
+    } else {
+        &[32, 256, 1024, 4096, 8192]
+    };
+    println!(
+        "  {:>6} {:>16} {:>16} {:>16} {:>16} {:>10} {:>10}",
+        "bytes", "vkernel local", "vkernel remote", "raw UDP", "TCP NODELAY", "vk/UDP", "vk/TCP"
+    );
+    let mut series: Vec<chart::Series> = ["vkernel local", "vkernel remote", "raw UDP", "TCP"]
+        .iter()
+        .map(|s| (s.to_string(), Vec::new()))
+        .collect();
+    let mut rows = Vec::new();
+    for &s in sizes {
+        let op = if s <= 32 { Op::Null } else { Op::Echo(s - 32) };
+        let mut l = vkbench::exchanges(&c.ka, c.server, op, c.n, c.warm, c.pl)?;
+        let mut r = vkbench::exchanges(&c.kb, c.server, op, c.n, c.warm, c.pl)?;
+        let (l, r) = (Summary::of(&mut l), Summary::of(&mut r));
+        let u = baseline::udp_rtt(s, c.n, c.warm, c.pl)?;
+        let t = baseline::tcp_rtt(s, c.n, c.warm, c.pl)?;
+        println!(
+            "  {s:>6} {:>7.2} / {:>6.1} {:>7.2} / {:>6.1} {:>7.2} / {:>6.1} {:>7.2} / {:>6.1} {:>9.2}× {:>9.2}×",
+            l.median_us, l.p99_us, r.median_us, r.p99_us, u.median_us, u.p99_us, t.median_us, t.p99_us,
+            r.median_us / u.median_us.max(1e-9),
+            r.median_us / t.median_us.max(1e-9)
+        );
+        for (i, v) in [l.median_us, r.median_us, u.median_us, t.median_us]
+            .iter()
+            .enumerate()
+        {
+            series[i].1.push((s as f64, *v));
+        }
+        rows.push(json!({"bytes": s, "vkernel_local": l, "vkernel_remote": r, "udp": u, "tcp": t}));
+    }
+    println!("  (ZeroMQ REQ/REP and gRPC unary are not in this build yet; see the issue notes)");
+    Ok((json!({"rows": rows}), series))
 }
 
 /// Runs the benchmark.
 pub fn run(a: BenchArgs) -> Result<(), String> {
-    let n = a.count.max(100);
-    let warm = (n / 10).max(100);
-    let rounds = a.rounds.max(1);
-    let mut report = Vec::new();
-    for name in &a.placements {
-        let pl = placement(name)?;
-        progress(&format!("placement {name}: {}", pl.describe()));
-        let (ka, kb) = vkbench::host_pair(pl, FaultConfig::default())?;
-        let (spid, sh) = vkbench::start_server(&ka, pl)?;
-        let (mut local, mut remote, mut raw) = (Vec::new(), Vec::new(), Vec::new());
-        let mut raw_meds = Vec::new();
-        for r in 0..rounds {
-            progress(&format!("  round {}/{rounds}: exchanges", r + 1));
-            local.extend(vkbench::exchanges(&ka, spid, Op::Null, n, warm, pl)?);
-            remote.extend(vkbench::exchanges(&kb, spid, Op::Null, n, warm, pl)?);
-            let rs = baseline::udp_rtt(32, n, warm, pl)?;
-            raw_meds.push(rs.median_us);
-            raw.push(rs);
+    let pl = placement(&a.placement)?;
+    let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
+    for s in &a.sections {
+        if !(1..=7).contains(s) {
+            return Err(format!("unknown section {s} (1..=7)"));
         }
-        let gt = Summary::of(&mut vkbench::get_time(&ka, n, pl)?);
-        let local = Summary::of(&mut local);
-        let remote = Summary::of(&mut remote);
-        let raw_median = median(&mut raw_meds);
-        let raw_p99 = median(&mut raw.iter().map(|s| s.p99_us).collect::<Vec<_>>());
-        println!();
-        println!("placement: {}", pl.describe());
-        println!(
-            "  {:<40} {:>9} {:>9} {:>9}",
-            "operation (µs)", "min", "median", "p99"
-        );
-        line("GetTime", &gt);
-        line("local Send-Receive-Reply (32 B)", &local);
-        line("remote Send-Receive-Reply (32 B)", &remote);
-        println!(
-            "  {:<40} {:>9} {:>9.2} {:>9.2}",
-            "raw UDP round trip (32 B), per-round med", "", raw_median, raw_p99
-        );
-        println!(
-            "  remote / raw UDP: median {:.2}×, p99 {:.2}×",
-            remote.median_us / raw_median.max(1e-9),
-            remote.p99_us / raw_p99.max(1e-9)
-        );
-        // Bulk (the same kernels), alternating with the raw blast.
-        let mb = |b: usize, d: Duration| b as f64 / d.as_secs_f64().max(1e-9) / 1e6;
-        let (mut to, mut from, mut blast) = (Vec::new(), Vec::new(), Vec::new());
-        let mut intact = true;
-        for r in 0..rounds {
-            progress(&format!(
-                "  round {}/{rounds}: {} MiB transfers",
-                r + 1,
-                a.bulk >> 20
-            ));
-            let t = vkbench::bulk(&kb, spid, a.bulk, true, pl)?;
-            let f = vkbench::bulk(&kb, spid, a.bulk, false, pl)?;
-            intact &= t.intact && f.intact;
-            to.push(mb(t.bytes, t.elapsed));
-            from.push(mb(f.bytes, f.elapsed));
-            blast.push(baseline::udp_blast(
-                a.bulk,
-                vkernel_proto::wire::MAX_DATAGRAM,
-                pl,
-            )?);
-        }
-        let c = kb.create_process().map_err(|e| e.to_string())?;
-        vkbench::stop_server(&c, spid, sh);
-        drop(c);
-        drop((ka, kb));
-        let (to_m, from_m, blast_m) = (median(&mut to), median(&mut from), median(&mut blast));
-        println!(
-            "  {} MiB MoveTo {:.0} MB/s ({:.2}× blast), MoveFrom {:.0} MB/s ({:.2}× blast), raw UDP blast {:.0} MB/s; {}",
-            a.bulk >> 20,
-            to_m,
-            to_m / blast_m.max(1e-9),
-            from_m,
-            from_m / blast_m.max(1e-9),
-            blast_m,
-            if intact { "data intact" } else { "DATA CORRUPT" }
-        );
-        let lossy = a.fault.clone().unwrap_or(FaultConfig {
-            loss: 0.05,
-            seed: 5,
-            ..FaultConfig::default()
-        });
+    }
+    let started = Instant::now();
+    println!("vkernel bench — the V papers' measurements on this machine");
+    println!(
+        "method: {n} timed iterations after {} warm-up, medians and p99, clock overhead ({} ns) subtracted; {}; vkernel and raw baselines use the same threads and waiting",
+        (n / 10).max(20),
+        crate::stats::clock_overhead().as_nanos(),
+        pl.describe()
+    );
+    println!(
+        "client/server columns: CPU µs per operation from each thread's CPU clock, in a second pass with blocking waits on both sides"
+    );
+    println!("papers' figures are ms on 1983/1985 hardware; today's are µs unless marked");
+    let (ka, kb) = vkbench::host_pair(pl, FaultConfig::default())?;
+    let (server, sh) = vkbench::start_server(&ka, pl)?;
+    let mut c = Ctx {
+        pl,
+        n,
+        warm: (n / 10).max(20),
+        quick: a.quick,
+        ka,
+        kb,
+        server,
+        fit: None,
+    };
+    let lossy = a.fault.clone().unwrap_or(FaultConfig {
+        loss: 0.05,
+        seed: 5,
+        ..FaultConfig::default()
+    });
+    let mut out = serde_json::Map::new();
+    let mut peer_series = Vec::new();
+    let mut load_series = Vec::new();
+    for s in &a.sections {
         progress(&format!(
-            "  transfers with faults: {}",
-            crate::demo::describe(&lossy)
+            "section {s} ({:.0} s so far)",
+            started.elapsed().as_secs_f64()
         ));
-        let (la, lb) = vkbench::host_pair(pl, lossy.clone())?;
-        let (lpid, lh) = vkbench::start_server(&la, pl)?;
-        let lt = vkbench::bulk(&lb, lpid, a.bulk, true, pl)?;
-        let lf = vkbench::bulk(&lb, lpid, a.bulk, false, pl)?;
-        println!(
-            "  with faults ({}): MoveTo {:.0} MB/s ({}), MoveFrom {:.0} MB/s ({})",
-            crate::demo::describe(&lossy),
-            mb(lt.bytes, lt.elapsed),
-            if lt.intact { "intact" } else { "CORRUPT" },
-            mb(lf.bytes, lf.elapsed),
-            if lf.intact { "intact" } else { "CORRUPT" },
-        );
-        let c = lb.create_process().map_err(|e| e.to_string())?;
-        vkbench::stop_server(&c, lpid, lh);
-        report.push(serde_json::json!({
-            "placement": name,
-            "description": pl.describe(),
-            "get_time": gt,
-            "local_null": local,
-            "remote_null": remote,
-            "raw_udp_rtt_median_us": raw_median,
-            "raw_udp_rtt_p99_us": raw_p99,
-            "remote_over_raw_median": remote.median_us / raw_median.max(1e-9),
-            "bulk_bytes": a.bulk,
-            "move_to_mbps": to, "move_from_mbps": from, "raw_blast_mbps": blast,
-            "intact": intact,
-            "faults": crate::demo::describe(&lossy),
-            "lossy_move_to_mbps": mb(lt.bytes, lt.elapsed),
-            "lossy_move_from_mbps": mb(lf.bytes, lf.elapsed),
-            "lossy_intact": lt.intact && lf.intact,
-        }));
-        if !(intact && lt.intact && lf.intact) {
-            return Err("a bulk transfer delivered wrong bytes".into());
-        }
+        let v = match s {
+            1 => section_penalty(&mut c)?,
+            2 => section_kernel_ops(&mut c)?,
+            3 => section_pages(&mut c)?,
+            4 => section_sequential(&mut c)?,
+            5 => {
+                let v = section_loading(&mut c, &lossy)?;
+                if let Some(rows) = v["rows"].as_array() {
+                    load_series = rows
+                        .iter()
+                        .map(|r| {
+                            (
+                                r["unit_kib"].as_f64().unwrap_or(0.0),
+                                r["mbps"].as_f64().unwrap_or(0.0),
+                            )
+                        })
+                        .collect();
+                }
+                v
+            }
+            6 => section_load(&mut c)?,
+            _ => {
+                let (v, series) = section_peers(&mut c)?;
+                peer_series = series;
+                v
+            }
+        };
+        out.insert(format!("section{s}"), v);
     }
-    if let Some(path) = a.json {
-        let j = serde_json::json!({ "count": n, "rounds": rounds, "results": report });
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
+    let probe = c.kb.create_process().map_err(|e| e.to_string())?;
+    vkbench::stop_server(&probe, c.server, sh);
+    let doc = json!({
+        "placement": a.placement, "description": pl.describe(), "count": n, "quick": a.quick,
+        "seconds": started.elapsed().as_secs_f64(), "sections": out,
+    });
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    let jpath = a.out.join("bench.json");
+    std::fs::write(&jpath, &text).map_err(|e| format!("{}: {e}", jpath.display()))?;
+    if let Some(p) = &a.json {
+        std::fs::write(p, &text).map_err(|e| format!("{}: {e}", p.display()))?;
     }
+    let mut files = vec![jpath.display().to_string()];
+    if !peer_series.is_empty() {
+        let p = a.out.join("latency.svg");
+        chart::lines(
+            &p,
+            "Round trip vs message size (median)",
+            "bytes",
+            "µs",
+            &peer_series,
+            true,
+        )?;
+        files.push(p.display().to_string());
+    }
+    if !load_series.is_empty() {
+        let p = a.out.join("loading.svg");
+        chart::lines(
+            &p,
+            "Program loading, 64 KiB by MoveTo: throughput vs transfer unit",
+            "transfer unit (KiB)",
+            "MB/s",
+            &[("vkernel remote".to_string(), load_series)],
+            true,
+        )?;
+        files.push(p.display().to_string());
+    }
+    println!(
+        "\nwrote {} in {:.0} s",
+        files.join(", "),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let pts: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 3.0 * i as f64 + 2.0)).collect();
+        let (a, b) = linear_fit(&pts);
+        assert!((a - 3.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9);
+        assert_eq!(linear_fit(&[(1.0, 5.0)]), (0.0, 5.0));
+    }
 }

@@ -212,8 +212,3 @@ pub fn describe(f: &FaultConfig) -> String {
         v.join(", ")
     }
 }
-
-/// Re-exported for `main`.
-pub fn default_args() -> DemoArgs {
-    DemoArgs::default()
-}

@@ -2,9 +2,11 @@
 
 mod baseline;
 mod bench;
+mod chart;
 mod demo;
 mod echo;
 mod hostopts;
+mod paper;
 mod ping;
 mod stats;
 mod vkbench;
@@ -16,8 +18,9 @@ use clap::{Parser, Subcommand};
 /// Processes named by 32-bit pids exchange 32-byte messages by synchronous
 /// Send/Receive/Reply and move bulk data with MoveTo/MoveFrom, with the same
 /// calls on one logical host or across hosts (UDP). Run with no command for
-/// a demonstration: two logical hosts on this machine exchange messages and
-/// print what they measured.
+/// the measurement suite (`vkernel bench` with its defaults): the V papers'
+/// tables on this machine, the published figures beside today's, and the
+/// peers a user would pick instead measured in the same run.
 #[derive(Parser, Debug)]
 #[command(name = "vkernel", version, about, long_about)]
 struct Cli {
@@ -28,10 +31,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Two logical hosts on this machine exchange messages and move data,
-    /// next to raw UDP with the same placement (the default command).
+    /// next to raw UDP with the same placement (a one-screen demonstration).
     Demo(demo::DemoArgs),
-    /// vkernel against raw UDP, same threads, placement and waiting
-    /// (exchange latency, GetTime, 64 MiB MoveTo/MoveFrom, 5% loss).
+    /// The papers' measurement tables on this machine, published figures
+    /// beside today's, peers in the same run, JSON and SVG charts (the
+    /// default command).
     Bench(bench::BenchArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
@@ -53,7 +57,7 @@ fn main() {
         Some(Cmd::Ping(a)) => ping::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
-        None => demo::run(demo::default_args()),
+        None => bench::run(bench::BenchArgs::default()),
     };
     if let Err(e) = r {
         eprintln!("vkernel: {e}");

@@ -1,6 +1,29 @@
 //! Latency summaries.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The cost of the timing itself: median of back-to-back `Instant` reads,
+/// measured once. Per-operation samples subtract it ("loop overhead
+/// subtracted", as the papers' method asks).
+pub fn clock_overhead() -> Duration {
+    static O: OnceLock<Duration> = OnceLock::new();
+    *O.get_or_init(|| {
+        let mut v: Vec<Duration> = (0..2001)
+            .map(|_| {
+                let t = Instant::now();
+                t.elapsed()
+            })
+            .collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    })
+}
+
+/// One timed sample with the clock overhead taken off.
+pub fn sample(since: Instant) -> Duration {
+    since.elapsed().saturating_sub(clock_overhead())
+}
 
 /// min / median / p99 / max of a set of durations.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -2,7 +2,6 @@
 //! transfers, between threads of this process with a stated placement and
 //! waiting strategy, so that the raw baselines can run the same way.
 
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -98,6 +97,21 @@ const MOVE_TO: u32 = 0x40;
 const MOVE_FROM: u32 = 0x41;
 const PAGE_READ: u32 = 0x42;
 const PAGE_WRITE: u32 = 0x43;
+/// Thoth-style write: the server MoveFroms w1 bytes of the segment.
+const PULL_N: u32 = 0x44;
+/// The server MoveTos w1 bytes into the segment.
+const PUSH_N: u32 = 0x45;
+/// Program load: MoveTo the whole segment in transfer units of w1 bytes.
+const LOAD: u32 = 0x46;
+/// Reply with the server thread's CPU time (ns in w1..w2).
+const CPU: u32 = 0x47;
+/// Page read, then the server waits w2 µs ("disk latency") before its
+/// next Receive.
+const SEQ_READ: u32 = 0x48;
+/// Echo: the request's appended bytes come back with the reply.
+const ECHO_SEG: u32 = 0x49;
+/// Set the server's spin budget to w1 µs (0: always block).
+const SPIN: u32 = 0x4a;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
@@ -139,9 +153,57 @@ fn server(p: Process, pl: Placement) {
                 m.0[3] = ns as u32;
                 p.reply(&m, i.from)
             }
-            PAGE_READ => {
+            PAGE_READ | SEQ_READ => {
                 let n = (m.0[1] as usize).min(page.len());
+                let r = p.reply_with_segment(&m, i.from, 0, &page[..n]);
+                if m.code() == SEQ_READ {
+                    // Read-ahead of the next page: the disk is busy meanwhile.
+                    std::thread::sleep(Duration::from_micros(m.0[2] as u64));
+                }
+                r
+            }
+            PULL_N | PUSH_N | LOAD => {
+                let n = (m.0[1] as usize).min(m.seg_len() as usize);
+                if bulk.len() < n {
+                    bulk.resize(n, 0x5a);
+                }
+                let r = match m.code() {
+                    PULL_N => p.move_from(i.from, 0, &mut bulk[..n]).map(|_| ()),
+                    PUSH_N => p.move_to(i.from, 0, &bulk[..n]).map(|_| ()),
+                    _ => {
+                        let total = m.seg_len() as usize;
+                        if bulk.len() < total {
+                            bulk.resize(total, 0x5a);
+                        }
+                        let unit = n.max(1);
+                        let mut off = 0;
+                        let mut r = Ok(());
+                        while off < total && r.is_ok() {
+                            let k = unit.min(total - off);
+                            r = p
+                                .move_to(i.from, off as u32, &bulk[off..off + k])
+                                .map(|_| ());
+                            off += k;
+                        }
+                        r
+                    }
+                };
+                m.0[1] = u32::from(r.is_err());
+                p.reply(&m, i.from)
+            }
+            ECHO_SEG => {
+                let n = i.seg_bytes.min(page.len());
                 p.reply_with_segment(&m, i.from, 0, &page[..n])
+            }
+            SPIN => {
+                p.set_spin(Duration::from_micros(u64::from(m.0[1])));
+                p.reply(&m, i.from)
+            }
+            CPU => {
+                let ns = vkernel::sys::thread_cpu_time().as_nanos() as u64;
+                m.0[1] = (ns >> 32) as u32;
+                m.0[2] = ns as u32;
+                p.reply(&m, i.from)
             }
             _ => p.reply(&m, i.from),
         };
@@ -171,6 +233,153 @@ pub enum Op {
     PageRead(usize),
     /// Page write: Send with n bytes appended, Receive-with-segment, Reply.
     PageWrite(usize),
+    /// Thoth-style write: Send (segment not appended: write-only grant
+    /// plus read), Receive, MoveFrom n bytes, Reply.
+    ThothWrite(usize),
+    /// MoveFrom n bytes of the client's segment by the server.
+    MoveFrom(usize),
+    /// MoveTo n bytes into the client's segment by the server.
+    MoveTo(usize),
+    /// Program load of `total` bytes by MoveTo in units of `unit` bytes.
+    Load { total: usize, unit: usize },
+    /// Sequential page read of n bytes with a server delay of `delay_us`.
+    SeqRead { n: usize, delay_us: u32 },
+    /// A message of 32 + n bytes each way: n bytes appended to the request
+    /// and returned with the reply.
+    Echo(usize),
+}
+
+/// Server thread CPU time, asked by message.
+pub fn server_cpu(c: &Process, server: Pid) -> Result<Duration, String> {
+    let mut m = Message::with_code(CPU);
+    c.send(&mut m, server).map_err(|e| e.to_string())?;
+    Ok(Duration::from_nanos(
+        ((m.0[1] as u64) << 32) | m.0[2] as u64,
+    ))
+}
+
+/// Per-operation timings plus the CPU both sides spent on them.
+pub struct Timed {
+    /// Elapsed time of each operation.
+    pub samples: Vec<Duration>,
+    /// Client thread CPU per operation, measured with blocking waits.
+    pub client_cpu: Duration,
+    /// Server thread CPU per operation, measured with blocking waits.
+    pub server_cpu: Duration,
+}
+
+fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> {
+    let mut m = Message::with_code(SPIN);
+    m.0[1] = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    c.send(&mut m, server).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Like [`exchanges`], also measuring both sides' CPU per operation (the
+/// modern form of the papers' busywork counter).
+///
+/// Elapsed times use the placement's waiting. CPU is measured in a second,
+/// shorter pass in which both sides block while they wait: under busy-polling
+/// every thread burns its whole wall time, which would say nothing about
+/// the work an operation costs.
+pub fn timed(
+    client_kernel: &Kernel,
+    server_pid: Pid,
+    op: Op,
+    iters: usize,
+    warmup: usize,
+    pl: Placement,
+) -> Result<Timed, String> {
+    let c = client_kernel.create_process().map_err(|e| e.to_string())?;
+    let (r, c) = pl.run_as(0, move || {
+        let r = run_ops(&c, server_pid, op, iters, warmup);
+        (r, c)
+    });
+    let (samples, _) = r?;
+    // CPU pass: blocking waits on both sides, then the placement's spin back.
+    let cpu_iters = (iters / 4).max(2);
+    c.set_spin(Duration::ZERO);
+    set_server_spin(&c, server_pid, Duration::ZERO)?;
+    let s0 = server_cpu(&c, server_pid)?;
+    let (r, c) = pl.run_as(0, move || {
+        c.set_spin(Duration::ZERO);
+        let r = run_ops(&c, server_pid, op, cpu_iters, 0);
+        (r, c)
+    });
+    let s1 = server_cpu(&c, server_pid)?;
+    set_server_spin(&c, server_pid, pl.spin_budget())?;
+    let (_, client) = r?;
+    let total = cpu_iters as u32;
+    Ok(Timed {
+        samples,
+        client_cpu: client / total,
+        server_cpu: s1.saturating_sub(s0) / total,
+    })
+}
+
+fn run_ops(
+    c: &Process,
+    server_pid: Pid,
+    op: Op,
+    iters: usize,
+    warmup: usize,
+) -> Result<(Vec<Duration>, Duration), String> {
+    let size = match op {
+        Op::Load { total, .. } => total,
+        _ => 65_000,
+    };
+    let mut buf = vec![0x5au8; size];
+    let mut out = Vec::with_capacity(iters);
+    let cpu0 = vkernel::sys::thread_cpu_time();
+    for k in 0..warmup + iters {
+        let mut m = Message::with_code(1);
+        let t = Instant::now();
+        let r = match op {
+            Op::Null => c.send(&mut m, server_pid),
+            Op::PageWrite(n) => {
+                m.set_code(PAGE_WRITE);
+                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
+            }
+            Op::PageRead(n) => {
+                m.set_code(PAGE_READ);
+                m.0[1] = n as u32;
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
+            }
+            Op::SeqRead { n, delay_us } => {
+                m.set_code(SEQ_READ);
+                m.0[1] = n as u32;
+                m.0[2] = delay_us;
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
+            }
+            Op::ThothWrite(n) | Op::MoveFrom(n) => {
+                // The page is not appended: the server fetches it with MoveFrom.
+                m.set_code(PULL_N);
+                m.set_flag(vkernel_proto::message::NO_APPEND, true);
+                m.0[1] = n as u32;
+                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
+            }
+            Op::Echo(n) => {
+                m.set_code(ECHO_SEG);
+                c.send_with_segment(&mut m, server_pid, Segment::ReadWrite(&mut buf[..n]))
+            }
+            Op::MoveTo(n) => {
+                m.set_code(PUSH_N);
+                m.0[1] = n as u32;
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
+            }
+            Op::Load { total, unit } => {
+                m.set_code(LOAD);
+                m.0[1] = unit as u32;
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..total]))
+            }
+        };
+        let dt = crate::stats::sample(t);
+        r.map_err(|e| format!("operation {k}: {e}"))?;
+        if k >= warmup {
+            out.push(dt);
+        }
+    }
+    Ok((out, vkernel::sys::thread_cpu_time().saturating_sub(cpu0)))
 }
 
 /// Times `iters` exchanges of `op` from a client thread (after `warmup`).
@@ -183,40 +392,8 @@ pub fn exchanges(
     pl: Placement,
 ) -> Result<Vec<Duration>, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
-    let (tx, rx) = mpsc::channel();
-    thread::scope(|s| {
-        s.spawn(move || {
-            pl.pin(0);
-            let mut buf = vec![0x5au8; 65_000];
-            let mut out = Vec::with_capacity(iters);
-            for k in 0..warmup + iters {
-                let mut m = Message::with_code(1);
-                let t = Instant::now();
-                let r = match op {
-                    Op::Null => c.send(&mut m, server_pid),
-                    Op::PageWrite(n) => {
-                        m.set_code(PAGE_WRITE);
-                        c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
-                    }
-                    Op::PageRead(n) => {
-                        m.set_code(PAGE_READ);
-                        m.0[1] = n as u32;
-                        c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-                    }
-                };
-                let dt = t.elapsed();
-                if let Err(e) = r {
-                    let _ = tx.send(Err(format!("exchange {k}: {e}")));
-                    return;
-                }
-                if k >= warmup {
-                    out.push(dt);
-                }
-            }
-            let _ = tx.send(Ok(out));
-        });
-    });
-    rx.recv().map_err(|e| e.to_string())?
+    pl.run_as(0, move || run_ops(&c, server_pid, op, iters, warmup))
+        .map(|(s, _)| s)
 }
 
 /// Times the GetTime null kernel operation (per call).

@@ -232,31 +232,54 @@ fn demo_and_bench_run_and_report() {
     assert!(out.contains("remote Send-Receive-Reply"), "{out}");
     assert!(out.contains("datagrams per remote exchange: 2.0"), "{out}");
     assert_eq!(out.matches("(intact)").count(), 4, "{out}");
-    let json = std::env::temp_dir().join(format!("vkbench-{}.json", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("vkbench-{}", std::process::id()));
     let o = Command::new(BIN)
-        .args([
-            "bench",
-            "-n",
-            "300",
-            "--rounds",
-            "1",
-            "--bulk",
-            "1048576",
-            "--placements",
-            "block",
-        ])
-        .arg("--json")
-        .arg(&json)
+        .args(["bench", "--quick", "--placement", "block", "--out"])
+        .arg(&dir)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Every section prints its table with the papers' figures beside today's.
+    for title in [
+        "1. Network penalty",
+        "2. Kernel operations",
+        "3. Page-level file access",
+        "4. Sequential access",
+        "5. Program loading",
+        "6. Load",
+        "7. Peers",
+    ] {
+        assert!(out.contains(title), "missing {title}:\n{out}");
+    }
+    assert!(out.contains("1983 8MHz/3Mb"), "{out}");
     let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    let r = &j["results"][0];
-    assert_eq!(r["placement"], "block");
-    assert!(r["remote_null"]["median_us"].as_f64().unwrap() > 0.0);
-    assert!(r["raw_udp_rtt_median_us"].as_f64().unwrap() > 0.0);
-    assert_eq!(r["intact"], true);
-    assert_eq!(r["lossy_intact"], true);
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
+    for chart in ["latency.svg", "loading.svg"] {
+        let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("</svg>"), "{chart}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(j["placement"], "block");
+    let s = &j["sections"];
+    let pos = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
+    assert!(pos(&s["section1"]["fit_us"]), "{s}");
+    let srr = &s["section2"]["rows"][1];
+    assert_eq!(srr["op"], "Send-Receive-Reply");
+    assert!(pos(&srr["remote"]["median_us"]) && pos(&srr["remote"]["p99_us"]));
+    assert!(srr["remote"]["n"].as_u64().unwrap() >= 500);
+    assert!(pos(&srr["client_cpu_us"]) && pos(&srr["server_cpu_us"]));
+    assert_eq!(s["section3"]["rows"].as_array().unwrap().len(), 6);
+    assert_eq!(s["section4"]["rows"].as_array().unwrap().len(), 5);
+    assert_eq!(s["section5"]["faulty"]["intact"], true);
+    assert!(pos(&s["section5"]["images"][0]["raw_blast_mbps"]));
+    assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
+    let peers = &s["section7"]["rows"][0];
+    for k in ["vkernel_local", "vkernel_remote", "udp", "tcp"] {
+        assert!(pos(&peers[k]["median_us"]), "{k}: {peers}");
+    }
 }

@@ -18,6 +18,9 @@ pub const IDEMPOTENT: u32 = 1 << 28;
 pub const GROUP_MODE_MASK: u32 = 0b11 << 26;
 /// Shift of the group reply mode bits.
 pub const GROUP_MODE_SHIFT: u32 = 26;
+/// Flag (word 0): do not append the first part of a read-granted segment
+/// to the request; the receiver will fetch it with MoveFrom (Thoth style).
+pub const NO_APPEND: u32 = 1 << 25;
 /// All kernel-owned flag bits of word 0 (the top byte).
 pub const FLAG_MASK: u32 = 0xff00_0000;
 /// The user request code part of word 0.

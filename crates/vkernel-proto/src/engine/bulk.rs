@@ -52,6 +52,9 @@ pub(crate) struct MoveOp {
     timer: Micros,
     deadline: Micros,
     addr: SocketAddr,
+    /// The process the owner's kernel believes its sender awaits: the
+    /// mover, or the process that forwarded the exchange to it locally.
+    on_behalf: Pid,
     /// MoveFrom: one past the highest chunk index received so far.
     max_seen: usize,
     /// RTT probe: (chunk index whose answer is timed, time sent). Only
@@ -135,7 +138,15 @@ impl Engine {
         if n == 0 {
             return Ok(Some(0));
         }
-        let (xseq, addr) = (a.seq, a.addr);
+        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
+        // The first part of the segment that came with the request answers
+        // later MoveFroms without the network: keep it equal to the segment.
+        let head = &mut self.slots[i].data;
+        let off = dest_off as usize;
+        if off < head.len() {
+            let k = (head.len() - off).min(n);
+            head[off..off + k].copy_from_slice(&src.bytes()[..k]);
+        }
         let chunk = self.cfg.chunk_bytes();
         let nc = nchunks(n, chunk);
         let op = MoveOp {
@@ -155,6 +166,7 @@ impl Engine {
             timer: 0,
             deadline: now + self.cfg.host_timeout,
             addr,
+            on_behalf,
             max_seen: 0,
             probe: None,
         };
@@ -206,6 +218,9 @@ impl Engine {
         if off as u64 + n as u64 > a.seg_total as u64 {
             return Err(IpcError::OutOfBounds(source));
         }
+        if n == 0 {
+            return Ok(Some(0));
+        }
         // Already here with the request (receive-with-segment data)?
         if off + n <= self.slots[i].data.len() {
             dest.bytes_mut()
@@ -213,7 +228,7 @@ impl Engine {
             self.stats.bulk_bytes += n as u64;
             return Ok(Some(n));
         }
-        let (xseq, addr) = (a.seq, a.addr);
+        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         let chunk = self.cfg.chunk_bytes();
         let nc = nchunks(n, chunk);
         let first = nc.min(self.window_chunks(chunk));
@@ -234,6 +249,7 @@ impl Engine {
             timer: 0,
             deadline: now + self.cfg.host_timeout,
             addr,
+            on_behalf,
             max_seen: 0,
             probe: None,
         };
@@ -293,7 +309,7 @@ impl Engine {
         h.seq = op.xseq;
         h.src = mover;
         h.dst = op.peer;
-        h.forwarder = mover;
+        h.forwarder = op.on_behalf;
         h.flags = if ack_now { F_ACK_NOW } else { 0 } | if retx { F_RETRANSMIT } else { 0 };
         h.total_length = op.total as u32;
         h.local_addr = start as u32;
@@ -324,7 +340,7 @@ impl Engine {
         h.seq = op.xseq;
         h.src = mover;
         h.dst = op.peer;
-        h.forwarder = mover;
+        h.forwarder = op.on_behalf;
         h.flags = if retx { F_RETRANSMIT } else { 0 };
         h.total_length = op.total as u32;
         let msg = Message([
@@ -397,7 +413,11 @@ impl Engine {
         let Some(o) = self.outgoing_mut(h.dst) else {
             return Status::NotAwaitingReply;
         };
-        if o.dst != h.src || o.seq != h.seq || o.remote.is_none() {
+        // The mover is the process we await, or one on its host to which
+        // that process forwarded the exchange without telling us (the
+        // mover's kernel then names it in `forwarder`).
+        let awaited = o.dst == h.src || (o.dst == h.forwarder && o.dst.host() == h.src.host());
+        if !awaited || o.seq != h.seq || o.remote.is_none() {
             return Status::NotAwaitingReply;
         }
         if let Some(r) = o.remote.as_mut() {

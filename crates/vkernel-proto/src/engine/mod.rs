@@ -162,6 +162,9 @@ struct Alien {
     src: Pid,
     seq: u32,
     receiver: Pid,
+    /// The receiver the sender's kernel addressed (and still believes it
+    /// awaits after local forwards, which it is not told about).
+    addressed: Pid,
     forwarder: Pid,
     msg: Message,
     access: SegAccess,
@@ -658,7 +661,8 @@ impl Engine {
         h.forwarder = o.forwarder;
         h.flags = if retransmission { F_RETRANSMIT } else { 0 };
         let msg = o.msg;
-        let (data, total): (&[u8], u32) = match (&o.seg, o.access.read) {
+        let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
+        let (data, total): (&[u8], u32) = match (&o.seg, append) {
             (Some(s), true) => {
                 let b = s.bytes();
                 (&b[..b.len().min(MAX_APPEND)], b.len() as u32)
@@ -802,7 +806,8 @@ impl Engine {
                 };
                 o.received = true;
                 let mut n = 0;
-                if let (Some(b), Some(seg), true) = (buf.as_mut(), o.seg.as_ref(), o.access.read) {
+                let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
+                if let (Some(b), Some(seg), true) = (buf.as_mut(), o.seg.as_ref(), append) {
                     n = b.len().min(seg.len());
                     b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
                 }
@@ -1192,6 +1197,16 @@ impl Engine {
             self.emit(Dest::Addr(from), &n, &Message::zero(), &[]);
             return;
         }
+        // The newest seq again, with neither an alien nor a saved answer:
+        // the request ran and its answer is gone (evicted from the bounded
+        // table, or expired). Only an idempotent request may run again; a
+        // non-idempotent one is dropped and its sender times out.
+        if matches!(self.last_seq.get(&h.src), Some(&(last, _)) if last == h.seq)
+            && !pkt.msg.idempotent()
+        {
+            self.stats.drop(DropReason::Stale);
+            return;
+        }
         // A new message from this sender acknowledges its previous exchange.
         self.saved.remove(&h.src);
         if let Some(&old) = self.alien_by_src.get(&h.src) {
@@ -1222,6 +1237,7 @@ impl Engine {
             src: h.src,
             seq: h.seq,
             receiver: h.dst,
+            addressed: h.dst,
             forwarder: h.forwarder,
             msg,
             access,

@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use super::idmap::{new_map, IdMap};
 use super::{Completion, Dest, Engine, Event, HostState, PState};
@@ -228,7 +229,15 @@ impl Engine {
             ) => {
                 let (candidate, nonce) = (*candidate, *nonce);
                 if h.seq == nonce {
+                    // Our own echo (broadcast), or a twin that drew the same
+                    // candidate and nonce from the same seed: the two look
+                    // alike. Draw a new nonce mixing in the sender's address,
+                    // which differs between twins, so the next round's nonce
+                    // comparison separates them; for an echo it is harmless.
                     self.stats.drop(DropReason::OwnEcho);
+                    if asked == candidate {
+                        self.renonce(from);
+                    }
                 } else if asked == candidate {
                     // Both want it: the lower nonce keeps trying, the higher re-picks.
                     if nonce < h.seq {
@@ -238,12 +247,12 @@ impl Engine {
                     }
                 }
             }
-            (
-                PacketType::LogicalHostComplaint,
-                HostState::Allocating {
-                    candidate, nonce, ..
-                },
-            ) if asked == *candidate && h.seq == *nonce => {
+            // Any complaint about our candidate counts, whichever of our
+            // nonces it names: the nonce may have been redrawn (see above)
+            // since the announcement it answers.
+            (PacketType::LogicalHostComplaint, HostState::Allocating { candidate, .. })
+                if asked == *candidate =>
+            {
                 self.repick(now);
             }
             (PacketType::LogicalHostComplaint, HostState::Ready { id, nonce })
@@ -260,6 +269,24 @@ impl Engine {
         h.seq = their_nonce;
         h.dst = Pid::new(id, 0);
         self.emit(Dest::Addr(to), &h, &Message::zero(), &[]);
+    }
+
+    /// Redraws the allocation nonce (keeping the candidate) from the
+    /// generator reseeded with `from` mixed in.
+    fn renonce(&mut self, from: SocketAddr) {
+        let mut x = self.rng.gen::<u64>();
+        let ip = match from.ip() {
+            std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(a) => a.octets(),
+        };
+        for b in ip.into_iter().chain(from.port().to_be_bytes()) {
+            x = (x ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.rng = SmallRng::seed_from_u64(x);
+        let fresh = self.rng.gen::<u32>() | 1;
+        if let HostState::Allocating { nonce, .. } = &mut self.host {
+            *nonce = fresh;
+        }
     }
 
     fn repick(&mut self, now: Micros) {
