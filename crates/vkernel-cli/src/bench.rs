@@ -96,21 +96,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Least-squares line through points: (slope, intercept).
-pub fn linear_fit(pts: &[(f64, f64)]) -> (f64, f64) {
-    let n = pts.len() as f64;
-    if n < 2.0 {
-        return (0.0, pts.first().map_or(0.0, |p| p.1));
-    }
-    let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
-    let (mx, my) = (sx / n, sy / n);
-    let (num, den) = pts.iter().fold((0.0, 0.0), |a, p| {
-        (a.0 + (p.0 - mx) * (p.1 - my), a.1 + (p.0 - mx) * (p.0 - mx))
-    });
-    let a = if den == 0.0 { 0.0 } else { num / den };
-    (a, my - a * mx)
-}
-
 struct Ctx {
     pl: Placement,
     n: usize,
@@ -146,7 +131,8 @@ fn penalty_fit(c: &Ctx, sizes: &[usize]) -> Result<((f64, f64), Vec<Value>), Str
         pts.push((s as f64, r.median_us / 2.0));
         rows.push(json!({"bytes": s, "rtt": r, "one_way_median_us": r.median_us / 2.0}));
     }
-    Ok((linear_fit(&pts), rows))
+    let fit = vkernel_bench::linear_fit(&pts).ok_or("penalty fit needs two sizes")?;
+    Ok((fit, rows))
 }
 
 fn section_penalty(c: &mut Ctx) -> Result<Value, String> {
@@ -187,7 +173,7 @@ fn section_penalty(c: &mut Ctx) -> Result<Value, String> {
 
 fn table_header() {
     println!(
-        "  {:<26} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "  {:<26} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7}",
         "µs (ms for papers)",
         "local",
         "remote",
@@ -196,6 +182,7 @@ fn table_header() {
         "client",
         "server",
         "rem p99",
+        "r/l",
         "(r-l)/P"
     );
 }
@@ -228,11 +215,12 @@ fn op_row(
     );
     let pen = c.penalty(penalty_bytes)?;
     println!(
-        "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.2}",
+        "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6.1} {:>7.2}",
         rm - lm,
         ccpu,
         scpu,
         rs.p99_us,
+        rm / lm.max(1e-9),
         (rm - lm) / pen.max(1e-9)
     );
     for (who, p) in papers {
@@ -240,14 +228,23 @@ fn op_row(
             (Some(a), Some(b)) => Some(b - a),
             _ => None,
         };
+        let ratio = match (p.local, p.remote) {
+            (Some(a), Some(b)) if a > 0.0 => format!("{:.1}", b / a),
+            _ => "-".into(),
+        };
+        let per_pen = match (diff, p.penalty) {
+            (Some(d), Some(pp)) if pp > 0.0 => format!("{:.2}", d / pp),
+            _ => "-".into(),
+        };
         println!(
-            "    {who:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "    {who:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {ratio:>6} {per_pen:>7}",
             fmt(p.local),
             fmt(p.remote),
             fmt(diff),
             fmt(p.penalty),
             fmt(p.client),
-            fmt(p.server)
+            fmt(p.server),
+            ""
         );
     }
     Ok(json!({
@@ -510,13 +507,22 @@ fn section_load(c: &mut Ctx) -> Result<Value, String> {
         "  {:<26} {:>12} {:>18}",
         "configuration", "exchanges/s", "server CPU µs/exch"
     );
-    for &(k, shared) in &[
-        (1usize, false),
-        (2, false),
-        (4, false),
-        (2, true),
-        (4, true),
-    ] {
+    // Up to 8 (full run): past the point where two CPUs saturate.
+    let configs: &[(usize, bool)] = if c.quick {
+        &[(1, false), (2, false), (4, false), (2, true), (4, true)]
+    } else {
+        &[
+            (1, false),
+            (2, false),
+            (4, false),
+            (8, false),
+            (1, true),
+            (2, true),
+            (4, true),
+            (8, true),
+        ]
+    };
+    for &(k, shared) in configs {
         let servers: Vec<(Pid, std::thread::JoinHandle<()>)> = (0..if shared { 1 } else { k })
             .map(|_| vkbench::start_server(&ka, block))
             .collect::<Result<_, _>>()?;
@@ -735,17 +741,4 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fit_recovers_a_line() {
-        let pts: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 3.0 * i as f64 + 2.0)).collect();
-        let (a, b) = linear_fit(&pts);
-        assert!((a - 3.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9);
-        assert_eq!(linear_fit(&[(1.0, 5.0)]), (0.0, 5.0));
-    }
 }
