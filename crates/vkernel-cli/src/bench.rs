@@ -446,23 +446,31 @@ fn section_loading(c: &mut Ctx, lossy: &FaultConfig) -> Result<Value, String> {
     };
     let mut images = Vec::new();
     for &total in big {
-        let op = Op::Load {
-            total,
-            unit: 64 << 10,
-        };
-        let r = c.timed(false, op, if c.quick { 2 } else { 5 })?;
-        let mut s = r.samples.clone();
-        let s = Summary::of(&mut s);
-        let mbps = total as f64 / s.median_us.max(1e-9);
-        let blast = baseline::udp_blast(total, vkernel_proto::wire::MAX_DATAGRAM, c.pl)?;
-        println!(
-            "  image {:>5} MiB by 64 KiB MoveTo: {:8.1} MB/s, raw UDP blast {:8.1} MB/s ({:.2}×)",
-            total >> 20,
-            mbps,
-            blast,
-            mbps / blast.max(1e-9)
-        );
-        images.push(json!({"bytes": total, "mbps": mbps, "raw_blast_mbps": blast}));
+        let blast = baseline::udp_blast(total, vkernel_proto::wire::MAX_DATAGRAM, c.pl, 3)?;
+        for unit in [64 << 10, total] {
+            let op = Op::Load { total, unit };
+            let r = c.timed(false, op, if c.quick { 2 } else { 5 })?;
+            let mut s = r.samples.clone();
+            let s = Summary::of(&mut s);
+            let mbps = total as f64 / s.median_us.max(1e-9);
+            let how = if unit == total {
+                "one MoveTo".to_string()
+            } else {
+                format!("{} KiB MoveTo", unit >> 10)
+            };
+            println!(
+                "  image {:>3} MiB by {how:<12} {:8.1} MB/s; raw UDP blast {:8.1} MB/s (loss {:.1}%): {:.2}×",
+                total >> 20,
+                mbps,
+                blast.mbps,
+                blast.loss * 100.0,
+                mbps / blast.mbps.max(1e-9)
+            );
+            images.push(json!({
+                "bytes": total, "unit": unit, "mbps": mbps, "n": s.n,
+                "raw_blast_mbps": blast.mbps, "raw_blast_loss": blast.loss,
+            }));
+        }
     }
     // The same 64 MiB-class transfer on a bad network.
     let (la, lb) = vkbench::host_pair(c.pl, lossy.clone())?;

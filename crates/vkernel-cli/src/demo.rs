@@ -62,7 +62,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     // Baselines first, while no vkernel thread exists to compete for CPUs.
     let raw = baseline::udp_rtt(32, n, warm, pl)?;
     let raw4k = baseline::udp_rtt(4096 + 76, n / 2, warm, pl)?;
-    let blast = baseline::udp_blast(a.bulk, vkernel_proto::wire::MAX_DATAGRAM, pl)?;
+    let blast = baseline::udp_blast(a.bulk, vkernel_proto::wire::MAX_DATAGRAM, pl, 3)?.mbps;
     let t = Instant::now();
     let (ka, kb) = vkbench::host_pair(pl, FaultConfig::default())?;
     println!(
