@@ -44,6 +44,44 @@ pub struct Config {
     pub location_cache: usize,
     /// Seed for host id choice and sequence numbers.
     pub seed: u64,
+    /// Who may take part in this host's process groups.
+    pub group_policy: GroupPolicy,
+    /// Send group messages to an IP multicast group on this UDP port
+    /// (group id → 239.192.x.y, see [`multicast_addr`]); `None`: unicast
+    /// fan-out to every known host (loopback, routed peer lists).
+    pub multicast_port: Option<u16>,
+    /// Group deliveries (copies of group messages for local members) held
+    /// at once; past it a member misses the message (counted).
+    pub group_copies: usize,
+}
+
+/// Membership control for process groups. Without it anyone could join a
+/// group and send bogus replies (the hole the thesis names).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupPolicy {
+    /// If set, group messages and replies to group sends are accepted only
+    /// from these logical hosts, and so are remote JoinGroup requests.
+    /// (Host ids are only as trustworthy as the packets: with a cluster key
+    /// configured they are authenticated.)
+    pub trusted_hosts: Option<Vec<HostId>>,
+    /// Refuse every JoinGroup requested by a process on another host.
+    pub refuse_remote_joins: bool,
+}
+
+impl GroupPolicy {
+    /// True if group traffic from `host` is accepted.
+    pub fn trusts(&self, host: HostId) -> bool {
+        self.trusted_hosts
+            .as_ref()
+            .is_none_or(|t| t.contains(&host))
+    }
+}
+
+/// The IP multicast address a group id maps to: 239.192.0.0/16 indexed by
+/// the low 16 bits of the id (the thesis's static table of addresses).
+pub fn multicast_addr(group: crate::pid::Pid, port: u16) -> SocketAddr {
+    let g = group.0 as u16;
+    SocketAddr::from(([239, 192, (g >> 8) as u8, g as u8], port))
 }
 
 impl Default for Config {
@@ -64,6 +102,9 @@ impl Default for Config {
             alloc_timeout: 500_000,
             location_cache: 1024,
             seed: 0x5eed,
+            group_policy: GroupPolicy::default(),
+            multicast_port: None,
+            group_copies: 1024,
         }
     }
 }

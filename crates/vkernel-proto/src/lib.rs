@@ -20,10 +20,10 @@ pub mod segment;
 pub mod stats;
 pub mod wire;
 
-pub use config::{Config, Micros, MAX_APPEND};
+pub use config::{multicast_addr, Config, GroupPolicy, Micros, MAX_APPEND};
 pub use engine::{Completion, Engine, Event, Received, ReplyInfo, Scope, Transmit};
 pub use error::IpcError;
-pub use message::{Message, SegAccess};
+pub use message::{GroupMode, Message, SegAccess};
 pub use pid::{HostId, Pid};
 pub use segment::{Seg, SegMem, SharedBuf};
 pub use stats::{DropReason, Stats};

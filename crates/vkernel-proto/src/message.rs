@@ -72,6 +72,22 @@ impl Message {
         }
     }
 
+    /// The group reply mode (bits 26–27 of word 0); `None` for the
+    /// reserved value 3.
+    pub fn group_mode(&self) -> Option<GroupMode> {
+        match (self.0[0] & GROUP_MODE_MASK) >> GROUP_MODE_SHIFT {
+            0 => Some(GroupMode::One),
+            1 => Some(GroupMode::NoReply),
+            2 => Some(GroupMode::Many),
+            _ => None,
+        }
+    }
+
+    /// Sets the group reply mode bits.
+    pub fn set_group_mode(&mut self, m: GroupMode) {
+        self.0[0] = (self.0[0] & !GROUP_MODE_MASK) | ((m as u32) << GROUP_MODE_SHIFT);
+    }
+
     /// True if the request is marked idempotent.
     pub fn idempotent(&self) -> bool {
         self.has(IDEMPOTENT)
@@ -139,6 +155,22 @@ impl std::fmt::Debug for Message {
     }
 }
 
+/// How many replies a Send to a process group waits for (thesis ch. 6).
+/// Encoded in the two group-mode bits of word 0; a plain message is
+/// [`GroupMode::One`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupMode {
+    /// 1-reply: block until the first reply (retransmitting as usual);
+    /// later replies are discarded.
+    One = 0,
+    /// 0-reply: an unreliable notification; the sender does not block and
+    /// members' replies cause no traffic.
+    NoReply = 1,
+    /// Multi-reply: the first reply unblocks the sender; later ones queue
+    /// for `GetReply` until its next Send.
+    Many = 2,
+}
+
 /// Rights a sender grants on its segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SegAccess {
@@ -179,6 +211,19 @@ impl SegAccess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_mode_bits() {
+        let mut m = Message::with_code(5);
+        assert_eq!(m.group_mode(), Some(GroupMode::One));
+        for g in [GroupMode::NoReply, GroupMode::Many, GroupMode::One] {
+            m.set_group_mode(g);
+            assert_eq!(m.group_mode(), Some(g));
+            assert_eq!(m.code(), 5);
+        }
+        m.0[0] |= GROUP_MODE_MASK;
+        assert_eq!(m.group_mode(), None);
+    }
 
     #[test]
     fn bytes_roundtrip() {

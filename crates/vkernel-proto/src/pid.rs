@@ -1,7 +1,8 @@
 //! Process identifiers: 32-bit global pids, `logical host (16) ++ local id (16)`.
 //!
 //! The most significant bit is 0 for processes; pids with it set name process
-//! groups (reserved for the groups work, see `ARCHITECTURE.md`).
+//! groups. Group ids `0x8000_0000..=0x8000_ffff` are the well-known range
+//! (like well-known ports); `AllocateGroupId` draws the others at random.
 
 use std::fmt;
 
@@ -53,6 +54,16 @@ impl Pid {
     /// True for group ids (MSB set).
     pub fn is_group(self) -> bool {
         self.0 & Self::GROUP_BIT != 0
+    }
+
+    /// The well-known group number `n` (`0x8000_0000 | n`).
+    pub fn well_known_group(n: u16) -> Pid {
+        Pid(Self::GROUP_BIT | n as u32)
+    }
+
+    /// True for a group id in the well-known range.
+    pub fn is_well_known_group(self) -> bool {
+        self.0 >> 16 == 0x8000
     }
 
     /// True for the null pid.

@@ -22,6 +22,11 @@ pub enum DropReason {
     OwnEcho,
     /// Host id not allocated yet.
     NotReady,
+    /// From a host the group policy does not trust.
+    Untrusted,
+    /// A reply to a group Send that came too late (sender moved on, or
+    /// 1-reply mode already satisfied).
+    LateReply,
 }
 
 /// Per-host protocol counters.
@@ -38,7 +43,7 @@ pub struct Stats {
     /// Decode failures: truncated, magic, version, type, length, oversized.
     pub decode_errors: [u64; 6],
     /// Drops after decoding, by [`DropReason`] (index order of the enum).
-    pub drops: [u64; 8],
+    pub drops: [u64; 10],
     /// RemoteSend retransmissions.
     pub retransmits: u64,
     /// Bulk-data chunks retransmitted.
@@ -59,6 +64,14 @@ pub struct Stats {
     pub aliens_in_use: u64,
     /// Bytes moved by MoveTo/MoveFrom.
     pub bulk_bytes: u64,
+    /// Group Sends started by local processes.
+    pub group_sends: u64,
+    /// Group messages handed to local members (one per member).
+    pub group_deliveries: u64,
+    /// Members that missed a group message because every copy was in use.
+    pub group_copies_exhausted: u64,
+    /// Replies to group Sends received (first and later).
+    pub group_replies: u64,
 }
 
 impl Stats {

@@ -452,6 +452,8 @@ impl World {
                 Event::HostIdConflict(id) => {
                     self.fail(format!("host {h}: unexpected conflict on host id {id}"))
                 }
+                // No multicast in the simulated network (no groups either).
+                Event::JoinMulticast(_) | Event::LeaveMulticast(_) => {}
             }
         }
         for t in out {

@@ -23,7 +23,7 @@ use vkernel_proto::{Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats}
 
 use crate::net::{FaultConfig, Net};
 use crate::process::{Process, Waiter};
-use crate::sys::{poll2, EventFd};
+use crate::sys::{poll2, poll3, EventFd};
 
 /// How a logical host is set up.
 #[derive(Clone, Debug)]
@@ -52,6 +52,12 @@ pub struct KernelConfig {
     pub alien_pool: usize,
     /// Seed for host-id choice and sequence numbers (`None` = from the clock).
     pub seed: Option<u64>,
+    /// Process groups over IP multicast on this UDP port (IPv4; every host
+    /// of the cluster must use the same). `None`: unicast fan-out to the
+    /// known hosts (loopback, static peer lists).
+    pub multicast_port: Option<u16>,
+    /// Who may take part in this host's process groups.
+    pub group_policy: vkernel_proto::GroupPolicy,
 }
 
 impl Default for KernelConfig {
@@ -68,6 +74,8 @@ impl Default for KernelConfig {
             socket_buffer: 8 << 20,
             alien_pool: 256,
             seed: None,
+            multicast_port: None,
+            group_policy: vkernel_proto::GroupPolicy::default(),
         }
     }
 }
@@ -162,6 +170,8 @@ impl Shared {
                     }
                     Event::HostIdConflict(h) => st.conflict = Some(h),
                     Event::HostReady(_) => {}
+                    Event::JoinMulticast(a) => self.net.join_multicast(a),
+                    Event::LeaveMulticast(a) => self.net.leave_multicast(a),
                 }
             }
             self.next_timer
@@ -232,15 +242,23 @@ impl Shared {
                 cap = cap.min(Duration::from_millis(1));
             }
             let timeout = self.time_to_timer(cap);
-            let (_, ev) = if idle_readers {
-                poll2(self.bg_efd.fd(), Some(self.net.fd()), timeout)
+            // Group messages by multicast arrive on their own socket, which
+            // only this thread watches.
+            let mfd = self.net.mcast_fd();
+            let r = if idle_readers {
+                poll3(self.bg_efd.fd(), Some(self.net.fd()), mfd, timeout)
             } else {
-                poll2(self.bg_efd.fd(), None, timeout)
+                poll3(self.bg_efd.fd(), mfd, None, timeout)
             };
-            if ev || !idle_readers {
+            if r[0] || !idle_readers {
                 self.bg_efd.drain();
             }
-            if self.readers.load(Ordering::Acquire) == 0 {
+            let mcast_ready = if idle_readers {
+                r[2]
+            } else {
+                r[1] && mfd.is_some()
+            };
+            if self.readers.load(Ordering::Acquire) == 0 || mcast_ready {
                 self.poll_socket(256);
             }
             self.run_timers_if_due();
@@ -272,7 +290,10 @@ fn default_datagram(ip: IpAddr) -> usize {
 impl Kernel {
     /// Starts a logical host with the given configuration.
     pub fn start(cfg: KernelConfig) -> Result<Kernel, KernelError> {
-        let net = Net::bind(cfg.bind, cfg.faults.clone(), cfg.socket_buffer)?;
+        let mut net = Net::bind(cfg.bind, cfg.faults.clone(), cfg.socket_buffer)?;
+        if let Some(port) = cfg.multicast_port {
+            net.bind_multicast(port)?;
+        }
         let me = net.local_addr()?;
         let seed = cfg.seed.unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
@@ -306,6 +327,8 @@ impl Kernel {
             host_timeout,
             alien_timeout: host_timeout * 2 + 2_000_000,
             seed,
+            multicast_port: cfg.multicast_port,
+            group_policy: cfg.group_policy.clone(),
             ..Config::default()
         };
         let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);

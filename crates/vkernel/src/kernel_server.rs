@@ -18,6 +18,11 @@ pub const PROCESS_EXISTS: u32 = 0x4b_0002;
 pub const DESTROY_PROCESS: u32 = 0x4b_0003;
 /// Host info: reply w1 = number of processes.
 pub const HOST_INFO: u32 = 0x4b_0004;
+/// JoinGroup for a process of this host: w1 = group, w2 = pid. The
+/// requester is the sender; the host's group policy decides.
+pub const JOIN_GROUP: u32 = 0x4b_0005;
+/// LeaveGroup for a process of this host: w1 = group, w2 = pid.
+pub const LEAVE_GROUP: u32 = 0x4b_0006;
 
 /// Reply code: success.
 pub const OK: u32 = 0;
@@ -25,6 +30,29 @@ pub const OK: u32 = 0;
 pub const ERR_NO_PROCESS: u32 = 1;
 /// Reply code: unknown request.
 pub const ERR_UNKNOWN_REQUEST: u32 = 2;
+/// Reply code: refused by policy.
+pub const ERR_DENIED: u32 = 3;
+/// Reply code: not a group id or not a process of this host.
+pub const ERR_INVALID: u32 = 4;
+
+/// The reply code for an engine error.
+pub(crate) fn code_of(e: IpcError) -> u32 {
+    match e {
+        IpcError::NoSuchProcess(_) | IpcError::NotAProcess(_) => ERR_NO_PROCESS,
+        IpcError::AccessDenied(_) => ERR_DENIED,
+        _ => ERR_INVALID,
+    }
+}
+
+/// The error for a reply code (for the requester's side).
+pub(crate) fn error_of(code: u32, group: Pid, pid: Pid) -> Result<(), IpcError> {
+    match code {
+        OK => Ok(()),
+        ERR_NO_PROCESS => Err(IpcError::NoSuchProcess(pid)),
+        ERR_DENIED => Err(IpcError::AccessDenied(group)),
+        _ => Err(IpcError::InvalidPid(group)),
+    }
+}
 
 /// Serves kernel requests until the host shuts down.
 pub(crate) fn run(p: Process) {
@@ -59,6 +87,18 @@ pub(crate) fn run(p: Process) {
                         Err(_) => ERR_NO_PROCESS,
                     }
                 };
+            }
+            JOIN_GROUP | LEAVE_GROUP => {
+                let (g, pid) = (Pid(m.0[1]), Pid(m.0[2]));
+                let join = m.code() == JOIN_GROUP;
+                let r0 = p.shared().with_engine(|e, _| {
+                    if join {
+                        e.join_group(g, pid, from)
+                    } else {
+                        e.leave_group(g, pid, from)
+                    }
+                });
+                r.0[0] = r0.map_or_else(code_of, |()| OK);
             }
             HOST_INFO => {
                 r.0[1] = p.shared().with_engine(|e, _| e.process_count()) as u32;

@@ -36,5 +36,6 @@ pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::{Incoming, Process, Reply, Segment};
 pub use vkernel_proto::{
-    message, DropReason, HostId, IpcError, Message, Pid, Scope, SegAccess, Stats,
+    message, DropReason, GroupMode, GroupPolicy, HostId, IpcError, Message, Pid, Scope, SegAccess,
+    Stats,
 };

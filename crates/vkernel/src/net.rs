@@ -99,6 +99,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+fn recv_one(s: &UdpSocket, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+    loop {
+        match s.recv_from(buf) {
+            Ok(r) => return Some(r),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // WouldBlock, or an ICMP error surfaced on the socket: nothing to read.
+            Err(_) => return None,
+        }
+    }
+}
+
 struct Delayed {
     due: Instant,
     to: SocketAddr,
@@ -147,6 +158,11 @@ pub struct NetCounters {
 /// One logical host's socket with its fault injector.
 pub struct Net {
     sock: UdpSocket,
+    /// The group-message socket: bound to the multicast port, shared with
+    /// the other logical hosts of this machine (SO_REUSEPORT).
+    mcast: Option<UdpSocket>,
+    /// Interface address for multicast joins and sends.
+    mcast_if: std::net::Ipv4Addr,
     faults: Option<Mutex<FaultState>>,
     /// Counters.
     pub counters: NetCounters,
@@ -178,6 +194,8 @@ impl Net {
         });
         Ok(Net {
             sock,
+            mcast: None,
+            mcast_if: std::net::Ipv4Addr::UNSPECIFIED,
             faults,
             counters: NetCounters::default(),
             rcvbuf,
@@ -194,6 +212,56 @@ impl Net {
         self.rcvbuf
     }
 
+    /// Opens the group-message socket on `port` (IPv4 only): group sends
+    /// to 239.192.x.y:`port` leave from this host's socket through its
+    /// interface, and arrive at every host's multicast socket.
+    pub fn bind_multicast(&mut self, port: u16) -> io::Result<()> {
+        use socket2::{Domain, Protocol, SockRef, Socket, Type};
+        let std::net::IpAddr::V4(ip) = self.sock.local_addr()?.ip() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "multicast groups need an IPv4 host address",
+            ));
+        };
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        s.set_reuse_address(true)?;
+        s.set_reuse_port(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+        let out = SockRef::from(&self.sock);
+        if !ip.is_unspecified() {
+            out.set_multicast_if_v4(&ip)?;
+        }
+        out.set_multicast_loop_v4(true)?;
+        self.mcast_if = ip;
+        self.mcast = Some(s.into());
+        Ok(())
+    }
+
+    /// The multicast socket's descriptor, if one is open.
+    pub fn mcast_fd(&self) -> Option<RawFd> {
+        self.mcast.as_ref().map(|m| m.as_raw_fd())
+    }
+
+    /// Receives the IPv4 multicast group of `a` on this host's socket's
+    /// interface (see [`Net::bind_multicast`]). Failures are counted.
+    pub fn join_multicast(&self, a: SocketAddr) {
+        let r = match (&self.mcast, a.ip()) {
+            (Some(m), std::net::IpAddr::V4(g)) => m.join_multicast_v4(&g, &self.mcast_if),
+            _ => Ok(()),
+        };
+        if r.is_err() {
+            self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Stops receiving the multicast group of `a`.
+    pub fn leave_multicast(&self, a: SocketAddr) {
+        if let (Some(m), std::net::IpAddr::V4(g)) = (&self.mcast, a.ip()) {
+            let _ = m.leave_multicast_v4(&g, &self.mcast_if);
+        }
+    }
+
     /// The socket descriptor (for poll).
     pub fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
@@ -201,14 +269,7 @@ impl Net {
 
     /// Non-blocking receive. `Ok(None)` when nothing is queued.
     pub fn try_recv(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
-        loop {
-            match self.sock.recv_from(buf) {
-                Ok(r) => return Some(r),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // WouldBlock, or an ICMP error surfaced on the socket: nothing to read.
-                Err(_) => return None,
-            }
-        }
+        recv_one(&self.sock, buf).or_else(|| recv_one(self.mcast.as_ref()?, buf))
     }
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {

@@ -278,7 +278,9 @@ impl Process {
     }
 
     fn expect_for(&self, peer: Pid) -> Expect {
-        if peer.host() == self.shared.host {
+        if peer.is_group() {
+            Expect::Either
+        } else if peer.host() == self.shared.host {
             Expect::Local
         } else {
             Expect::Remote
@@ -493,6 +495,60 @@ impl Process {
                 _ => Err(IpcError::Busy(self.pid)),
             },
         }
+    }
+
+    /// AllocateGroupId: a new process group with this process as its first
+    /// member. Send to the group id reaches every member on every host;
+    /// the reply mode is set in the message ([`Message::set_group_mode`]).
+    pub fn allocate_group_id(&self) -> Result<Pid, IpcError> {
+        self.shared
+            .with_engine(|e, _| e.allocate_group_id(self.pid))
+    }
+
+    /// JoinGroup: makes `pid` a member of `group`. For a process on another
+    /// host the request goes to that host's kernel server, whose group
+    /// policy may refuse it ([`IpcError::AccessDenied`]).
+    pub fn join_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        self.group_op(ks::JOIN_GROUP, group, pid)
+    }
+
+    /// LeaveGroup: `pid` stops being a member of `group` (not an error if
+    /// it was not one).
+    pub fn leave_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        self.group_op(ks::LEAVE_GROUP, group, pid)
+    }
+
+    fn group_op(&self, code: u32, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        if !group.is_group() {
+            return Err(IpcError::InvalidPid(group));
+        }
+        if !pid.is_process() {
+            return Err(IpcError::InvalidPid(pid));
+        }
+        if pid.host() == self.shared.host {
+            let me = self.pid;
+            return self.shared.with_engine(|e, _| {
+                if code == ks::JOIN_GROUP {
+                    e.join_group(group, pid, me)
+                } else {
+                    e.leave_group(group, pid, me)
+                }
+            });
+        }
+        let mut m = Message::with_code(code | IDEMPOTENT);
+        m.0[1] = group.0;
+        m.0[2] = pid.0;
+        self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
+        ks::error_of(m.0[0], group, pid)
+    }
+
+    /// GetReply: the next queued reply to this process's latest
+    /// multi-reply group Send (it overwrites `msg`) and who sent it, or
+    /// `None` if none is queued.
+    pub fn get_reply(&self, msg: &mut Message) -> Option<Pid> {
+        let (from, m) = self.shared.with_engine(|e, _| e.get_reply(self.pid))?;
+        *msg = m;
+        Some(from)
     }
 
     /// GetTime: the null kernel operation (enter the kernel, read its clock).

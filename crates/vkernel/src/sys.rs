@@ -57,32 +57,37 @@ impl EventFd {
 /// Waits until `a` or `b` (if given) is readable, or `timeout` passes.
 /// Returns (a readable, b readable).
 pub fn poll2(a: RawFd, b: Option<RawFd>, timeout: Duration) -> (bool, bool) {
-    let mut fds = [
-        libc::pollfd {
-            fd: a,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: b.unwrap_or(-1),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    let r = poll3(a, b, None, timeout);
+    (r[0], r[1])
+}
+
+/// Like [`poll2`] with up to three descriptors (absent ones are skipped).
+pub fn poll3(a: RawFd, b: Option<RawFd>, c: Option<RawFd>, timeout: Duration) -> [bool; 3] {
+    let pfd = |fd: RawFd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // A negative fd is ignored by ppoll.
+    let mut fds = [pfd(a), pfd(b.unwrap_or(-1)), pfd(c.unwrap_or(-1))];
     let ts = libc::timespec {
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    let n: libc::nfds_t = if b.is_some() { 2 } else { 1 };
-    // SAFETY: `fds` and `ts` are valid for the call; the sigmask is null.
+    let n: libc::nfds_t = if c.is_some() {
+        3
+    } else if b.is_some() {
+        2
+    } else {
+        1
+    };
+    // SAFETY: `fds` holds at least `n` valid pollfd entries and `ts` is a
+    // valid timespec, both live for the call; the sigmask is null.
     let r = unsafe { libc::ppoll(fds.as_mut_ptr(), n, &ts, std::ptr::null()) };
     if r <= 0 {
-        return (false, false);
+        return [false; 3];
     }
-    (
-        fds[0].revents & libc::POLLIN != 0,
-        fds[1].revents & libc::POLLIN != 0,
-    )
+    fds.map(|f| f.revents & libc::POLLIN != 0)
 }
 
 fn setsockopt_int(fd: RawFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {

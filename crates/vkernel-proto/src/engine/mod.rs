@@ -10,6 +10,7 @@
 
 mod bitset;
 mod bulk;
+mod group;
 mod idmap;
 mod naming;
 
@@ -55,6 +56,10 @@ pub enum Event {
     HostReady(HostId),
     /// Another host complained that our fixed host id is in use.
     HostIdConflict(HostId),
+    /// The first local member joined a group: receive this multicast group.
+    JoinMulticast(SocketAddr),
+    /// The last local member left a group: stop receiving its multicast group.
+    LeaveMulticast(SocketAddr),
 }
 
 /// A message handed to a receiver.
@@ -134,6 +139,8 @@ enum Pending {
     Local(Pid),
     /// From a remote sender (slot, sequence number).
     Alien(usize, u32),
+    /// A copy of a group message (copy index, sequence number).
+    Group(usize, u32),
 }
 
 struct Proc {
@@ -219,6 +226,7 @@ pub struct Engine {
     lru_clock: u64,
     rtt: IdMap<HostId, Rtt>,
     names: naming::Names,
+    groups: group::Groups,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     next_timer: Micros,
@@ -271,6 +279,7 @@ impl Engine {
             lru_clock: 0,
             rtt: new_map(hs),
             names: naming::Names::new(hs),
+            groups: group::Groups::new(hs),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             next_timer: now,
@@ -499,6 +508,7 @@ impl Engine {
             self.names.forget_query(qseq);
         }
         self.names.forget_pid(pid);
+        self.group_forget(pid);
         for pend in p.queue {
             self.fail_pending(now, pend, pid);
         }
@@ -543,6 +553,8 @@ impl Engine {
                     self.nack_alien(i, Status::NoSuchProcess);
                 }
             }
+            // A member's copy: the group's other members may still answer.
+            Pending::Group(..) => {}
         }
     }
 
@@ -578,10 +590,7 @@ impl Engine {
         seg: Option<Seg>,
     ) -> Result<(), IpcError> {
         self.check_ready_caller(src)?;
-        if dst.is_group() {
-            return Err(IpcError::GroupUnsupported);
-        }
-        if !dst.is_process() {
+        if !dst.is_process() && !dst.is_group() {
             return Err(IpcError::InvalidPid(dst));
         }
         let access = if seg.is_some() {
@@ -602,6 +611,25 @@ impl Engine {
             remote: None,
             inbound: Vec::new(),
         };
+        self.group_new_send(src);
+        if dst.is_group() {
+            let sent = out.msg;
+            let mode = self.group_send(now, src, dst, out.msg, out.seg.as_ref(), out.seq)?;
+            self.set_state(src, PState::Sending(Box::new(out)));
+            self.transmit_send(now, src, false);
+            if mode == crate::message::GroupMode::NoReply {
+                // A notification: sent once, the sender does not block.
+                self.complete(
+                    src,
+                    Completion::Send(Ok(ReplyInfo {
+                        msg: sent,
+                        seg_bytes: 0,
+                        from: dst,
+                    })),
+                );
+            }
+            return Ok(());
+        }
         if self.is_local(dst) {
             if !self.process_exists(dst) {
                 return Err(IpcError::NoSuchProcess(dst));
@@ -672,14 +700,12 @@ impl Engine {
         };
         h.total_length = total;
         let bytes = wire::encode(&h, &msg, data);
-        match self.lookup(dst.host()) {
-            Some(a) => self.emit_raw(a, PacketType::RemoteSend, bytes),
-            // Location unknown: fan out; the answer teaches where it is.
-            None => {
-                for to in self.cfg.discovery.clone() {
-                    self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
-                }
+        if dst.is_group() {
+            for to in self.group_dests(dst) {
+                self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
             }
+        } else {
+            self.emit_send(dst, bytes);
         }
         let rto = self.rto_for(dst.host());
         let host_timeout = self.cfg.host_timeout;
@@ -711,6 +737,18 @@ impl Engine {
         self.arm(next);
     }
 
+    fn emit_send(&mut self, dst: Pid, bytes: Vec<u8>) {
+        match self.lookup(dst.host()) {
+            Some(a) => self.emit_raw(a, PacketType::RemoteSend, bytes),
+            // Location unknown: fan out; the answer teaches where it is.
+            None => {
+                for to in self.cfg.discovery.clone() {
+                    self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+                }
+            }
+        }
+    }
+
     fn enqueue(&mut self, now: Micros, dst: Pid, pend: Pending) {
         let Some(p) = self.proc_mut(dst) else { return };
         p.queue.push_back(pend);
@@ -736,6 +774,7 @@ impl Engine {
                     a.seq == seq && a.receiver == receiver && matches!(a.state, AlienState::Queued)
                 })
                 .map(|a| a.src),
+            Pending::Group(i, seq) => self.groups.pending_sender(i, seq, receiver),
         }
     }
 
@@ -817,6 +856,27 @@ impl Engine {
                     msg: o.msg,
                     seg_bytes: n,
                     forwarder: o.forwarder,
+                }
+            }
+            Pending::Group(i, _) => {
+                let Some((src, msg, data)) = self.groups.take(i) else {
+                    return Received {
+                        from: Pid::NONE,
+                        msg: Message::zero(),
+                        seg_bytes: 0,
+                        forwarder: Pid::NONE,
+                    };
+                };
+                let mut n = 0;
+                if let Some(b) = buf.as_mut() {
+                    n = b.len().min(data.len());
+                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
+                }
+                Received {
+                    from: src,
+                    msg,
+                    seg_bytes: n,
+                    forwarder: src,
                 }
             }
             Pending::Alien(i, _) => {
@@ -905,6 +965,11 @@ impl Engine {
                 return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
             }
         }
+        if !self.in_exchange_with(to, replier) {
+            if let Some(r) = self.group_reply(now, replier, to, msg, seg) {
+                return r;
+            }
+        }
         if self.is_local(to) {
             let Some(o) = self.outgoing_mut(to) else {
                 return Err(IpcError::NotAwaitingReply(to));
@@ -973,6 +1038,16 @@ impl Engine {
         }
         self.free_alien(i);
         Ok(())
+    }
+
+    /// True if `to` awaits a reply from `replier` in a one-to-one exchange.
+    fn in_exchange_with(&self, to: Pid, replier: Pid) -> bool {
+        if self.is_local(to) {
+            self.outgoing(to)
+                .is_some_and(|o| o.dst == replier && o.received && o.remote.is_none())
+        } else {
+            self.received_alien(to, replier).is_ok()
+        }
     }
 
     /// Keeps a finished exchange's answer to re-send to retransmissions.
@@ -1121,7 +1196,8 @@ impl Engine {
             self.stats.drop(DropReason::OwnEcho);
             return;
         }
-        if h.ptype != PacketType::RemoteGetPid && h.dst.host() != me {
+        let to_group = h.ptype == PacketType::RemoteSend && h.dst.is_group();
+        if h.ptype != PacketType::RemoteGetPid && !to_group && h.dst.host() != me {
             self.stats.drop(DropReason::NotForUs);
             return;
         }
@@ -1156,6 +1232,9 @@ impl Engine {
 
     fn on_remote_send(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let h = pkt.header;
+        if h.dst.is_group() {
+            return self.on_group_send(now, from, pkt);
+        }
         // Retransmission of a finished non-idempotent exchange?
         if let Some(sv) = self.saved.get_mut(&h.src) {
             if sv.seq == h.seq {
@@ -1280,6 +1359,9 @@ impl Engine {
     }
 
     fn on_remote_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
+        if self.on_group_reply(now, pkt) {
+            return;
+        }
         let h = pkt.header;
         let Some(o) = self.remote_waiter(h.dst, h.seq) else {
             self.stats.drop(DropReason::NoMatch);
@@ -1450,8 +1532,13 @@ impl Engine {
             let horizon = self.cfg.alien_timeout * 2;
             self.last_seq
                 .retain(|_, (_, t)| now.saturating_sub(*t) <= horizon);
+            self.group_sweep(now);
         }
-        if self.stats.aliens_in_use > 0 || !self.last_seq.is_empty() || !self.saved.is_empty() {
+        if self.stats.aliens_in_use > 0
+            || !self.last_seq.is_empty()
+            || !self.saved.is_empty()
+            || self.group_busy()
+        {
             next = next.min(self.next_sweep);
         }
         self.next_timer = next;
