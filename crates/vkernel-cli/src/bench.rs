@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vkernel::{FaultConfig, Kernel};
+use vkernel::{FaultConfig, GroupMode, Kernel};
 use vkernel_proto::Pid;
 
 use crate::baseline;
@@ -24,8 +24,8 @@ use crate::vkbench::{self, Op, Placement};
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
-    /// 4 sequential access, 5 program loading, 6 load, 7 peers).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process groups).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.
     #[arg(long)]
@@ -51,7 +51,7 @@ pub struct BenchArgs {
 impl Default for BenchArgs {
     fn default() -> Self {
         BenchArgs {
-            sections: vec![1, 2, 3, 4, 5, 6, 7],
+            sections: vec![1, 2, 3, 4, 5, 6, 7, 8],
             quick: false,
             count: None,
             placement: "spin".into(),
@@ -630,13 +630,96 @@ fn section_peers(c: &mut Ctx) -> Result<(Value, Vec<chart::Series>), String> {
     Ok((json!({"rows": rows}), series))
 }
 
+fn section_groups(c: &mut Ctx) -> Result<Value, String> {
+    println!("\n8. Process groups (thesis ch. 6): group Send beside one-to-one Send, same run");
+    let g = vkernel::Pid::well_known_group(0x4242);
+    let admin = c.kb.create_process().map_err(|e| e.to_string())?;
+    admin.join_group(g, c.server).map_err(|e| e.to_string())?;
+    let n = c.n.min(2000);
+    let (mut one, _) = vkbench::group_sends(&c.kb, g, GroupMode::One, 1, n, c.warm, c.pl)?;
+    let (mut direct, _) =
+        vkbench::group_sends(&c.kb, c.server, GroupMode::One, 1, n, c.warm, c.pl)?;
+    admin.leave_group(g, c.server).map_err(|e| e.to_string())?;
+    let (one, direct) = (Summary::of(&mut one), Summary::of(&mut direct));
+    println!(
+        "  1-reply group Send, 1 remote member: {:.2} µs (p99 {:.1}); one-to-one Send to it: {:.2} µs (p99 {:.1}); group/one-to-one {:.2}×   (1985: both ≈ 2.2 ms)",
+        one.median_us,
+        one.p99_us,
+        direct.median_us,
+        direct.p99_us,
+        one.median_us / direct.median_us.max(1e-9)
+    );
+    // Multi-reply gathering: members on two remote hosts, blocking waits
+    // (eight spinning members would only measure the scheduler).
+    let block = Placement {
+        pinned: false,
+        spin: false,
+    };
+    let kc = Kernel::start(vkernel::KernelConfig {
+        peers: vec![c.ka.local_addr(), c.kb.local_addr()],
+        spin: Duration::ZERO,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    c.kb.add_peer(kc.local_addr());
+    c.ka.add_peer(kc.local_addr());
+    let g = vkernel::Pid::well_known_group(0x4243);
+    let mut servers = Vec::new();
+    let mut rows = Vec::new();
+    println!(
+        "  {:>8} {:>16} {:>16} {:>20}",
+        "members", "first reply µs", "all replies µs", "per extra reply µs"
+    );
+    let iters = if c.quick { 100 } else { 500 };
+    let mut base = None;
+    for want in [1usize, 2, 4, 8] {
+        while servers.len() < want {
+            let k = if servers.len() % 2 == 0 { &c.ka } else { &kc };
+            let (pid, h) = vkbench::start_server(k, block)?;
+            admin.join_group(g, pid).map_err(|e| e.to_string())?;
+            servers.push((pid, h));
+        }
+        let (mut f, mut a) =
+            vkbench::group_sends(&c.kb, g, GroupMode::Many, want, iters, iters / 10, c.pl)?;
+        let (f, a) = (Summary::of(&mut f), Summary::of(&mut a));
+        let b = *base.get_or_insert(a.median_us);
+        let per = if want > 1 {
+            (a.median_us - b) / (want - 1) as f64
+        } else {
+            0.0
+        };
+        println!(
+            "  {want:>8} {:>9.2} / {:>4.0} {:>9.2} / {:>4.0} {:>20}",
+            f.median_us,
+            f.p99_us,
+            a.median_us,
+            a.p99_us,
+            if want > 1 {
+                format!("{per:.2}")
+            } else {
+                "-".into()
+            }
+        );
+        rows.push(json!({"members": want, "first": f, "all": a, "per_extra_reply_us": per}));
+    }
+    println!("  (1985, 10 Mb Ethernet: ~200 µs per additional reply)");
+    for (pid, h) in servers {
+        vkbench::stop_server(&admin, pid, h);
+    }
+    Ok(json!({
+        "one_reply": one, "one_to_one": direct,
+        "ratio": one.median_us / direct.median_us.max(1e-9),
+        "multi_reply": rows,
+    }))
+}
+
 /// Runs the benchmark.
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let pl = placement(&a.placement)?;
     let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
     for s in &a.sections {
-        if !(1..=7).contains(s) {
-            return Err(format!("unknown section {s} (1..=7)"));
+        if !(1..=8).contains(s) {
+            return Err(format!("unknown section {s} (1..=8)"));
         }
     }
     let started = Instant::now();
@@ -697,6 +780,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 v
             }
             6 => section_load(&mut c)?,
+            8 => section_groups(&mut c)?,
             _ => {
                 let (v, series) = section_peers(&mut c)?;
                 peer_series = series;

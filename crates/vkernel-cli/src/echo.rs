@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use vkernel::{IpcError, Kernel, Message, Process, Scope};
 
-use crate::hostopts::{logical_id, HostOpts};
+use crate::hostopts::{logical_id, service_group, HostOpts};
 
 /// Request code of an echo exchange.
 pub const ECHO: u32 = 0x0e_c400;
@@ -73,6 +73,10 @@ pub struct EchoArgs {
     /// Echo server processes (each registered; the last registration wins for GetPid).
     #[arg(long, default_value_t = 1)]
     servers: usize,
+    /// Also join the service's well-known process group, so that
+    /// `vkernel locate NAME` (a group query) finds this server.
+    #[arg(long)]
+    group: bool,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -93,6 +97,13 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         .create_process()
         .map_err(|e| format!("cannot create process: {e}"))?;
     reg.set_pid(lid, pids[0], Scope::Any);
+    if a.group {
+        let g = service_group(&a.name);
+        for &p in &pids {
+            reg.join_group(g, p)
+                .map_err(|e| format!("cannot join group {g}: {e}"))?;
+        }
+    }
     println!(
         "vkernel echo: host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}",
         k.host_id(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use vkernel::net::parse_duration;
-use vkernel::{FaultConfig, KernelConfig};
+use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig, Pid};
 
 /// How to set up this command's logical host.
 #[derive(Args, Clone, Debug)]
@@ -35,6 +35,17 @@ pub struct HostOpts {
     /// Inject faults into outgoing datagrams, e.g. `loss=0.05,dup=0.01,reorder=0.01,delay=0.1:5ms,seed=7`.
     #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
     pub fault: Option<FaultConfig>,
+    /// Send process-group messages by IP multicast (239.192.x.y) on this
+    /// UDP port, the same on every host; default: unicast to known hosts.
+    #[arg(long, value_name = "PORT")]
+    pub multicast_port: Option<u16>,
+    /// Accept group messages, replies and remote joins only from this
+    /// logical host (repeatable); default: from any host.
+    #[arg(long = "trust-host", value_name = "ID", value_parser = parse_host_id)]
+    pub trust_hosts: Vec<u16>,
+    /// Refuse JoinGroup requests from processes on other hosts.
+    #[arg(long)]
+    pub refuse_remote_joins: bool,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {
@@ -62,6 +73,12 @@ impl HostOpts {
             host_timeout: self.host_timeout,
             spin: self.spin,
             faults: self.fault.clone().unwrap_or_default(),
+            multicast_port: self.multicast_port,
+            group_policy: GroupPolicy {
+                trusted_hosts: (!self.trust_hosts.is_empty())
+                    .then(|| self.trust_hosts.iter().map(|&h| HostId(h)).collect()),
+                refuse_remote_joins: self.refuse_remote_joins,
+            },
             ..KernelConfig::default()
         }
     }
@@ -75,4 +92,10 @@ pub fn logical_id(name: &str) -> u32 {
         h = h.wrapping_mul(0x0100_0193);
     }
     h & 0x7fff_ffff
+}
+
+/// The well-known process group of a service: servers of `name` join it,
+/// and clients find them with a group query (1-reply or multi-reply).
+pub fn service_group(name: &str) -> Pid {
+    Pid::well_known_group(logical_id(name) as u16)
 }

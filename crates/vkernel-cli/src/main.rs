@@ -6,6 +6,7 @@ mod chart;
 mod demo;
 mod echo;
 mod hostopts;
+mod locate;
 mod paper;
 mod ping;
 mod stats;
@@ -41,6 +42,8 @@ enum Cmd {
     Echo(echo::EchoArgs),
     /// Find an echo server by name (via --peer) and time N exchanges.
     Ping(ping::PingArgs),
+    /// Find the servers of a service by a query to its process group.
+    Locate(locate::LocateArgs),
 }
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
     let r = match cli.cmd {
         Some(Cmd::Echo(a)) => echo::run(a),
         Some(Cmd::Ping(a)) => ping::run(a),
+        Some(Cmd::Locate(a)) => locate::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

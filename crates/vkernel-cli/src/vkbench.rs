@@ -117,6 +117,8 @@ const SPIN: u32 = 0x4a;
 /// move itself and return the nanoseconds in words 2..3.
 fn server(p: Process, pl: Placement) {
     pl.pin(1);
+    // The placement, not the host's default, decides how this server waits.
+    p.set_spin(pl.spin_budget());
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];
     let mut bulk: Vec<u8> = Vec::new();
@@ -464,5 +466,49 @@ pub fn bulk(
             elapsed: Duration::from_nanos(ns),
             intact,
         })
+    })
+}
+
+/// Times Sends to `target` (a process or a group; `mode` sets the group
+/// reply mode) after `warmup`. With `gather > 1` each sample also waits,
+/// polling GetReply, until that many replies in all have arrived (a
+/// multi-reply query); returns (time to first reply, time to all).
+pub fn group_sends(
+    client_kernel: &Kernel,
+    target: Pid,
+    mode: vkernel::GroupMode,
+    gather: usize,
+    iters: usize,
+    warmup: usize,
+    pl: Placement,
+) -> Result<(Vec<Duration>, Vec<Duration>), String> {
+    let c = client_kernel.create_process().map_err(|e| e.to_string())?;
+    pl.run_as(0, move || {
+        let (mut first, mut all) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+        let mut m = Message::zero();
+        for k in 0..warmup + iters {
+            let mut q = Message::with_code(0x4f);
+            q.set_group_mode(mode);
+            let t = Instant::now();
+            c.send(&mut q, target)
+                .map_err(|e| format!("group send: {e}"))?;
+            let t1 = crate::stats::sample(t);
+            let mut got = 1;
+            let limit = Instant::now() + Duration::from_secs(2);
+            while got < gather {
+                if c.get_reply(&mut m).is_some() {
+                    got += 1;
+                } else if Instant::now() > limit {
+                    return Err(format!("only {got} of {gather} replies within 2 s"));
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if k >= warmup {
+                first.push(t1);
+                all.push(crate::stats::sample(t));
+            }
+        }
+        Ok((first, all))
     })
 }

@@ -346,3 +346,140 @@ fn duplicate_fixed_host_id_is_refused() {
     assert!(ok, "{out}{err}");
     assert!(!out.contains("host 004d "), "{out}");
 }
+
+/// Three namespaces (192.0.2.1..3) on a bridge that lives in a fourth, so
+/// that IP multicast really travels between hosts.
+struct Bridged {
+    hosts: Vec<String>,
+    br: String,
+}
+
+impl Bridged {
+    fn create(tag: &str) -> Option<Bridged> {
+        // Reuse the Pair checks (root, iproute2) without keeping the pair.
+        Pair::create(&format!("{tag}p"))?;
+        let id = std::process::id() % 100_000;
+        let b = Bridged {
+            hosts: (1..=3).map(|i| format!("vk{tag}{i}n{id}")).collect(),
+            br: format!("vk{tag}br{id}"),
+        };
+        let mut ok = ip(&["netns", "add", &b.br])
+            && ip(&["-n", &b.br, "link", "add", "br0", "type", "bridge"])
+            && ip(&["-n", &b.br, "link", "set", "br0", "up"]);
+        for (i, h) in b.hosts.iter().enumerate() {
+            let (inner, outer) = (format!("v{tag}{i}i{id}"), format!("v{tag}{i}o{id}"));
+            let addr = format!("192.0.2.{}/24", i + 1);
+            ok = ok
+                && ip(&["netns", "add", h])
+                && ip(&[
+                    "link", "add", &inner, "type", "veth", "peer", "name", &outer,
+                ])
+                && ip(&["link", "set", &inner, "netns", h])
+                && ip(&["link", "set", &outer, "netns", &b.br])
+                && ip(&["-n", &b.br, "link", "set", &outer, "master", "br0"])
+                && ip(&["-n", &b.br, "link", "set", &outer, "up"])
+                && ip(&["-n", h, "addr", "add", &addr, "dev", &inner])
+                && ip(&["-n", h, "link", "set", &inner, "up"])
+                && ip(&["-n", h, "link", "set", "lo", "up"]);
+        }
+        assert!(ok, "could not set up the bridged namespaces");
+        Some(b)
+    }
+
+    fn cmd(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.hosts[i], BIN]).args(args);
+        c
+    }
+}
+
+impl Drop for Bridged {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            ip(&["netns", "del", h]);
+        }
+        ip(&["netns", "del", &self.br]);
+    }
+}
+
+#[test]
+fn group_queries_travel_by_ip_multicast_between_namespaces() {
+    let Some(n) = Bridged::create("m") else {
+        return;
+    };
+    let mut servers = Vec::new();
+    for (i, count) in [(0usize, "1"), (1, "2")] {
+        let addr = format!("192.0.2.{}:7000", i + 1);
+        let mut c = Child2(
+            n.cmd(
+                i,
+                &[
+                    "echo",
+                    "--bind",
+                    &addr,
+                    "--group",
+                    "--servers",
+                    count,
+                    "--multicast-port",
+                    "7999",
+                    "--exit-after",
+                    "30s",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn echo"),
+        );
+        wait_banner(&mut c);
+        servers.push(c);
+    }
+    // No peer list: the query reaches both hosts only by multicast.
+    let run = |args: &[&str]| {
+        let o = n.cmd(2, args).output().expect("run locate");
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{out}{err}");
+        out
+    };
+    let base = [
+        "locate",
+        "--bind",
+        "192.0.2.3:0",
+        "--multicast-port",
+        "7999",
+        "echo",
+    ];
+    let out = run(&[&base[..], &["--mode", "many", "--wait", "1s", "--max", "3"]].concat());
+    assert!(out.contains("3 server(s) answered"), "{out}");
+    let out = run(&[&base[..], &["--mode", "one"]].concat());
+    assert!(out.contains("1 server(s) answered"), "{out}");
+    // A host that trusts no one ignores group queries: only the other
+    // host's two servers answer.
+    drop(servers.remove(0));
+    let mut c = Child2(
+        n.cmd(
+            0,
+            &[
+                "echo",
+                "--bind",
+                "192.0.2.1:7001",
+                "--group",
+                "--multicast-port",
+                "7999",
+                "--trust-host",
+                "1",
+                "--exit-after",
+                "30s",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn echo"),
+    );
+    wait_banner(&mut c);
+    let out = run(&[&base[..], &["--mode", "many", "--wait", "700ms"]].concat());
+    assert!(out.contains("2 server(s) answered"), "{out}");
+    assert!(!out.contains("on host 0001"), "{out}");
+}

@@ -253,6 +253,7 @@ fn demo_and_bench_run_and_report() {
         "5. Program loading",
         "6. Load",
         "7. Peers",
+        "8. Process groups",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -278,6 +279,8 @@ fn demo_and_bench_run_and_report() {
     assert_eq!(s["section5"]["faulty"]["intact"], true);
     assert!(pos(&s["section5"]["images"][0]["raw_blast_mbps"]));
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
+    assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
+    assert_eq!(s["section8"]["multi_reply"].as_array().unwrap().len(), 4);
     let peers = &s["section7"]["rows"][0];
     for k in ["vkernel_local", "vkernel_remote", "udp", "tcp"] {
         assert!(pos(&peers[k]["median_us"]), "{k}: {peers}");

@@ -546,6 +546,9 @@ impl Process {
     /// multi-reply group Send (it overwrites `msg`) and who sent it, or
     /// `None` if none is queued.
     pub fn get_reply(&self, msg: &mut Message) -> Option<Pid> {
+        // Replies that arrived since the Send returned may still sit in the
+        // socket (no one waits on it then): read them first.
+        self.shared.poll_socket(64);
         let (from, m) = self.shared.with_engine(|e, _| e.get_reply(self.pid))?;
         *msg = m;
         Some(from)
