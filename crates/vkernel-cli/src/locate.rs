@@ -75,3 +75,54 @@ pub fn run(a: LocateArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Arguments of `vkernel hosts`.
+#[derive(clap::Args, Debug)]
+pub struct HostsArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// Stop after this many answers.
+    #[arg(long, default_value_t = 64)]
+    max: usize,
+    /// Stop gathering after this long.
+    #[arg(long, default_value = "300ms", value_parser = vkernel::net::parse_duration)]
+    wait: Duration,
+    /// A host whose load average is below this counts as idle and ends the
+    /// query at once (the thesis's "stop at the first idle host"); the
+    /// default gathers every answer.
+    #[arg(long)]
+    idle_below: Option<f64>,
+}
+
+/// Runs `vkernel hosts`: host selection by a multi-reply query to every
+/// host's kernel server.
+pub fn run_hosts(a: HostsArgs) -> Result<(), String> {
+    if a.host.peers.is_empty() && a.host.multicast_port.is_none() {
+        return Err("give --peer ADDR (hosts to ask) or --multicast-port PORT".into());
+    }
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let p = k.create_process().map_err(|e| e.to_string())?;
+    let hs = p
+        .select_hosts(a.max, a.wait, a.idle_below.unwrap_or(f64::NEG_INFINITY))
+        .map_err(|e| format!("host query: {e}"))?;
+    println!(
+        "{} logical host(s) answered (this one is {}); least loaded first:",
+        hs.len(),
+        k.host_id()
+    );
+    println!(
+        "  {:>6} {:>10} {:>6} {:>5} {:>10}",
+        "host", "processes", "load", "cpus", "answer ms"
+    );
+    for h in &hs {
+        println!(
+            "  {:>6} {:>10} {:>6.2} {:>5} {:>10.3}",
+            h.kernel_server.host(),
+            h.processes,
+            h.load,
+            h.cpus,
+            h.after.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}

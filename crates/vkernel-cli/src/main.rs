@@ -44,6 +44,9 @@ enum Cmd {
     Ping(ping::PingArgs),
     /// Find the servers of a service by a query to its process group.
     Locate(locate::LocateArgs),
+    /// List the logical hosts that answer a query to every kernel server,
+    /// least loaded first (host selection).
+    Hosts(locate::HostsArgs),
 }
 
 fn main() {
@@ -59,6 +62,7 @@ fn main() {
         Some(Cmd::Echo(a)) => echo::run(a),
         Some(Cmd::Ping(a)) => ping::run(a),
         Some(Cmd::Locate(a)) => locate::run(a),
+        Some(Cmd::Hosts(a)) => locate::run_hosts(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

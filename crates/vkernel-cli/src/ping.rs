@@ -50,8 +50,10 @@ fn parse_pid(s: &str) -> Result<Pid, String> {
 
 /// Runs `vkernel ping`.
 pub fn run(a: PingArgs) -> Result<(), String> {
-    if a.host.peers.is_empty() && a.pid.is_none() {
-        return Err("give --peer ADDR (where an echo host listens) or --pid".into());
+    if a.host.peers.is_empty() && a.pid.is_none() && a.host.multicast_port.is_none() {
+        return Err(
+            "give --peer ADDR (where an echo host listens), --multicast-port PORT, or --pid".into(),
+        );
     }
     if a.size < 32 || a.size > 32 + vkernel_proto::MAX_APPEND {
         return Err(format!(

@@ -454,6 +454,13 @@ fn group_queries_travel_by_ip_multicast_between_namespaces() {
     assert!(out.contains("3 server(s) answered"), "{out}");
     let out = run(&[&base[..], &["--mode", "one"]].concat());
     assert!(out.contains("1 server(s) answered"), "{out}");
+    // Remote GetPid and host selection travel on the kernel-server group,
+    // so they too work with no peer list.
+    let mc = ["--bind", "192.0.2.3:0", "--multicast-port", "7999"];
+    let out = run(&[&["ping"][..], &mc, &["-n", "100"]].concat());
+    assert_eq!(failures(&out), 0, "{out}");
+    let out = run(&[&["hosts"][..], &mc, &["--max", "3"]].concat());
+    assert!(out.contains("3 logical host(s) answered"), "{out}");
     // A host that trusts no one ignores group queries: only the other
     // host's two servers answer.
     drop(servers.remove(0));

@@ -16,7 +16,9 @@ pub const GET_TIME: u32 = 0x4b_0001;
 pub const PROCESS_EXISTS: u32 = 0x4b_0002;
 /// Destroy a process of this host: w1 = pid; reply w0 = 0 or `ERR_NO_PROCESS`.
 pub const DESTROY_PROCESS: u32 = 0x4b_0003;
-/// Host info: reply w1 = number of processes.
+/// Host info: reply w1 = number of processes, w2 = the machine's 1-minute
+/// load average × 100, w3 = online CPUs. Also answered to group queries on
+/// the kernel-server group (host selection).
 pub const HOST_INFO: u32 = 0x4b_0004;
 /// JoinGroup for a process of this host: w1 = group, w2 = pid. The
 /// requester is the sender; the host's group policy decides.
@@ -102,6 +104,8 @@ pub(crate) fn run(p: Process) {
             }
             HOST_INFO => {
                 r.0[1] = p.shared().with_engine(|e, _| e.process_count()) as u32;
+                r.0[2] = (crate::sys::load_average() * 100.0).round() as u32;
+                r.0[3] = crate::sys::online_cpus() as u32;
             }
             _ => r.0[0] = ERR_UNKNOWN_REQUEST,
         }

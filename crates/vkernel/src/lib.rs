@@ -34,7 +34,7 @@ pub mod sys;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
-pub use process::{Incoming, Process, Reply, Segment};
+pub use process::{HostLoad, Incoming, Process, Reply, Segment};
 pub use vkernel_proto::{
     message, DropReason, GroupMode, GroupPolicy, HostId, IpcError, Message, Pid, Scope, SegAccess,
     Stats,

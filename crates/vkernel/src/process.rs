@@ -108,6 +108,21 @@ pub struct Reply {
     pub seg_bytes: usize,
 }
 
+/// A logical host's answer to a host-selection query.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostLoad {
+    /// The host's kernel server (its pid names the host).
+    pub kernel_server: Pid,
+    /// Processes on the logical host.
+    pub processes: u32,
+    /// The machine's 1-minute load average.
+    pub load: f64,
+    /// Online CPUs of the machine.
+    pub cpus: u32,
+    /// When the answer arrived, from the start of the query.
+    pub after: Duration,
+}
+
 /// A message taken by Receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Incoming {
@@ -552,6 +567,45 @@ impl Process {
         let (from, m) = self.shared.with_engine(|e, _| e.get_reply(self.pid))?;
         *msg = m;
         Some(from)
+    }
+
+    /// Host selection (thesis §6): a multi-reply HOST_INFO query to every
+    /// host's kernel server. Gathers answers until one comes from an idle
+    /// host (load below `idle_load`), `max` have arrived, or `limit` passes;
+    /// returns them least loaded first.
+    pub fn select_hosts(
+        &self,
+        max: usize,
+        limit: Duration,
+        idle_load: f64,
+    ) -> Result<Vec<HostLoad>, IpcError> {
+        let mut m = Message::with_code(ks::HOST_INFO | IDEMPOTENT);
+        m.set_group_mode(vkernel_proto::GroupMode::Many);
+        let t = Instant::now();
+        let r = self.send(&mut m, vkernel_proto::engine::KERNEL_SERVER_GROUP)?;
+        let load = |m: &Message, from: Pid| HostLoad {
+            kernel_server: from,
+            processes: m.0[1],
+            load: m.0[2] as f64 / 100.0,
+            cpus: m.0[3],
+            after: t.elapsed(),
+        };
+        let mut out = vec![load(&m, r.from)];
+        while out.len() < max.max(1)
+            && t.elapsed() < limit
+            && out.iter().all(|h| h.load >= idle_load)
+        {
+            match self.get_reply(&mut m) {
+                Some(from) => out.push(load(&m, from)),
+                None => std::thread::sleep(Duration::from_micros(100)),
+            }
+        }
+        out.sort_by(|a, b| {
+            a.load
+                .total_cmp(&b.load)
+                .then(a.processes.cmp(&b.processes))
+        });
+        Ok(out)
     }
 
     /// GetTime: the null kernel operation (enter the kernel, read its clock).

@@ -177,6 +177,18 @@ pub fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.max(0) as u32)
 }
 
+/// The machine's 1-minute load average (0 if unavailable).
+pub fn load_average() -> f64 {
+    let mut v = [0f64; 1];
+    // SAFETY: `v` has room for the one sample asked for.
+    let n = unsafe { libc::getloadavg(v.as_mut_ptr(), 1) };
+    if n == 1 && v[0].is_finite() {
+        v[0].max(0.0)
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +233,32 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(thread_cpu_time() > t0);
+    }
+
+    #[test]
+    fn load_average_is_a_plausible_number() {
+        let l = load_average();
+        assert!((0.0..10_000.0).contains(&l), "{l}");
+    }
+
+    #[test]
+    fn poll3_reports_which_descriptor_is_ready() {
+        let (a, b, c) = (
+            EventFd::new().unwrap(),
+            EventFd::new().unwrap(),
+            EventFd::new().unwrap(),
+        );
+        c.signal();
+        let r = poll3(
+            a.fd(),
+            Some(b.fd()),
+            Some(c.fd()),
+            Duration::from_millis(100),
+        );
+        assert_eq!(r, [false, false, true]);
+        assert_eq!(
+            poll3(a.fd(), None, None, Duration::from_millis(1)),
+            [false; 3]
+        );
     }
 }

@@ -482,3 +482,34 @@ fn lossy_network_each_member_sees_each_send_once() {
     assert!(ks.iter().map(|k| k.stats().duplicates).sum::<u64>() > 0);
     stop(&client, ms);
 }
+
+#[test]
+fn host_selection_queries_every_kernel_server() {
+    let ks = hosts(3, |_| GroupPolicy::default(), FaultConfig::default());
+    let p = ks[0].create_process().unwrap();
+    // Never idle: gather every host's answer.
+    let all = p
+        .select_hosts(10, Duration::from_millis(500), f64::NEG_INFINITY)
+        .unwrap();
+    let got: HashSet<Pid> = all.iter().map(|h| h.kernel_server).collect();
+    let want: HashSet<Pid> = ks.iter().map(|k| k.kernel_server()).collect();
+    assert_eq!(got, want, "one answer per logical host, its own included");
+    assert!(all.iter().all(|h| h.cpus >= 1 && h.processes >= 1));
+    assert!(all.windows(2).all(|w| w[0].load <= w[1].load));
+    // The first idle host ends the query at once.
+    let first = p
+        .select_hosts(10, Duration::from_millis(500), f64::INFINITY)
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    // Remote GetPid travels on the same transport and still works.
+    let s = member(&ks[2], Duration::ZERO);
+    p.set_pid(0x1234, Pid::NONE, vkernel::Scope::Any);
+    let reg = ks[2].create_process().unwrap();
+    reg.set_pid(0x1234, s.pid, vkernel::Scope::Any);
+    assert_eq!(p.get_pid(0x1234, vkernel::Scope::Remote).unwrap(), s.pid);
+    assert_eq!(
+        p.get_pid(0x4321, vkernel::Scope::Remote).unwrap(),
+        Pid::NONE
+    );
+    stop(&p, vec![s]);
+}

@@ -39,6 +39,11 @@ use crate::segment::Seg;
 use crate::stats::DropReason;
 use crate::wire::{self, Header, Packet, PacketType};
 
+/// The well-known group of every host's kernel server: remote GetPid
+/// queries travel on its transport, and a multi-reply query to it reaches
+/// every logical host (host selection).
+pub const KERNEL_SERVER_GROUP: Pid = Pid(Pid::GROUP_BIT | 1);
+
 /// Later replies one sender may have queued; past it they are dropped.
 const MAX_QUEUED_REPLIES: usize = 1024;
 

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+pub use group::KERNEL_SERVER_GROUP;
 pub use naming::Scope;
 
 use crate::config::{Config, Micros, MAX_APPEND};
@@ -487,7 +488,9 @@ impl Engine {
             return Err(IpcError::Busy(Pid::new(host, KERNEL_SERVER_LOCAL_ID)));
         }
         self.procs.insert(KERNEL_SERVER_LOCAL_ID, Proc::new());
-        Ok(Pid::new(host, KERNEL_SERVER_LOCAL_ID))
+        let pid = Pid::new(host, KERNEL_SERVER_LOCAL_ID);
+        self.join_group(KERNEL_SERVER_GROUP, pid, pid)?;
+        Ok(pid)
     }
 
     /// True if `pid` is a live process of this host.

@@ -108,7 +108,7 @@ impl Engine {
                 return Ok(Some(Pid::NONE));
             }
         }
-        if self.cfg.discovery.is_empty() && self.location.is_empty() {
+        if self.group_dests(super::KERNEL_SERVER_GROUP).is_empty() {
             return Ok(Some(Pid::NONE));
         }
         let qseq = self.new_seq();
@@ -137,14 +137,9 @@ impl Engine {
         h.seq = qseq;
         h.src = q.caller;
         h.forwarder = Pid(q.logical);
-        // Fan out to the static peers and to every host we already know.
-        let mut targets: Vec<SocketAddr> = self.cfg.discovery.clone();
-        for (a, _) in self.location.values() {
-            if !targets.contains(a) {
-                targets.push(*a);
-            }
-        }
-        for t in targets {
+        // To every kernel server, on the group transport: the multicast
+        // address, or the static peers and every host we already know.
+        for t in self.group_dests(super::KERNEL_SERVER_GROUP) {
             self.emit(Dest::Addr(t), &h, &Message::zero(), &[]);
         }
     }
