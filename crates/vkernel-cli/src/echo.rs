@@ -117,11 +117,13 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(200));
         if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
             let s = k.stats();
+            let auth: u64 = s.auth_rejects.iter().sum();
             println!(
-                "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped",
+                "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped ({} of them failed authentication)",
                 start.elapsed().as_secs_f64(),
                 s.rx_of(vkernel_proto::wire::PacketType::RemoteSend),
-                s.malformed()
+                s.malformed() + auth,
+                auth
             );
             return Ok(());
         }

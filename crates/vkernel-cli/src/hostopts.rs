@@ -46,6 +46,21 @@ pub struct HostOpts {
     /// Refuse JoinGroup requests from processes on other hosts.
     #[arg(long)]
     pub refuse_remote_joins: bool,
+    /// A cluster key `ID:HEX64` (repeatable; two during a rotation): every
+    /// datagram is then authenticated, and unauthenticated or forged ones
+    /// are dropped and counted. Prefer --key-file (keys on the command
+    /// line are visible to other users).
+    #[arg(long = "key", value_name = "ID:HEX", value_parser = vkernel_proto::auth::Key::parse)]
+    pub keys: Vec<vkernel_proto::auth::Key>,
+    /// A file of cluster keys, one `ID:HEX64` per line (# comments allowed).
+    #[arg(long, value_name = "PATH", value_parser = read_key_file)]
+    pub key_file: Option<KeyFile>,
+    /// Id of the key to send with (default: the last key given).
+    #[arg(long, value_name = "ID")]
+    pub send_key: Option<u8>,
+    /// Also encrypt message and data (ChaCha20-Poly1305), not only authenticate.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {
@@ -61,10 +76,39 @@ fn parse_host_id(s: &str) -> Result<u16, String> {
     Ok(v)
 }
 
+/// Keys read from a `--key-file`.
+#[derive(Clone, Debug)]
+pub struct KeyFile(pub Vec<vkernel_proto::auth::Key>);
+
+fn read_key_file(path: &str) -> Result<KeyFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        keys.push(
+            vkernel_proto::auth::Key::parse(line).map_err(|e| format!("{path}:{}: {e}", i + 1))?,
+        );
+    }
+    if keys.is_empty() {
+        return Err(format!("{path}: no keys"));
+    }
+    Ok(KeyFile(keys))
+}
+
 impl HostOpts {
     /// The kernel configuration these options describe.
     pub fn config(&self) -> KernelConfig {
+        let mut keys = self.keys.clone();
+        if let Some(f) = &self.key_file {
+            keys.extend(f.0.iter().cloned());
+        }
         KernelConfig {
+            keys,
+            send_key: self.send_key,
+            encrypt: self.encrypt,
             bind: self.bind,
             peers: self.peers.clone(),
             host_id: self.host_id,

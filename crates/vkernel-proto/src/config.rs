@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 /// Time in microseconds since an arbitrary epoch chosen by the runtime.
 pub type Micros = u64;
 
-/// Largest segment part that can travel appended to a Send or Reply.
-pub const MAX_APPEND: usize = MAX_DATAGRAM - FIXED_BYTES;
+/// Largest segment part that can travel appended to a Send or Reply (room
+/// is always left for the authentication trailer).
+pub const MAX_APPEND: usize = MAX_DATAGRAM - FIXED_BYTES - crate::auth::TRAILER_BYTES;
 
 /// Tunables of one logical host's protocol engine.
 #[derive(Clone, Debug)]
@@ -53,6 +54,9 @@ pub struct Config {
     /// Group deliveries (copies of group messages for local members) held
     /// at once; past it a member misses the message (counted).
     pub group_copies: usize,
+    /// Authenticate (and optionally encrypt) every datagram with a cluster
+    /// key; `None` accepts unauthenticated datagrams only.
+    pub auth: Option<crate::auth::AuthConfig>,
 }
 
 /// Membership control for process groups. Without it anyone could join a
@@ -105,6 +109,7 @@ impl Default for Config {
             group_policy: GroupPolicy::default(),
             multicast_port: None,
             group_copies: 1024,
+            auth: None,
         }
     }
 }
@@ -112,6 +117,8 @@ impl Default for Config {
 impl Config {
     /// Data bytes per bulk chunk.
     pub fn chunk_bytes(&self) -> usize {
-        self.datagram_size.clamp(FIXED_BYTES + 64, MAX_DATAGRAM) - FIXED_BYTES
+        self.datagram_size.clamp(FIXED_BYTES + 64, MAX_DATAGRAM)
+            - FIXED_BYTES
+            - crate::auth::TRAILER_BYTES
     }
 }

@@ -72,6 +72,10 @@ pub struct Stats {
     pub group_copies_exhausted: u64,
     /// Replies to group Sends received (first and later).
     pub group_replies: u64,
+    /// Datagrams rejected by authentication, by
+    /// [`Reject`](crate::auth::Reject) (truncated, no key, unknown key, bad
+    /// tag, replay). They never reach the protocol.
+    pub auth_rejects: [u64; 5],
 }
 
 impl Stats {
@@ -115,6 +119,11 @@ impl Stats {
     /// Drops for one reason.
     pub fn drops_of(&self, r: DropReason) -> u64 {
         self.drops[r as usize]
+    }
+
+    /// Datagrams rejected by authentication for one reason.
+    pub fn auth_rejects_of(&self, r: crate::auth::Reject) -> u64 {
+        self.auth_rejects[r as usize]
     }
 
     /// All decode failures.

@@ -58,6 +58,13 @@ pub struct KernelConfig {
     pub multicast_port: Option<u16>,
     /// Who may take part in this host's process groups.
     pub group_policy: vkernel_proto::GroupPolicy,
+    /// Cluster keys: with any, every datagram is authenticated (see
+    /// `docs/SECURITY.md`); two are held during a key rotation.
+    pub keys: Vec<vkernel_proto::auth::Key>,
+    /// Id of the key to send with (default: the last of `keys`).
+    pub send_key: Option<u8>,
+    /// Also encrypt message and data (ChaCha20-Poly1305).
+    pub encrypt: bool,
 }
 
 impl Default for KernelConfig {
@@ -76,6 +83,9 @@ impl Default for KernelConfig {
             seed: None,
             multicast_port: None,
             group_policy: vkernel_proto::GroupPolicy::default(),
+            keys: Vec::new(),
+            send_key: None,
+            encrypt: false,
         }
     }
 }
@@ -277,6 +287,47 @@ pub struct Kernel {
     ks: Option<JoinHandle<()>>,
 }
 
+/// The engine's authentication settings from the host configuration; warns
+/// (once per process) when datagrams will not be authenticated.
+fn auth_config(
+    cfg: &KernelConfig,
+    seed: u64,
+) -> Result<Option<vkernel_proto::auth::AuthConfig>, KernelError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if cfg.keys.is_empty() {
+        if cfg.encrypt {
+            return Err(KernelError::Config("--encrypt needs a cluster key".into()));
+        }
+        if !cfg.bind.ip().is_loopback() && !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "no cluster key: interkernel datagrams are not authenticated (anyone who can reach {} can speak for any host)",
+                cfg.bind
+            );
+        }
+        return Ok(None);
+    }
+    let send_key = match cfg.send_key {
+        Some(id) => id,
+        None => cfg.keys.last().map_or(0, |k| k.id),
+    };
+    if !cfg.keys.iter().any(|k| k.id == send_key) {
+        return Err(KernelError::Config(format!(
+            "send key {send_key} is not among the configured keys"
+        )));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    Ok(Some(vkernel_proto::auth::AuthConfig {
+        keys: cfg.keys.clone(),
+        send_key,
+        encrypt: cfg.encrypt,
+        // Above any counter this host id used before a restart.
+        counter_start: now,
+        salt: (seed ^ (seed >> 32)) as u32 ^ now as u32,
+    }))
+}
+
 fn default_datagram(ip: IpAddr) -> usize {
     if ip.is_loopback() {
         MAX_DATAGRAM
@@ -317,6 +368,7 @@ impl Kernel {
             )));
         }
         let host_timeout = cfg.host_timeout.as_micros() as Micros;
+        let auth = auth_config(&cfg, seed)?;
         let ecfg = Config {
             host_id: cfg.host_id.map(HostId),
             discovery: cfg.peers.iter().copied().filter(|p| *p != me).collect(),
@@ -329,6 +381,7 @@ impl Kernel {
             seed,
             multicast_port: cfg.multicast_port,
             group_policy: cfg.group_policy.clone(),
+            auth,
             ..Config::default()
         };
         let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);

@@ -234,6 +234,9 @@ pub struct Engine {
     next_sweep: Micros,
     stats: Stats,
     encode_buf: Vec<u8>,
+    auth: Option<crate::auth::Auth>,
+    /// Decryption buffer for incoming datagrams (AEAD mode).
+    open_buf: Vec<u8>,
 }
 
 /// Serial-number comparison: is `a` older than `b` within a window?
@@ -257,6 +260,7 @@ impl Engine {
                 next_announce: now,
             },
         };
+        let cfg_auth = cfg.auth.clone();
         let slots = (0..cfg.alien_pool)
             .map(|_| AlienSlot {
                 alien: None,
@@ -287,6 +291,8 @@ impl Engine {
             next_sweep: now,
             stats: Stats::default(),
             encode_buf: Vec::new(),
+            auth: cfg_auth.map(crate::auth::Auth::new),
+            open_buf: Vec::new(),
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -324,7 +330,13 @@ impl Engine {
 
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        let mut t = self.transmits.pop_front()?;
+        // Sealed here, on the way out, so every transmission (and every
+        // re-send of a kept answer) gets a fresh counter.
+        if let Some(a) = self.auth.as_mut() {
+            a.seal(&mut t.data);
+        }
+        Some(t)
     }
 
     /// Next event, if any.
@@ -1176,6 +1188,29 @@ impl Engine {
     /// Processes one received datagram. Malformed or unexpected datagrams are
     /// counted and dropped; this never panics.
     pub fn handle_datagram(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
+        let Some(mut auth) = self.auth.take() else {
+            // A keyed datagram at a host without keys: we cannot check it.
+            if buf.len() > 5 && buf[0] == wire::MAGIC && buf[5] != 0 {
+                self.stats.auth_rejects[crate::auth::Reject::UnknownKey as usize] += 1;
+                return;
+            }
+            return self.handle_plain(now, from, buf);
+        };
+        let mut scratch = std::mem::take(&mut self.open_buf);
+        match auth.open(buf, &mut scratch) {
+            Ok(inner) => {
+                self.auth = Some(auth);
+                self.handle_plain(now, from, inner);
+            }
+            Err(r) => {
+                self.auth = Some(auth);
+                self.stats.auth_rejects[r as usize] += 1;
+            }
+        }
+        self.open_buf = scratch;
+    }
+
+    fn handle_plain(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
         let pkt = match wire::decode(buf) {
             Ok(p) => p,
             Err(e) => {

@@ -15,7 +15,7 @@ fn addr(i: usize) -> SocketAddr {
 }
 
 /// Bytes of chunk data per bulk datagram with `datagram_size = 1200`.
-const CHUNK: usize = 1200 - wire::FIXED_BYTES;
+const CHUNK: usize = 1200 - wire::FIXED_BYTES - crate::auth::TRAILER_BYTES;
 
 /// Decides whether a datagram (from index, to index, bytes) is delivered.
 type Filter = Box<dyn FnMut(usize, usize, &[u8]) -> bool>;
@@ -1931,6 +1931,105 @@ fn group_sends_on_a_lossy_network_deliver_once_and_complete() {
     assert!(timeouts < 150 * 8 / 4, "{timeouts} timeouts");
 }
 
+fn keyed(id: u8, secret: u8, encrypt: bool) -> crate::auth::AuthConfig {
+    crate::auth::AuthConfig {
+        keys: vec![crate::auth::Key {
+            id,
+            secret: [secret; 32],
+        }],
+        send_key: id,
+        encrypt,
+        counter_start: 1 << 40,
+        salt: secret as u32,
+    }
+}
+
+#[test]
+fn keyed_hosts_talk_and_reject_replays_forgeries_and_strangers() {
+    use crate::auth::Reject;
+    for encrypt in [false, true] {
+        let mut n = Net::with(3, |i, c| {
+            c.auth = match i {
+                0 | 1 => Some(keyed(1, 0x11, encrypt)),
+                _ => Some(keyed(1, 0x22, encrypt)), // same id, other secret
+            }
+        });
+        let s = n.e[0].create_process().unwrap();
+        let c = n.e[1].create_process().unwrap();
+        let page = pattern(3, 3000);
+        n.e[1]
+            .send(
+                n.now,
+                c,
+                s,
+                seg_msg(5, SegAccess::READ),
+                Some(SharedBuf::new(page.clone()).lend()),
+            )
+            .unwrap();
+        let mark = n.sent.len();
+        n.run();
+        let req = n.sent[mark].data.clone();
+        let buf = SharedBuf::new(vec![0u8; 4096]);
+        let r = n.e[0]
+            .receive(n.now, s, None, Some(buf.lend()))
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.from, r.seg_bytes), (c, 3000));
+        same_bytes(&buf.snapshot()[..3000], &page, "appended page through auth");
+        if encrypt {
+            assert!(
+                !req.windows(64).any(|w| w == &page[..64]),
+                "page travels encrypted"
+            );
+        }
+        // The captured request replayed: rejected before the protocol.
+        let dups = n.e[0].stats().duplicates;
+        n.inject(0, 1, &req);
+        assert_eq!(n.e[0].stats().auth_rejects_of(Reject::Replay), 1);
+        assert_eq!(n.e[0].stats().duplicates, dups);
+        let before = n.e[0].stats().clone();
+        // Bit flips anywhere, truncation, no key, unknown key.
+        for k in [3usize, 9, 14, 30, 60, req.len() / 2, req.len() - 1] {
+            let mut f = req.clone();
+            f[k] ^= 1;
+            n.inject(0, 1, &f);
+        }
+        n.inject(0, 1, &req[..70]);
+        let mut plain = req.clone();
+        plain[5] = 0;
+        n.inject(0, 1, &plain);
+        let mut other = req.clone();
+        other[5] = 9;
+        n.inject(0, 1, &other);
+        let st = n.e[0].stats();
+        let rejected: u64 = st.auth_rejects.iter().sum::<u64>()
+            - before.auth_rejects.iter().sum::<u64>();
+        // The replay was counted before `before` was taken.
+        assert_eq!(rejected, 7 + 3, "{:?}", st.auth_rejects);
+        let delta = |r: Reject| st.auth_rejects_of(r) - before.auth_rejects_of(r);
+        assert_eq!(delta(Reject::NoKey), 1);
+        assert_eq!(delta(Reject::UnknownKey), 1);
+        assert_eq!(delta(Reject::Truncated), 1);
+        assert_eq!(st.rx, before.rx, "nothing rejected reached the protocol");
+        // The exchange still completes.
+        n.e[0]
+            .reply(n.now, s, c, Message::with_code(6), None)
+            .unwrap();
+        n.run();
+        assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 6);
+        // A host with another secret under the same id is not heard.
+        let x = n.e[2].create_process().unwrap();
+        n.e[2]
+            .send(n.now, x, s, Message::with_code(7), None)
+            .unwrap();
+        n.run();
+        assert!(n.e[0].stats().auth_rejects_of(Reject::BadTag) >= 1);
+        assert!(!completed(&n.e[0], s));
+        n.advance(4_000_000);
+        assert!(matches!(send_err(&mut n.e[2], x), IpcError::Timeout(_)));
+    }
+}
+
 /// Every datagram type the engines emit, recorded from a scenario that
 /// touches each protocol path.
 fn corpus() -> &'static [Vec<u8>] {
@@ -2016,7 +2115,7 @@ fn busy_net() -> (Net, Vec<Pid>) {
 fn check_counted(n: &Net, before: &[(u64, u64)], injected: &[u64]) {
     for (i, e) in n.e.iter().enumerate() {
         let st = e.stats();
-        let rx: u64 = st.rx.iter().sum();
+        let rx: u64 = st.rx.iter().sum::<u64>() + st.auth_rejects.iter().sum::<u64>();
         assert_eq!(
             rx + st.malformed() - (before[i].0 + before[i].1),
             injected[i],
@@ -2040,7 +2139,10 @@ proptest! {
             n.inject(0, 1, d);
         }
         check_counted(&n, &before, &[dgrams.len() as u64, 0]);
-        prop_assert_eq!(n.e[0].stats().malformed(), before[0].1 + dgrams.len() as u64 - dgrams.iter().filter(|d| decode(d).is_ok()).count() as u64);
+        // A keyed datagram at an unkeyed host is an auth reject, not malformed.
+        let keyed = |d: &Vec<u8>| d.len() > 5 && d[0] == wire::MAGIC && d[5] != 0;
+        let bad = dgrams.iter().filter(|d| !keyed(d) && decode(d).is_err()).count() as u64;
+        prop_assert_eq!(n.e[0].stats().malformed(), before[0].1 + bad);
         n.advance(3_000_000);
     }
 

@@ -1,0 +1,386 @@
+//! Authenticated (and optionally encrypted) interkernel datagrams.
+//!
+//! With a cluster key configured, every datagram leaving a host carries a
+//! 28-byte trailer: a per-host random `salt` (4 bytes), a packet `counter`
+//! (8 bytes, strictly increasing per host, started from the wall clock so a
+//! restarted host continues above its old values) and a 16-byte tag. The
+//! header's `key_id` byte names the key. The tag is
+//!
+//! - MAC mode: BLAKE3 keyed hash of the whole datagram (fixed part, data,
+//!   salt, counter), truncated to 16 bytes;
+//! - AEAD mode: ChaCha20-Poly1305 over the message and data (encrypted in
+//!   place), with the 44-byte header, salt and counter as associated data
+//!   and nonce = salt ‖ counter.
+//!
+//! A receiver accepts a datagram only if its key id is one it holds, the tag
+//! verifies, and the counter is new for the sending host (a 128-packet
+//! sliding window per host id, as in IPsec). Anything else is dropped and
+//! counted by reason before the protocol engine sees it. Two keys may be
+//! held at once, so keys rotate without a restart: install the new key
+//! everywhere, switch the send key, then retire the old one.
+
+use chacha20poly1305::aead::AeadInPlace;
+use chacha20poly1305::{ChaCha20Poly1305, KeyInit, Nonce, Tag};
+
+use std::collections::HashMap;
+
+use crate::pid::HostId;
+use crate::wire::{FIXED_BYTES, HEADER_BYTES};
+
+/// Bytes the trailer adds to each datagram.
+pub const TRAILER_BYTES: usize = 4 + 8 + 16;
+
+/// A cluster key: an id (1–255, carried in the header) and 32 secret bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key {
+    /// Carried in the header's `key_id` byte.
+    pub id: u8,
+    /// The secret.
+    pub secret: [u8; 32],
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Key({}, <secret>)", self.id)
+    }
+}
+
+impl Key {
+    /// Parses `ID:HEX64` (64 hex digits = 32 bytes).
+    pub fn parse(s: &str) -> Result<Key, String> {
+        let (id, hex) = s
+            .trim()
+            .split_once(':')
+            .ok_or("a key is ID:HEX (e.g. 1:<64 hex digits>)")?;
+        let id: u8 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("key id `{id}` is not in 1..=255"))?;
+        if id == 0 {
+            return Err("key id 0 means \"no key\"; use 1..=255".into());
+        }
+        let hex = hex.trim();
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("the key secret must be 64 hex digits (32 bytes)".into());
+        }
+        let mut secret = [0u8; 32];
+        for (i, b) in secret.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+                .map_err(|_| "bad hex digit in key")?;
+        }
+        Ok(Key { id, secret })
+    }
+}
+
+/// How datagrams are protected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Keys accepted (at most a few; two during a rotation).
+    pub keys: Vec<Key>,
+    /// Id of the key used to send (must be among `keys`).
+    pub send_key: u8,
+    /// Encrypt message and data (AEAD) instead of only authenticating.
+    pub encrypt: bool,
+    /// First packet counter (the runtime passes wall-clock µs).
+    pub counter_start: u64,
+    /// Per-host random salt (the runtime passes a random value).
+    pub salt: u32,
+}
+
+/// Why an incoming datagram was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reject {
+    /// Shorter than fixed part + trailer.
+    Truncated,
+    /// key_id 0 (unauthenticated) while we require a key.
+    NoKey,
+    /// A key id we do not hold.
+    UnknownKey,
+    /// The tag does not verify (forged, corrupted, wrong key).
+    BadTag,
+    /// The counter was already seen or is too old (replay).
+    Replay,
+}
+
+impl Reject {
+    /// All reasons, in counter order.
+    pub const ALL: [Reject; 5] = [
+        Reject::Truncated,
+        Reject::NoKey,
+        Reject::UnknownKey,
+        Reject::BadTag,
+        Reject::Replay,
+    ];
+}
+
+/// Sliding replay window of one sending host.
+#[derive(Clone, Copy, Default)]
+struct Window {
+    top: u64,
+    bits: u128,
+}
+
+impl Window {
+    /// True (and records it) if `c` was not seen and is within the window.
+    fn accept(&mut self, c: u64) -> bool {
+        if c > self.top {
+            let shift = c - self.top;
+            self.bits = if shift >= 128 { 0 } else { self.bits << shift };
+            self.bits |= 1;
+            self.top = c;
+            return true;
+        }
+        let back = self.top - c;
+        if back >= 128 {
+            return false;
+        }
+        let bit = 1u128 << back;
+        if self.bits & bit != 0 {
+            return false;
+        }
+        self.bits |= bit;
+        true
+    }
+}
+
+/// Seals outgoing and opens incoming datagrams for one host.
+pub(crate) struct Auth {
+    cfg: AuthConfig,
+    counter: u64,
+    windows: HashMap<u16, Window>,
+}
+
+impl Auth {
+    pub(crate) fn new(cfg: AuthConfig) -> Auth {
+        Auth {
+            counter: cfg.counter_start,
+            cfg,
+            windows: HashMap::new(),
+        }
+    }
+
+    fn key(&self, id: u8) -> Option<&Key> {
+        self.cfg.keys.iter().find(|k| k.id == id)
+    }
+
+    /// Appends the trailer (and encrypts in AEAD mode). A datagram whose
+    /// send key is missing goes out unchanged (rejected by peers, counted).
+    pub(crate) fn seal(&mut self, d: &mut Vec<u8>) {
+        if d.len() < FIXED_BYTES {
+            return;
+        }
+        let Some(key) = self.key(self.cfg.send_key).cloned() else {
+            return;
+        };
+        self.counter += 1;
+        d[5] = key.id;
+        let salt = self.cfg.salt.to_be_bytes();
+        let ctr = self.counter.to_be_bytes();
+        if self.cfg.encrypt {
+            let mut aad = [0u8; HEADER_BYTES + 12];
+            aad[..HEADER_BYTES].copy_from_slice(&d[..HEADER_BYTES]);
+            aad[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&salt);
+            aad[HEADER_BYTES + 4..].copy_from_slice(&ctr);
+            let nonce = nonce(&salt, &ctr);
+            let c = ChaCha20Poly1305::new(&key.secret.into());
+            let body = &mut d[HEADER_BYTES..];
+            // Encryption in place of a buffer this size cannot fail (the
+            // limit is 2^38 bytes); on error send nothing useful.
+            let tag = c
+                .encrypt_in_place_detached(&nonce, &aad, body)
+                .unwrap_or_default();
+            d.extend_from_slice(&salt);
+            d.extend_from_slice(&ctr);
+            d.extend_from_slice(&tag);
+        } else {
+            d.extend_from_slice(&salt);
+            d.extend_from_slice(&ctr);
+            let tag = mac(&key.secret, d);
+            d.extend_from_slice(&tag);
+        }
+    }
+
+    /// Verifies `d` and returns the inner datagram (trailer removed, body
+    /// decrypted into `scratch` in AEAD mode).
+    pub(crate) fn open<'a>(
+        &mut self,
+        d: &'a [u8],
+        scratch: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8], Reject> {
+        if d.len() > 5 && d[5] == 0 {
+            return Err(Reject::NoKey);
+        }
+        if d.len() < FIXED_BYTES + TRAILER_BYTES {
+            return Err(Reject::Truncated);
+        }
+        let key = self.key(d[5]).ok_or(Reject::UnknownKey)?.clone();
+        let n = d.len() - TRAILER_BYTES;
+        let (salt, rest) = d[n..].split_at(4);
+        let (ctr, tag) = rest.split_at(8);
+        let counter = u64::from_be_bytes(ctr.try_into().map_err(|_| Reject::Truncated)?);
+        let host = u16::from_be_bytes([d[12], d[13]]) & HostId::MAX;
+        let inner: &[u8] = if self.cfg.encrypt {
+            let mut aad = [0u8; HEADER_BYTES + 12];
+            aad[..HEADER_BYTES].copy_from_slice(&d[..HEADER_BYTES]);
+            aad[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(salt);
+            aad[HEADER_BYTES + 4..].copy_from_slice(ctr);
+            scratch.clear();
+            scratch.extend_from_slice(&d[..n]);
+            let nonce = nonce(salt, ctr);
+            let c = ChaCha20Poly1305::new(&key.secret.into());
+            c.decrypt_in_place_detached(
+                &nonce,
+                &aad,
+                &mut scratch[HEADER_BYTES..],
+                Tag::from_slice(tag),
+            )
+            .map_err(|_| Reject::BadTag)?;
+            &scratch[..]
+        } else {
+            let want = mac(&key.secret, &d[..n + 12]);
+            if !constant_time_eq(&want, tag) {
+                return Err(Reject::BadTag);
+            }
+            &d[..n]
+        };
+        // Only an authentic datagram may move the window.
+        if !self.windows.entry(host).or_default().accept(counter) {
+            return Err(Reject::Replay);
+        }
+        Ok(inner)
+    }
+}
+
+fn nonce(salt: &[u8], ctr: &[u8]) -> Nonce {
+    let mut n = [0u8; 12];
+    n[..4].copy_from_slice(salt);
+    n[4..].copy_from_slice(ctr);
+    n.into()
+}
+
+fn mac(secret: &[u8; 32], data: &[u8]) -> [u8; 16] {
+    let h = blake3::keyed_hash(secret, data);
+    let mut t = [0u8; 16];
+    t.copy_from_slice(&h.as_bytes()[..16]);
+    t
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(encrypt: bool, keys: &[u8], send: u8) -> AuthConfig {
+        AuthConfig {
+            keys: keys
+                .iter()
+                .map(|&id| Key {
+                    id,
+                    secret: [id; 32],
+                })
+                .collect(),
+            send_key: send,
+            encrypt,
+            counter_start: 1000,
+            salt: 7,
+        }
+    }
+
+    fn datagram() -> Vec<u8> {
+        let mut h = crate::wire::Header::new(crate::wire::PacketType::RemoteSend);
+        h.src = crate::Pid(0x0012_0005);
+        h.dst = crate::Pid(0x0034_0006);
+        crate::wire::encode(&h, &crate::Message([1, 2, 3, 4, 5, 6, 7, 8]), b"page data")
+    }
+
+    #[test]
+    fn seal_then_open_round_trips_in_both_modes() {
+        for enc in [false, true] {
+            let (mut a, mut b) = (Auth::new(cfg(enc, &[1], 1)), Auth::new(cfg(enc, &[1], 1)));
+            let plain = datagram();
+            let mut d = plain.clone();
+            a.seal(&mut d);
+            assert_eq!(d.len(), plain.len() + TRAILER_BYTES);
+            assert_eq!(d[5], 1);
+            if enc {
+                assert!(!d.windows(9).any(|w| w == b"page data"), "encrypted");
+            }
+            let mut s = Vec::new();
+            let inner = b.open(&d, &mut s).unwrap().to_vec();
+            assert_eq!(&inner[6..], &plain[6..]);
+            // The same datagram again is a replay.
+            assert_eq!(b.open(&d, &mut s), Err(Reject::Replay));
+        }
+    }
+
+    #[test]
+    fn forged_flipped_truncated_and_wrong_key_datagrams_are_rejected() {
+        for enc in [false, true] {
+            let mut a = Auth::new(cfg(enc, &[1], 1));
+            let mut b = Auth::new(cfg(enc, &[1], 1));
+            let mut d = datagram();
+            a.seal(&mut d);
+            let mut s = Vec::new();
+            for i in [0usize, 8, 12, 30, 50, d.len() - 20, d.len() - 1] {
+                let mut f = d.clone();
+                f[i] ^= 0x40;
+                assert!(b.open(&f, &mut s).is_err(), "flip at {i} accepted");
+            }
+            assert_eq!(b.open(&d[..FIXED_BYTES], &mut s), Err(Reject::Truncated));
+            assert_eq!(b.open(&datagram(), &mut s).err(), Some(Reject::NoKey));
+            let mut other = Auth::new(cfg(enc, &[2], 2));
+            let mut w = datagram();
+            other.seal(&mut w);
+            assert_eq!(b.open(&w, &mut s), Err(Reject::UnknownKey));
+            // Same id, different secret: the tag fails.
+            let mut c = cfg(enc, &[1], 1);
+            c.keys[0].secret = [9; 32];
+            let mut imposter = Auth::new(c);
+            let mut x = datagram();
+            imposter.seal(&mut x);
+            assert_eq!(b.open(&x, &mut s), Err(Reject::BadTag));
+            // The genuine one still passes (rejections moved no window).
+            assert!(b.open(&d, &mut s).is_ok());
+        }
+    }
+
+    #[test]
+    fn rotation_accepts_both_keys_during_the_switch() {
+        let mut old = Auth::new(cfg(false, &[1, 2], 1));
+        let mut new = Auth::new(cfg(false, &[1, 2], 2));
+        let mut after = Auth::new(cfg(false, &[2], 2));
+        let (mut d1, mut d2) = (datagram(), datagram());
+        old.seal(&mut d1);
+        new.seal(&mut d2);
+        let mut s = Vec::new();
+        assert!(new.open(&d1, &mut s).is_ok());
+        assert!(old.open(&d2, &mut s).is_ok());
+        assert_eq!(after.open(&d1, &mut s), Err(Reject::UnknownKey));
+    }
+
+    #[test]
+    fn window_accepts_reordering_and_refuses_old_and_repeated() {
+        let mut w = Window::default();
+        assert!(w.accept(10));
+        assert!(w.accept(12));
+        assert!(w.accept(11));
+        assert!(!w.accept(11));
+        assert!(w.accept(200));
+        assert!(!w.accept(12), "fell out of the window");
+        assert!(w.accept(100));
+        assert!(!w.accept(200));
+    }
+
+    #[test]
+    fn key_parsing() {
+        let k = Key::parse(&format!("3:{}", "ab".repeat(32))).unwrap();
+        assert_eq!((k.id, k.secret[0]), (3, 0xab));
+        assert!(Key::parse("0:00").is_err());
+        assert!(Key::parse(&format!("1:{}", "zz".repeat(32))).is_err());
+        assert!(Key::parse("nonsense").is_err());
+        assert!(!format!("{k:?}").contains("ab"), "secrets stay out of logs");
+    }
+}
