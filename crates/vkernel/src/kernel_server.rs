@@ -14,7 +14,8 @@ use crate::process::Process;
 pub const GET_TIME: u32 = 0x4b_0001;
 /// Process existence: w1 = pid; reply w1 = 1 if it exists, else 0.
 pub const PROCESS_EXISTS: u32 = 0x4b_0002;
-/// Destroy a process of this host: w1 = pid; reply w0 = 0 or `ERR_NO_PROCESS`.
+/// Destroy a process of this host: w1 = pid; reply w0 = 0, `ERR_NO_PROCESS`,
+/// or `ERR_DENIED` (the process runs as a principal the requester does not).
 pub const DESTROY_PROCESS: u32 = 0x4b_0003;
 /// Host info: reply w1 = number of processes, w2 = the machine's 1-minute
 /// load average × 100, w3 = online CPUs. Also answered to group queries on
@@ -63,8 +64,8 @@ pub(crate) fn run(p: Process) {
     p.set_socket_reader(false);
     let mut m = Message::zero();
     loop {
-        let from = match p.receive(&mut m) {
-            Ok(i) => i.from,
+        let (from, principal) = match p.receive(&mut m) {
+            Ok(i) => (i.from, i.principal),
             Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
             Err(_) => continue,
         };
@@ -81,8 +82,12 @@ pub(crate) fn run(p: Process) {
             }
             DESTROY_PROCESS => {
                 let pid = Pid(m.0[1]);
+                let owner = p.shared().with_engine(|e, _| e.principal_of(pid));
                 r.0[0] = if pid == p.pid() {
                     ERR_UNKNOWN_REQUEST
+                } else if owner != 0 && owner != principal {
+                    // A process with a principal is destroyed only by it.
+                    ERR_DENIED
                 } else {
                     match destroy_local(p.shared(), pid) {
                         Ok(()) => OK,

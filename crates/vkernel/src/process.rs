@@ -132,6 +132,9 @@ pub struct Incoming {
     pub seg_bytes: usize,
     /// The process that forwarded the message (== `from` if not forwarded).
     pub forwarder: Pid,
+    /// The principal the sender runs as (authenticated as far as the
+    /// cluster key authenticates its host; 0 = none).
+    pub principal: u32,
 }
 
 /// How a wait should poll the socket while spinning.
@@ -187,6 +190,23 @@ impl Process {
     /// (the host's `KernelConfig::spin` by default). Zero always blocks.
     pub fn set_spin(&self, d: Duration) {
         self.spin.set(d);
+    }
+
+    /// Sets the principal this process runs as (the thesis's
+    /// `userNumber`): it travels with every Send and services may decide
+    /// by it.
+    pub fn set_principal(&self, principal: u32) {
+        let _ = self
+            .shared
+            .with_engine(|e, _| e.set_principal(self.pid, principal));
+    }
+
+    /// Only senders running as one of `principals` may Send to this
+    /// process (`None`: anyone); others get [`IpcError::AccessDenied`].
+    pub fn restrict_senders(&self, principals: Option<Vec<u32>>) {
+        let _ = self
+            .shared
+            .with_engine(|e, _| e.restrict_senders(self.pid, principals));
     }
 
     /// Whether this process, when blocked, also reads the host's socket
@@ -424,6 +444,7 @@ impl Process {
             from: rcv.from,
             seg_bytes: rcv.seg_bytes,
             forwarder: rcv.forwarder,
+            principal: rcv.principal,
         })
     }
 
@@ -643,7 +664,8 @@ impl Process {
         m.0[1] = pid.0;
         self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
         match m.0[0] {
-            0 => Ok(()),
+            ks::OK => Ok(()),
+            ks::ERR_DENIED => Err(IpcError::AccessDenied(pid)),
             _ => Err(IpcError::NoSuchProcess(pid)),
         }
     }

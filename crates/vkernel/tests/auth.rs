@@ -174,3 +174,50 @@ fn keys_rotate_without_a_restart() {
     c.send(&mut stop, s).unwrap();
     h.join().unwrap();
 }
+
+#[test]
+fn principals_travel_with_sends_and_services_can_restrict_them() {
+    let a = host(vec![key(1, 7)], None, false, vec![]);
+    let b = host(vec![key(1, 7)], None, false, vec![a.local_addr()]);
+    a.add_peer(b.local_addr());
+    let (s, h) = a
+        .spawn("restricted", |p: Process| {
+            p.set_principal(500);
+            p.restrict_senders(Some(vec![1000]));
+            let mut m = Message::zero();
+            while let Ok(i) = p.receive(&mut m) {
+                m.0[1] = i.principal;
+                let stop = m.code() == 9;
+                let _ = p.reply(&m, i.from);
+                if stop {
+                    return;
+                }
+            }
+        })
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    for (k, label) in [(&a, "local"), (&b, "remote")] {
+        let alice = k.create_process().unwrap();
+        alice.set_principal(1000);
+        let mallory = k.create_process().unwrap();
+        mallory.set_principal(666);
+        let mut m = Message::with_code(1);
+        alice.send(&mut m, s).unwrap();
+        assert_eq!(m.0[1], 1000, "{label}: the server saw alice's principal");
+        let mut m = Message::with_code(1);
+        assert_eq!(
+            mallory.send(&mut m, s),
+            Err(IpcError::AccessDenied(s)),
+            "{label}: an unlisted principal is refused"
+        );
+        if label == "remote" {
+            // Only the process's own principal may destroy it remotely.
+            assert_eq!(mallory.destroy(s), Err(IpcError::AccessDenied(s)));
+        }
+    }
+    let alice = b.create_process().unwrap();
+    alice.set_principal(1000);
+    let mut stop = Message::with_code(9);
+    alice.send(&mut stop, s).unwrap();
+    h.join().unwrap();
+}

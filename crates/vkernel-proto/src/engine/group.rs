@@ -57,6 +57,7 @@ enum CopyState {
 /// One local member's copy of a group message.
 struct GroupCopy {
     src: Pid,
+    principal: u32,
     seq: u32,
     member: Pid,
     msg: Message,
@@ -127,11 +128,12 @@ impl Groups {
             .map(|c| c.src)
     }
 
-    /// Hands copy `i` to its member: (sender, message, appended bytes).
+    /// Hands copy `i` to its member: (sender, message, appended bytes,
+    /// sender's principal).
     /// A Reply by the member to that sender now answers this copy; an
     /// older one it still held from the same sender is given up (it could
     /// no longer be told apart).
-    pub(crate) fn take(&mut self, i: usize) -> Option<(Pid, Message, &[u8])> {
+    pub(crate) fn take(&mut self, i: usize) -> Option<(Pid, Message, &[u8], u32)> {
         let c = self.copies.get_mut(i)?.as_mut()?;
         c.state = CopyState::Received;
         let key = pair(c.member, c.src);
@@ -145,7 +147,7 @@ impl Groups {
             }
         }
         let c = self.copies.get(i)?.as_ref()?;
-        Some((c.src, c.msg, &c.data))
+        Some((c.src, c.msg, &c.data, c.principal))
     }
 
     fn free_copy(&mut self, i: usize) {
@@ -334,9 +336,10 @@ impl Engine {
         };
         let data = data.to_vec();
         let members = self.group_members(group);
+        let principal = self.principal_of(src);
         for m in members {
             if m != src {
-                self.deliver_copy(now, src, seq, m, msg, &data, mode, None);
+                self.deliver_copy(now, src, seq, m, msg, &data, mode, None, principal);
             }
         }
         Ok(mode)
@@ -369,7 +372,12 @@ impl Engine {
         data: &[u8],
         mode: GroupMode,
         addr: Option<SocketAddr>,
+        principal: u32,
     ) {
+        // A member that does not admit the sender's principal gets nothing.
+        if !self.admits(member, principal) {
+            return;
+        }
         let i = match self.groups.free.pop() {
             Some(i) => i,
             None if self.groups.copies.len() < self.cfg.group_copies => {
@@ -385,6 +393,7 @@ impl Engine {
         m.0[6] = 0;
         self.groups.copies[i] = Some(GroupCopy {
             src,
+            principal,
             seq,
             member,
             msg: m,
@@ -449,7 +458,17 @@ impl Engine {
         msg.0[7] = h.total_length;
         let members = self.group_members(h.dst);
         for m in members {
-            self.deliver_copy(now, h.src, h.seq, m, msg, pkt.data, mode, Some(from));
+            self.deliver_copy(
+                now,
+                h.src,
+                h.seq,
+                m,
+                msg,
+                pkt.data,
+                mode,
+                Some(from),
+                h.user,
+            );
         }
     }
 

@@ -74,6 +74,8 @@ pub struct Received {
     pub seg_bytes: usize,
     /// The process that forwarded it (== `from` if not forwarded).
     pub forwarder: Pid,
+    /// The sender's principal (the thesis's `userNumber`; 0 = none).
+    pub principal: u32,
 }
 
 /// The reply a Send returns.
@@ -112,6 +114,8 @@ struct Retx {
 
 /// A Send in progress, kept in the sender's descriptor.
 struct Outgoing {
+    /// The sender's principal, carried in every datagram of the exchange.
+    principal: u32,
     dst: Pid,
     seq: u32,
     msg: Message,
@@ -148,6 +152,10 @@ struct Proc {
     state: PState,
     queue: VecDeque<Pending>,
     completion: Option<Completion>,
+    /// The principal this process runs as.
+    principal: u32,
+    /// If set, only senders with these principals may Send to it.
+    admits: Option<Vec<u32>>,
 }
 
 #[derive(Debug)]
@@ -168,6 +176,7 @@ struct Saved {
 /// Descriptor standing for a remote sender.
 struct Alien {
     src: Pid,
+    principal: u32,
     seq: u32,
     receiver: Pid,
     /// The receiver the sender's kernel addressed (and still believes it
@@ -510,6 +519,42 @@ impl Engine {
         self.is_local(pid) && pid.is_process() && self.procs.contains_key(&pid.local())
     }
 
+    /// Sets the principal `pid` runs as (carried with its Sends).
+    pub fn set_principal(&mut self, pid: Pid, principal: u32) -> Result<(), IpcError> {
+        let p = self.proc_mut(pid).ok_or(IpcError::NotAProcess(pid))?;
+        p.principal = principal;
+        Ok(())
+    }
+
+    /// Restricts who may Send to `pid`: only senders running as one of
+    /// `principals` (`None` lifts the restriction). Others get
+    /// [`IpcError::AccessDenied`].
+    pub fn restrict_senders(
+        &mut self,
+        pid: Pid,
+        principals: Option<Vec<u32>>,
+    ) -> Result<(), IpcError> {
+        let p = self.proc_mut(pid).ok_or(IpcError::NotAProcess(pid))?;
+        p.admits = principals;
+        Ok(())
+    }
+
+    /// The principal a local process runs as (0 if unknown).
+    pub fn principal_of(&self, pid: Pid) -> u32 {
+        if !self.is_local(pid) {
+            return 0;
+        }
+        self.procs.get(&pid.local()).map_or(0, |p| p.principal)
+    }
+
+    /// True if local process `dst` accepts Sends from `principal`.
+    fn admits(&self, dst: Pid, principal: u32) -> bool {
+        self.procs
+            .get(&dst.local())
+            .and_then(|p| p.admits.as_ref())
+            .is_none_or(|a| a.contains(&principal))
+    }
+
     /// Destroys a local process: its blocked operation fails, senders waiting
     /// on it get `NoSuchProcess`, and remote senders are nAcked.
     pub fn destroy_process(&mut self, now: Micros, pid: Pid) -> Result<(), IpcError> {
@@ -615,7 +660,9 @@ impl Engine {
         };
         let seg_len = seg.as_ref().map_or(0, |s| s.len());
         msg.set_segment(access, seg_len as u32);
+        let principal = self.principal_of(src);
         let out = Outgoing {
+            principal,
             dst,
             seq: self.new_seq(),
             msg,
@@ -648,6 +695,9 @@ impl Engine {
         if self.is_local(dst) {
             if !self.process_exists(dst) {
                 return Err(IpcError::NoSuchProcess(dst));
+            }
+            if !self.admits(dst, principal) {
+                return Err(IpcError::AccessDenied(dst));
             }
             self.set_state(src, PState::Sending(Box::new(out)));
             self.enqueue(now, dst, Pending::Local(src));
@@ -702,6 +752,7 @@ impl Engine {
         h.src = src;
         h.dst = dst;
         h.forwarder = o.forwarder;
+        h.user = o.principal;
         h.flags = if retransmission { F_RETRANSMIT } else { 0 };
         let msg = o.msg;
         let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
@@ -856,6 +907,7 @@ impl Engine {
                         msg: Message::zero(),
                         seg_bytes: 0,
                         forwarder: s,
+                        principal: 0,
                     };
                 };
                 o.received = true;
@@ -871,15 +923,17 @@ impl Engine {
                     msg: o.msg,
                     seg_bytes: n,
                     forwarder: o.forwarder,
+                    principal: o.principal,
                 }
             }
             Pending::Group(i, _) => {
-                let Some((src, msg, data)) = self.groups.take(i) else {
+                let Some((src, msg, data, principal)) = self.groups.take(i) else {
                     return Received {
                         from: Pid::NONE,
                         msg: Message::zero(),
                         seg_bytes: 0,
                         forwarder: Pid::NONE,
+                        principal: 0,
                     };
                 };
                 let mut n = 0;
@@ -892,6 +946,7 @@ impl Engine {
                     msg,
                     seg_bytes: n,
                     forwarder: src,
+                    principal,
                 }
             }
             Pending::Alien(i, _) => {
@@ -902,6 +957,7 @@ impl Engine {
                         msg: Message::zero(),
                         seg_bytes: 0,
                         forwarder: Pid::NONE,
+                        principal: 0,
                     };
                 };
                 a.state = AlienState::Received;
@@ -915,6 +971,7 @@ impl Engine {
                     msg: a.msg,
                     seg_bytes: n,
                     forwarder: a.forwarder,
+                    principal: a.principal,
                 }
             }
         }
@@ -1119,6 +1176,10 @@ impl Engine {
             if to_local && !self.process_exists(to) {
                 return Err(IpcError::NoSuchProcess(to));
             }
+            let p = self.outgoing(from).map_or(0, |o| o.principal);
+            if to_local && !self.admits(to, p) {
+                return Err(IpcError::AccessDenied(to));
+            }
             let Some(o) = self.outgoing_mut(from) else {
                 return Err(IpcError::NotAwaitingReply(from));
             };
@@ -1146,6 +1207,10 @@ impl Engine {
         if self.is_local(to) {
             if !self.process_exists(to) {
                 return Err(IpcError::NoSuchProcess(to));
+            }
+            let p = self.slots[i].alien.as_ref().map_or(0, |a| a.principal);
+            if !self.admits(to, p) {
+                return Err(IpcError::AccessDenied(to));
             }
             let seq = {
                 let Some(a) = self.slots[i].alien.as_mut() else {
@@ -1314,6 +1379,15 @@ impl Engine {
             self.emit(Dest::Addr(from), &n, &Message::zero(), &[]);
             return;
         }
+        if !self.admits(h.dst, h.user) {
+            let mut n = Header::new(PacketType::NAck);
+            n.status = Status::AccessDenied;
+            n.seq = h.seq;
+            n.src = h.dst;
+            n.dst = h.src;
+            self.emit(Dest::Addr(from), &n, &Message::zero(), &[]);
+            return;
+        }
         // The newest seq again, with neither an alien nor a saved answer:
         // the request ran and its answer is gone (evicted from the bounded
         // table, or expired). Only an idempotent request may run again; a
@@ -1352,6 +1426,7 @@ impl Engine {
         msg.0[7] = h.total_length;
         slot.alien = Some(Alien {
             src: h.src,
+            principal: h.user,
             seq: h.seq,
             receiver: h.dst,
             addressed: h.dst,
@@ -1467,8 +1542,14 @@ impl Engine {
         o.remote = None;
         o.received = false;
         o.inbound.clear();
+        let principal = o.principal;
         if self.is_local(new_dst) {
-            if self.process_exists(new_dst) {
+            if !self.admits(new_dst, principal) {
+                self.complete(
+                    h.dst,
+                    Completion::Send(Err(IpcError::AccessDenied(new_dst))),
+                );
+            } else if self.process_exists(new_dst) {
                 self.enqueue(now, new_dst, Pending::Local(h.dst));
             } else {
                 self.complete(
@@ -1486,6 +1567,7 @@ impl Engine {
         if self.remote_waiter(h.dst, h.seq).is_some() {
             let err = match h.status {
                 Status::Busy => IpcError::NoResources,
+                Status::AccessDenied => IpcError::AccessDenied(h.src),
                 _ => IpcError::NoSuchProcess(h.src),
             };
             self.complete(h.dst, Completion::Send(Err(err)));
@@ -1616,6 +1698,8 @@ impl Proc {
             state: PState::Ready,
             queue: VecDeque::new(),
             completion: None,
+            principal: 0,
+            admits: None,
         }
     }
 }

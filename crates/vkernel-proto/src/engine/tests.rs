@@ -2002,8 +2002,8 @@ fn keyed_hosts_talk_and_reject_replays_forgeries_and_strangers() {
         other[5] = 9;
         n.inject(0, 1, &other);
         let st = n.e[0].stats();
-        let rejected: u64 = st.auth_rejects.iter().sum::<u64>()
-            - before.auth_rejects.iter().sum::<u64>();
+        let rejected: u64 =
+            st.auth_rejects.iter().sum::<u64>() - before.auth_rejects.iter().sum::<u64>();
         // The replay was counted before `before` was taken.
         assert_eq!(rejected, 7 + 3, "{:?}", st.auth_rejects);
         let delta = |r: Reject| st.auth_rejects_of(r) - before.auth_rejects_of(r);
