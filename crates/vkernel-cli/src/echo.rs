@@ -77,6 +77,10 @@ pub struct EchoArgs {
     /// `vkernel locate NAME` (a group query) finds this server.
     #[arg(long)]
     group: bool,
+    /// Serve Prometheus metrics (`/metrics`) and JSON (`/stats.json`) over
+    /// HTTP on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -85,6 +89,12 @@ pub struct EchoArgs {
 /// Runs `vkernel echo`.
 pub fn run(a: EchoArgs) -> Result<(), String> {
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    if let Some(m) = a.metrics {
+        let bound = k
+            .serve_metrics(m)
+            .map_err(|e| format!("cannot serve metrics on {m}: {e}"))?;
+        eprintln!("vkernel echo: metrics on http://{bound}/metrics");
+    }
     let lid = logical_id(&a.name);
     let mut pids = Vec::new();
     for i in 0..a.servers.max(1) {

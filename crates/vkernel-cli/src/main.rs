@@ -10,6 +10,7 @@ mod locate;
 mod paper;
 mod ping;
 mod stats;
+mod statscmd;
 mod vkbench;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,9 @@ enum Cmd {
     /// List the logical hosts that answer a query to every kernel server,
     /// least loaded first (host selection).
     Hosts(locate::HostsArgs),
+    /// Live counters of logical hosts, read from their kernel servers
+    /// (table, or --json).
+    Stats(statscmd::StatsArgs),
 }
 
 fn main() {
@@ -63,6 +67,7 @@ fn main() {
         Some(Cmd::Ping(a)) => ping::run(a),
         Some(Cmd::Locate(a)) => locate::run(a),
         Some(Cmd::Hosts(a)) => locate::run_hosts(a),
+        Some(Cmd::Stats(a)) => statscmd::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

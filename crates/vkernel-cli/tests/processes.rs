@@ -286,3 +286,41 @@ fn demo_and_bench_run_and_report() {
         assert!(pos(&peers[k]["median_us"]), "{k}: {peers}");
     }
 }
+
+#[test]
+fn stats_reads_a_remote_host_and_metrics_are_served() {
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let metrics = format!("127.0.0.1:{port}");
+    let (_echo, addr) = start_echo("127.0.0.1:0", &["--metrics", &metrics]);
+    let (ok, out, err) = ping(&["--peer", &addr, "-n", "500"]);
+    assert!(ok, "{out}\n{err}");
+    let o = Command::new(BIN)
+        .args(["stats", "--peer", &addr, "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(
+        j["datagrams_rx"]["RemoteSend"].as_u64().unwrap() >= 600,
+        "{j}"
+    );
+    let o = Command::new(BIN)
+        .args(["stats", "--peer", &addr, "--watch", "100ms", "--count", "2"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && table.matches("remote ex").count() == 2,
+        "{table}"
+    );
+    let mut t = std::net::TcpStream::connect(&metrics).unwrap();
+    std::io::Write::write_all(&mut t, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut t, &mut body).unwrap();
+    assert!(body.contains("vkernel_datagrams_received_total{"), "{body}");
+}

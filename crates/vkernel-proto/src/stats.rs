@@ -1,7 +1,109 @@
 //! Counters kept by the engine. Cheap plain integers; the runtime copies them
 //! out under its lock.
 
+use std::collections::BTreeMap;
+
 use crate::wire::{DecodeError, PacketType};
+
+/// At most this many peer hosts get their own traffic counters; the rest
+/// are summed in [`Stats::other_peers`].
+pub const MAX_PEERS: usize = 1024;
+
+/// A log2 histogram: bucket 0 counts zeros, bucket i ≥ 1 values in
+/// [2^(i−1), 2^i). Each bucket also sums its values, so the distribution
+/// can be read by count and by volume (bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Histogram {
+    /// Values per bucket.
+    pub counts: [u64; 32],
+    /// Sum of the values per bucket.
+    pub sums: [u64; 32],
+}
+
+impl Histogram {
+    /// Bucket index of `v`.
+    pub fn bucket(v: u64) -> usize {
+        (64 - v.leading_zeros() as usize).min(31)
+    }
+
+    /// Counts one value.
+    pub fn record(&mut self, v: u64) {
+        let b = Self::bucket(v);
+        self.counts[b] += 1;
+        self.sums[b] = self.sums[b].saturating_add(v);
+    }
+
+    /// Number of values.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Sum of all values.
+    pub fn sum(&self) -> u64 {
+        self.sums.iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// Exclusive upper bound of bucket `i` (1 for bucket 0).
+    pub fn upper(i: usize) -> u64 {
+        1u64 << i.min(63)
+    }
+
+    /// An upper bound of the `q` quantile (0..=1): the top of the bucket
+    /// holding it; 0 when empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        let n = self.count();
+        if n == 0 {
+            return 0;
+        }
+        let want = ((n as f64) * q.clamp(0.0, 1.0)).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return if i == 0 { 0 } else { Self::upper(i) - 1 };
+            }
+        }
+        Self::upper(31)
+    }
+}
+
+/// Traffic exchanged with one peer logical host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerTraffic {
+    /// Datagrams sent to it.
+    pub tx_datagrams: u64,
+    /// Bytes sent to it.
+    pub tx_bytes: u64,
+    /// Datagrams received from it.
+    pub rx_datagrams: u64,
+    /// Bytes received from it.
+    pub rx_bytes: u64,
+    /// Messages (RemoteSend, RemoteReply) sent to it.
+    pub tx_messages: u64,
+    /// Messages received from it.
+    pub rx_messages: u64,
+}
+
+impl PeerTraffic {
+    fn add(&mut self, tx: bool, bytes: usize, message: bool) {
+        let (d, b, m) = if tx {
+            (
+                &mut self.tx_datagrams,
+                &mut self.tx_bytes,
+                &mut self.tx_messages,
+            )
+        } else {
+            (
+                &mut self.rx_datagrams,
+                &mut self.rx_bytes,
+                &mut self.rx_messages,
+            )
+        };
+        *d += 1;
+        *b += bytes as u64;
+        *m += u64::from(message);
+    }
+}
 
 /// Why a datagram that decoded was still dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +174,23 @@ pub struct Stats {
     pub group_copies_exhausted: u64,
     /// Replies to group Sends received (first and later).
     pub group_replies: u64,
+    /// Sizes of the messages (RemoteSend and RemoteReply datagrams, bytes)
+    /// sent and received.
+    pub message_sizes: Histogram,
+    /// Sizes of the segment parts appended to messages (bytes; only
+    /// messages that carry one).
+    pub segment_sizes: Histogram,
+    /// Per peer host (by id): datagrams, bytes and messages each way.
+    pub peers: BTreeMap<u16, PeerTraffic>,
+    /// Traffic of peers beyond [`MAX_PEERS`].
+    pub other_peers: PeerTraffic,
+    /// Send-to-reply latency of local exchanges, µs.
+    pub local_latency_us: Histogram,
+    /// Send-to-reply latency of remote exchanges, µs (from the first
+    /// transmission).
+    pub remote_latency_us: Histogram,
+    /// MoveTo/MoveFrom operations completed (see also `bulk_bytes`).
+    pub bulk_moves: u64,
     /// Datagrams rejected by authentication, by
     /// [`Reject`](crate::auth::Reject) (truncated, no key, unknown key, bad
     /// tag, replay). They never reach the protocol.
@@ -87,6 +206,34 @@ impl Stats {
     pub(crate) fn tx_type(&mut self, t: PacketType, bytes: usize) {
         self.tx[t as usize - 1] += 1;
         self.tx_bytes += bytes as u64;
+    }
+
+    /// Counts one datagram to (`tx`) or from a peer host, by its header.
+    pub(crate) fn datagram(
+        &mut self,
+        tx: bool,
+        peer: u16,
+        ptype: PacketType,
+        bytes: usize,
+        data: usize,
+    ) {
+        let message = matches!(ptype, PacketType::RemoteSend | PacketType::RemoteReply);
+        if message {
+            self.message_sizes.record(bytes as u64);
+            if data > 0 {
+                self.segment_sizes.record(data as u64);
+            }
+        }
+        let n = self.peers.len();
+        match self.peers.get_mut(&peer) {
+            Some(p) => p.add(tx, bytes, message),
+            None if n < MAX_PEERS => {
+                let mut p = PeerTraffic::default();
+                p.add(tx, bytes, message);
+                self.peers.insert(peer, p);
+            }
+            None => self.other_peers.add(tx, bytes, message),
+        }
     }
 
     pub(crate) fn decode_error(&mut self, e: DecodeError) {

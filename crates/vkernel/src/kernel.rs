@@ -228,6 +228,21 @@ impl Shared {
         Duration::from_micros(t.saturating_sub(now)).min(cap)
     }
 
+    /// The counters and gauges, copied under the lock.
+    pub(crate) fn snapshot(&self) -> (Stats, crate::metrics::Gauges) {
+        self.with_engine(|e, now| {
+            (
+                e.stats().clone(),
+                crate::metrics::Gauges {
+                    host: e.host_id().map_or(0, |h| h.0),
+                    processes: e.process_count() as u64,
+                    queued: e.queued_messages() as u64,
+                    uptime_us: now,
+                },
+            )
+        })
+    }
+
     pub(crate) fn register(&self, pid: Pid, w: Arc<Waiter>) {
         self.lock().waiters.insert(pid, w);
     }
@@ -520,6 +535,25 @@ impl Kernel {
     /// A copy of the protocol counters.
     pub fn stats(&self) -> Stats {
         self.shared.with_engine(|e, _| e.stats().clone())
+    }
+
+    /// Every counter and gauge as JSON (the same document `vkernel stats`
+    /// reads from a host's kernel server).
+    pub fn stats_json(&self) -> String {
+        let (s, g) = self.shared.snapshot();
+        crate::metrics::to_json(&s, &g)
+    }
+
+    /// Every counter and gauge in the Prometheus text format.
+    pub fn prometheus(&self) -> String {
+        let (s, g) = self.shared.snapshot();
+        crate::metrics::to_prometheus(&s, &g)
+    }
+
+    /// Serves `/metrics` (Prometheus) and `/stats.json` over HTTP on
+    /// `addr` until the host shuts down; returns the bound address.
+    pub fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        crate::metrics::serve(self.shared.clone(), addr)
     }
 
     /// Datagram-layer counters (injected faults, send errors).

@@ -26,6 +26,10 @@ pub const HOST_INFO: u32 = 0x4b_0004;
 pub const JOIN_GROUP: u32 = 0x4b_0005;
 /// LeaveGroup for a process of this host: w1 = group, w2 = pid.
 pub const LEAVE_GROUP: u32 = 0x4b_0006;
+/// The host's counters: the requester lends a write segment; the reply
+/// writes the JSON document (see `metrics::to_json`) into it, w1 = its
+/// length (0 if the segment is too small: w2 = the length needed).
+pub const STATS: u32 = 0x4b_0007;
 
 /// Reply code: success.
 pub const OK: u32 = 0;
@@ -113,6 +117,19 @@ pub(crate) fn run(p: Process) {
                 r.0[3] = crate::sys::online_cpus() as u32;
             }
             _ => r.0[0] = ERR_UNKNOWN_REQUEST,
+        }
+        if m.code() == STATS {
+            let (s, g) = p.shared().snapshot();
+            let doc = crate::metrics::to_json(&s, &g);
+            let room = (m.seg_len() as usize).min(vkernel_proto::MAX_APPEND);
+            if m.seg_access().write && doc.len() <= room {
+                r.0[1] = doc.len() as u32;
+                let _ = p.reply_with_segment(&r, from, 0, doc.as_bytes());
+            } else {
+                r.0[2] = doc.len() as u32;
+                let _ = p.reply(&r, from);
+            }
+            continue;
         }
         // The requester may have gone; nothing to do then.
         let _ = p.reply(&r, from);

@@ -28,6 +28,7 @@
 mod kernel;
 pub mod kernel_server;
 mod lent;
+pub mod metrics;
 pub mod net;
 mod process;
 pub mod sys;

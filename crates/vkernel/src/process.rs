@@ -590,6 +590,27 @@ impl Process {
         Some(from)
     }
 
+    /// The counters of logical host `host` as JSON, read by message from
+    /// its kernel server (this host's too).
+    pub fn host_stats(&self, host: vkernel_proto::HostId) -> Result<String, IpcError> {
+        let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
+        let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
+        let r = self.send_with_segment(
+            &mut m,
+            Pid::new(host, KERNEL_SERVER_LOCAL_ID),
+            Segment::Write(&mut buf),
+        )?;
+        let n = (m.0[1] as usize).min(r.seg_bytes);
+        if n == 0 {
+            return Err(IpcError::SegmentTooLarge {
+                max: vkernel_proto::MAX_APPEND,
+            });
+        }
+        buf.truncate(n);
+        String::from_utf8(buf)
+            .map_err(|_| IpcError::Refused(Pid::new(host, KERNEL_SERVER_LOCAL_ID)))
+    }
+
     /// Host selection (thesis §6): a multi-reply HOST_INFO query to every
     /// host's kernel server. Gathers answers until one comes from an idle
     /// host (load below `idle_load`), `max` have arrived, or `limit` passes;

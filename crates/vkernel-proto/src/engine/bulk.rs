@@ -123,6 +123,7 @@ impl Engine {
             }
             seg.bytes_mut()[off..off + n].copy_from_slice(src.bytes());
             self.stats.bulk_bytes += n as u64;
+            self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
         let i = self.received_alien(target, mover)?;
@@ -206,6 +207,7 @@ impl Engine {
             }
             dest.bytes_mut().copy_from_slice(&seg.bytes()[off..off + n]);
             self.stats.bulk_bytes += n as u64;
+            self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
         let i = self.received_alien(source, mover)?;
@@ -226,6 +228,7 @@ impl Engine {
             dest.bytes_mut()
                 .copy_from_slice(&self.slots[i].data[off..off + n]);
             self.stats.bulk_bytes += n as u64;
+            self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
         let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
@@ -570,6 +573,7 @@ impl Engine {
         if op.done.full() {
             let n = op.total;
             self.stats.bulk_bytes += n as u64;
+            self.stats.bulk_moves += 1;
             self.complete(h.dst, Completion::Move(Ok(n)));
             return;
         }
@@ -689,6 +693,7 @@ impl Engine {
         if op.done.full() {
             let n = op.total;
             self.stats.bulk_bytes += n as u64;
+            self.stats.bulk_moves += 1;
             self.complete(h.dst, Completion::Move(Ok(n)));
             return;
         }

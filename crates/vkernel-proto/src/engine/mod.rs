@@ -116,6 +116,8 @@ struct Retx {
 struct Outgoing {
     /// The sender's principal, carried in every datagram of the exchange.
     principal: u32,
+    /// When the Send began (latency histograms).
+    started: Micros,
     dst: Pid,
     seq: u32,
     msg: Message,
@@ -337,9 +339,22 @@ impl Engine {
         self.procs.len()
     }
 
+    /// Messages queued for local receivers (not yet received).
+    pub fn queued_messages(&self) -> usize {
+        self.procs.values().map(|p| p.queue.len()).sum()
+    }
+
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let mut t = self.transmits.pop_front()?;
+        if t.data.len() >= wire::FIXED_BYTES {
+            let d = &t.data;
+            if let Some(pt) = PacketType::from_u8(d[2]) {
+                let peer = u16::from_be_bytes([d[16], d[17]]) & HostId::MAX;
+                self.stats
+                    .datagram(true, peer, pt, d.len(), d.len() - wire::FIXED_BYTES);
+            }
+        }
         // Sealed here, on the way out, so every transmission (and every
         // re-send of a kept answer) gets a fresh counter.
         if let Some(a) = self.auth.as_mut() {
@@ -663,6 +678,7 @@ impl Engine {
         let principal = self.principal_of(src);
         let out = Outgoing {
             principal,
+            started: now,
             dst,
             seq: self.new_seq(),
             msg,
@@ -1066,7 +1082,11 @@ impl Engine {
                     n = d.len();
                 }
             }
+            let started = o.started;
             self.stats.local_exchanges += 1;
+            self.stats
+                .local_latency_us
+                .record(now.saturating_sub(started));
             self.complete(
                 to,
                 Completion::Send(Ok(ReplyInfo {
@@ -1285,6 +1305,8 @@ impl Engine {
         };
         self.stats.rx_type(pkt.header.ptype, buf.len());
         let h = pkt.header;
+        self.stats
+            .datagram(false, h.src.host().0, h.ptype, buf.len(), pkt.data.len());
         match h.ptype {
             PacketType::LogicalHostRequest | PacketType::LogicalHostComplaint => {
                 return self.on_host_alloc(now, from, &pkt);
@@ -1502,6 +1524,7 @@ impl Engine {
             .as_ref()
             .filter(|r| !r.retransmitted)
             .map(|r| now.saturating_sub(r.sent_at));
+        let whole = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
@@ -1509,6 +1532,9 @@ impl Engine {
             self.rtt.entry(h.src.host()).or_default().sample(s);
         }
         self.stats.remote_exchanges += 1;
+        if let Some(l) = whole {
+            self.stats.remote_latency_us.record(l);
+        }
         self.complete(
             h.dst,
             Completion::Send(Ok(ReplyInfo {
