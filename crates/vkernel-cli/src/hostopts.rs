@@ -61,6 +61,10 @@ pub struct HostOpts {
     /// Also encrypt message and data (ChaCha20-Poly1305), not only authenticate.
     #[arg(long)]
     pub encrypt: bool,
+    /// Record every datagram and exchange phase in FILE (JSON lines) for
+    /// `vkernel trace report`.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {
@@ -107,6 +111,7 @@ impl HostOpts {
         }
         KernelConfig {
             keys,
+            trace: self.trace.clone(),
             send_key: self.send_key,
             encrypt: self.encrypt,
             bind: self.bind,

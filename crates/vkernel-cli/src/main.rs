@@ -11,6 +11,7 @@ mod paper;
 mod ping;
 mod stats;
 mod statscmd;
+mod tracecmd;
 mod vkbench;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,9 @@ enum Cmd {
     /// Live counters of logical hosts, read from their kernel servers
     /// (table, or --json).
     Stats(statscmd::StatsArgs),
+    /// Characterize recorded message traces (--trace FILE): sizes,
+    /// destinations, rates, latency by phase, conservation; Chrome export.
+    Trace(tracecmd::TraceArgs),
 }
 
 fn main() {
@@ -68,6 +72,7 @@ fn main() {
         Some(Cmd::Locate(a)) => locate::run(a),
         Some(Cmd::Hosts(a)) => locate::run_hosts(a),
         Some(Cmd::Stats(a)) => statscmd::run(a),
+        Some(Cmd::Trace(a)) => tracecmd::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

@@ -324,3 +324,88 @@ fn stats_reads_a_remote_host_and_metrics_are_served() {
     std::io::Read::read_to_string(&mut t, &mut body).unwrap();
     assert!(body.contains("vkernel_datagrams_received_total{"), "{body}");
 }
+
+#[test]
+fn trace_report_characterizes_and_its_conservation_check_finds_injected_drops() {
+    let dir = std::env::temp_dir().join(format!("vktrace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = |files: &[std::path::PathBuf]| -> serde_json::Value {
+        let o = Command::new(BIN)
+            .args(["trace", "report", "--json"])
+            .args(files)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    for (loss, tag) in [("", "clean"), ("loss=0.1,seed=9", "lossy")] {
+        let (ta, tb) = (
+            dir.join(format!("{tag}-a.jsonl")),
+            dir.join(format!("{tag}-b.jsonl")),
+        );
+        // Keep its stdout open: it prints a report when it exits.
+        let (mut echo, addr, _stdout) =
+            start_echo_for("127.0.0.1:0", "3s", &["--trace", ta.to_str().unwrap()]);
+        let mut args = vec![
+            "--peer",
+            &addr,
+            "-n",
+            "400",
+            "--trace",
+            tb.to_str().unwrap(),
+        ];
+        if !loss.is_empty() {
+            args.extend(["--fault", loss]);
+        }
+        let (ok, out, err) = ping(&args);
+        assert!(ok, "{out}{err}");
+        assert!(echo.0.wait().unwrap().success());
+        let j = report(&[ta.clone(), tb.clone()]);
+        assert!(j["messages"].as_u64().unwrap() >= 800, "{j}");
+        let handler = &j["phases_us"][2];
+        assert!(handler["n"].as_u64().unwrap() >= 400, "{j}");
+        let dropped: u64 = j["conservation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dropped"].as_u64().unwrap())
+            .sum();
+        let sent: u64 = j["conservation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["sent"].as_u64().unwrap())
+            .sum();
+        if loss.is_empty() {
+            assert_eq!(dropped, 0, "{j}");
+        } else {
+            assert!(
+                dropped > 10 && dropped < sent / 4,
+                "{dropped} of {sent}: {j}"
+            );
+        }
+        if tag == "lossy" {
+            let chrome = dir.join("chrome.json");
+            let o = Command::new(BIN)
+                .args(["trace", "report", "--out"])
+                .arg(&dir)
+                .arg("--chrome")
+                .arg(&chrome)
+                .args([&ta, &tb])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                text.contains("conservation") && text.contains("dropped"),
+                "{text}"
+            );
+            let c: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+            assert!(c["traceEvents"].as_array().unwrap().len() > 400);
+            assert!(std::fs::read_to_string(dir.join("sizes.svg"))
+                .unwrap()
+                .contains("<svg"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

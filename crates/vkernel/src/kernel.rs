@@ -65,6 +65,9 @@ pub struct KernelConfig {
     pub send_key: Option<u8>,
     /// Also encrypt message and data (ChaCha20-Poly1305).
     pub encrypt: bool,
+    /// Record every datagram and exchange phase in this file (JSON lines;
+    /// see `vkernel trace report`).
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for KernelConfig {
@@ -86,6 +89,7 @@ impl Default for KernelConfig {
             keys: Vec::new(),
             send_key: None,
             encrypt: false,
+            trace: None,
         }
     }
 }
@@ -132,6 +136,7 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     pub(crate) spin: Duration,
     pub(crate) host: HostId,
+    pub(crate) tracer: Option<crate::trace::Tracer>,
 }
 
 thread_local! {
@@ -188,6 +193,11 @@ impl Shared {
                 .store(st.engine.poll_timeout(), Ordering::Release);
             r
         };
+        if let Some(tr) = &self.tracer {
+            for t in &out {
+                tr.datagram(true, &t.data);
+            }
+        }
         for t in out {
             self.net.send(t.to, t.data);
         }
@@ -208,6 +218,9 @@ impl Shared {
                 };
                 n += 1;
                 let data = &buf[..len];
+                if let Some(tr) = &self.tracer {
+                    tr.datagram(false, data);
+                }
                 self.with_engine(|e, now| e.handle_datagram(now, from, data));
             }
         });
@@ -288,6 +301,9 @@ impl Shared {
             }
             self.run_timers_if_due();
             self.net.flush_due();
+            if let Some(t) = &self.tracer {
+                t.flush();
+            }
         }
     }
 }
@@ -417,6 +433,10 @@ impl Kernel {
             stop: AtomicBool::new(false),
             spin: cfg.spin,
             host: HostId(0),
+            tracer: match &cfg.trace {
+                Some(p) => Some(crate::trace::Tracer::create(p)?),
+                None => None,
+            },
         };
         // Allocate the host id before anyone else sees the state.
         let deadline = Instant::now() + alloc_wait;
@@ -452,6 +472,9 @@ impl Kernel {
             );
         };
         shared.host = host;
+        if let Some(t) = &shared.tracer {
+            t.set_host(host.0);
+        }
         let shared = Arc::new(shared);
         let bg = {
             let s = shared.clone();

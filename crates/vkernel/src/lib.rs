@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod net;
 mod process;
 pub mod sys;
+mod trace;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;

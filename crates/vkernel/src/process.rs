@@ -19,6 +19,7 @@ use crate::kernel::{destroy_local, Shared};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
 use crate::sys::{poll2, EventFd};
+use crate::trace::Phase;
 
 /// Wake-up state of one process.
 pub(crate) struct Waiter {
@@ -327,6 +328,7 @@ impl Process {
     pub fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
         let m = *msg;
+        self.trace(Phase::Send, self.pid, to, true);
         self.shared
             .with_engine(|e, now| e.send(now, self.pid, to, m, None))?;
         self.finish_send(msg, to)
@@ -356,6 +358,7 @@ impl Process {
         };
         msg.set_segment(access, vkernel_proto::SegMem::len(&*lent) as u32);
         let m = *msg;
+        self.trace(Phase::Send, self.pid, to, true);
         let r = self
             .shared
             .with_engine(|e, now| e.send(now, self.pid, to, m, Some(lent)));
@@ -365,16 +368,25 @@ impl Process {
     }
 
     fn finish_send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
-        match self.wait(self.expect_for(to))? {
-            Completion::Send(Ok(r)) => {
+        let r = match self.wait(self.expect_for(to)) {
+            Ok(Completion::Send(Ok(r))) => {
                 *msg = r.msg;
                 Ok(Reply {
                     from: r.from,
                     seg_bytes: r.seg_bytes,
                 })
             }
-            Completion::Send(Err(e)) => Err(e),
-            _ => Err(IpcError::Busy(self.pid)),
+            Ok(Completion::Send(Err(e))) | Err(e) => Err(e),
+            Ok(_) => Err(IpcError::Busy(self.pid)),
+        };
+        let by = r.as_ref().map_or(to, |r| r.from);
+        self.trace(Phase::Complete, self.pid, by, r.is_ok());
+        r
+    }
+
+    fn trace(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
+        if let Some(t) = &self.shared.tracer {
+            t.phase(p, src, dst, ok);
         }
     }
 
@@ -440,6 +452,7 @@ impl Process {
         }
         let rcv = r?;
         *msg = rcv.msg;
+        self.trace(Phase::Deliver, rcv.from, self.pid, true);
         Ok(Incoming {
             from: rcv.from,
             seg_bytes: rcv.seg_bytes,
@@ -451,6 +464,7 @@ impl Process {
     /// Reply: `to` must be awaiting reply from this process. Does not block.
     pub fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
         let m = *msg;
+        self.trace(Phase::Reply, to, self.pid, true);
         self.shared
             .with_engine(|e, now| e.reply(now, self.pid, to, m, None))
     }
@@ -465,6 +479,7 @@ impl Process {
         data: &[u8],
     ) -> Result<(), IpcError> {
         let m = *msg;
+        self.trace(Phase::Reply, to, self.pid, true);
         self.shared
             .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, data))))
     }
