@@ -24,8 +24,9 @@ use crate::vkbench::{self, Op, Placement};
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
-    /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process groups).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
+    /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process
+    /// groups, 9 observability).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9")]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.
     #[arg(long)]
@@ -51,7 +52,7 @@ pub struct BenchArgs {
 impl Default for BenchArgs {
     fn default() -> Self {
         BenchArgs {
-            sections: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
             quick: false,
             count: None,
             placement: "spin".into(),
@@ -713,13 +714,93 @@ fn section_groups(c: &mut Ctx) -> Result<Value, String> {
     }))
 }
 
+fn section_observability(c: &mut Ctx, out: &std::path::Path) -> Result<Value, String> {
+    println!(
+        "\n9. Observability: the cost of metrics and tracing, and a traced characterization run"
+    );
+    let dir = out.join("trace");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = [dir.join("host-a.jsonl"), dir.join("host-b.jsonl")];
+    let mk = |metrics: bool, trace: bool| {
+        vkbench::host_pair_with(c.pl, FaultConfig::default(), |i, k| {
+            k.metrics = metrics;
+            k.trace = trace.then(|| files[i].clone());
+        })
+    };
+    let setups = [
+        ("metrics off", mk(false, false)?),
+        ("metrics on", mk(true, false)?),
+        ("metrics + tracing", mk(true, true)?),
+    ];
+    let servers: Vec<_> = setups
+        .iter()
+        .map(|(_, (ka, _))| vkbench::start_server(ka, c.pl))
+        .collect::<Result<_, _>>()?;
+    // Alternate the three in rounds so drift hits them alike.
+    let rounds = 4;
+    let per = (c.n / rounds).max(50);
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+    for _ in 0..rounds {
+        for (i, (_, (_, kb))) in setups.iter().enumerate() {
+            samples[i].extend(vkbench::exchanges(
+                kb,
+                servers[i].0,
+                Op::Null,
+                per,
+                c.warm / 4,
+                c.pl,
+            )?);
+        }
+    }
+    let sums: Vec<Summary> = samples.iter_mut().map(|s| Summary::of(s)).collect();
+    println!("  remote Send-Receive-Reply µs     median      p99   vs metrics off");
+    let mut rows = Vec::new();
+    for (i, (name, _)) in setups.iter().enumerate() {
+        let r = sums[i].median_us / sums[0].median_us.max(1e-9);
+        println!(
+            "  {name:<30} {:>8.2} {:>8.1} {:>10.3}×",
+            sums[i].median_us, sums[i].p99_us, r
+        );
+        rows.push(json!({"setup": name, "latency": sums[i], "ratio_vs_off": r}));
+    }
+    // A traced mixed workload on the traced pair: page reads and writes,
+    // small exchanges, 64 KiB moves.
+    let (ka, kb) = &setups[2].1;
+    let sp = servers[2].0;
+    let k = if c.quick { 100 } else { 500 };
+    for (op, n) in [
+        (Op::Null, k),
+        (Op::PageRead(4096), k),
+        (Op::PageWrite(512), k),
+        (Op::Echo(200), k),
+        (Op::MoveFrom(60_000), k / 10),
+    ] {
+        vkbench::exchanges(kb, sp, op, n, 0, c.pl)?;
+        vkbench::exchanges(ka, sp, op, n / 4, 0, c.pl)?;
+    }
+    for ((_, (_, kb)), (pid, h)) in setups.iter().zip(servers) {
+        // Each server is stopped from its own pair (the pairs do not know
+        // each other).
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
+        vkbench::stop_server(&probe, pid, h);
+    }
+    drop(setups);
+    println!(
+        "\n  characterization of the traced run (vkernel trace report {}/*.jsonl):",
+        dir.display()
+    );
+    let report =
+        crate::tracecmd::report_files(&files, false, Some(&dir), Some(&dir.join("chrome.json")))?;
+    Ok(json!({"overhead": rows, "characterization": report}))
+}
+
 /// Runs the benchmark.
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let pl = placement(&a.placement)?;
     let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
     for s in &a.sections {
-        if !(1..=8).contains(s) {
-            return Err(format!("unknown section {s} (1..=8)"));
+        if !(1..=9).contains(s) {
+            return Err(format!("unknown section {s} (1..=9)"));
         }
     }
     let started = Instant::now();
@@ -781,6 +862,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
             6 => section_load(&mut c)?,
             8 => section_groups(&mut c)?,
+            9 => section_observability(&mut c, &a.out)?,
             _ => {
                 let (v, series) = section_peers(&mut c)?;
                 peer_series = series;

@@ -129,7 +129,19 @@ pub fn run(a: TraceArgs) -> Result<(), String> {
 }
 
 fn report(a: ReportArgs) -> Result<(), String> {
-    let (evs, bad) = load(&a.files)?;
+    report_files(&a.files, a.json, a.out.as_deref(), a.chrome.as_deref()).map(|_| ())
+}
+
+/// Characterizes trace `files`: prints the report (as JSON if `json`),
+/// writes charts to `out` and a Chrome trace to `chrome` if given, and
+/// returns the report document.
+pub fn report_files(
+    files: &[PathBuf],
+    json: bool,
+    out: Option<&std::path::Path>,
+    chrome: Option<&std::path::Path>,
+) -> Result<Value, String> {
+    let (evs, bad) = load(files)?;
     if evs.is_empty() {
         return Err("no trace events in the given files".into());
     }
@@ -277,7 +289,7 @@ fn report(a: ReportArgs) -> Result<(), String> {
         "phases_us": phases.iter().map(|(n, (m, p), c)| json!({"phase": n, "median": m, "p99": p, "n": c})).collect::<Vec<_>>(),
         "conservation": conservation.iter().map(|(f, t, s, r)| json!({"from": f, "to": t, "sent": s, "received": r, "dropped": s.saturating_sub(*r)})).collect::<Vec<_>>(),
     });
-    if a.json {
+    if json {
         println!("{doc}");
     } else {
         print_report(
@@ -290,7 +302,7 @@ fn report(a: ReportArgs) -> Result<(), String> {
             &rates,
         );
     }
-    if let Some(dir) = &a.out {
+    if let Some(dir) = out {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let series = vec![(
             "messages per 100 ms".to_string(),
@@ -340,7 +352,7 @@ fn report(a: ReportArgs) -> Result<(), String> {
             dir.display()
         );
     }
-    if let Some(path) = &a.chrome {
+    if let Some(path) = chrome {
         let mut events = spans;
         for e in &tx {
             events.push(json!({"name": e.ty, "ph": "i", "s": "t", "ts": e.t,
@@ -351,7 +363,7 @@ fn report(a: ReportArgs) -> Result<(), String> {
         std::fs::write(path, out.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("chrome trace: {}", path.display());
     }
-    Ok(())
+    Ok(doc)
 }
 
 type Phases<'a> = [(&'a str, (u64, u64), usize); 4];

@@ -74,20 +74,31 @@ fn kcfg(pl: Placement) -> KernelConfig {
 
 /// Two logical hosts on loopback that know each other.
 pub fn host_pair(pl: Placement, faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
-    let a = Kernel::start(KernelConfig {
+    host_pair_with(pl, faults, |_, _| {})
+}
+
+/// Like [`host_pair`]; `adjust(i, cfg)` changes host i's (0 or 1) settings.
+pub fn host_pair_with(
+    pl: Placement,
+    faults: FaultConfig,
+    adjust: impl Fn(usize, &mut KernelConfig),
+) -> Result<(Kernel, Kernel), String> {
+    let mut ca = KernelConfig {
         faults: faults.clone(),
         ..kcfg(pl)
-    })
-    .map_err(|e| e.to_string())?;
-    let b = Kernel::start(KernelConfig {
+    };
+    adjust(0, &mut ca);
+    let a = Kernel::start(ca).map_err(|e| e.to_string())?;
+    let mut cb = KernelConfig {
         peers: vec![a.local_addr()],
         faults: FaultConfig {
             seed: faults.seed.wrapping_add(1),
             ..faults
         },
         ..kcfg(pl)
-    })
-    .map_err(|e| e.to_string())?;
+    };
+    adjust(1, &mut cb);
+    let b = Kernel::start(cb).map_err(|e| e.to_string())?;
     a.add_peer(b.local_addr());
     Ok((a, b))
 }

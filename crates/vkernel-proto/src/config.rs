@@ -54,6 +54,9 @@ pub struct Config {
     /// Group deliveries (copies of group messages for local members) held
     /// at once; past it a member misses the message (counted).
     pub group_copies: usize,
+    /// Keep the detailed metrics (size and latency histograms, per-peer
+    /// traffic); the basic counters are always kept.
+    pub metrics: bool,
     /// Authenticate (and optionally encrypt) every datagram with a cluster
     /// key; `None` accepts unauthenticated datagrams only.
     pub auth: Option<crate::auth::AuthConfig>,
@@ -110,6 +113,7 @@ impl Default for Config {
             multicast_port: None,
             group_copies: 1024,
             auth: None,
+            metrics: true,
         }
     }
 }

@@ -68,6 +68,9 @@ pub struct KernelConfig {
     /// Record every datagram and exchange phase in this file (JSON lines;
     /// see `vkernel trace report`).
     pub trace: Option<std::path::PathBuf>,
+    /// Keep the detailed metrics (histograms, per-peer traffic); the basic
+    /// counters are always kept.
+    pub metrics: bool,
 }
 
 impl Default for KernelConfig {
@@ -90,6 +93,7 @@ impl Default for KernelConfig {
             send_key: None,
             encrypt: false,
             trace: None,
+            metrics: true,
         }
     }
 }
@@ -413,6 +417,7 @@ impl Kernel {
             multicast_port: cfg.multicast_port,
             group_policy: cfg.group_policy.clone(),
             auth,
+            metrics: cfg.metrics,
             ..Config::default()
         };
         let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);

@@ -347,7 +347,7 @@ impl Engine {
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let mut t = self.transmits.pop_front()?;
-        if t.data.len() >= wire::FIXED_BYTES {
+        if self.cfg.metrics && t.data.len() >= wire::FIXED_BYTES {
             let d = &t.data;
             if let Some(pt) = PacketType::from_u8(d[2]) {
                 let peer = u16::from_be_bytes([d[16], d[17]]) & HostId::MAX;
@@ -1084,9 +1084,11 @@ impl Engine {
             }
             let started = o.started;
             self.stats.local_exchanges += 1;
-            self.stats
-                .local_latency_us
-                .record(now.saturating_sub(started));
+            if self.cfg.metrics {
+                self.stats
+                    .local_latency_us
+                    .record(now.saturating_sub(started));
+            }
             self.complete(
                 to,
                 Completion::Send(Ok(ReplyInfo {
@@ -1305,8 +1307,10 @@ impl Engine {
         };
         self.stats.rx_type(pkt.header.ptype, buf.len());
         let h = pkt.header;
-        self.stats
-            .datagram(false, h.src.host().0, h.ptype, buf.len(), pkt.data.len());
+        if self.cfg.metrics {
+            self.stats
+                .datagram(false, h.src.host().0, h.ptype, buf.len(), pkt.data.len());
+        }
         match h.ptype {
             PacketType::LogicalHostRequest | PacketType::LogicalHostComplaint => {
                 return self.on_host_alloc(now, from, &pkt);
@@ -1532,7 +1536,7 @@ impl Engine {
             self.rtt.entry(h.src.host()).or_default().sample(s);
         }
         self.stats.remote_exchanges += 1;
-        if let Some(l) = whole {
+        if let (Some(l), true) = (whole, self.cfg.metrics) {
             self.stats.remote_latency_us.record(l);
         }
         self.complete(
