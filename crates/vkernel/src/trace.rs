@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,10 +42,28 @@ impl Phase {
     }
 }
 
+fn type_name(t: PacketType) -> &'static str {
+    match t {
+        PacketType::LogicalHostRequest => "LogicalHostRequest",
+        PacketType::LogicalHostComplaint => "LogicalHostComplaint",
+        PacketType::RemoteSend => "RemoteSend",
+        PacketType::RemoteReply => "RemoteReply",
+        PacketType::RemoteForward => "RemoteForward",
+        PacketType::NAck => "NAck",
+        PacketType::ReplyPending => "ReplyPending",
+        PacketType::RemoteGetPid => "RemoteGetPid",
+        PacketType::RemoteGetPidReply => "RemoteGetPidReply",
+        PacketType::MoveToRequest => "MoveToRequest",
+        PacketType::MoveToReply => "MoveToReply",
+        PacketType::MoveFromRequest => "MoveFromRequest",
+        PacketType::MoveFromReply => "MoveFromReply",
+    }
+}
+
 /// Writes one host's trace.
 pub(crate) struct Tracer {
     out: Mutex<BufWriter<File>>,
-    host: Mutex<String>,
+    host: AtomicU16,
 }
 
 fn now_us() -> u128 {
@@ -62,21 +81,20 @@ impl Tracer {
     pub(crate) fn create(path: &Path) -> std::io::Result<Tracer> {
         Ok(Tracer {
             out: Mutex::new(BufWriter::with_capacity(1 << 16, File::create(path)?)),
-            host: Mutex::new(String::from("0000")),
+            host: AtomicU16::new(0),
         })
     }
 
     pub(crate) fn set_host(&self, h: u16) {
-        if let Ok(mut g) = self.host.lock() {
-            *g = format!("{h:04x}");
-        }
+        self.host.store(h, Ordering::Relaxed);
     }
 
     fn line(&self, body: std::fmt::Arguments<'_>) {
         let t = now_us();
-        let host = self.host.lock().map(|h| h.clone()).unwrap_or_default();
+        let host = self.host.load(Ordering::Relaxed);
+        // Formatted straight into the buffered file: no allocation.
         if let Ok(mut w) = self.out.lock() {
-            let _ = writeln!(w, "{{\"t\":{t},\"h\":\"{host}\",{body}}}");
+            let _ = writeln!(w, "{{\"t\":{t},\"h\":\"{host:04x}\",{body}}}");
         }
     }
 
@@ -86,7 +104,7 @@ impl Tracer {
         if d.len() < FIXED_BYTES {
             return;
         }
-        let ty = PacketType::from_u8(d[2]).map_or("?".to_string(), |t| format!("{t:?}"));
+        let ty = PacketType::from_u8(d[2]).map_or("?", type_name);
         self.line(format_args!(
             "\"ev\":\"{}\",\"type\":\"{ty}\",\"src\":\"{:08x}\",\"dst\":\"{:08x}\",\"seq\":{},\"len\":{}",
             if tx { "tx" } else { "rx" },
