@@ -18,19 +18,24 @@
 //!   strategy ([`Wait`]).
 //! - [`udp`] module: [`udp_pingpong`] and [`udp_blast`].
 //! - [`tcp`] module: [`tcp_pingpong`].
+//! - [`zmqpeer`] module: [`zmq_pingpong`] (ZeroMQ REQ/REP through libzmq).
+//! - [`grpcpeer`] module: [`grpc_pingpong`] (gRPC unary through tonic).
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod error;
+pub mod grpcpeer;
 mod net;
 pub mod placement;
 pub mod stats;
 pub mod tcp;
 pub mod udp;
+pub mod zmqpeer;
 
 pub use error::BenchError;
+pub use grpcpeer::grpc_pingpong;
 pub use net::{set_socket_buffers, SocketBuffers, DEFAULT_SOCKET_BUFFER, RECV_TIMEOUT};
 pub use placement::{Placement, Wait};
 pub use stats::{linear_fit, Samples, Summary};
@@ -39,6 +44,7 @@ pub use udp::{
     udp_blast, udp_blast_with, udp_pingpong, udp_pingpong_at, BlastConfig, Throughput,
     MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6,
 };
+pub use zmqpeer::zmq_pingpong;
 
 /// Serializes the tests that move data between threads, so busy-polling
 /// runs do not compete for the same CPUs.

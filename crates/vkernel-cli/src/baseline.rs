@@ -47,6 +47,27 @@ pub fn tcp_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Resul
         .map_err(|e| format!("TCP: {e}"))
 }
 
+/// Round-trip time of `size`-byte ZeroMQ REQ/REP messages (libzmq, TCP on
+/// loopback).
+pub fn zmq_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Result<Summary, String> {
+    raw::zmq_pingpong(size, iters, warmup, wait(pl), placement(pl))
+        .map(summary)
+        .map_err(|e| format!("ZeroMQ: {e}"))
+}
+
+/// Round-trip time of unary gRPC calls carrying `size` bytes (tonic; it
+/// always waits in its reactor, whatever the placement's waiting).
+pub fn grpc_rtt(
+    size: usize,
+    iters: usize,
+    warmup: usize,
+    pl: Placement,
+) -> Result<Summary, String> {
+    raw::grpc_pingpong(size, iters, warmup, wait(pl), placement(pl))
+        .map(summary)
+        .map_err(|e| format!("gRPC: {e}"))
+}
+
 /// A raw UDP blast's outcome.
 #[derive(Clone, Copy, Debug)]
 pub struct Blast {

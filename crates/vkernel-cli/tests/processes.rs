@@ -254,6 +254,7 @@ fn demo_and_bench_run_and_report() {
         "6. Load",
         "7. Peers",
         "8. Process groups",
+        "9. Observability",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -280,9 +281,11 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section5"]["images"][0]["raw_blast_mbps"]));
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
+    assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
+    assert!(s["section9"]["characterization"]["messages"].as_u64().unwrap() > 100);
     assert_eq!(s["section8"]["multi_reply"].as_array().unwrap().len(), 4);
     let peers = &s["section7"]["rows"][0];
-    for k in ["vkernel_local", "vkernel_remote", "udp", "tcp"] {
+    for k in ["vkernel_local", "vkernel_remote", "udp", "tcp", "zeromq", "grpc"] {
         assert!(pos(&peers[k]["median_us"]), "{k}: {peers}");
     }
 }
