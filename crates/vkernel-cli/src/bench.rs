@@ -785,6 +785,13 @@ fn section_observability(c: &mut Ctx, out: &std::path::Path) -> Result<Value, St
         );
         rows.push(json!({"setup": name, "latency": sums[i], "ratio_vs_off": r}));
     }
+    // A traced remote exchange writes 8 events: the datagram leaving and
+    // arriving on each side (4) and the Send, Deliver, Reply and Complete
+    // phases (4).
+    let probe_ns = (sums[2].median_us - sums[1].median_us) * 1e3 / 8.0;
+    println!(
+        "  cost of one trace probe: ≈{probe_ns:.0} ns (latency added per exchange / 8 events)"
+    );
     // A traced mixed workload on the traced pair: page reads and writes,
     // small exchanges, 64 KiB moves.
     let (ka, kb) = &setups[2].1;
@@ -813,7 +820,7 @@ fn section_observability(c: &mut Ctx, out: &std::path::Path) -> Result<Value, St
     );
     let report =
         crate::tracecmd::report_files(&files, false, Some(&dir), Some(&dir.join("chrome.json")))?;
-    Ok(json!({"overhead": rows, "characterization": report}))
+    Ok(json!({"overhead": rows, "probe_ns": probe_ns, "characterization": report}))
 }
 
 /// Runs the benchmark.
