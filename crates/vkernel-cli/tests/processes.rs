@@ -282,10 +282,22 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
-    assert!(s["section9"]["characterization"]["messages"].as_u64().unwrap() > 100);
+    assert!(
+        s["section9"]["characterization"]["messages"]
+            .as_u64()
+            .unwrap()
+            > 100
+    );
     assert_eq!(s["section8"]["multi_reply"].as_array().unwrap().len(), 4);
     let peers = &s["section7"]["rows"][0];
-    for k in ["vkernel_local", "vkernel_remote", "udp", "tcp", "zeromq", "grpc"] {
+    for k in [
+        "vkernel_local",
+        "vkernel_remote",
+        "udp",
+        "tcp",
+        "zeromq",
+        "grpc",
+    ] {
         assert!(pos(&peers[k]["median_us"]), "{k}: {peers}");
     }
 }
