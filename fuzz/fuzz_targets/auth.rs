@@ -12,7 +12,10 @@ fn keyed(host: u16, encrypt: bool) -> Engine {
         host_id: Some(HostId(host)),
         discovery: vec![([127, 0, 0, 1], 4000 + host).into()],
         auth: Some(AuthConfig {
-            keys: vec![Key { id: 1, secret: [9; 32] }],
+            keys: vec![Key {
+                id: 1,
+                secret: [9; 32],
+            }],
             send_key: 1,
             encrypt,
             counter_start: 1 << 40,
@@ -27,7 +30,9 @@ fn keyed(host: u16, encrypt: bool) -> Engine {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let encrypt = mode & 1 == 1;
     let mut a = keyed(1, encrypt);
     let mut b = keyed(2, encrypt);
@@ -54,6 +59,10 @@ fuzz_target!(|data: &[u8]| {
     let changed = m != genuine;
     a.handle_datagram(2, from, &m);
     if changed {
-        assert_eq!(a.stats().rx, before, "a modified datagram reached the protocol");
+        assert_eq!(
+            a.stats().rx,
+            before,
+            "a modified datagram reached the protocol"
+        );
     }
 });

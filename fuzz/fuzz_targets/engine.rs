@@ -22,7 +22,13 @@ fuzz_target!(|data: &[u8]| {
     let mut m = Message::with_code(1);
     m.set_segment(SegAccess::READ_WRITE, 4096);
     // A remote Send whose segment fuzzed bulk packets may try to reach.
-    let _ = e.send(0, client, Pid::new(HostId(2), 5), m, Some(SharedBuf::new(vec![7; 4096]).lend()));
+    let _ = e.send(
+        0,
+        client,
+        Pid::new(HostId(2), 5),
+        m,
+        Some(SharedBuf::new(vec![7; 4096]).lend()),
+    );
     let mut now = 1;
     // Input: records of [len_hi, len_lo, addr byte, time delta, payload...].
     let mut rest = data;
