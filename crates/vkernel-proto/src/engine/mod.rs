@@ -1396,18 +1396,16 @@ impl Engine {
                 return;
             }
         }
-        if !self.process_exists(h.dst) {
+        let refusal = if !self.process_exists(h.dst) {
+            Some(Status::NoSuchProcess)
+        } else if !self.admits(h.dst, h.user) {
+            Some(Status::AccessDenied)
+        } else {
+            None
+        };
+        if let Some(status) = refusal {
             let mut n = Header::new(PacketType::NAck);
-            n.status = Status::NoSuchProcess;
-            n.seq = h.seq;
-            n.src = h.dst;
-            n.dst = h.src;
-            self.emit(Dest::Addr(from), &n, &Message::zero(), &[]);
-            return;
-        }
-        if !self.admits(h.dst, h.user) {
-            let mut n = Header::new(PacketType::NAck);
-            n.status = Status::AccessDenied;
+            n.status = status;
             n.seq = h.seq;
             n.src = h.dst;
             n.dst = h.src;
