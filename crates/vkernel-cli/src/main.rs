@@ -4,9 +4,11 @@ mod baseline;
 mod bench;
 mod chart;
 mod demo;
+mod disk;
 mod echo;
 mod hostopts;
 mod locate;
+mod nbd;
 mod paper;
 mod ping;
 mod stats;
@@ -55,6 +57,15 @@ enum Cmd {
     /// Characterize recorded message traces (--trace FILE): sizes,
     /// destinations, rates, latency by phase, conservation; Chrome export.
     Trace(tracecmd::TraceArgs),
+    /// Run an IPdisk: a SCSI disk (ram, file or device backing) served over
+    /// V IPC, with derived virtual devices (DVDs) for its clients.
+    Disk(disk::DiskArgs),
+    /// Talk to an IPdisk as a virtual SCSI adapter: inquiry, capacity,
+    /// read, write, flush, and DVD management for the owner.
+    DiskCli(disk::DiskCliArgs),
+    /// Serve an IPdisk (or one of its DVDs) as an NBD export for qemu,
+    /// libnbd, fio and the kernel's nbd-client.
+    Nbd(nbd::NbdArgs),
 }
 
 fn main() {
@@ -73,6 +84,9 @@ fn main() {
         Some(Cmd::Hosts(a)) => locate::run_hosts(a),
         Some(Cmd::Stats(a)) => statscmd::run(a),
         Some(Cmd::Trace(a)) => tracecmd::run(a),
+        Some(Cmd::Disk(a)) => disk::run(a),
+        Some(Cmd::DiskCli(a)) => disk::run_cli(a),
+        Some(Cmd::Nbd(a)) => nbd::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

@@ -1,0 +1,84 @@
+//! `vkernel nbd`: an NBD gateway in front of an IPdisk (or one of its DVDs).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel::Kernel;
+use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
+
+use crate::disk::{connect, parse_key};
+use crate::hostopts::HostOpts;
+
+/// Arguments of `vkernel nbd`.
+///
+/// Starts a logical host, finds the disk (by name or pid, through --peer),
+/// opens it (the whole device with the owner key, or `NAME:DVD`), and
+/// serves it as an NBD export to qemu, libnbd (nbdinfo, nbdcopy), fio's
+/// nbd engine or the kernel's nbd-client: fixed newstyle handshake, OPT_GO
+/// / INFO / LIST / ABORT / EXPORT_NAME, READ, WRITE, FLUSH, FUA, TRIM,
+/// WRITE_ZEROES, several connections (multi-conn). Block size constraints
+/// (minimum = the disk's block, preferred 4096, maximum payload 32 MiB)
+/// are advertised. Example: `qemu-img info nbd://127.0.0.1:10809`.
+#[derive(clap::Args, Debug)]
+pub struct NbdArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// The disk: a service name or 0x-hex pid, optionally `:DVD`.
+    #[arg(long, default_value = "ipdisk")]
+    disk: String,
+    /// Key to present: the owner key (whole device) or a DVD key.
+    #[arg(long = "disk-key", value_parser = parse_key, default_value = "0")]
+    disk_key: u64,
+    /// Where to listen: HOST:PORT (TCP) or unix:PATH.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    listen: ListenAddr,
+    /// Export name (the empty name also selects it).
+    #[arg(long, default_value = "ipdisk")]
+    export: String,
+    /// IPdisk commands in flight at most, over all connections.
+    #[arg(long, default_value_t = 32)]
+    depth: usize,
+    /// Exit after this long (default: run until interrupted).
+    #[arg(long, value_parser = vkernel::net::parse_duration)]
+    exit_after: Option<Duration>,
+}
+
+/// Runs `vkernel nbd`.
+pub fn run(a: NbdArgs) -> Result<(), String> {
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
+    let g = c.geometry();
+    let export = Export {
+        name: a.export.clone(),
+        description: format!("vkernel IPdisk {} via pid {}", a.disk, c.server()),
+        dev: Arc::new(c),
+    };
+    let mut gw = Gateway::start(&a.listen, vec![export])
+        .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
+    println!(
+        "vkernel nbd: export \"{}\" ({} blocks of {} bytes{}) of {} on {}",
+        a.export,
+        g.blocks,
+        g.block_size,
+        if g.read_only { ", read-only" } else { "" },
+        a.disk,
+        gw.addr()
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
+            let s = gw.stats();
+            println!(
+                "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors",
+                start.elapsed().as_secs_f64(),
+                s.connections.load(std::sync::atomic::Ordering::Relaxed),
+                s.errors.load(std::sync::atomic::Ordering::Relaxed)
+            );
+            gw.stop();
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The client side, a "virtual SCSI adapter": block read, write and flush
+//! on an IPdisk (or one of its DVDs) with many commands in flight.
+//!
+//! A [`Client`] owns a pool of V processes; each command borrows one for
+//! its exchange, so as many commands run at once as threads call the
+//! client (up to the pool's depth). The caller's buffer is lent to the
+//! server as the command's segment: no copy on this side.
+
+use std::sync::{Condvar, Mutex};
+
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
+use vkernel_proto::message::IDEMPOTENT;
+
+use crate::dvd::{self, Dvd};
+use crate::msg::{self, Response};
+use crate::scsi::{self, Sense};
+
+/// Why a client operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The IPC failed (server gone, host timeout, ...).
+    #[error("IPC: {0}")]
+    Ipc(#[from] IpcError),
+    /// The server refused the request before executing it.
+    #[error("server: {0}")]
+    Refused(Response),
+    /// The command ended with CHECK CONDITION.
+    #[error("CHECK CONDITION: {0}")]
+    Check(Sense),
+    /// The command ended with an unexpected status.
+    #[error("SCSI status {0:#04x}")]
+    Status(u8),
+    /// The request does not fit the device (unaligned or out of range).
+    #[error("{0}")]
+    Invalid(String),
+    /// An answer could not be decoded.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
+impl ClientError {
+    /// The sense data if the command ended with CHECK CONDITION.
+    pub fn sense(&self) -> Option<Sense> {
+        match self {
+            ClientError::Check(s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+/// Data phase of a command.
+pub enum Data<'a> {
+    /// No data.
+    None,
+    /// Data-in: the server fills this buffer.
+    In(&'a mut [u8]),
+    /// Data-out: the server takes this data.
+    Out(&'a [u8]),
+}
+
+/// The outcome of a command that completed with GOOD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Done {
+    /// Bytes transferred in the data phase.
+    pub transferred: usize,
+}
+
+/// What OPEN answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Blocks visible through the handle.
+    pub blocks: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Writes fail with DATA PROTECT.
+    pub read_only: bool,
+    /// The handle is the owner's.
+    pub owner: bool,
+}
+
+struct Pool {
+    free: Mutex<Vec<Process>>,
+    cv: Condvar,
+}
+
+impl Pool {
+    fn take(&self) -> Process {
+        let mut g = match self.free.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        loop {
+            if let Some(p) = g.pop() {
+                return p;
+            }
+            g = match self.cv.wait(g) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+
+    fn give(&self, p: Process) {
+        match self.free.lock() {
+            Ok(mut g) => g.push(p),
+            Err(e) => e.into_inner().push(p),
+        }
+        self.cv.notify_one();
+    }
+}
+
+/// A handle on an IPdisk view, usable from many threads at once.
+pub struct Client {
+    server: Pid,
+    handle: u32,
+    geo: Geometry,
+    max_transfer: u64,
+    pool: Pool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.server)
+            .field("geometry", &self.geo)
+            .finish()
+    }
+}
+
+/// Pool depth used by [`Client::open`] callers that do not care.
+pub const DEFAULT_DEPTH: usize = 16;
+
+impl Client {
+    /// Opens DVD `dvd` (0 = the whole device, owner only) of the disk
+    /// server `server`, presenting `key` (0 = none), with `depth` processes
+    /// created on `kernel` for commands in flight.
+    pub fn open(
+        kernel: &Kernel,
+        server: Pid,
+        dvd: u32,
+        key: u64,
+        depth: usize,
+    ) -> Result<Client, ClientError> {
+        let mut procs = Vec::with_capacity(depth.max(1));
+        for _ in 0..depth.max(1) {
+            procs.push(kernel.create_process()?);
+        }
+        let mut m = Message::with_code(msg::OPEN);
+        m.0[1] = (key >> 32) as u32;
+        m.0[2] = key as u32;
+        m.0[3] = dvd;
+        procs[0].send(&mut m, server)?;
+        let (resp, _) = msg::split_word0(m.0[0]);
+        if resp != Response::Complete {
+            return Err(ClientError::Refused(resp));
+        }
+        let geo = Geometry {
+            blocks: (u64::from(m.0[2]) << 32) | u64::from(m.0[3]),
+            block_size: m.0[4],
+            read_only: m.0[5] & msg::FLAG_READ_ONLY != 0,
+            owner: m.0[5] & msg::FLAG_OWNER != 0,
+        };
+        if !geo.block_size.is_power_of_two() || geo.block_size < 512 {
+            return Err(ClientError::Malformed(format!(
+                "block size {}",
+                geo.block_size
+            )));
+        }
+        let mut c = Client {
+            server,
+            handle: m.0[1],
+            geo,
+            max_transfer: 1 << 20,
+            pool: Pool {
+                free: Mutex::new(procs),
+                cv: Condvar::new(),
+            },
+        };
+        // The transfer limit from the Block Limits VPD page.
+        let mut b0 = [0u8; 64];
+        c.command(&scsi::cdb_inquiry(Some(0xb0), 64), Data::In(&mut b0))?;
+        let mtl = u32::from_be_bytes([b0[8], b0[9], b0[10], b0[11]]);
+        if mtl > 0 {
+            c.max_transfer = u64::from(mtl) * u64::from(geo.block_size);
+        }
+        Ok(c)
+    }
+
+    /// The view's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// Size of the view in bytes.
+    pub fn size(&self) -> u64 {
+        self.geo.blocks * u64::from(self.geo.block_size)
+    }
+
+    /// The server's pid.
+    pub fn server(&self) -> Pid {
+        self.server
+    }
+
+    /// Largest transfer of one command in bytes.
+    pub fn max_transfer(&self) -> u64 {
+        self.max_transfer
+    }
+
+    fn exchange(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<(), ClientError> {
+        let p = self.pool.take();
+        let r = match seg {
+            Some(s) => p.send_with_segment(m, self.server, s),
+            None => p.send(m, self.server),
+        };
+        self.pool.give(p);
+        r?;
+        Ok(())
+    }
+
+    /// Executes one SCSI command (CDB of at most 16 bytes).
+    pub fn command(&self, cdb: &[u8], data: Data<'_>) -> Result<Done, ClientError> {
+        let mut m = msg::scsi_request(cdb, self.handle);
+        let idempotent = !matches!(data, Data::Out(_))
+            && !matches!(
+                cdb.first(),
+                Some(&scsi::op::WRITE_SAME_16) | Some(&scsi::op::UNMAP)
+            );
+        if idempotent {
+            m.set_flag(IDEMPOTENT, true);
+        }
+        let seg = match data {
+            Data::None => None,
+            Data::In([]) | Data::Out([]) => None,
+            Data::In(b) => Some(Segment::Write(b)),
+            Data::Out(b) => Some(Segment::Read(b)),
+        };
+        self.exchange(&mut m, seg)?;
+        let (resp, status) = msg::split_word0(m.0[0]);
+        if resp != Response::Complete {
+            return Err(ClientError::Refused(resp));
+        }
+        match status {
+            scsi::STATUS_GOOD => Ok(Done {
+                transferred: m.0[1] as usize,
+            }),
+            scsi::STATUS_CHECK_CONDITION => {
+                let b = msg::get_bytes::<{ scsi::SENSE_LEN }>(&m, 1);
+                Sense::from_bytes(&b)
+                    .map(|s| Err(ClientError::Check(s)))
+                    .unwrap_or_else(|| Err(ClientError::Malformed("sense data".into())))
+            }
+            s => Err(ClientError::Status(s)),
+        }
+    }
+
+    fn blocks_of(&self, off: u64, len: usize) -> Result<(u64, u64), ClientError> {
+        let bs = u64::from(self.geo.block_size);
+        if !off.is_multiple_of(bs) || !(len as u64).is_multiple_of(bs) {
+            return Err(ClientError::Invalid(format!(
+                "offset {off} and length {len} must be multiples of the {bs}-byte block"
+            )));
+        }
+        Ok((off / bs, len as u64 / bs))
+    }
+
+    fn chunk_bytes(&self) -> usize {
+        self.max_transfer.min(u64::from(u32::MAX)) as usize
+    }
+
+    /// Reads `buf.len()` bytes at byte offset `off` (block-aligned),
+    /// split into commands of at most the transfer limit.
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), ClientError> {
+        let (mut lba, _) = self.blocks_of(off, buf.len())?;
+        let bs = u64::from(self.geo.block_size);
+        for chunk in buf.chunks_mut(self.chunk_bytes()) {
+            let n = (chunk.len() as u64 / bs) as u32;
+            self.command(&scsi::cdb_rw16(false, lba, n, false), Data::In(chunk))?;
+            lba += u64::from(n);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte offset `off` (block-aligned); with `fua`, the
+    /// data is durable when this returns.
+    pub fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
+        let (mut lba, _) = self.blocks_of(off, data.len())?;
+        let bs = u64::from(self.geo.block_size);
+        for chunk in data.chunks(self.chunk_bytes()) {
+            let n = (chunk.len() as u64 / bs) as u32;
+            self.command(&scsi::cdb_rw16(true, lba, n, fua), Data::Out(chunk))?;
+            lba += u64::from(n);
+        }
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE over the whole view: every completed write is durable.
+    pub fn flush(&self) -> Result<(), ClientError> {
+        self.command(&scsi::cdb_sync16(0, 0), Data::None)
+            .map(|_| ())
+    }
+
+    /// Deallocates `len` bytes at `off` (UNMAP); they read back as zeros.
+    pub fn unmap(&self, off: u64, len: u64) -> Result<(), ClientError> {
+        let (lba, blocks) = self.blocks_of(off, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let per = u64::from(scsi::MAX_UNMAP_BLOCKS);
+        let mut ranges = Vec::new();
+        let mut at = lba;
+        let end = lba + blocks;
+        while at < end {
+            let n = per.min(end - at);
+            ranges.push((at, n as u32));
+            at += n;
+        }
+        for group in ranges.chunks(scsi::MAX_UNMAP_DESCRIPTORS as usize) {
+            let (cdb, params) = scsi::unmap_request(group);
+            self.command(&cdb, Data::Out(&params))?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over `len` bytes at `off` (WRITE SAME(16), no data
+    /// buffer), deallocating if `unmap`.
+    pub fn write_zeroes(&self, off: u64, len: u64, unmap: bool) -> Result<(), ClientError> {
+        let (lba, blocks) = self.blocks_of(off, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let per = (1u64 << 30) / u64::from(self.geo.block_size);
+        let mut at = lba;
+        let end = lba + blocks;
+        while at < end {
+            let n = per.min(end - at);
+            self.command(
+                &scsi::cdb_write_same16(at, n as u32, unmap, true),
+                Data::None,
+            )?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Standard INQUIRY data: (vendor, product, revision).
+    pub fn inquiry(&self) -> Result<(String, String, String), ClientError> {
+        let mut d = [0u8; 36];
+        self.command(&scsi::cdb_inquiry(None, 36), Data::In(&mut d))?;
+        let s = |r: &[u8]| String::from_utf8_lossy(r).trim_end().to_string();
+        Ok((s(&d[8..16]), s(&d[16..32]), s(&d[32..36])))
+    }
+
+    /// The unit serial number (VPD page 0x80).
+    pub fn serial(&self) -> Result<String, ClientError> {
+        let mut d = [0u8; 128];
+        let done = self.command(&scsi::cdb_inquiry(Some(0x80), 128), Data::In(&mut d))?;
+        let n = (u16::from_be_bytes([d[2], d[3]]) as usize + 4).min(done.transferred);
+        Ok(String::from_utf8_lossy(d.get(4..n).unwrap_or(&[])).into_owned())
+    }
+
+    /// READ CAPACITY(16): (blocks, block size).
+    pub fn capacity(&self) -> Result<(u64, u32), ClientError> {
+        let mut d = [0u8; 32];
+        self.command(&scsi::cdb_read_capacity16(), Data::In(&mut d))?;
+        let mut last = [0u8; 8];
+        last.copy_from_slice(&d[0..8]);
+        Ok((
+            u64::from_be_bytes(last) + 1,
+            u32::from_be_bytes([d[8], d[9], d[10], d[11]]),
+        ))
+    }
+
+    fn manage(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<(), ClientError> {
+        m.0[5] = self.handle;
+        self.exchange(m, seg)?;
+        match msg::split_word0(m.0[0]).0 {
+            Response::Complete => Ok(()),
+            r => Err(ClientError::Refused(r)),
+        }
+    }
+
+    /// Owner: defines (id 0) or changes a DVD; returns its id.
+    pub fn set_dvd(&self, d: &Dvd) -> Result<u32, ClientError> {
+        let rec = d.encode();
+        let mut m = Message::with_code(msg::DVD_SET);
+        self.manage(&mut m, Some(Segment::Read(&rec)))?;
+        Ok(m.0[1])
+    }
+
+    /// Owner: revokes a DVD.
+    pub fn revoke_dvd(&self, id: u32) -> Result<(), ClientError> {
+        let mut m = Message::with_code(msg::DVD_REVOKE);
+        m.0[1] = id;
+        self.manage(&mut m, None)
+    }
+
+    /// Owner: the DVDs in force.
+    pub fn list_dvds(&self) -> Result<Vec<Dvd>, ClientError> {
+        let mut size = 64 << 10;
+        loop {
+            let mut buf = vec![0u8; size];
+            let mut m = Message::with_code(msg::DVD_LIST | IDEMPOTENT);
+            let r = self.manage(&mut m, Some(Segment::Write(&mut buf)));
+            let need = m.0[1] as usize;
+            match r {
+                Ok(()) => {
+                    return dvd::decode_list(buf.get(..need).unwrap_or(&[]))
+                        .map_err(|e| ClientError::Malformed(e.to_string()))
+                }
+                Err(ClientError::Refused(Response::Malformed)) if need > size => size = need,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Forgets the handle at the server.
+    pub fn close(self) -> Result<(), ClientError> {
+        let mut m = Message::with_code(msg::CLOSE);
+        self.manage(&mut m, None)
+    }
+}

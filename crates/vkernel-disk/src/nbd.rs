@@ -1,0 +1,1054 @@
+//! The NBD gateway: serves a block device (an IPdisk view through a
+//! [`Client`], or anything implementing [`BlockDev`]) to today's block
+//! clients (qemu, libnbd, fio, the kernel's nbd-client).
+//!
+//! Protocol: NetworkBlockDevice/nbd doc/proto.md. Fixed newstyle
+//! handshake in NOTLS mode; options EXPORT_NAME, ABORT, LIST, INFO and GO
+//! (NBD_INFO_EXPORT, _NAME, _DESCRIPTION, _BLOCK_SIZE), every other option
+//! answered NBD_REP_ERR_UNSUP; simple replies; commands READ, WRITE (with
+//! FUA), DISC, FLUSH, TRIM, WRITE_ZEROES (with NO_HOLE). Requests of one
+//! connection run concurrently on a few worker threads and may complete
+//! out of order; any number of connections (CAN_MULTI_CONN: a flush on
+//! one covers writes completed on all). A client that breaks the protocol
+//! loses its connection; nothing it sends can take the gateway down.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::client::{Client, ClientError};
+use crate::scsi;
+
+/// `NBDMAGIC`.
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+/// `IHAVEOPT`.
+pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+/// Option reply magic.
+pub const REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+/// Request magic.
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Simple reply magic.
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+
+/// Handshake flag: fixed newstyle.
+pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+/// Handshake flag: no zero padding after EXPORT_NAME.
+pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+/// Client flag: fixed newstyle.
+pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+/// Client flag: no zeroes.
+pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
+
+/// Transmission flags.
+pub mod tflag {
+    /// Flags field is valid.
+    pub const HAS_FLAGS: u16 = 1 << 0;
+    /// The export is read-only.
+    pub const READ_ONLY: u16 = 1 << 1;
+    /// FLUSH is supported.
+    pub const SEND_FLUSH: u16 = 1 << 2;
+    /// FUA is supported.
+    pub const SEND_FUA: u16 = 1 << 3;
+    /// TRIM is supported.
+    pub const SEND_TRIM: u16 = 1 << 5;
+    /// WRITE_ZEROES is supported.
+    pub const SEND_WRITE_ZEROES: u16 = 1 << 6;
+    /// Several connections see one consistent device.
+    pub const CAN_MULTI_CONN: u16 = 1 << 8;
+}
+
+/// Options.
+pub mod opt {
+    /// NBD_OPT_EXPORT_NAME.
+    pub const EXPORT_NAME: u32 = 1;
+    /// NBD_OPT_ABORT.
+    pub const ABORT: u32 = 2;
+    /// NBD_OPT_LIST.
+    pub const LIST: u32 = 3;
+    /// NBD_OPT_INFO.
+    pub const INFO: u32 = 6;
+    /// NBD_OPT_GO.
+    pub const GO: u32 = 7;
+}
+
+/// Option reply types.
+pub mod rep {
+    /// NBD_REP_ACK.
+    pub const ACK: u32 = 1;
+    /// NBD_REP_SERVER.
+    pub const SERVER: u32 = 2;
+    /// NBD_REP_INFO.
+    pub const INFO: u32 = 3;
+    /// NBD_REP_ERR_UNSUP.
+    pub const ERR_UNSUP: u32 = (1 << 31) + 1;
+    /// NBD_REP_ERR_INVALID.
+    pub const ERR_INVALID: u32 = (1 << 31) + 3;
+    /// NBD_REP_ERR_UNKNOWN.
+    pub const ERR_UNKNOWN: u32 = (1 << 31) + 6;
+}
+
+/// Information types.
+pub mod info {
+    /// NBD_INFO_EXPORT.
+    pub const EXPORT: u16 = 0;
+    /// NBD_INFO_NAME.
+    pub const NAME: u16 = 1;
+    /// NBD_INFO_DESCRIPTION.
+    pub const DESCRIPTION: u16 = 2;
+    /// NBD_INFO_BLOCK_SIZE.
+    pub const BLOCK_SIZE: u16 = 3;
+}
+
+/// Commands.
+pub mod cmd {
+    /// NBD_CMD_READ.
+    pub const READ: u16 = 0;
+    /// NBD_CMD_WRITE.
+    pub const WRITE: u16 = 1;
+    /// NBD_CMD_DISC.
+    pub const DISC: u16 = 2;
+    /// NBD_CMD_FLUSH.
+    pub const FLUSH: u16 = 3;
+    /// NBD_CMD_TRIM.
+    pub const TRIM: u16 = 4;
+    /// NBD_CMD_WRITE_ZEROES.
+    pub const WRITE_ZEROES: u16 = 6;
+    /// Command flag FUA.
+    pub const FLAG_FUA: u16 = 1 << 0;
+    /// Command flag NO_HOLE.
+    pub const FLAG_NO_HOLE: u16 = 1 << 1;
+}
+
+/// Error values of simple replies.
+pub mod errno {
+    /// Operation not permitted (write to a read-only export).
+    pub const EPERM: u32 = 1;
+    /// I/O error.
+    pub const EIO: u32 = 5;
+    /// Out of memory.
+    pub const ENOMEM: u32 = 12;
+    /// Invalid argument (range, alignment, flags, unknown command).
+    pub const EINVAL: u32 = 22;
+    /// No space left.
+    pub const ENOSPC: u32 = 28;
+    /// Value too large.
+    pub const EOVERFLOW: u32 = 75;
+    /// Not supported.
+    pub const ENOTSUP: u32 = 95;
+    /// Server shutting down.
+    pub const ESHUTDOWN: u32 = 108;
+}
+
+/// Largest READ/WRITE payload accepted (2^25, the spec's safe maximum).
+pub const MAX_PAYLOAD: u32 = 1 << 25;
+/// Largest option payload read; a longer one ends the connection.
+pub const MAX_OPTION: u32 = 1 << 16;
+/// Bytes of request payload one connection may hold in flight.
+pub const INFLIGHT_BYTES: u64 = 64 << 20;
+/// Preferred block size advertised.
+pub const PREFERRED_BLOCK: u32 = 4096;
+
+/// A block device the gateway can serve.
+pub trait BlockDev: Send + Sync {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Minimum block size (alignment) in bytes, a power of two.
+    fn block_size(&self) -> u32;
+    /// Writes are refused.
+    fn read_only(&self) -> bool;
+    /// Reads `buf.len()` bytes at `off`.
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), u32>;
+    /// Writes `data` at `off`; durable on return if `fua`.
+    fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), u32>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<(), u32>;
+    /// Discards `len` bytes at `off` (they may read back as zeros).
+    fn trim(&self, off: u64, len: u64) -> Result<(), u32>;
+    /// Writes zeros over `len` bytes at `off`, deallocating if `may_trim`.
+    fn write_zeroes(&self, off: u64, len: u64, may_trim: bool) -> Result<(), u32>;
+}
+
+/// Maps a client error to an NBD error value.
+pub fn errno_of(e: &ClientError) -> u32 {
+    match e {
+        ClientError::Check(s) if s.key == scsi::key::DATA_PROTECT => errno::EPERM,
+        ClientError::Check(s) if s.key == scsi::key::ILLEGAL_REQUEST => {
+            if (s.asc, s.ascq) == scsi::asc::LBA_OUT_OF_RANGE {
+                errno::ENOSPC
+            } else {
+                errno::EINVAL
+            }
+        }
+        ClientError::Invalid(_) => errno::EINVAL,
+        ClientError::Refused(crate::msg::Response::Denied)
+        | ClientError::Refused(crate::msg::Response::BadHandle)
+        | ClientError::Refused(crate::msg::Response::NoSuchDvd) => errno::EPERM,
+        _ => errno::EIO,
+    }
+}
+
+fn log_err(what: &str, e: &ClientError) -> u32 {
+    tracing::debug!("nbd: {what}: {e}");
+    errno_of(e)
+}
+
+impl BlockDev for Client {
+    fn size(&self) -> u64 {
+        Client::size(self)
+    }
+    fn block_size(&self) -> u32 {
+        self.geometry().block_size
+    }
+    fn read_only(&self) -> bool {
+        self.geometry().read_only
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), u32> {
+        Client::read(self, off, buf).map_err(|e| log_err("read", &e))
+    }
+    fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        Client::write(self, off, data, fua).map_err(|e| log_err("write", &e))
+    }
+    fn flush(&self) -> Result<(), u32> {
+        Client::flush(self).map_err(|e| log_err("flush", &e))
+    }
+    fn trim(&self, off: u64, len: u64) -> Result<(), u32> {
+        Client::unmap(self, off, len).map_err(|e| log_err("trim", &e))
+    }
+    fn write_zeroes(&self, off: u64, len: u64, may_trim: bool) -> Result<(), u32> {
+        Client::write_zeroes(self, off, len, may_trim).map_err(|e| log_err("write zeroes", &e))
+    }
+}
+
+/// An in-memory [`BlockDev`] (tests, fuzzing, local experiments).
+#[derive(Debug)]
+pub struct MemDev {
+    data: Mutex<Vec<u8>>,
+    block: u32,
+    ro: bool,
+    /// FLUSH calls seen.
+    pub flushes: AtomicU64,
+}
+
+impl MemDev {
+    /// A zeroed device of `size` bytes with `block`-byte blocks.
+    pub fn new(size: usize, block: u32, read_only: bool) -> MemDev {
+        MemDev {
+            data: Mutex::new(vec![0; size]),
+            block,
+            ro: read_only,
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        match self.data.lock() {
+            Ok(mut g) => f(&mut g),
+            Err(p) => f(&mut p.into_inner()),
+        }
+    }
+
+    fn span(&self, off: u64, len: u64) -> Result<std::ops::Range<usize>, u32> {
+        let size = self.size();
+        match off.checked_add(len) {
+            Some(end) if end <= size => Ok(off as usize..end as usize),
+            _ => Err(errno::EINVAL),
+        }
+    }
+}
+
+impl BlockDev for MemDev {
+    fn size(&self) -> u64 {
+        self.with(|d| d.len() as u64)
+    }
+    fn block_size(&self) -> u32 {
+        self.block
+    }
+    fn read_only(&self) -> bool {
+        self.ro
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), u32> {
+        let r = self.span(off, buf.len() as u64)?;
+        self.with(|d| buf.copy_from_slice(&d[r]));
+        Ok(())
+    }
+    fn write(&self, off: u64, data: &[u8], _fua: bool) -> Result<(), u32> {
+        let r = self.span(off, data.len() as u64)?;
+        self.with(|d| d[r].copy_from_slice(data));
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), u32> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn trim(&self, off: u64, len: u64) -> Result<(), u32> {
+        self.write_zeroes(off, len, true)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, _may_trim: bool) -> Result<(), u32> {
+        let r = self.span(off, len)?;
+        self.with(|d| d[r].fill(0));
+        Ok(())
+    }
+}
+
+/// One export: a name, a description and the device behind it.
+#[derive(Clone)]
+pub struct Export {
+    /// Export name (the empty name also selects the first export).
+    pub name: String,
+    /// Free-form description (NBD_INFO_DESCRIPTION).
+    pub description: String,
+    /// The device.
+    pub dev: Arc<dyn BlockDev>,
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export").field("name", &self.name).finish()
+    }
+}
+
+impl Export {
+    fn flags(&self) -> u16 {
+        let mut f = tflag::HAS_FLAGS | tflag::SEND_FLUSH | tflag::SEND_FUA | tflag::CAN_MULTI_CONN;
+        if self.dev.read_only() {
+            f |= tflag::READ_ONLY;
+        } else {
+            f |= tflag::SEND_TRIM | tflag::SEND_WRITE_ZEROES;
+        }
+        f
+    }
+
+    /// Export size advertised: the device size rounded down to its block.
+    fn size(&self) -> u64 {
+        let b = u64::from(self.dev.block_size().max(1));
+        self.dev.size() / b * b
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum NbdError {
+    /// Socket error or the peer closed the connection.
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    /// The client broke the protocol; the connection was closed.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+fn violation<T>(s: impl Into<String>) -> Result<T, NbdError> {
+    Err(NbdError::Protocol(s.into()))
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+fn option_reply(w: &mut impl Write, option: u32, ty: u32, data: &[u8]) -> io::Result<()> {
+    let mut b = Vec::with_capacity(20 + data.len());
+    b.extend_from_slice(&REPLY_MAGIC.to_be_bytes());
+    b.extend_from_slice(&option.to_be_bytes());
+    b.extend_from_slice(&ty.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    w.write_all(&b)
+}
+
+/// The outcome of the handshake.
+#[derive(Debug)]
+pub enum Negotiated {
+    /// Transmission begins on this export.
+    Go(Export),
+    /// The client aborted (or left) during option haggling.
+    Aborted,
+}
+
+fn find<'a>(exports: &'a [Export], name: &[u8]) -> Option<&'a Export> {
+    if name.is_empty() {
+        return exports.first();
+    }
+    exports.iter().find(|e| e.name.as_bytes() == name)
+}
+
+/// Runs the fixed newstyle handshake on a stream.
+pub fn handshake<S: Read + Write>(s: &mut S, exports: &[Export]) -> Result<Negotiated, NbdError> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&hello)?;
+    s.flush()?;
+    let cflags = read_u32(s)?;
+    if cflags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return violation(format!("unknown client flags {cflags:#x}"));
+    }
+    let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
+    loop {
+        let magic = match read_u64(s) {
+            Ok(m) => m,
+            // Leaving during haggling is allowed (a hard disconnect).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Negotiated::Aborted),
+            Err(e) => return Err(e.into()),
+        };
+        if magic != IHAVEOPT {
+            return violation(format!("option magic {magic:#x}"));
+        }
+        let option = read_u32(s)?;
+        let len = read_u32(s)?;
+        if len > MAX_OPTION {
+            return violation(format!("option of {len} bytes"));
+        }
+        let mut data = vec![0u8; len as usize];
+        s.read_exact(&mut data)?;
+        match option {
+            opt::EXPORT_NAME => {
+                let Some(e) = find(exports, &data) else {
+                    // No way to report the error: terminate the session.
+                    return violation("EXPORT_NAME of an unknown export");
+                };
+                let mut b = Vec::with_capacity(134);
+                b.extend_from_slice(&e.size().to_be_bytes());
+                b.extend_from_slice(&e.flags().to_be_bytes());
+                if !no_zeroes {
+                    b.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&b)?;
+                s.flush()?;
+                return Ok(Negotiated::Go(e.clone()));
+            }
+            opt::ABORT => {
+                // The client may already have closed: ignore errors.
+                let _ = option_reply(s, option, rep::ACK, &[]);
+                let _ = s.flush();
+                return Ok(Negotiated::Aborted);
+            }
+            opt::LIST => {
+                if !data.is_empty() {
+                    option_reply(s, option, rep::ERR_INVALID, &[])?;
+                } else {
+                    for e in exports {
+                        let mut d = Vec::with_capacity(4 + e.name.len());
+                        d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                        d.extend_from_slice(e.name.as_bytes());
+                        option_reply(s, option, rep::SERVER, &d)?;
+                    }
+                    option_reply(s, option, rep::ACK, &[])?;
+                }
+            }
+            opt::INFO | opt::GO => {
+                let Some((name, reqs)) = parse_info_request(&data) else {
+                    option_reply(s, option, rep::ERR_INVALID, &[])?;
+                    s.flush()?;
+                    continue;
+                };
+                let Some(e) = find(exports, name) else {
+                    option_reply(s, option, rep::ERR_UNKNOWN, &[])?;
+                    s.flush()?;
+                    continue;
+                };
+                let mut d = Vec::with_capacity(12);
+                d.extend_from_slice(&info::EXPORT.to_be_bytes());
+                d.extend_from_slice(&e.size().to_be_bytes());
+                d.extend_from_slice(&e.flags().to_be_bytes());
+                option_reply(s, option, rep::INFO, &d)?;
+                // Block size constraints are always sent (the spec allows
+                // unrequested information; clients ignore what they skip).
+                let mut d = Vec::with_capacity(14);
+                d.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
+                let min = e.dev.block_size().max(1);
+                d.extend_from_slice(&min.to_be_bytes());
+                d.extend_from_slice(&PREFERRED_BLOCK.max(min).to_be_bytes());
+                d.extend_from_slice(&MAX_PAYLOAD.to_be_bytes());
+                option_reply(s, option, rep::INFO, &d)?;
+                for r in reqs {
+                    let (ty, text) = match r {
+                        info::NAME => (info::NAME, e.name.as_bytes()),
+                        info::DESCRIPTION => (info::DESCRIPTION, e.description.as_bytes()),
+                        _ => continue,
+                    };
+                    let mut d = Vec::with_capacity(2 + text.len());
+                    d.extend_from_slice(&ty.to_be_bytes());
+                    d.extend_from_slice(text);
+                    option_reply(s, option, rep::INFO, &d)?;
+                }
+                option_reply(s, option, rep::ACK, &[])?;
+                s.flush()?;
+                if option == opt::GO {
+                    return Ok(Negotiated::Go(e.clone()));
+                }
+            }
+            _ => option_reply(s, option, rep::ERR_UNSUP, &[])?,
+        }
+        s.flush()?;
+    }
+}
+
+/// Parses INFO/GO data: (name, information requests); `None` if malformed.
+pub fn parse_info_request(d: &[u8]) -> Option<(&[u8], Vec<u16>)> {
+    let n = u32::from_be_bytes(d.get(0..4)?.try_into().ok()?) as usize;
+    let name = d.get(4..4usize.checked_add(n)?)?;
+    let rest = &d[4 + n..];
+    let k = u16::from_be_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+    let list = rest.get(2..)?;
+    if list.len() != 2 * k {
+        return None;
+    }
+    Some((
+        name,
+        list.chunks_exact(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+            .collect(),
+    ))
+}
+
+/// A transmission-phase request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Command flags.
+    pub flags: u16,
+    /// Command type.
+    pub ty: u16,
+    /// Opaque cookie echoed in the reply.
+    pub cookie: u64,
+    /// Byte offset.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u32,
+}
+
+/// Parses a 28-byte request header; `None` if the magic is wrong.
+pub fn parse_request(b: &[u8; 28]) -> Option<Request> {
+    if u32::from_be_bytes([b[0], b[1], b[2], b[3]]) != REQUEST_MAGIC {
+        return None;
+    }
+    let mut c = [0u8; 8];
+    c.copy_from_slice(&b[8..16]);
+    let mut o = [0u8; 8];
+    o.copy_from_slice(&b[16..24]);
+    Some(Request {
+        flags: u16::from_be_bytes([b[4], b[5]]),
+        ty: u16::from_be_bytes([b[6], b[7]]),
+        cookie: u64::from_be_bytes(c),
+        offset: u64::from_be_bytes(o),
+        length: u32::from_be_bytes([b[24], b[25], b[26], b[27]]),
+    })
+}
+
+/// Validates a request against the export: the error value to answer, if any.
+fn validate(e: &Export, r: &Request) -> Option<u32> {
+    let allowed = match r.ty {
+        cmd::READ | cmd::FLUSH => 0,
+        cmd::WRITE | cmd::TRIM => cmd::FLAG_FUA,
+        cmd::WRITE_ZEROES => cmd::FLAG_FUA | cmd::FLAG_NO_HOLE,
+        _ => return Some(errno::EINVAL),
+    };
+    if r.flags & !allowed != 0 {
+        return Some(errno::EINVAL);
+    }
+    if r.ty == cmd::FLUSH {
+        return None;
+    }
+    if r.ty != cmd::READ && e.dev.read_only() {
+        return Some(errno::EPERM);
+    }
+    let b = u64::from(e.dev.block_size().max(1));
+    if !r.offset.is_multiple_of(b) || !u64::from(r.length).is_multiple_of(b) {
+        return Some(errno::EINVAL);
+    }
+    match r.offset.checked_add(u64::from(r.length)) {
+        Some(end) if end <= e.size() => None,
+        _ => Some(errno::ENOSPC),
+    }
+}
+
+/// Executes a validated request; the error value (0 = success) and the read data.
+fn execute(e: &Export, r: &Request, payload: Vec<u8>) -> (u32, Vec<u8>) {
+    if let Some(err) = validate(e, r) {
+        return (err, Vec::new());
+    }
+    let fua = r.flags & cmd::FLAG_FUA != 0;
+    let dev = &e.dev;
+    let res = match r.ty {
+        cmd::READ => {
+            let mut buf = vec![0u8; r.length as usize];
+            return match dev.read(r.offset, &mut buf) {
+                Ok(()) => (0, buf),
+                Err(x) => (x, Vec::new()),
+            };
+        }
+        cmd::WRITE => dev.write(r.offset, &payload, fua),
+        cmd::FLUSH => dev.flush(),
+        cmd::TRIM => {
+            dev.trim(r.offset, u64::from(r.length))
+                .and_then(|()| if fua { dev.flush() } else { Ok(()) })
+        }
+        _ => dev
+            .write_zeroes(
+                r.offset,
+                u64::from(r.length),
+                r.flags & cmd::FLAG_NO_HOLE == 0,
+            )
+            .and_then(|()| if fua { dev.flush() } else { Ok(()) }),
+    };
+    (res.err().unwrap_or(0), Vec::new())
+}
+
+fn lock<W>(w: &Mutex<W>) -> std::sync::MutexGuard<'_, W> {
+    match w.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Result<()> {
+    let mut h = [0u8; 16];
+    h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    h[4..8].copy_from_slice(&err.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    if data.is_empty() || err != 0 {
+        w.write_all(&h)?;
+    } else {
+        w.write_all(&h)?;
+        w.write_all(data)?;
+    }
+    w.flush()
+}
+
+/// Bytes of request payload in flight on one connection (backpressure).
+struct Budget {
+    used: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Budget {
+    fn acquire(&self, n: u64) {
+        let mut g = match self.used.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        while *g > 0 && *g + n > INFLIGHT_BYTES {
+            g = match self.cv.wait(g) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+        *g += n;
+    }
+    fn release(&self, n: u64) {
+        match self.used.lock() {
+            Ok(mut g) => *g = g.saturating_sub(n),
+            Err(p) => {
+                let mut g = p.into_inner();
+                *g = g.saturating_sub(n);
+            }
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// Runs the transmission phase until DISC or the connection ends.
+/// `workers` = 0 executes each request inline (deterministic: fuzzing);
+/// otherwise that many threads execute requests concurrently.
+pub fn transmission<R, W>(
+    mut r: R,
+    w: Arc<Mutex<W>>,
+    export: &Export,
+    workers: usize,
+) -> Result<(), NbdError>
+where
+    R: Read,
+    W: Write + Send + 'static,
+{
+    let budget = Arc::new(Budget {
+        used: Mutex::new(0),
+        cv: Condvar::new(),
+    });
+    let (tx, rx) = mpsc::sync_channel::<(Request, Vec<u8>)>(workers.max(1) * 2);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut threads = Vec::new();
+    let failed = Arc::new(AtomicBool::new(false));
+    if workers > 0 {
+        for i in 0..workers {
+            let rx = rx.clone();
+            let w = w.clone();
+            let e = export.clone();
+            let budget = budget.clone();
+            let failed = failed.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("nbd-w{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(g) => g.recv(),
+                        Err(p) => p.into_inner().recv(),
+                    };
+                    let Ok((req, payload)) = job else {
+                        return;
+                    };
+                    let cost = u64::from(req.length);
+                    let (err, data) = execute(&e, &req, payload);
+                    let res = {
+                        let mut g = match w.lock() {
+                            Ok(g) => g,
+                            Err(p) => p.into_inner(),
+                        };
+                        write_reply(&mut *g, req.cookie, err, &data)
+                    };
+                    budget.release(cost);
+                    if res.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                })
+                .map_err(NbdError::Io)?;
+            threads.push(h);
+        }
+    }
+    let result = (|| -> Result<(), NbdError> {
+        loop {
+            let mut hdr = [0u8; 28];
+            if let Err(e) = r.read_exact(&mut hdr) {
+                // A client that leaves without DISC: a hard disconnect.
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    return Ok(());
+                }
+                return Err(e.into());
+            }
+            let Some(req) = parse_request(&hdr) else {
+                return violation("bad request magic");
+            };
+            if req.ty == cmd::DISC {
+                return Ok(());
+            }
+            let mut payload = Vec::new();
+            if req.ty == cmd::WRITE {
+                if req.length > MAX_PAYLOAD {
+                    return violation(format!("write payload of {} bytes", req.length));
+                }
+                // Read as it arrives: a client that only claims a large
+                // payload makes us allocate nothing up front.
+                let n = (&mut r)
+                    .take(u64::from(req.length))
+                    .read_to_end(&mut payload)?;
+                if n != req.length as usize {
+                    return Ok(()); // the client left mid-request
+                }
+            }
+            if failed.load(Ordering::Relaxed) {
+                return Err(NbdError::Io(io::ErrorKind::BrokenPipe.into()));
+            }
+            if req.ty == cmd::READ && req.length > MAX_PAYLOAD {
+                let mut g = lock(&w);
+                write_reply(&mut *g, req.cookie, errno::EINVAL, &[])?;
+                continue;
+            }
+            if workers == 0 {
+                let (err, data) = execute(export, &req, payload);
+                let mut g = lock(&w);
+                write_reply(&mut *g, req.cookie, err, &data)?;
+                continue;
+            }
+            let cost = u64::from(req.length);
+            budget.acquire(cost);
+            if tx.send((req, payload)).is_err() {
+                return Err(NbdError::Io(io::ErrorKind::BrokenPipe.into()));
+            }
+        }
+    })();
+    // DISC or end: let in-flight requests finish and reply, then close.
+    drop(tx);
+    for h in threads {
+        let _ = h.join();
+    }
+    result
+}
+
+/// Where the gateway listens: a TCP address or `unix:PATH`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// TCP.
+    Tcp(SocketAddr),
+    /// A Unix-domain socket path.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("unix: needs a path".into());
+            }
+            return Ok(ListenAddr::Unix(p.into()));
+        }
+        s.parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| format!("`{s}` is neither HOST:PORT nor unix:PATH"))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Conn {
+    fn shutdown(&self) {
+        let _ = match self {
+            Conn::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Conn::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+/// Counters of a gateway.
+#[derive(Debug, Default)]
+pub struct GatewayStats {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections closed for a protocol violation or I/O error.
+    pub errors: AtomicU64,
+}
+
+/// A running NBD gateway.
+pub struct Gateway {
+    addr: ListenAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
+    accept: Option<JoinHandle<()>>,
+    stats: Arc<GatewayStats>,
+}
+
+/// Worker threads per connection.
+pub const WORKERS_PER_CONN: usize = 8;
+
+impl Gateway {
+    /// Binds `addr` and serves `exports` on a background thread.
+    pub fn start(addr: &ListenAddr, exports: Vec<Export>) -> io::Result<Gateway> {
+        let (listener, bound) = match addr {
+            ListenAddr::Tcp(a) => {
+                let l = TcpListener::bind(a)?;
+                let b = ListenAddr::Tcp(l.local_addr()?);
+                l.set_nonblocking(true)?;
+                (Listener::Tcp(l), b)
+            }
+            ListenAddr::Unix(p) => {
+                // Replace a stale socket left by an earlier run, nothing else.
+                use std::os::unix::fs::FileTypeExt;
+                if let Ok(md) = std::fs::symlink_metadata(p) {
+                    if md.file_type().is_socket() {
+                        std::fs::remove_file(p)?;
+                    }
+                }
+                let l = UnixListener::bind(p)?;
+                l.set_nonblocking(true)?;
+                (Listener::Unix(l), addr.clone())
+            }
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(std::collections::HashMap::new()));
+        let stats = Arc::new(GatewayStats::default());
+        let exports = Arc::new(exports);
+        let accept = {
+            let stop = stop.clone();
+            let conns = conns.clone();
+            let stats = stats.clone();
+            std::thread::Builder::new()
+                .name("nbd-accept".into())
+                .spawn(move || accept_loop(listener, exports, stop, conns, stats))?
+        };
+        Ok(Gateway {
+            addr: bound,
+            stop,
+            conns,
+            accept: Some(accept),
+            stats,
+        })
+    }
+
+    /// The address actually bound (the port chosen for port 0).
+    pub fn addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &GatewayStats {
+        &self.stats
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        lock(&self.conns).values().for_each(Conn::shutdown);
+        if let ListenAddr::Unix(p) = &self.addr {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A new connection: its reading half, its writing half, a handle to close it.
+type Accepted = (Box<dyn ReadWrite>, Box<dyn Write + Send>, Conn);
+
+fn accept_loop(
+    l: Listener,
+    exports: Arc<Vec<Export>>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
+    stats: Arc<GatewayStats>,
+) {
+    let mut next_id = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let accepted: io::Result<Accepted> = match &l {
+            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                let w = s.try_clone()?;
+                let c = s.try_clone()?;
+                Ok((
+                    Box::new(s) as Box<dyn ReadWrite>,
+                    Box::new(w) as _,
+                    Conn::Tcp(c),
+                ))
+            }),
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                let w = s.try_clone()?;
+                let c = s.try_clone()?;
+                Ok((
+                    Box::new(s) as Box<dyn ReadWrite>,
+                    Box::new(w) as _,
+                    Conn::Unix(c),
+                ))
+            }),
+        };
+        match accepted {
+            Ok((rs, ws, c)) => {
+                stats.connections.fetch_add(1, Ordering::Relaxed);
+                next_id += 1;
+                let id = next_id;
+                lock(&conns).insert(id, c);
+                let ex = exports.clone();
+                let st = stats.clone();
+                let cs = conns.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("nbd-conn".into())
+                        .spawn(move || {
+                            if let Err(e) = serve_conn(rs, ws, &ex) {
+                                st.errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::info!("nbd: connection closed: {e}");
+                            }
+                            // Close the socket for the client now (the clone
+                            // kept for stop() would otherwise hold it open).
+                            if let Some(c) = lock(&cs).remove(&id) {
+                                c.shutdown();
+                            }
+                        });
+                if let Err(e) = spawned {
+                    tracing::warn!("nbd: cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                tracing::warn!("nbd: accept: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A stream readable and writable (TCP or Unix).
+pub trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+fn serve_conn(
+    mut rs: Box<dyn ReadWrite>,
+    ws: Box<dyn Write + Send>,
+    exports: &[Export],
+) -> Result<(), NbdError> {
+    let e = match handshake(&mut rs, exports)? {
+        Negotiated::Go(e) => e,
+        Negotiated::Aborted => return Ok(()),
+    };
+    let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(256 << 10, ws)));
+    transmission(
+        io::BufReader::with_capacity(256 << 10, rs),
+        w,
+        &e,
+        WORKERS_PER_CONN,
+    )
+}
+
+/// An in-memory duplex stream for fuzzing: reads come from a byte slice,
+/// writes are discarded.
+struct FuzzStream<'a> {
+    input: &'a [u8],
+}
+
+impl Read for FuzzStream<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.input.read(buf)
+    }
+}
+
+impl Write for FuzzStream<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Fuzzing entry point: feeds arbitrary bytes to the handshake and then the
+/// transmission phase against a small in-memory export (inline execution).
+/// Must never panic or hang; errors are the expected outcome.
+pub fn fuzz_stream(data: &[u8]) {
+    let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 10, 512, false));
+    let exports = [Export {
+        name: "fuzz".into(),
+        description: String::new(),
+        dev,
+    }];
+    let mut s = FuzzStream { input: data };
+    if let Ok(Negotiated::Go(e)) = handshake(&mut s, &exports) {
+        let w = Arc::new(Mutex::new(io::sink()));
+        let _ = transmission(s, w, &e, 0);
+    }
+}

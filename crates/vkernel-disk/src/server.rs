@@ -1,0 +1,641 @@
+//! The IPdisk V service: SCSI commands in V messages, executed against a
+//! backing store, through derived virtual devices.
+//!
+//! One registered pid (the *dispatcher*) receives every request and
+//! Forwards it to an idle *worker* process, so several commands are in
+//! flight at once (tagged queueing: each command is its own exchange).
+//! A worker receives the request with the first part of any data-out
+//! segment appended, pulls the rest with MoveFrom, executes, and answers
+//! with the data-in appended to the reply (small) or by MoveTo (large),
+//! then tells the dispatcher it is idle again.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope};
+use vkernel_proto::MAX_APPEND;
+
+use crate::backing::Backing;
+use crate::dvd::{AccessError, Dvd, DvdError, View};
+use crate::msg::{self, Response};
+use crate::scsi::{self, Action, DeviceInfo, Sense};
+
+/// Errors starting a disk server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A process could not be created.
+    #[error("creating a server process: {0}")]
+    Ipc(#[from] IpcError),
+    /// The block size is not a power of two ≥ 512, or the store is smaller than a block.
+    #[error("bad geometry: {0}")]
+    Geometry(String),
+}
+
+/// How a disk server is set up.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Logical id to register the dispatcher under (GetPid), if any.
+    pub logical_id: Option<u32>,
+    /// Worker processes (commands executed at once).
+    pub workers: usize,
+    /// Logical block size (a power of two ≥ 512).
+    pub block_size: u32,
+    /// The owner key (opens DVD 0 and manages DVDs).
+    pub owner_key: Option<u64>,
+    /// The owner pid (may manage DVDs without a key).
+    pub owner_pid: Option<Pid>,
+    /// Unit serial number reported in VPD 0x80.
+    pub serial: String,
+    /// Requests queued at the dispatcher when every worker is busy; beyond
+    /// this the dispatcher answers Busy.
+    pub queue: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            logical_id: None,
+            workers: 8,
+            block_size: 512,
+            owner_key: None,
+            owner_pid: None,
+            serial: "VK0000000001".into(),
+            queue: 1024,
+        }
+    }
+}
+
+/// Counters of a disk server.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// SCSI commands executed (any status).
+    pub commands: AtomicU64,
+    /// Commands answered with CHECK CONDITION.
+    pub check_conditions: AtomicU64,
+    /// Requests refused before execution (handle, policy, malformed).
+    pub refused: AtomicU64,
+    /// Bytes read from the store for clients.
+    pub bytes_read: AtomicU64,
+    /// Bytes written to the store for clients.
+    pub bytes_written: AtomicU64,
+    /// Durability points (SYNCHRONIZE CACHE and FUA writes).
+    pub syncs: AtomicU64,
+    /// Workers executing a request right now.
+    pub busy: AtomicU64,
+    /// Most workers ever executing requests at the same time.
+    pub peak_busy: AtomicU64,
+}
+
+struct Shared {
+    backing: Backing,
+    access: Mutex<crate::dvd::Access>,
+    base: DeviceInfo,
+    stats: ServerStats,
+}
+
+impl Shared {
+    fn access(&self) -> MutexGuard<'_, crate::dvd::Access> {
+        match self.access.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn info_for(&self, v: &View) -> DeviceInfo {
+        let mut i = self.base.clone();
+        i.blocks = v.blocks;
+        i.read_only = !v.writable;
+        if v.dvd != 0 {
+            i.serial = format!("{}-{}", self.base.serial, v.dvd);
+            i.naa ^= u64::from(v.dvd) << 8;
+        }
+        i
+    }
+}
+
+/// A running disk server. Dropping it does not stop it; the processes end
+/// when their logical host shuts down.
+pub struct DiskServer {
+    pid: Pid,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DiskServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskServer")
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+impl DiskServer {
+    /// Starts a disk server on `kernel` over `backing`.
+    pub fn start(
+        kernel: &Kernel,
+        backing: Backing,
+        cfg: ServerConfig,
+    ) -> Result<DiskServer, ServerError> {
+        let bs = cfg.block_size;
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            return Err(ServerError::Geometry(format!(
+                "block size {bs} must be a power of two in 512..=65536"
+            )));
+        }
+        let blocks = backing.len() / u64::from(bs);
+        if blocks == 0 {
+            return Err(ServerError::Geometry(format!(
+                "{} bytes is less than one {bs}-byte block",
+                backing.len()
+            )));
+        }
+        let mut base = DeviceInfo::new(blocks, bs);
+        base.serial = cfg.serial.clone();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()) << 32;
+        base.naa = 0x5000_0000_0000_0000 | (seed & 0xffff_ffff);
+        let shared = Arc::new(Shared {
+            backing,
+            access: Mutex::new(crate::dvd::Access::new(
+                blocks,
+                cfg.owner_key,
+                cfg.owner_pid,
+                seed,
+            )),
+            base,
+            stats: ServerStats::default(),
+        });
+        let dispatcher = kernel.create_process()?;
+        let dpid = dispatcher.pid();
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.workers.max(1) {
+            let sh = shared.clone();
+            let (wpid, h) = kernel.spawn(&format!("ipdisk-w{i}"), move |p| worker(p, dpid, sh))?;
+            workers.push(wpid);
+            threads.push(h);
+        }
+        if let Some(lid) = cfg.logical_id {
+            dispatcher.set_pid(lid, dpid, Scope::Any);
+        }
+        let queue = cfg.queue;
+        let h = std::thread::Builder::new()
+            .name("ipdisk-dispatch".into())
+            .spawn(move || dispatch(dispatcher, workers, queue))
+            .map_err(|_| ServerError::Ipc(IpcError::TableFull))?;
+        threads.push(h);
+        Ok(DiskServer {
+            pid: dpid,
+            shared,
+            threads,
+        })
+    }
+
+    /// The pid clients send to (the dispatcher).
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Blocks of the whole device.
+    pub fn blocks(&self) -> u64 {
+        self.shared.base.blocks
+    }
+
+    /// Block size.
+    pub fn block_size(&self) -> u32 {
+        self.shared.base.block_size
+    }
+
+    /// The backing store's description.
+    pub fn backing(&self) -> &str {
+        self.shared.backing.describe()
+    }
+
+    /// Defines or changes a DVD locally (as the owner would).
+    pub fn define_dvd(&self, d: Dvd) -> Result<u32, DvdError> {
+        self.shared.access().define(d)
+    }
+
+    /// Revokes a DVD locally.
+    pub fn revoke_dvd(&self, id: u32) -> Result<(), DvdError> {
+        self.shared.access().revoke(id)
+    }
+
+    /// The DVDs in force.
+    pub fn dvds(&self) -> Vec<Dvd> {
+        self.shared.access().list().cloned().collect()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Waits for the server's threads (they end when the host shuts down).
+    pub fn join(self) {
+        for h in self.threads {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The dispatcher: hands each request to an idle worker by Forward, queues
+/// it while every worker is busy.
+fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
+    let mut idle: Vec<Pid> = workers.clone();
+    let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
+    let mut m = Message::zero();
+    loop {
+        let i = match p.receive(&mut m) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => {
+                tracing::debug!("ipdisk dispatcher: receive: {e}");
+                continue;
+            }
+        };
+        if m.code() == msg::IDLE && workers.contains(&i.from) {
+            let _ = p.reply(&Message::zero(), i.from);
+            // Hand it the oldest queued request (skipping senders that
+            // have gone), else it joins the idle set.
+            let mut taken = false;
+            while let Some((pm, from)) = pending.pop_front() {
+                match p.forward(&pm, from, i.from) {
+                    Ok(()) => {
+                        taken = true;
+                        break;
+                    }
+                    Err(e) => tracing::debug!("ipdisk: forward of a queued request: {e}"),
+                }
+            }
+            if !taken {
+                idle.push(i.from);
+            }
+            continue;
+        }
+        // A process has one Send outstanding: a new request from `i.from`
+        // means the kernel has ended its previous exchange (e.g. an
+        // idempotent request re-executed after a late reply), and Forward
+        // names the exchange by pid only. A queued request from the same
+        // pid is stale: forwarding it would pair its CDB with the new
+        // exchange's data and reply.
+        pending.retain(|(_, f)| *f != i.from);
+        if let Some(w) = idle.pop() {
+            if let Err(e) = p.forward(&m, i.from, w) {
+                tracing::debug!("ipdisk: forward to worker {w}: {e}");
+                idle.push(w);
+                let mut r = Message::zero();
+                r.0[0] = msg::reply_word0(Response::Failed, 0);
+                let _ = p.reply(&r, i.from);
+            }
+        } else if pending.len() < cap {
+            pending.push_back((m, i.from));
+        } else {
+            let mut r = Message::zero();
+            r.0[0] = msg::reply_word0(Response::Busy, 0);
+            let _ = p.reply(&r, i.from);
+        }
+    }
+}
+
+/// A worker: executes one request at a time.
+fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
+    let mut m = Message::zero();
+    let mut appended = vec![0u8; MAX_APPEND];
+    let mut scratch: Vec<u8> = Vec::new();
+    loop {
+        let i = match p.receive_with_segment(&mut m, &mut appended) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => {
+                tracing::debug!("ipdisk worker: receive: {e}");
+                continue;
+            }
+        };
+        let req = Req {
+            p: &p,
+            sh: &sh,
+            m,
+            from: i.from,
+            appended: &appended[..i.seg_bytes.min(appended.len())],
+        };
+        let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
+        let r = req.handle(&mut scratch);
+        sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
+        if let Err(e) = r {
+            tracing::debug!("ipdisk: request from {}: {e}", i.from);
+        }
+        // Keep big buffers from piling up between commands.
+        if scratch.capacity() > (16 << 20) {
+            scratch = Vec::new();
+        }
+        let mut idle = Message::with_code(msg::IDLE);
+        match p.send(&mut idle, dispatcher) {
+            Ok(_) => {}
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => tracing::debug!("ipdisk worker: idle: {e}"),
+        }
+    }
+}
+
+struct Req<'a> {
+    p: &'a Process,
+    sh: &'a Shared,
+    m: Message,
+    from: Pid,
+    appended: &'a [u8],
+}
+
+fn refuse(resp: Response) -> Message {
+    let mut r = Message::zero();
+    r.0[0] = msg::reply_word0(resp, 0);
+    r
+}
+
+fn access_response(e: AccessError) -> Response {
+    match e {
+        AccessError::BadHandle => Response::BadHandle,
+        AccessError::Denied => Response::Denied,
+        AccessError::NoSuchDvd => Response::NoSuchDvd,
+    }
+}
+
+impl Req<'_> {
+    fn reply(&self, r: &Message) -> Result<(), IpcError> {
+        self.p.reply(r, self.from)
+    }
+
+    /// Delivers `data` into the sender's write segment and replies.
+    fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
+        if data.is_empty() {
+            self.p.reply(r, self.from)
+        } else if data.len() <= MAX_APPEND {
+            self.p.reply_with_segment(r, self.from, 0, data)
+        } else {
+            self.p.move_to(self.from, 0, data)?;
+            self.p.reply(r, self.from)
+        }
+    }
+
+    /// Gathers `n` bytes of the sender's read segment: the appended part,
+    /// then the rest by MoveFrom.
+    fn gather(&self, buf: &mut Vec<u8>, n: usize) -> Result<(), IpcError> {
+        buf.clear();
+        buf.resize(n, 0);
+        let have = self.appended.len().min(n);
+        buf[..have].copy_from_slice(&self.appended[..have]);
+        if have < n {
+            self.p.move_from(self.from, have as u32, &mut buf[have..])?;
+        }
+        Ok(())
+    }
+
+    fn handle(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+        let st = &self.sh.stats;
+        match self.m.code() {
+            msg::SCSI => self.scsi(scratch),
+            msg::OPEN => {
+                let key = (u64::from(self.m.0[1]) << 32) | u64::from(self.m.0[2]);
+                let dvd = self.m.0[3];
+                let r = self.sh.access().open(self.from, dvd, key);
+                match r {
+                    Ok((h, v)) => {
+                        let mut r = Message::zero();
+                        r.0[0] = msg::reply_word0(Response::Complete, 0);
+                        r.0[1] = h;
+                        r.0[2] = (v.blocks >> 32) as u32;
+                        r.0[3] = v.blocks as u32;
+                        r.0[4] = self.sh.base.block_size;
+                        r.0[5] = if v.writable { 0 } else { msg::FLAG_READ_ONLY }
+                            | if v.owner { msg::FLAG_OWNER } else { 0 };
+                        self.reply(&r)
+                    }
+                    Err(e) => {
+                        st.refused.fetch_add(1, Ordering::Relaxed);
+                        self.reply(&refuse(access_response(e)))
+                    }
+                }
+            }
+            msg::CLOSE => {
+                let r = self.sh.access().close(self.from, self.m.0[5]);
+                self.reply(&refuse(match r {
+                    Ok(()) => Response::Complete,
+                    Err(e) => access_response(e),
+                }))
+            }
+            msg::DVD_SET | msg::DVD_LIST | msg::DVD_REVOKE => self.manage(scratch),
+            _ => {
+                st.refused.fetch_add(1, Ordering::Relaxed);
+                self.reply(&refuse(Response::Malformed))
+            }
+        }
+    }
+
+    fn manage(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+        let owner = match self.sh.access().check(self.from, self.m.0[5]) {
+            Ok(v) => v.owner,
+            Err(_) => false,
+        };
+        if !owner {
+            self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return self.reply(&refuse(Response::Denied));
+        }
+        let seg = self.m.seg_access();
+        let seg_len = self.m.seg_len() as usize;
+        let mut r = refuse(Response::Complete);
+        match self.m.code() {
+            msg::DVD_SET => {
+                let max =
+                    crate::dvd::RECORD_HEAD + crate::dvd::MAX_ALLOW * crate::dvd::RECORD_ENTRY;
+                if !seg.read || seg_len > max {
+                    return self.reply(&refuse(Response::Malformed));
+                }
+                self.gather(scratch, seg_len)?;
+                let d = match crate::dvd::Dvd::decode(scratch) {
+                    Ok((d, _)) => d,
+                    Err(_) => return self.reply(&refuse(Response::Malformed)),
+                };
+                match self.sh.access().define(d) {
+                    Ok(id) => r.0[1] = id,
+                    Err(DvdError::NoSuchDvd(_)) => r = refuse(Response::NoSuchDvd),
+                    Err(_) => r = refuse(Response::Malformed),
+                }
+                self.reply(&r)
+            }
+            msg::DVD_LIST => {
+                let (bytes, n) = {
+                    let a = self.sh.access();
+                    let mut b = Vec::new();
+                    let mut n = 0u32;
+                    for d in a.list() {
+                        b.extend(d.encode());
+                        n += 1;
+                    }
+                    (b, n)
+                };
+                r.0[1] = bytes.len() as u32;
+                r.0[2] = n;
+                if !seg.write || seg_len < bytes.len() {
+                    r.0[0] = msg::reply_word0(Response::Malformed, 0);
+                    return self.reply(&r);
+                }
+                self.reply_data(&r, &bytes)
+            }
+            _ => {
+                if let Err(e) = self.sh.access().revoke(self.m.0[1]) {
+                    r = refuse(match e {
+                        DvdError::NoSuchDvd(_) => Response::NoSuchDvd,
+                        _ => Response::Malformed,
+                    });
+                }
+                self.reply(&r)
+            }
+        }
+    }
+
+    fn scsi(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+        let st = &self.sh.stats;
+        let view = match self.sh.access().check(self.from, self.m.0[5]) {
+            Ok(v) => v,
+            Err(e) => {
+                st.refused.fetch_add(1, Ordering::Relaxed);
+                return self.reply(&refuse(access_response(e)));
+            }
+        };
+        st.commands.fetch_add(1, Ordering::Relaxed);
+        let info = self.sh.info_for(&view);
+        let cdb = msg::get_bytes::<16>(&self.m, 1);
+        let action = match scsi::decode(&info, &cdb) {
+            Ok(a) => a,
+            Err(s) => return self.check(s),
+        };
+        let seg = self.m.seg_access();
+        let seg_len = u64::from(self.m.seg_len());
+        let out_len = action.data_out_len(&info);
+        if out_len > 0 && (!seg.read || seg_len < out_len) {
+            st.refused.fetch_add(1, Ordering::Relaxed);
+            return self.reply(&refuse(Response::Malformed));
+        }
+        let bs = u64::from(info.block_size);
+        let at = |lba: u64| (view.base + lba) * bs;
+        let be = &self.sh.backing;
+        let mut good = refuse(Response::Complete);
+        match action {
+            Action::Good => self.reply(&good),
+            Action::DataIn(d) => {
+                let n = if seg.write {
+                    d.len().min(seg_len as usize)
+                } else {
+                    0
+                };
+                good.0[1] = n as u32;
+                self.reply_data(&good, &d[..n])
+            }
+            Action::Read { range, .. } => {
+                let n = (range.blocks * bs) as usize;
+                if n > 0 && (!seg.write || seg_len < n as u64) {
+                    st.refused.fetch_add(1, Ordering::Relaxed);
+                    return self.reply(&refuse(Response::Malformed));
+                }
+                scratch.clear();
+                scratch.resize(n, 0);
+                if let Err(e) = be.read_at(at(range.lba), scratch) {
+                    tracing::warn!("ipdisk: read error: {e}");
+                    return self.check(Sense::read_error());
+                }
+                st.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                good.0[1] = n as u32;
+                self.reply_data(&good, scratch)
+            }
+            Action::Write { range, fua } => {
+                let n = (range.blocks * bs) as usize;
+                self.gather(scratch, n)?;
+                if let Err(e) = be.write_at(at(range.lba), scratch, fua) {
+                    tracing::warn!("ipdisk: write error: {e}");
+                    return self.check(Sense::write_error());
+                }
+                if fua {
+                    st.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                st.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+                good.0[1] = n as u32;
+                self.reply(&good)
+            }
+            Action::Sync(_) => {
+                if let Err(e) = be.sync() {
+                    tracing::warn!("ipdisk: sync error: {e}");
+                    return self.check(Sense::write_error());
+                }
+                st.syncs.fetch_add(1, Ordering::Relaxed);
+                self.reply(&good)
+            }
+            Action::Unmap { param_len } => {
+                self.gather(scratch, usize::from(param_len))?;
+                let ranges = match scsi::decode_unmap(&info, scratch) {
+                    Ok(r) => r,
+                    Err(s) => return self.check(s),
+                };
+                for r in ranges {
+                    if let Err(e) = be.zero(at(r.lba), r.blocks * bs, true) {
+                        tracing::warn!("ipdisk: unmap error: {e}");
+                        return self.check(Sense::write_error());
+                    }
+                }
+                self.reply(&good)
+            }
+            Action::WriteSame { range, unmap, ndob } => {
+                if !ndob {
+                    self.gather(scratch, bs as usize)?;
+                }
+                let zero = ndob || scratch.iter().all(|&b| b == 0);
+                let r = if zero {
+                    be.zero(at(range.lba), range.blocks * bs, unmap)
+                } else {
+                    write_pattern(be, at(range.lba), range.blocks, scratch)
+                };
+                if let Err(e) = r {
+                    tracing::warn!("ipdisk: write same error: {e}");
+                    return self.check(Sense::write_error());
+                }
+                st.bytes_written
+                    .fetch_add(range.blocks * bs, Ordering::Relaxed);
+                self.reply(&good)
+            }
+        }
+    }
+
+    fn check(&self, s: Sense) -> Result<(), IpcError> {
+        self.sh
+            .stats
+            .check_conditions
+            .fetch_add(1, Ordering::Relaxed);
+        let mut r = Message::zero();
+        r.0[0] = msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION);
+        msg::put_bytes(&mut r, 1, &s.to_bytes());
+        self.reply(&r)
+    }
+}
+
+/// Writes one block repeatedly over `blocks` blocks, 1 MiB at a time.
+fn write_pattern(be: &Backing, off: u64, blocks: u64, block: &[u8]) -> std::io::Result<()> {
+    let bs = block.len() as u64;
+    let per = ((1u64 << 20) / bs).max(1);
+    let buf: Vec<u8> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take((per.min(blocks) * bs) as usize)
+        .collect();
+    let mut done = 0u64;
+    while done < blocks {
+        let k = per.min(blocks - done);
+        be.write_at(off + done * bs, &buf[..(k * bs) as usize], false)?;
+        done += k;
+    }
+    Ok(())
+}
