@@ -687,6 +687,8 @@ fn fio_nbd_engine_verifies() {
             "--iodepth=16",
             "--verify=crc32c",
             "--do_verify=1",
+            // No verify-state file left in the working directory.
+            "--verify_state_save=0",
             "--runtime=20",
             "--time_based=0",
             "--output-format=terse",
