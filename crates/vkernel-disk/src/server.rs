@@ -248,6 +248,8 @@ impl DiskServer {
 fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
     let mut idle: Vec<Pid> = workers.clone();
     let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
+    // Which client's request each busy worker was handed.
+    let mut assigned: Vec<(Pid, Pid)> = Vec::new();
     let mut m = Message::zero();
     loop {
         let i = match p.receive(&mut m) {
@@ -260,12 +262,17 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
         };
         if m.code() == msg::IDLE && workers.contains(&i.from) {
             let _ = p.reply(&Message::zero(), i.from);
+            assigned.retain(|&(w, _)| w != i.from);
+            if idle.contains(&i.from) {
+                continue;
+            }
             // Hand it the oldest queued request (skipping senders that
             // have gone), else it joins the idle set.
             let mut taken = false;
             while let Some((pm, from)) = pending.pop_front() {
                 match p.forward(&pm, from, i.from) {
                     Ok(()) => {
+                        assigned.push((i.from, from));
                         taken = true;
                         break;
                     }
@@ -284,8 +291,24 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
         // pid is stale: forwarding it would pair its CDB with the new
         // exchange's data and reply.
         pending.retain(|(_, f)| *f != i.from);
+        // Likewise a worker handed this client's previous request may
+        // never receive it (the kernel dropped the superseded exchange):
+        // count it idle again rather than wait forever for its IDLE.
+        let superseded: Vec<Pid> = assigned
+            .iter()
+            .filter(|&&(_, c)| c == i.from)
+            .map(|&(w, _)| w)
+            .collect();
+        assigned.retain(|&(_, c)| c != i.from);
+        for w in superseded {
+            if !idle.contains(&w) {
+                idle.push(w);
+            }
+        }
         if let Some(w) = idle.pop() {
+            assigned.push((w, i.from));
             if let Err(e) = p.forward(&m, i.from, w) {
+                assigned.retain(|&(x, _)| x != w);
                 tracing::debug!("ipdisk: forward to worker {w}: {e}");
                 idle.push(w);
                 let mut r = Message::zero();
