@@ -25,8 +25,8 @@ use crate::vkbench::{self, Op, Placement};
 pub struct BenchArgs {
     /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
     /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process
-    /// groups, 9 observability).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9")]
+    /// groups, 9 observability, 10 network disk).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9,10")]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.
     #[arg(long)]
@@ -52,7 +52,7 @@ pub struct BenchArgs {
 impl Default for BenchArgs {
     fn default() -> Self {
         BenchArgs {
-            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             quick: false,
             count: None,
             placement: "spin".into(),
@@ -823,13 +823,219 @@ fn section_observability(c: &mut Ctx, out: &std::path::Path) -> Result<Value, St
     Ok(json!({"overhead": rows, "probe_ns": probe_ns, "characterization": report}))
 }
 
+/// Runs an external client tool; its wall time in seconds, or why not.
+fn timed_tool(cmd: &mut std::process::Command) -> Result<(f64, String), String> {
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    let t = Instant::now();
+    let o = cmd
+        .output()
+        .map_err(|e| format!("{name} not available ({e})"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{name} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        ));
+    }
+    Ok((
+        t.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    ))
+}
+
+/// 4 KiB random-read IOPS of fio's nbd engine against `uri`.
+fn fio_iops(uri: &str, secs: u32, rw: &str) -> Result<f64, String> {
+    let (_, out) = timed_tool(std::process::Command::new("fio").args([
+        "--name=vk",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        &format!("--rw={rw}"),
+        "--bs=4k",
+        "--iodepth=32",
+        "--time_based",
+        &format!("--runtime={secs}"),
+        "--size=16M",
+        "--verify_state_save=0",
+        "--output-format=json",
+    ]))?;
+    // fio may print notes before the JSON document.
+    let doc = out.find('{').map_or("", |i| &out[i..]);
+    let j: Value = serde_json::from_str(doc).map_err(|e| format!("fio output: {e}"))?;
+    let job = &j["jobs"][0];
+    let side = if rw.contains("read") { "read" } else { "write" };
+    job[side]["iops"]
+        .as_f64()
+        .ok_or_else(|| "fio reported no IOPS".to_string())
+}
+
+fn section_disk(c: &mut Ctx) -> Result<Value, String> {
+    use std::process::{Command, Stdio};
+    use vkernel_disk::backing::{Backing, BackingSpec};
+    println!("\n10. Network disk (VISA/IPdisk): the NBD gateway beside nbdkit's memory plugin, same client tools");
+    let size: usize = if c.quick { 16 << 20 } else { 64 << 20 };
+    let secs = if c.quick { 1 } else { 3 };
+    // Disk hosts block while waiting: dozens of spinning V processes
+    // would starve each other on two CPUs.
+    let kc = |peers: Vec<std::net::SocketAddr>| vkernel::KernelConfig {
+        peers,
+        spin: Duration::ZERO,
+        ..Default::default()
+    };
+    let a = Kernel::start(kc(vec![])).map_err(|e| e.to_string())?;
+    let b = Kernel::start(kc(vec![a.local_addr()])).map_err(|e| e.to_string())?;
+    a.add_peer(b.local_addr());
+    let store = Backing::open(&BackingSpec::Ram(size as u64)).map_err(|e| e.to_string())?;
+    let srv = vkernel_disk::server::DiskServer::start(
+        &a,
+        store,
+        vkernel_disk::server::ServerConfig {
+            owner_key: Some(7),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let client = std::sync::Arc::new(
+        vkernel_disk::client::Client::open(&b, srv.pid(), 0, 7, 32).map_err(|e| e.to_string())?,
+    );
+    // The native client against the raw UDP blast.
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let t = Instant::now();
+    client.write(0, &data, false).map_err(|e| e.to_string())?;
+    let w = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+    let mut back = vec![0u8; size];
+    let t = Instant::now();
+    client.read(0, &mut back).map_err(|e| e.to_string())?;
+    let r = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+    if back != data {
+        return Err("IPdisk read back different data".into());
+    }
+    let blast = baseline::udp_blast(size, vkernel_proto::wire::MAX_DATAGRAM, c.pl, 3)?;
+    println!(
+        "  native client, {} MiB: write {w:.0} MB/s, read {r:.0} MB/s; raw UDP blast {:.0} MB/s (write {:.2}×, read {:.2}×)",
+        size >> 20,
+        blast.mbps,
+        w / blast.mbps.max(1e-9),
+        r / blast.mbps.max(1e-9)
+    );
+    let gw = vkernel_disk::nbd::Gateway::start(
+        &"127.0.0.1:0".parse().map_err(|e: String| e)?,
+        vec![vkernel_disk::nbd::Export {
+            name: "ipdisk".into(),
+            description: "bench".into(),
+            dev: client.clone(),
+        }],
+    )
+    .map_err(|e| e.to_string())?;
+    let gw_uri = match gw.addr() {
+        vkernel_disk::nbd::ListenAddr::Tcp(a) => format!("nbd://{a}"),
+        vkernel_disk::nbd::ListenAddr::Unix(p) => format!("nbd+unix:///?socket={}", p.display()),
+    };
+    // nbdkit's memory plugin on a free port, stopped with the section.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let nbdkit = Command::new("nbdkit")
+        .args([
+            "-f",
+            "--exit-with-parent",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "memory",
+        ])
+        .arg(format!("{size}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut rows = Vec::new();
+    let kit_uri = format!("nbd://127.0.0.1:{port}");
+    let mut nbdkit = match nbdkit {
+        Ok(ch) => Some(ch),
+        Err(e) => {
+            println!("  nbdkit not available ({e}): the gateway is measured alone");
+            None
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = std::env::temp_dir().join(format!("vkbench-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let img = dir.join("src.img");
+    std::fs::write(&img, &data).map_err(|e| e.to_string())?;
+    println!(
+        "  {:<34} {:>14} {:>14} {:>8}",
+        "client tool", "IPdisk gateway", "nbdkit memory", "ratio"
+    );
+    let targets: Vec<(&str, String)> = std::iter::once(("gateway", gw_uri.clone()))
+        .chain(nbdkit.as_ref().map(|_| ("nbdkit", kit_uri.clone())))
+        .collect();
+    let mut measure = |label: &str, f: &dyn Fn(&str) -> Result<f64, String>, unit: &str| {
+        let vals: Vec<Option<f64>> = targets
+            .iter()
+            .map(|(_, u)| match f(u) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    println!("  {label}: {e}");
+                    None
+                }
+            })
+            .collect();
+        let g = vals.first().copied().flatten();
+        let k = vals.get(1).copied().flatten();
+        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
+        let ratio = match (g, k) {
+            (Some(g), Some(k)) if k > 0.0 => format!("{:.2}×", g / k),
+            _ => "-".into(),
+        };
+        println!("  {label:<34} {:>14} {:>14} {ratio:>8}", fmt(g), fmt(k));
+        rows.push(json!({"test": label, "gateway": g, "nbdkit": k, "unit": unit}));
+    };
+    let mb = size as f64 / 1e6;
+    let img_s = img.to_string_lossy().into_owned();
+    measure(
+        "nbdcopy write (sequential)",
+        &|u: &str| {
+            timed_tool(Command::new("nbdcopy").args([img_s.as_str(), u])).map(|(t, _)| mb / t)
+        },
+        "MB/s",
+    );
+    measure(
+        "nbdcopy read (sequential)",
+        &|u: &str| timed_tool(Command::new("nbdcopy").args([u, "null:"])).map(|(t, _)| mb / t),
+        "MB/s",
+    );
+    measure(
+        "fio 4 KiB random read, depth 32",
+        &|u: &str| fio_iops(u, secs, "randread"),
+        "IOPS",
+    );
+    measure(
+        "fio 4 KiB random write, depth 32",
+        &|u: &str| fio_iops(u, secs, "randwrite"),
+        "IOPS",
+    );
+    if let Some(ch) = nbdkit.as_mut() {
+        let _ = ch.kill();
+        let _ = ch.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("  (disk and gateway on two logical hosts of this process, blocking waits; the gateway adds a hop)");
+    Ok(json!({
+        "native": {"write_mbps": w, "read_mbps": r, "raw_blast_mbps": blast.mbps, "bytes": size},
+        "tools": rows,
+    }))
+}
+
 /// Runs the benchmark.
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let pl = placement(&a.placement)?;
     let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
     for s in &a.sections {
-        if !(1..=9).contains(s) {
-            return Err(format!("unknown section {s} (1..=9)"));
+        if !(1..=10).contains(s) {
+            return Err(format!("unknown section {s} (1..=10)"));
         }
     }
     let started = Instant::now();
@@ -892,6 +1098,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             6 => section_load(&mut c)?,
             8 => section_groups(&mut c)?,
             9 => section_observability(&mut c, &a.out)?,
+            10 => section_disk(&mut c)?,
             _ => {
                 let (v, series) = section_peers(&mut c)?;
                 peer_series = series;

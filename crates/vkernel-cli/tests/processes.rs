@@ -255,6 +255,7 @@ fn demo_and_bench_run_and_report() {
         "7. Peers",
         "8. Process groups",
         "9. Observability",
+        "10. Network disk",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -282,6 +283,7 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
+    assert!(pos(&s["section10"]["native"]["read_mbps"]), "{s}");
     assert!(
         s["section9"]["characterization"]["messages"]
             .as_u64()
