@@ -631,9 +631,22 @@ fn section_peers(c: &mut Ctx) -> Result<(Value, Vec<chart::Series>), String> {
         let (l, r) = (Summary::of(&mut l), Summary::of(&mut r));
         let u = baseline::udp_rtt(s, c.n, c.warm, c.pl)?;
         let t = baseline::tcp_rtt(s, c.n, c.warm, c.pl)?;
-        let z = baseline::zmq_rtt(s, c.n, c.warm, c.pl)?;
-        let g = baseline::grpc_rtt(s, grpc_n, c.warm / 4, c.pl)?;
-        let ratio = |x: &Summary| r.median_us / x.median_us.max(1e-9);
+        // A peer that fails is reported and left out, not fatal.
+        let peer = |r: Result<Summary, String>| {
+            r.unwrap_or_else(|e| {
+                println!("  {s} B: {e}");
+                Summary::of(&mut [])
+            })
+        };
+        let z = peer(baseline::zmq_rtt(s, c.n, c.warm, c.pl));
+        let g = peer(baseline::grpc_rtt(s, grpc_n, c.warm / 4, c.pl));
+        let ratio = |x: &Summary| {
+            if x.n == 0 {
+                f64::NAN
+            } else {
+                r.median_us / x.median_us.max(1e-9)
+            }
+        };
         let cell = |x: &Summary| format!("{:.2} / {:.1}", x.median_us, x.p99_us);
         println!(
             "  {s:>6} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15}  {:>6.2}× {:>6.2}× {:>6.2}× {:>6.2}×",
@@ -641,7 +654,9 @@ fn section_peers(c: &mut Ctx) -> Result<(Value, Vec<chart::Series>), String> {
             ratio(&u), ratio(&t), ratio(&z), ratio(&g)
         );
         for (i, v) in [&l, &r, &u, &t, &z, &g].iter().enumerate() {
-            series[i].1.push((s as f64, v.median_us));
+            if v.n > 0 {
+                series[i].1.push((s as f64, v.median_us));
+            }
         }
         rows.push(json!({
             "bytes": s, "vkernel_local": l, "vkernel_remote": r, "udp": u, "tcp": t,
