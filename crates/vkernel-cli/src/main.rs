@@ -6,8 +6,10 @@ mod chart;
 mod demo;
 mod disk;
 mod echo;
+mod fileserver;
 mod hostopts;
 mod locate;
+mod mount;
 mod nbd;
 mod paper;
 mod ping;
@@ -66,6 +68,12 @@ enum Cmd {
     /// Serve an IPdisk (or one of its DVDs) as an NBD export for qemu,
     /// libnbd, fio and the kernel's nbd-client.
     Nbd(nbd::NbdArgs),
+    /// Serve a directory tree over the V I/O protocol (file server with a
+    /// worker pool, confined to --root).
+    Fileserver(fileserver::FileServerArgs),
+    /// Mount a file server with FUSE so unmodified programs use its files
+    /// (unmounts on SIGINT/SIGTERM).
+    Mount(mount::MountArgs),
 }
 
 fn main() {
@@ -87,6 +95,8 @@ fn main() {
         Some(Cmd::Disk(a)) => disk::run(a),
         Some(Cmd::DiskCli(a)) => disk::run_cli(a),
         Some(Cmd::Nbd(a)) => nbd::run(a),
+        Some(Cmd::Fileserver(a)) => fileserver::run(a),
+        Some(Cmd::Mount(a)) => mount::run(a),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

@@ -1,0 +1,100 @@
+//! `vkernel fileserver`: a logical host serving one directory tree over the
+//! V I/O protocol (docs/VIO.md), registered under a name for GetPid.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use vkernel::Kernel;
+use vkernel_fs::server::{FileServer, ServerConfig};
+
+use crate::hostopts::{logical_id, HostOpts};
+
+/// Arguments of `vkernel fileserver`.
+///
+/// Serves the directory --root to V I/O clients (`vkernel mount`, the Rust
+/// client in vkernel-fs): open/create, read, write, stat, readdir, mkdir,
+/// rmdir, unlink, rename, truncate, fsync, symlink/readlink, link, chmod,
+/// chown, utimens, statfs. No path, `..` or symbolic link can reach outside
+/// the root (openat2 RESOLVE_BENEATH). Requests are spread over a pool of
+/// worker processes behind one registered name; the server reads ahead for
+/// sequential readers and writes behind (fsync makes data durable).
+#[derive(clap::Args, Debug)]
+pub struct FileServerArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// The directory to export.
+    #[arg(long, value_name = "DIR")]
+    root: std::path::PathBuf,
+    /// Service name the server registers under (GetPid logical id).
+    #[arg(long, default_value = "fileserver")]
+    name: String,
+    /// Worker processes (requests executed at once).
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Largest MoveTo/MoveFrom of a read or write, e.g. 4K, 64K, 1M.
+    #[arg(long, default_value = "64K", value_parser = size)]
+    transfer_unit: u64,
+    /// Read-ahead window per file (0 = off).
+    #[arg(long, default_value = "256K", value_parser = size)]
+    read_ahead: u64,
+    /// Write each WRITE to the file before replying (no write-behind).
+    #[arg(long)]
+    no_write_behind: bool,
+    /// Exit after this long (default: run until interrupted).
+    #[arg(long, value_parser = vkernel::net::parse_duration)]
+    exit_after: Option<Duration>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Runs `vkernel fileserver`.
+pub fn run(a: FileServerArgs) -> Result<(), String> {
+    if !a.root.is_dir() {
+        return Err(format!("--root {}: not a directory", a.root.display()));
+    }
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let lid = logical_id(&a.name);
+    let cfg = ServerConfig {
+        logical_id: Some(lid),
+        workers: a.workers.max(1),
+        transfer_unit: usize::try_from(a.transfer_unit)
+            .unwrap_or(usize::MAX)
+            .clamp(1024, 16 << 20),
+        read_ahead: usize::try_from(a.read_ahead).unwrap_or(0).min(64 << 20),
+        write_behind: !a.no_write_behind,
+        ..ServerConfig::default()
+    };
+    let srv = FileServer::start(&k, &a.root, cfg).map_err(|e| e.to_string())?;
+    println!(
+        "vkernel fileserver: host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}; exporting {}",
+        k.host_id(),
+        k.local_addr(),
+        a.name,
+        lid,
+        srv.pid(),
+        a.root.display()
+    );
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
+            let s = srv.stats();
+            let ld =
+                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+            println!(
+                "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",
+                start.elapsed().as_secs_f64(),
+                ld(&s.requests),
+                ld(&s.errors),
+                ld(&s.bytes_read),
+                ld(&s.read_ahead_hits),
+                ld(&s.bytes_written),
+                ld(&s.syncs)
+            );
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! `vkernel mount`: a FUSE mount of a V I/O file server.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vkernel::{Kernel, Pid, Scope};
+use vkernel_fs::client::Client;
+use vkernel_fs::fuse::{self, FuseOptions};
+
+use crate::hostopts::{logical_id, HostOpts};
+
+/// Arguments of `vkernel mount`: mounts a file server (`vkernel
+/// fileserver`) at MOUNTPOINT with FUSE so unmodified programs use its
+/// files; [`MOUNT_HELP`] explains SERVER and how the mount ends.
+#[derive(clap::Args, Debug)]
+#[command(after_help = MOUNT_HELP)]
+pub struct MountArgs {
+    /// The file server: ADDR, NAME@ADDR, NAME or 0xPID (see below).
+    server: String,
+    /// Where to mount (an existing directory).
+    mountpoint: std::path::PathBuf,
+    #[command(flatten)]
+    host: HostOpts,
+    /// FUSE worker threads (requests in flight to the server at once).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// How long the kernel caches attributes and names.
+    #[arg(long, default_value = "1s", value_parser = vkernel::net::parse_duration)]
+    ttl: Duration,
+    /// Let other users access the mount.
+    #[arg(long)]
+    allow_other: bool,
+}
+
+const MOUNT_HELP: &str = "\
+SERVER is one of:
+  ADDR         the server host's UDP address (e.g. 127.0.0.1:7200); the name
+               \"fileserver\" is looked up there
+  NAME@ADDR    a server registered as NAME on the host at ADDR
+  NAME         looked up through --peer (or --multicast-port)
+  0xPID        a server pid (its host must be reachable through --peer)
+
+The mount stays until SIGINT (Ctrl-C) or SIGTERM, which unmount it cleanly
+(lazily if it is busy), or until `fusermount3 -u MOUNTPOINT`. Needs /dev/fuse
+and fusermount3 (Debian package fuse3). If the server becomes unreachable,
+operations fail with ENOTCONN after --host-timeout instead of hanging.
+
+Example:
+  vkernel fileserver --root /srv/export --bind 127.0.0.1:7200 &
+  vkernel mount 127.0.0.1:7200 /mnt/v";
+
+/// Finds the server's pid from SERVER.
+fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> {
+    if let Some(h) = server.strip_prefix("0x") {
+        return u32::from_str_radix(h, 16)
+            .map(Pid)
+            .map_err(|_| format!("`{server}` is not a hex pid"));
+    }
+    let (name, addr) = match server.rsplit_once('@') {
+        Some((n, a)) => (n, Some(a)),
+        None => match server.parse::<SocketAddr>() {
+            Ok(_) => ("fileserver", Some(server)),
+            Err(_) => (server, None),
+        },
+    };
+    if let Some(a) = addr {
+        let a: SocketAddr = a
+            .parse()
+            .map_err(|_| format!("`{a}` is not an address like 127.0.0.1:7200"))?;
+        k.add_peer(a);
+        host.peers.push(a);
+    }
+    let p = k.create_process().map_err(|e| e.to_string())?;
+    let pid = p
+        .get_pid(logical_id(name), Scope::Any)
+        .map_err(|e| format!("GetPid(\"{name}\"): {e}"))?;
+    if pid.is_none() {
+        return Err(format!(
+            "no host among {:?} has a file server registered as \"{name}\"",
+            host.peers
+        ));
+    }
+    Ok(pid)
+}
+
+/// Runs `vkernel mount`.
+pub fn run(mut a: MountArgs) -> Result<(), String> {
+    if !a.mountpoint.is_dir() {
+        return Err(format!("{}: not a directory", a.mountpoint.display()));
+    }
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let server = locate(&k, &mut a.host, &a.server)?;
+    let client = Client::connect(&k, server, a.threads.max(1) + 2)
+        .map_err(|e| format!("file server {server}: {e}"))?;
+    let opts = FuseOptions {
+        ttl: a.ttl,
+        threads: a.threads.max(1),
+        fsname: format!("vkernel:{}", a.server),
+        allow_other: a.allow_other,
+    };
+    let stop = fuse::Termination::install().map_err(|e| format!("signal handlers: {e}"))?;
+    let session = fuse::mount(Arc::new(client), &a.mountpoint, &opts)
+        .map_err(|e| format!("mounting at {}: {e}", a.mountpoint.display()))?;
+    println!(
+        "vkernel mount: {} (pid {server}) mounted at {}; Ctrl-C or SIGTERM unmounts",
+        a.server,
+        a.mountpoint.display()
+    );
+    let _ = std::io::stdout().flush();
+    let why = stop.wait(&session);
+    eprintln!(
+        "vkernel mount: {why}; unmounting {}",
+        a.mountpoint.display()
+    );
+    fuse::unmount(session, &a.mountpoint).map_err(|e| format!("unmount: {e}"))?;
+    drop(k);
+    Ok(())
+}

@@ -1,0 +1,538 @@
+//! The Rust client of the V I/O protocol.
+//!
+//! A [`Client`] owns a pool of V processes; each call borrows one for its
+//! exchange, so as many requests run at once as threads call the client
+//! (up to the pool's depth). Paths are relative to the server's exported
+//! root (`""` is the root itself) and travel in the segment lent with the
+//! Send; answers come back appended to the reply. Data buffers are lent
+//! directly: a READ's buffer is write-granted (the page comes back
+//! appended to the reply, or by MoveTo when large), a WRITE's data is
+//! read-granted (the first part rides with the request, the rest is
+//! pulled by MoveFrom).
+//!
+//! A server that is gone, or a host that stops answering, ends a call with
+//! [`ClientError::Ipc`] after the kernel's host timeout — never a hang.
+
+use std::sync::{Condvar, Mutex};
+
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
+
+use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    #[error("{0}")]
+    Server(Errno),
+    /// The exchange failed (server gone, host timeout, ...).
+    #[error("file server unreachable: {0}")]
+    Ipc(#[from] IpcError),
+    /// An answer could not be decoded.
+    #[error("malformed answer from the file server: {0}")]
+    Malformed(String),
+}
+
+impl ClientError {
+    /// The errno a POSIX caller should see: the server's status, or
+    /// `ENOTCONN` when the server could not be reached, `EIO` for a
+    /// garbled answer.
+    pub fn errno(&self) -> Errno {
+        match self {
+            ClientError::Server(e) => *e,
+            ClientError::Ipc(_) => Errno::ENOTCONN,
+            ClientError::Malformed(_) => Errno::EIO,
+        }
+    }
+}
+
+/// A handle on an open file or directory at the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fh(pub u32);
+
+/// One chunk of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirChunk {
+    /// The entries.
+    pub entries: Vec<Dirent>,
+    /// Index of the entry after the last one returned.
+    pub next: u32,
+    /// True if the listing is complete.
+    pub done: bool,
+}
+
+struct Pool {
+    free: Mutex<Vec<Process>>,
+    cv: Condvar,
+}
+
+impl Pool {
+    fn take(&self) -> Process {
+        let mut g = match self.free.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        loop {
+            if let Some(p) = g.pop() {
+                return p;
+            }
+            g = match self.cv.wait(g) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+
+    fn give(&self, p: Process) {
+        match self.free.lock() {
+            Ok(mut g) => g.push(p),
+            Err(e) => e.into_inner().push(p),
+        }
+        self.cv.notify_one();
+    }
+}
+
+/// Largest READ/WRITE request a client sends by default (bigger calls are
+/// split; each request then moves its data in the server's transfer units).
+pub const DEFAULT_MAX_REQUEST: usize = 4 << 20;
+/// Bytes of directory entries asked for per READDIR (fits one reply).
+const READDIR_BYTES: usize = 32 << 10;
+
+/// A connection to a file server, usable from many threads at once.
+pub struct Client {
+    server: Pid,
+    max_request: usize,
+    pool: Pool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client of the file server `server` with `depth` processes created
+    /// on `kernel` (requests in flight at once). Checks the server answers
+    /// (a STATFS).
+    pub fn connect(kernel: &Kernel, server: Pid, depth: usize) -> Result<Client, ClientError> {
+        let mut procs = Vec::with_capacity(depth.max(1));
+        for _ in 0..depth.max(1) {
+            procs.push(kernel.create_process()?);
+        }
+        let c = Client {
+            server,
+            max_request: DEFAULT_MAX_REQUEST,
+            pool: Pool {
+                free: Mutex::new(procs),
+                cv: Condvar::new(),
+            },
+        };
+        c.statfs()?;
+        Ok(c)
+    }
+
+    /// Sets the largest READ/WRITE request (bytes, at least 4 KiB).
+    pub fn set_max_request(&mut self, bytes: usize) {
+        self.max_request = bytes.clamp(4096, vio::MAX_IO as usize);
+    }
+
+    /// The server's pid.
+    pub fn server(&self) -> Pid {
+        self.server
+    }
+
+    /// One exchange: `m` is the request and becomes the reply; the status
+    /// is checked.
+    fn exchange(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<usize, ClientError> {
+        let p = self.pool.take();
+        let r = match seg {
+            Some(s) => p.send_with_segment(m, self.server, s),
+            None => p.send(m, self.server),
+        };
+        self.pool.give(p);
+        let r = r?;
+        match vio::status(m) {
+            Errno::OK => Ok(r.seg_bytes),
+            e => Err(ClientError::Server(e)),
+        }
+    }
+
+    /// A request whose segment holds `input` and receives `out_len` bytes
+    /// back (read+write when both). Returns the reply and the output.
+    fn call(
+        &self,
+        req: Request,
+        input: &[u8],
+        out_len: usize,
+    ) -> Result<(Message, Vec<u8>), ClientError> {
+        let mut m = req.encode();
+        let mut buf = vec![0u8; input.len().max(out_len)];
+        buf[..input.len()].copy_from_slice(input);
+        let seg = match (input.is_empty(), out_len == 0) {
+            (true, true) => None,
+            (false, true) => Some(Segment::Read(&buf[..])),
+            (true, false) => Some(Segment::Write(&mut buf[..])),
+            (false, false) => Some(Segment::ReadWrite(&mut buf[..])),
+        };
+        self.exchange(&mut m, seg)?;
+        Ok((m, buf))
+    }
+
+    fn attr_of(out: &[u8]) -> Result<Attr, ClientError> {
+        Attr::decode(out).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+
+    fn len32(b: &[u8]) -> Result<u32, ClientError> {
+        if b.len() > vio::MAX_PATH {
+            return Err(ClientError::Server(Errno::ENAMETOOLONG));
+        }
+        Ok(b.len() as u32)
+    }
+
+    /// Opens (with `O_CREAT` in `flags`, creates) the file at `path`;
+    /// `flags` are Linux open flags. Returns the handle and the file's
+    /// attributes.
+    pub fn open(
+        &self,
+        path: impl AsRef<[u8]>,
+        flags: i32,
+        mode: u32,
+    ) -> Result<(Fh, Attr), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Open {
+            path_len: Self::len32(p)?,
+            flags: flags as u32,
+            mode,
+        };
+        let (m, out) = self.call(req, p, ATTR_LEN)?;
+        Ok((Fh(m.0[1]), Self::attr_of(&out)?))
+    }
+
+    /// Creates (or truncates) `path` for writing with `mode`.
+    pub fn create(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<(Fh, Attr), ClientError> {
+        self.open(path, libc::O_CREAT | libc::O_TRUNC | libc::O_RDWR, mode)
+    }
+
+    /// Forgets a handle; reports a deferred write error, if any.
+    pub fn close(&self, fh: Fh) -> Result<(), ClientError> {
+        self.call(Request::Close { handle: fh.0 }, &[], 0)
+            .map(|_| ())
+    }
+
+    /// Reads into `buf` at `offset`; returns the bytes read (fewer only at
+    /// end of file). Large reads are split into requests of the client's
+    /// maximum size.
+    pub fn read(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize, ClientError> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(self.max_request);
+            let chunk = &mut buf[done..done + n];
+            let mut m = Request::Read {
+                handle: fh.0,
+                offset: offset + done as u64,
+                count: n as u32,
+            }
+            .encode();
+            self.exchange(&mut m, Some(Segment::Write(chunk)))?;
+            let got = m.0[1] as usize;
+            if got > n {
+                return Err(ClientError::Malformed(format!(
+                    "READ answered {got} bytes for {n}"
+                )));
+            }
+            done += got;
+            if got < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `data` at `offset` (split into requests of the
+    /// client's maximum size). With write-behind at the server, an error
+    /// writing to the disk may surface only at the next write, fsync or
+    /// close.
+    pub fn write(&self, fh: Fh, offset: u64, data: &[u8]) -> Result<usize, ClientError> {
+        let mut done = 0;
+        while done < data.len() {
+            let n = (data.len() - done).min(self.max_request);
+            let mut m = Request::Write {
+                handle: fh.0,
+                offset: offset + done as u64,
+                count: n as u32,
+            }
+            .encode();
+            self.exchange(&mut m, Some(Segment::Read(&data[done..done + n])))?;
+            let took = m.0[1] as usize;
+            if took == 0 || took > n {
+                return Err(ClientError::Malformed(format!(
+                    "WRITE accepted {took} bytes of {n}"
+                )));
+            }
+            done += took;
+        }
+        Ok(done)
+    }
+
+    /// Attributes of `path`, following a final symbolic link.
+    pub fn stat(&self, path: impl AsRef<[u8]>) -> Result<Attr, ClientError> {
+        self.stat_inner(path.as_ref(), false)
+    }
+
+    /// Attributes of `path` itself (a final symbolic link is not followed).
+    pub fn lstat(&self, path: impl AsRef<[u8]>) -> Result<Attr, ClientError> {
+        self.stat_inner(path.as_ref(), true)
+    }
+
+    fn stat_inner(&self, p: &[u8], nofollow: bool) -> Result<Attr, ClientError> {
+        let req = Request::Stat {
+            path_len: Self::len32(p)?,
+            nofollow,
+        };
+        let (_, out) = self.call(req, p, ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Attributes of an open file.
+    pub fn fstat(&self, fh: Fh) -> Result<Attr, ClientError> {
+        let (_, out) = self.call(Request::Fstat { handle: fh.0 }, &[], ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Opens a directory listing (a snapshot); returns the handle and the
+    /// number of entries.
+    pub fn opendir(&self, path: impl AsRef<[u8]>) -> Result<(Fh, u32), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Opendir {
+            path_len: Self::len32(p)?,
+        };
+        let (m, _) = self.call(req, p, 0)?;
+        Ok((Fh(m.0[1]), m.0[2]))
+    }
+
+    /// Entries of an open listing from `index` on (as many as fit one reply).
+    pub fn readdir_at(&self, fh: Fh, index: u32) -> Result<DirChunk, ClientError> {
+        let req = Request::Readdir {
+            handle: fh.0,
+            index,
+        };
+        let (m, out) = self.call(req, &[], READDIR_BYTES)?;
+        let n = (m.0[1] as usize).min(out.len());
+        let entries =
+            Dirent::decode_all(&out[..n]).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        Ok(DirChunk {
+            entries,
+            next: m.0[3],
+            done: m.0[4] != 0,
+        })
+    }
+
+    /// Every entry of the directory at `path` (without `.` and `..`).
+    pub fn readdir(&self, path: impl AsRef<[u8]>) -> Result<Vec<Dirent>, ClientError> {
+        let (fh, _) = self.opendir(path)?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        let r = loop {
+            match self.readdir_at(fh, at) {
+                Ok(c) => {
+                    out.extend(c.entries);
+                    if c.done || c.next <= at {
+                        break Ok(());
+                    }
+                    at = c.next;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let closed = self.close(fh);
+        r?;
+        closed?;
+        Ok(out)
+    }
+
+    /// Makes a directory.
+    pub fn mkdir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Attr, ClientError> {
+        let p = path.as_ref();
+        let req = Request::Mkdir {
+            path_len: Self::len32(p)?,
+            mode,
+        };
+        let (_, out) = self.call(req, p, ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, path: impl AsRef<[u8]>) -> Result<(), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Rmdir {
+            path_len: Self::len32(p)?,
+        };
+        self.call(req, p, 0).map(|_| ())
+    }
+
+    /// Removes a name.
+    pub fn unlink(&self, path: impl AsRef<[u8]>) -> Result<(), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Unlink {
+            path_len: Self::len32(p)?,
+        };
+        self.call(req, p, 0).map(|_| ())
+    }
+
+    /// Renames `old` to `new` (`flags`: [`vio::RENAME_NOREPLACE`],
+    /// [`vio::RENAME_EXCHANGE`]).
+    pub fn rename(
+        &self,
+        old: impl AsRef<[u8]>,
+        new: impl AsRef<[u8]>,
+        flags: u32,
+    ) -> Result<(), ClientError> {
+        let (a, b) = (old.as_ref(), new.as_ref());
+        let req = Request::Rename {
+            old_len: Self::len32(a)?,
+            new_len: Self::len32(b)?,
+            flags,
+        };
+        self.call(req, &[a, b].concat(), 0).map(|_| ())
+    }
+
+    /// Sets the size of the file at `path`.
+    pub fn truncate(&self, path: impl AsRef<[u8]>, size: u64) -> Result<(), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Truncate {
+            path_len: Self::len32(p)?,
+            size,
+        };
+        self.call(req, p, 0).map(|_| ())
+    }
+
+    /// Sets the size of an open file.
+    pub fn ftruncate(&self, fh: Fh, size: u64) -> Result<(), ClientError> {
+        self.call(Request::Ftruncate { handle: fh.0, size }, &[], 0)
+            .map(|_| ())
+    }
+
+    /// Makes an open file durable (its data only with `datasync`).
+    pub fn fsync(&self, fh: Fh, datasync: bool) -> Result<(), ClientError> {
+        let req = Request::Fsync {
+            handle: fh.0,
+            datasync,
+            flush_only: false,
+        };
+        self.call(req, &[], 0).map(|_| ())
+    }
+
+    /// Waits for the server's deferred writes to the file and reports
+    /// their errors, without forcing the data to disk (close-time flush).
+    pub fn flush(&self, fh: Fh) -> Result<(), ClientError> {
+        let req = Request::Fsync {
+            handle: fh.0,
+            datasync: false,
+            flush_only: true,
+        };
+        self.call(req, &[], 0).map(|_| ())
+    }
+
+    /// Makes a symbolic link at `path` holding `target`.
+    pub fn symlink(
+        &self,
+        target: impl AsRef<[u8]>,
+        path: impl AsRef<[u8]>,
+    ) -> Result<Attr, ClientError> {
+        let (t, p) = (target.as_ref(), path.as_ref());
+        let req = Request::Symlink {
+            target_len: Self::len32(t)?,
+            path_len: Self::len32(p)?,
+        };
+        let (_, out) = self.call(req, &[t, p].concat(), ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// The target of the symbolic link at `path`.
+    pub fn readlink(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>, ClientError> {
+        let p = path.as_ref();
+        let req = Request::Readlink {
+            path_len: Self::len32(p)?,
+        };
+        let (m, mut out) = self.call(req, p, vio::MAX_PATH)?;
+        let n = m.0[1] as usize;
+        if n > out.len() {
+            return Err(ClientError::Malformed(format!("link target of {n} bytes")));
+        }
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Changes attributes of `path` (a final symbolic link is not followed).
+    pub fn setattr(&self, path: impl AsRef<[u8]>, s: &SetAttr) -> Result<Attr, ClientError> {
+        let p = path.as_ref();
+        let req = Request::Setattr {
+            path_len: Self::len32(p)?,
+        };
+        let mut input = Vec::with_capacity(SETATTR_LEN + p.len());
+        input.extend_from_slice(&s.encode());
+        input.extend_from_slice(p);
+        let (_, out) = self.call(req, &input, ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Sets the permission bits of `path`.
+    pub fn chmod(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Attr, ClientError> {
+        let s = SetAttr {
+            valid: vio::SET_MODE,
+            mode,
+            ..SetAttr::default()
+        };
+        self.setattr(path, &s)
+    }
+
+    /// Makes a hard link `new` to `old`.
+    pub fn link(&self, old: impl AsRef<[u8]>, new: impl AsRef<[u8]>) -> Result<Attr, ClientError> {
+        let (a, b) = (old.as_ref(), new.as_ref());
+        let req = Request::Link {
+            old_len: Self::len32(a)?,
+            new_len: Self::len32(b)?,
+        };
+        let (_, out) = self.call(req, &[a, b].concat(), ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Statistics of the server's file system.
+    pub fn statfs(&self) -> Result<StatFs, ClientError> {
+        let (_, out) = self.call(Request::Statfs, &[], vio::STATFS_LEN)?;
+        StatFs::decode(&out).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+
+    /// Reads a whole file.
+    pub fn read_file(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>, ClientError> {
+        let (fh, a) = self.open(path, libc::O_RDONLY, 0)?;
+        let mut buf = vec![0u8; a.size as usize];
+        let r = self.read(fh, 0, &mut buf);
+        let c = self.close(fh);
+        let n = r?;
+        c?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Creates or replaces a file with `data` (mode 0644); with `sync`
+    /// the data is durable when this returns.
+    pub fn write_file(
+        &self,
+        path: impl AsRef<[u8]>,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<(), ClientError> {
+        let (fh, _) = self.create(path, 0o644)?;
+        let mut r = self.write(fh, 0, data).map(|_| ());
+        if r.is_ok() && sync {
+            r = self.fsync(fh, false);
+        }
+        let c = self.close(fh);
+        r?;
+        c
+    }
+}

@@ -1,0 +1,28 @@
+//! The V I/O protocol over V IPC: a file server confined to one exported
+//! directory tree, a Rust client, and a FUSE mount built on the client so
+//! unmodified programs use the remote files (docs/VIO.md).
+//!
+//! - [`vio`]: request codes, message layouts, records, error codes.
+//! - [`confine`]: path resolution that never leaves the exported root.
+//! - [`server`]: the file server (dispatcher + worker pool, read-ahead,
+//!   write-behind).
+//! - [`client`]: the Rust client API.
+//! - [`fuse`]: the FUSE file system on the client.
+//!
+//! ```no_run
+//! use vkernel::{Kernel, KernelConfig};
+//! use vkernel_fs::client::Client;
+//! use vkernel_fs::server::{FileServer, ServerConfig};
+//! let k = Kernel::start(KernelConfig::default()).unwrap();
+//! let srv = FileServer::start(&k, std::path::Path::new("/srv/export"), ServerConfig::default()).unwrap();
+//! let c = Client::connect(&k, srv.pid(), 4).unwrap();
+//! c.write_file("hello.txt", b"hello", true).unwrap();
+//! assert_eq!(c.read_file("hello.txt").unwrap(), b"hello");
+//! ```
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod confine;
+pub mod fuse;
+pub mod server;
+pub mod vio;

@@ -1,0 +1,954 @@
+//! The file server: V I/O requests executed against one exported tree.
+//!
+//! One registered pid, the *dispatcher*, receives every request and
+//! Forwards it to an idle *worker* process, so many clients are served at
+//! once behind one name (GetPid finds the dispatcher; a forwarded request
+//! keeps its sender, so the worker replies, moves data and reads the
+//! appended segment exactly as if the client had sent to it). A worker
+//! tells the dispatcher when it is idle again; requests that arrive while
+//! every worker is busy wait in the dispatcher's queue.
+//!
+//! Per file (device, inode) the server keeps a small I/O state under a
+//! mutex, which orders every data operation on the file:
+//! - **write-behind**: a WRITE is gathered (appended part, then MoveFrom in
+//!   transfer units), the reply goes out, and only then is the data written
+//!   to the file — still under the file's lock, so any later request on the
+//!   file sees it. A failed deferred write is remembered and reported by the
+//!   file's next WRITE, FSYNC or CLOSE (like NFS and Linux writeback).
+//! - **read-ahead**: after answering a sequential READ the worker reads the
+//!   next window into the file's buffer while the client digests the page;
+//!   the next READ is served from memory. Writes and truncates drop the
+//!   buffer; a size or mtime change made behind the server's back too.
+//! - **fsync** waits for the deferred write and calls fsync(2)/fdatasync(2).
+//!
+//! Bad requests are answered with an errno-like status and never panic.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+
+use vkernel::{HostId, IpcError, Kernel, Message, Pid, Process, Scope};
+use vkernel_proto::MAX_APPEND;
+
+use crate::confine::{self, Root};
+use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
+
+/// Internal: a worker tells the dispatcher it is idle.
+const IDLE: u32 = 0x56_00ff;
+
+/// Errors starting a file server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A process could not be created.
+    #[error("creating a server process: {0}")]
+    Ipc(#[from] IpcError),
+    /// The root could not be opened (or the kernel cannot confine paths).
+    #[error("export root: {0}")]
+    Root(#[from] std::io::Error),
+}
+
+/// How a file server is set up.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Logical id to register the dispatcher under (GetPid), if any.
+    pub logical_id: Option<u32>,
+    /// Worker processes (requests executed at once).
+    pub workers: usize,
+    /// Largest single MoveTo/MoveFrom of a READ or WRITE; answers up to
+    /// this size (and the appended-segment limit) ride in the reply.
+    pub transfer_unit: usize,
+    /// Read-ahead window per file in bytes (0 = off).
+    pub read_ahead: usize,
+    /// Read-ahead memory for all files together.
+    pub read_ahead_budget: usize,
+    /// Reply to a WRITE before writing the data to the file.
+    pub write_behind: bool,
+    /// Open handles per client host.
+    pub max_handles: usize,
+    /// Requests queued at the dispatcher while every worker is busy;
+    /// beyond this the dispatcher answers `EAGAIN`.
+    pub queue: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            logical_id: None,
+            workers: 8,
+            transfer_unit: 64 << 10,
+            read_ahead: 256 << 10,
+            read_ahead_budget: 64 << 20,
+            write_behind: true,
+            max_handles: 4096,
+            queue: 1024,
+        }
+    }
+}
+
+/// Counters of a file server.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// Requests executed (any status).
+    pub requests: AtomicU64,
+    /// Requests answered with an error status.
+    pub errors: AtomicU64,
+    /// Bytes read for clients.
+    pub bytes_read: AtomicU64,
+    /// Bytes written for clients.
+    pub bytes_written: AtomicU64,
+    /// READ bytes served from the read-ahead buffer.
+    pub read_ahead_hits: AtomicU64,
+    /// fsync/fdatasync calls.
+    pub syncs: AtomicU64,
+    /// Deferred writes that failed (reported later to the client).
+    pub deferred_errors: AtomicU64,
+}
+
+/// Per-file I/O state, shared by every handle on the file.
+#[derive(Default)]
+struct Inode {
+    io: Mutex<InodeIo>,
+}
+
+#[derive(Default)]
+struct InodeIo {
+    /// Read-ahead buffer: data at `off`, valid while the file's (size,
+    /// mtime) is still `stamp`.
+    ra: Option<ReadAhead>,
+    /// A deferred write failed: reported by the next WRITE/FSYNC/CLOSE.
+    error: Option<Errno>,
+    /// End of the last READ (sequential detection).
+    last_end: u64,
+}
+
+struct ReadAhead {
+    off: u64,
+    data: Vec<u8>,
+    stamp: (u64, i64, u32),
+}
+
+enum Kind {
+    File {
+        file: std::fs::File,
+        inode: Arc<Inode>,
+    },
+    Dir {
+        entries: Vec<Dirent>,
+    },
+}
+
+struct Handle {
+    host: HostId,
+    kind: Kind,
+}
+
+struct Handles {
+    map: HashMap<u32, Arc<Handle>>,
+    next: u32,
+}
+
+struct Shared {
+    root: Root,
+    cfg: ServerConfig,
+    handles: Mutex<Handles>,
+    inodes: Mutex<HashMap<(u64, u64), Weak<Inode>>>,
+    ra_bytes: AtomicUsize,
+    stats: ServerStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Shared {
+    fn inode(&self, id: (u64, u64)) -> Arc<Inode> {
+        let mut map = lock(&self.inodes);
+        if let Some(i) = map.get(&id).and_then(Weak::upgrade) {
+            return i;
+        }
+        if map.len() > 1024 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let i = Arc::new(Inode::default());
+        map.insert(id, Arc::downgrade(&i));
+        i
+    }
+
+    fn existing_inode(&self, id: (u64, u64)) -> Option<Arc<Inode>> {
+        lock(&self.inodes).get(&id).and_then(Weak::upgrade)
+    }
+
+    fn add_handle(&self, host: HostId, kind: Kind) -> Result<u32, Errno> {
+        let mut h = lock(&self.handles);
+        let mine = h.map.values().filter(|x| x.host == host).count();
+        if mine >= self.cfg.max_handles {
+            return Err(Errno::EMFILE);
+        }
+        let mut id = h.next;
+        while id == 0 || h.map.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        h.next = id.wrapping_add(1);
+        h.map.insert(id, Arc::new(Handle { host, kind }));
+        Ok(id)
+    }
+
+    /// The handle if it exists and belongs to the caller's host.
+    fn handle(&self, id: u32, from: Pid) -> Result<Arc<Handle>, Errno> {
+        match lock(&self.handles).map.get(&id) {
+            Some(h) if h.host == from.host() => Ok(h.clone()),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    fn drop_ra(&self, io: &mut InodeIo) {
+        if let Some(ra) = io.ra.take() {
+            self.ra_bytes.fetch_sub(ra.data.len(), Ordering::AcqRel);
+        }
+    }
+}
+
+/// A running file server. Dropping it does not stop it; its processes end
+/// when their logical host shuts down.
+pub struct FileServer {
+    pid: Pid,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FileServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileServer")
+            .field("pid", &self.pid)
+            .field("root", &self.shared.root.path())
+            .finish()
+    }
+}
+
+impl FileServer {
+    /// Starts a file server on `kernel` exporting the directory `root`.
+    pub fn start(
+        kernel: &Kernel,
+        root: &std::path::Path,
+        cfg: ServerConfig,
+    ) -> Result<FileServer, ServerError> {
+        let root = Root::open(root)?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos());
+        let shared = Arc::new(Shared {
+            root,
+            cfg: cfg.clone(),
+            handles: Mutex::new(Handles {
+                map: HashMap::new(),
+                next: seed | 1,
+            }),
+            inodes: Mutex::new(HashMap::new()),
+            ra_bytes: AtomicUsize::new(0),
+            stats: ServerStats::default(),
+        });
+        let dispatcher = kernel.create_process()?;
+        let dpid = dispatcher.pid();
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.workers.max(1) {
+            let sh = shared.clone();
+            let (wpid, h) = kernel.spawn(&format!("vio-w{i}"), move |p| worker(p, dpid, sh))?;
+            workers.push(wpid);
+            threads.push(h);
+        }
+        if let Some(lid) = cfg.logical_id {
+            dispatcher.set_pid(lid, dpid, Scope::Any);
+        }
+        let queue = cfg.queue;
+        let h = std::thread::Builder::new()
+            .name("vio-dispatch".into())
+            .spawn(move || dispatch(dispatcher, workers, queue))
+            .map_err(ServerError::Root)?;
+        threads.push(h);
+        Ok(FileServer {
+            pid: dpid,
+            shared,
+            threads,
+        })
+    }
+
+    /// The pid clients send to (the dispatcher).
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The exported directory.
+    pub fn root(&self) -> &std::path::Path {
+        self.shared.root.path()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Open handles (all clients).
+    pub fn open_handles(&self) -> usize {
+        lock(&self.shared.handles).map.len()
+    }
+
+    /// Waits for the server's threads (they end when the host shuts down).
+    pub fn join(self) {
+        for h in self.threads {
+            let _ = h.join();
+        }
+    }
+}
+
+fn error_reply(p: &Process, to: Pid, e: Errno) {
+    let _ = p.reply(&vio::reply(e, &[]), to);
+}
+
+/// The dispatcher: hands each request to an idle worker by Forward and
+/// queues it while every worker is busy.
+fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
+    let mut idle: Vec<Pid> = workers.clone();
+    let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
+    // Which client's request each busy worker was handed.
+    let mut assigned: Vec<(Pid, Pid)> = Vec::new();
+    let mut m = Message::zero();
+    loop {
+        let i = match p.receive(&mut m) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => {
+                tracing::debug!("vio dispatcher: receive: {e}");
+                continue;
+            }
+        };
+        if m.code() == IDLE && workers.contains(&i.from) {
+            let _ = p.reply(&Message::zero(), i.from);
+            assigned.retain(|&(w, _)| w != i.from);
+            if idle.contains(&i.from) {
+                continue;
+            }
+            let mut taken = false;
+            while let Some((pm, from)) = pending.pop_front() {
+                match p.forward(&pm, from, i.from) {
+                    Ok(()) => {
+                        assigned.push((i.from, from));
+                        taken = true;
+                        break;
+                    }
+                    Err(e) => tracing::debug!("vio: forward of a queued request: {e}"),
+                }
+            }
+            if !taken {
+                idle.push(i.from);
+            }
+            continue;
+        }
+        // A client has one Send outstanding: a new request from it means
+        // the kernel ended its previous exchange, so a queued request from
+        // the same pid is stale, and a worker handed its previous request
+        // may never see it — count that worker idle again.
+        pending.retain(|(_, f)| *f != i.from);
+        let superseded: Vec<Pid> = assigned
+            .iter()
+            .filter(|&&(_, c)| c == i.from)
+            .map(|&(w, _)| w)
+            .collect();
+        assigned.retain(|&(_, c)| c != i.from);
+        for w in superseded {
+            if !idle.contains(&w) {
+                idle.push(w);
+            }
+        }
+        if let Some(w) = idle.pop() {
+            assigned.push((w, i.from));
+            if let Err(e) = p.forward(&m, i.from, w) {
+                assigned.retain(|&(x, _)| x != w);
+                tracing::debug!("vio: forward to worker {w}: {e}");
+                idle.push(w);
+                error_reply(&p, i.from, Errno::EIO);
+            }
+        } else if pending.len() < cap {
+            pending.push_back((m, i.from));
+        } else {
+            error_reply(&p, i.from, Errno::EAGAIN);
+        }
+    }
+}
+
+/// A worker: executes one request at a time.
+fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
+    let mut m = Message::zero();
+    let mut appended = vec![0u8; MAX_APPEND];
+    let mut scratch: Vec<u8> = Vec::new();
+    loop {
+        let i = match p.receive_with_segment(&mut m, &mut appended) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => {
+                tracing::debug!("vio worker: receive: {e}");
+                continue;
+            }
+        };
+        let req = Req {
+            p: &p,
+            sh: &sh,
+            m,
+            from: i.from,
+            appended: &appended[..i.seg_bytes.min(appended.len())],
+        };
+        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = req.handle(&mut scratch) {
+            tracing::debug!("vio: request {:#x} from {}: {e}", m.code(), i.from);
+        }
+        if scratch.capacity() > (32 << 20) {
+            scratch = Vec::new();
+        }
+        let mut idle = Message::with_code(IDLE);
+        match p.send(&mut idle, dispatcher) {
+            Ok(_) => {}
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => tracing::debug!("vio worker: idle: {e}"),
+        }
+    }
+}
+
+/// What a handler answers: a status with reply words, and bytes for the
+/// client's segment.
+enum Answer {
+    Words(Vec<u32>),
+    Data(Vec<u32>, Vec<u8>),
+    /// An error status that still carries reply words (READLINK's ERANGE
+    /// tells the length needed).
+    Fail(Errno, Vec<u32>),
+}
+
+struct Req<'a> {
+    p: &'a Process,
+    sh: &'a Shared,
+    m: Message,
+    from: Pid,
+    appended: &'a [u8],
+}
+
+impl Req<'_> {
+    fn seg_len(&self) -> usize {
+        self.m.seg_len() as usize
+    }
+
+    /// Gathers the request's `n` input bytes from the read-granted
+    /// segment: the appended part, then MoveFrom in transfer units.
+    /// `Ok(Err(EPROTO))` if the segment does not grant them.
+    fn gather(&self, buf: &mut Vec<u8>, n: usize) -> Result<Result<(), Errno>, IpcError> {
+        buf.clear();
+        if n == 0 {
+            return Ok(Ok(()));
+        }
+        if !self.m.seg_access().read || self.seg_len() < n {
+            return Ok(Err(Errno::EPROTO));
+        }
+        buf.resize(n, 0);
+        let have = self.appended.len().min(n);
+        buf[..have].copy_from_slice(&self.appended[..have]);
+        let unit = self.sh.cfg.transfer_unit.max(1024);
+        let mut at = have;
+        while at < n {
+            let k = unit.min(n - at);
+            self.p
+                .move_from(self.from, at as u32, &mut buf[at..at + k])?;
+            at += k;
+        }
+        Ok(Ok(()))
+    }
+
+    /// Room for `n` output bytes in the write-granted segment?
+    fn can_answer(&self, n: usize) -> bool {
+        self.m.seg_access().write && self.seg_len() >= n
+    }
+
+    /// Sends `data` into the client's segment at 0 and the reply: appended
+    /// to the reply when it fits, else MoveTo in transfer units first.
+    fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
+        let unit = self.sh.cfg.transfer_unit.max(1024);
+        if data.is_empty() {
+            self.p.reply(r, self.from)
+        } else if data.len() <= MAX_APPEND.min(unit.max(ATTR_LEN)) {
+            self.p.reply_with_segment(r, self.from, 0, data)
+        } else {
+            let mut at = 0;
+            while at < data.len() {
+                let k = unit.min(data.len() - at);
+                self.p.move_to(self.from, at as u32, &data[at..at + k])?;
+                at += k;
+            }
+            self.p.reply(r, self.from)
+        }
+    }
+
+    fn send(&self, r: Result<Answer, Errno>) -> Result<(), IpcError> {
+        match r {
+            Ok(Answer::Words(w)) => self.p.reply(&vio::reply(Errno::OK, &w), self.from),
+            Ok(Answer::Data(w, d)) => self.reply_data(&vio::reply(Errno::OK, &w), &d),
+            Ok(Answer::Fail(e, w)) => {
+                self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.p.reply(&vio::reply(e, &w), self.from)
+            }
+            Err(e) => {
+                self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.p.reply(&vio::reply(e, &[]), self.from)
+            }
+        }
+    }
+
+    fn handle(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+        let req = match Request::decode(&self.m) {
+            Ok(r) => r,
+            Err(e) => return self.send(Err(e)),
+        };
+        match req {
+            Request::Read {
+                handle,
+                offset,
+                count,
+            } => return self.read(handle, offset, count, scratch),
+            Request::Write {
+                handle,
+                offset,
+                count,
+            } => return self.write(handle, offset, count, scratch),
+            _ => {}
+        }
+        let n = req.seg_input_len();
+        if let Err(e) = self.gather(scratch, n)? {
+            return self.send(Err(e));
+        }
+        let r = self.execute(req, scratch);
+        self.send(r)
+    }
+
+    /// An attribute answer, if the segment has room for it.
+    fn attr_answer(&self, words: Vec<u32>, a: Attr) -> Answer {
+        if self.can_answer(ATTR_LEN) {
+            Answer::Data(words, a.encode().to_vec())
+        } else {
+            Answer::Words(words)
+        }
+    }
+
+    fn need_attr_room(&self) -> Result<(), Errno> {
+        if self.can_answer(ATTR_LEN) {
+            Ok(())
+        } else {
+            Err(Errno::EPROTO)
+        }
+    }
+
+    /// Attributes by path, after any deferred write to the file finished.
+    fn stat_path(&self, path: &[u8], follow: bool) -> Result<Attr, Errno> {
+        let root = &self.sh.root;
+        let (a, id) = root.stat(path, follow)?;
+        match self.sh.existing_inode(id) {
+            Some(ino) => {
+                let _io = lock(&ino.io);
+                Ok(root.stat(path, follow)?.0)
+            }
+            None => Ok(a),
+        }
+    }
+
+    /// Truncates the regular file at `path` (following links beneath the
+    /// root), ordered with its deferred writes.
+    fn truncate_path(&self, path: &[u8], size: u64, nofollow: bool) -> Result<(), Errno> {
+        let mut flags = libc::O_WRONLY as u32;
+        if nofollow {
+            flags |= libc::O_NOFOLLOW as u32;
+        }
+        let (fd, _) = self.sh.root.open_file(path, flags, 0)?;
+        let file = std::fs::File::from(fd);
+        let st = file.metadata().map_err(|e| Errno::from_io(&e))?;
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (st.dev(), st.ino())
+        };
+        let ino = self.sh.inode(id);
+        let mut io = lock(&ino.io);
+        self.sh.drop_ra(&mut io);
+        file.set_len(size).map_err(|e| Errno::from_io(&e))
+    }
+
+    fn execute(&self, req: Request, input: &[u8]) -> Result<Answer, Errno> {
+        let sh = self.sh;
+        let root = &sh.root;
+        let path = |n: u32| input.get(..n as usize).ok_or(Errno::EPROTO);
+        let two = |a: u32, b: u32| -> Result<(&[u8], &[u8]), Errno> {
+            let (a, b) = (a as usize, b as usize);
+            Ok((
+                input.get(..a).ok_or(Errno::EPROTO)?,
+                input.get(a..a + b).ok_or(Errno::EPROTO)?,
+            ))
+        };
+        match req {
+            Request::Open {
+                path_len,
+                flags,
+                mode,
+            } => {
+                let (fd, _) = root.open_file(path(path_len)?, flags, mode)?;
+                let file = std::fs::File::from(fd);
+                let st = rustix::fs::fstat(&file).map_err(Errno::from_rustix)?;
+                let inode = sh.inode(confine::file_id(&st));
+                if flags & libc::O_TRUNC as u32 != 0 {
+                    let mut io = lock(&inode.io);
+                    sh.drop_ra(&mut io);
+                }
+                let h = sh.add_handle(self.from.host(), Kind::File { file, inode })?;
+                Ok(self.attr_answer(vec![h], confine::attr_of(&st)))
+            }
+            Request::Close { handle } => {
+                let h = sh.handle(handle, self.from)?;
+                lock(&sh.handles).map.remove(&handle);
+                if let Kind::File { inode, .. } = &h.kind {
+                    let mut io = lock(&inode.io);
+                    if let Some(e) = io.error.take() {
+                        return Err(e);
+                    }
+                }
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Stat { path_len, nofollow } => {
+                self.need_attr_room()?;
+                let a = self.stat_path(path(path_len)?, !nofollow)?;
+                Ok(self.attr_answer(vec![], a))
+            }
+            Request::Fstat { handle } => {
+                self.need_attr_room()?;
+                let h = sh.handle(handle, self.from)?;
+                match &h.kind {
+                    Kind::File { file, inode } => {
+                        let _io = lock(&inode.io);
+                        let st = rustix::fs::fstat(file).map_err(Errno::from_rustix)?;
+                        Ok(self.attr_answer(vec![], confine::attr_of(&st)))
+                    }
+                    Kind::Dir { .. } => Err(Errno::EBADF),
+                }
+            }
+            Request::Opendir { path_len } => {
+                let entries = root.list(path(path_len)?)?;
+                let n = entries.len() as u32;
+                let h = sh.add_handle(self.from.host(), Kind::Dir { entries })?;
+                Ok(Answer::Words(vec![h, n]))
+            }
+            Request::Readdir { handle, index } => {
+                let h = sh.handle(handle, self.from)?;
+                let Kind::Dir { entries } = &h.kind else {
+                    return Err(Errno::ENOTDIR);
+                };
+                if !self.m.seg_access().write {
+                    return Err(Errno::EPROTO);
+                }
+                let room = self.seg_len();
+                let mut out = Vec::new();
+                let mut i = index as usize;
+                while let Some(e) = entries.get(i) {
+                    if out.len() + e.len() > room {
+                        break;
+                    }
+                    e.encode_into(&mut out);
+                    i += 1;
+                }
+                if i == index as usize && i < entries.len() {
+                    return Err(Errno::ERANGE);
+                }
+                let done = u32::from(i >= entries.len());
+                let count = (i - (index as usize).min(i)) as u32;
+                Ok(Answer::Data(
+                    vec![out.len() as u32, count, i as u32, done],
+                    out,
+                ))
+            }
+            Request::Mkdir { path_len, mode } => {
+                let a = root.mkdir(path(path_len)?, mode)?;
+                Ok(self.attr_answer(vec![], a))
+            }
+            Request::Rmdir { path_len } => {
+                root.rmdir(path(path_len)?)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Unlink { path_len } => {
+                root.unlink(path(path_len)?)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Rename {
+                old_len,
+                new_len,
+                flags,
+            } => {
+                let (a, b) = two(old_len, new_len)?;
+                root.rename(a, b, flags)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Truncate { path_len, size } => {
+                self.truncate_path(path(path_len)?, size, false)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Ftruncate { handle, size } => {
+                let h = sh.handle(handle, self.from)?;
+                let Kind::File { file, inode } = &h.kind else {
+                    return Err(Errno::EISDIR);
+                };
+                let mut io = lock(&inode.io);
+                sh.drop_ra(&mut io);
+                file.set_len(size).map_err(|e| Errno::from_io(&e))?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Fsync {
+                handle,
+                datasync,
+                flush_only,
+            } => {
+                let h = sh.handle(handle, self.from)?;
+                let Kind::File { file, inode } = &h.kind else {
+                    return Ok(Answer::Words(vec![]));
+                };
+                let mut io = lock(&inode.io);
+                if let Some(e) = io.error.take() {
+                    return Err(e);
+                }
+                if !flush_only {
+                    let r = if datasync {
+                        file.sync_data()
+                    } else {
+                        file.sync_all()
+                    };
+                    r.map_err(|e| Errno::from_io(&e))?;
+                    sh.stats.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Symlink {
+                target_len,
+                path_len,
+            } => {
+                let (t, p) = two(target_len, path_len)?;
+                let a = root.symlink(t, p)?;
+                Ok(self.attr_answer(vec![], a))
+            }
+            Request::Readlink { path_len } => {
+                let t = root.readlink(path(path_len)?)?;
+                if !self.can_answer(t.len()) {
+                    // The client learns the size it needs.
+                    return Ok(Answer::Fail(Errno::ERANGE, vec![t.len() as u32]));
+                }
+                Ok(Answer::Data(vec![t.len() as u32], t))
+            }
+            Request::Setattr { path_len } => {
+                let rec = input.get(..SETATTR_LEN).ok_or(Errno::EPROTO)?;
+                let s = SetAttr::decode(rec).map_err(|_| Errno::EINVAL)?;
+                let p = input
+                    .get(SETATTR_LEN..SETATTR_LEN + path_len as usize)
+                    .ok_or(Errno::EPROTO)?;
+                if s.valid & vio::SET_SIZE != 0 {
+                    self.truncate_path(p, s.size, true)?;
+                }
+                let a = if s.valid & !vio::SET_SIZE != 0 {
+                    root.setattr(p, &s)?
+                } else {
+                    self.stat_path(p, false)?
+                };
+                Ok(self.attr_answer(vec![], a))
+            }
+            Request::Link { old_len, new_len } => {
+                let (a, b) = two(old_len, new_len)?;
+                let at = root.link(a, b)?;
+                Ok(self.attr_answer(vec![], at))
+            }
+            Request::Statfs => {
+                if !self.can_answer(vio::STATFS_LEN) {
+                    return Err(Errno::EPROTO);
+                }
+                let s = root.statfs()?;
+                Ok(Answer::Data(vec![], s.encode().to_vec()))
+            }
+            // Handled before the input is gathered.
+            Request::Read { .. } | Request::Write { .. } => Err(Errno::EPROTO),
+        }
+    }
+
+    fn file(&self, handle: u32) -> Result<Arc<Handle>, Errno> {
+        let h = self.sh.handle(handle, self.from)?;
+        match h.kind {
+            Kind::File { .. } => Ok(h),
+            Kind::Dir { .. } => Err(Errno::EISDIR),
+        }
+    }
+
+    fn read(
+        &self,
+        handle: u32,
+        offset: u64,
+        count: u32,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), IpcError> {
+        let sh = self.sh;
+        let h = match self.file(handle) {
+            Ok(h) => h,
+            Err(e) => return self.send(Err(e)),
+        };
+        let Kind::File { file, inode } = &h.kind else {
+            return self.send(Err(Errno::EISDIR));
+        };
+        if count as usize > self.seg_len() || (count > 0 && !self.m.seg_access().write) {
+            return self.send(Err(Errno::EPROTO));
+        }
+        let want = count.min(vio::MAX_IO) as usize;
+        buf.clear();
+        buf.resize(want, 0);
+        let (n, sequential) = {
+            let mut io = lock(&inode.io);
+            let sequential = offset == 0 || io.last_end == offset;
+            let mut n = 0;
+            if let Some(ra) = &io.ra {
+                let fresh = stamp(file).is_some_and(|s| s == ra.stamp);
+                if fresh && offset >= ra.off && offset < ra.off + ra.data.len() as u64 {
+                    let at = (offset - ra.off) as usize;
+                    n = (ra.data.len() - at).min(want);
+                    buf[..n].copy_from_slice(&ra.data[at..at + n]);
+                    sh.stats
+                        .read_ahead_hits
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                } else if !fresh {
+                    sh.drop_ra(&mut io);
+                }
+            }
+            while n < want {
+                match file.read_at(&mut buf[n..], offset + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        drop(io);
+                        return self.send(Err(Errno::from_io(&e)));
+                    }
+                }
+            }
+            io.last_end = offset + n as u64;
+            (n, sequential)
+        };
+        sh.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        let r = vio::reply(Errno::OK, &[n as u32]);
+        self.reply_data(&r, &buf[..n])?;
+        // Read ahead while the client digests this page.
+        if sequential && n == want && n > 0 && sh.cfg.read_ahead > 0 {
+            self.read_ahead(file, inode, offset + n as u64);
+        }
+        Ok(())
+    }
+
+    fn read_ahead(&self, file: &std::fs::File, inode: &Inode, at: u64) {
+        let sh = self.sh;
+        let win = sh.cfg.read_ahead;
+        let mut io = lock(&inode.io);
+        if let Some(ra) = &io.ra {
+            // Still more than half a window ahead of the reader: enough.
+            if at >= ra.off && ra.off + ra.data.len() as u64 >= at + (win / 2) as u64 {
+                return;
+            }
+        }
+        sh.drop_ra(&mut io);
+        if sh.ra_bytes.load(Ordering::Acquire) + win > sh.cfg.read_ahead_budget {
+            return;
+        }
+        let Some(st) = stamp(file) else { return };
+        if at >= st.0 {
+            return;
+        }
+        let mut data = vec![0u8; win.min((st.0 - at) as usize)];
+        let mut n = 0;
+        while n < data.len() {
+            match file.read_at(&mut data[n..], at + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+        data.truncate(n);
+        sh.ra_bytes.fetch_add(n, Ordering::AcqRel);
+        io.ra = Some(ReadAhead {
+            off: at,
+            data,
+            stamp: st,
+        });
+    }
+
+    fn write(
+        &self,
+        handle: u32,
+        offset: u64,
+        count: u32,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), IpcError> {
+        let sh = self.sh;
+        let h = match self.file(handle) {
+            Ok(h) => h,
+            Err(e) => return self.send(Err(e)),
+        };
+        let Kind::File { file, inode } = &h.kind else {
+            return self.send(Err(Errno::EISDIR));
+        };
+        let n = count.min(vio::MAX_IO) as usize;
+        if let Err(e) = self.gather(buf, n)? {
+            return self.send(Err(e));
+        }
+        if offset
+            .checked_add(n as u64)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return self.send(Err(Errno::EINVAL));
+        }
+        let mut io = lock(&inode.io);
+        if let Some(e) = io.error.take() {
+            drop(io);
+            return self.send(Err(e));
+        }
+        sh.drop_ra(&mut io);
+        let ok = vio::reply(Errno::OK, &[n as u32]);
+        if sh.cfg.write_behind {
+            // Reply first; the file's lock keeps later requests behind the write.
+            let r = self.p.reply(&ok, self.from);
+            if let Err(e) = file.write_all_at(buf, offset) {
+                sh.stats.deferred_errors.fetch_add(1, Ordering::Relaxed);
+                io.error = Some(Errno::from_io(&e));
+            } else {
+                sh.stats
+                    .bytes_written
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            r
+        } else {
+            let r = file.write_all_at(buf, offset);
+            drop(io);
+            match r {
+                Ok(()) => {
+                    sh.stats
+                        .bytes_written
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    self.p.reply(&ok, self.from)
+                }
+                Err(e) => self.send(Err(Errno::from_io(&e))),
+            }
+        }
+    }
+}
+
+/// (size, mtime seconds, mtime nanoseconds) of an open file.
+fn stamp(file: &std::fs::File) -> Option<(u64, i64, u32)> {
+    let st = rustix::fs::fstat(file).ok()?;
+    let a = confine::attr_of(&st);
+    Some((a.size, a.mtime, a.mtime_ns))
+}

@@ -1,0 +1,1188 @@
+//! The V I/O protocol: request codes, message layouts, records carried in
+//! segments, and errno-like status codes (docs/VIO.md has them byte by
+//! byte).
+//!
+//! A request is one 32-byte V message. Word 0 holds the request code in its
+//! low 24 bits (the kernel owns the top byte: segment and idempotency
+//! flags); words 1–5 carry the request's fields; words 6–7 are the segment
+//! descriptor the kernel maintains. Paths and variable records travel in
+//! the segment the client lends with its Send, so a path request costs one
+//! exchange (2 datagrams): the path rides appended to the request and the
+//! answer (an attribute record, a link target) rides appended to the reply.
+//!
+//! The reply's word 0 is a status: 0 for success, else an errno-like code
+//! ([`Errno`]). Numbers are big-endian in records, as in the message words.
+//!
+//! Decoding never panics and never trusts a length: every decoder here
+//! returns an error for short or inconsistent input.
+
+use vkernel::Message;
+use vkernel_proto::message::{CODE_MASK, IDEMPOTENT};
+
+/// Longest path a request may carry (bytes, like Linux `PATH_MAX`).
+pub const MAX_PATH: usize = 4096;
+/// Longest path component (bytes, like Linux `NAME_MAX`).
+pub const MAX_NAME: usize = 255;
+/// Most bytes one READ or WRITE moves; larger counts are answered short.
+pub const MAX_IO: u32 = 16 << 20;
+
+/// Request: open or create a file. w1 path length, w2 Linux open flags,
+/// w3 mode (for `O_CREAT`). Segment read+write: the path in, the file's
+/// [`Attr`] out. Reply: w1 handle.
+pub const OPEN: u32 = 0x56_0001;
+/// Request: forget a handle (w1). Reports a deferred write error, if any.
+pub const CLOSE: u32 = 0x56_0002;
+/// Request: read. w1 handle, w2–w3 offset, w4 count; segment write-granted
+/// (at least count bytes). Reply: w1 bytes read (fewer than asked only at
+/// end of file or when count exceeded [`MAX_IO`]). Small reads come back
+/// appended to the reply; large ones by MoveTo first.
+pub const READ: u32 = 0x56_0003;
+/// Request: write. w1 handle, w2–w3 offset, w4 count; segment
+/// read-granted holding the data. Reply: w1 bytes accepted.
+pub const WRITE: u32 = 0x56_0004;
+/// Request: attributes by path. w1 path length, w2 flags ([`STAT_NOFOLLOW`]).
+/// Segment read+write: path in, [`Attr`] out.
+pub const STAT: u32 = 0x56_0005;
+/// Request: attributes of an open handle (w1). Segment write: [`Attr`].
+pub const FSTAT: u32 = 0x56_0006;
+/// Request: open a directory for listing. w1 path length; segment read:
+/// the path. Reply: w1 handle, w2 entries (a snapshot taken now).
+pub const OPENDIR: u32 = 0x56_0007;
+/// Request: list directory entries. w1 handle, w2 index of the first
+/// entry; segment write: packed [`Dirent`]s. Reply: w1 bytes, w2 entries,
+/// w3 next index, w4 1 if the listing is complete.
+pub const READDIR: u32 = 0x56_0008;
+/// Request: make a directory. w1 path length, w2 mode. Segment read+write:
+/// path in, [`Attr`] out.
+pub const MKDIR: u32 = 0x56_0009;
+/// Request: remove an empty directory. w1 path length; segment read: path.
+pub const RMDIR: u32 = 0x56_000a;
+/// Request: remove a name (not a directory). w1 path length; segment read.
+pub const UNLINK: u32 = 0x56_000b;
+/// Request: rename. w1 old path length, w2 new path length, w3 flags
+/// ([`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`]); segment read: old ++ new.
+pub const RENAME: u32 = 0x56_000c;
+/// Request: set a file's size by path. w1 path length, w2–w3 size.
+pub const TRUNCATE: u32 = 0x56_000d;
+/// Request: set an open file's size. w1 handle, w2–w3 size.
+pub const FTRUNCATE: u32 = 0x56_000e;
+/// Request: make an open file durable. w1 handle, w2 flags
+/// ([`FSYNC_DATASYNC`], [`FSYNC_FLUSH_ONLY`]). Reports a deferred write
+/// error, if any.
+pub const FSYNC: u32 = 0x56_000f;
+/// Request: make a symbolic link. w1 target length, w2 link path length;
+/// segment read+write: target ++ path in, the link's [`Attr`] out.
+pub const SYMLINK: u32 = 0x56_0010;
+/// Request: read a symbolic link. w1 path length; segment read+write: path
+/// in, target out. Reply: w1 target length (`ERANGE` with w1 = length when
+/// the segment is too small).
+pub const READLINK: u32 = 0x56_0011;
+/// Request: change attributes. w1 path length; segment read+write: a
+/// [`SetAttr`] record ++ path in, [`Attr`] out. The last component is not
+/// followed (lchown/utimensat semantics; mode on a symlink is refused).
+pub const SETATTR: u32 = 0x56_0012;
+/// Request: make a hard link. w1 existing path length, w2 new path
+/// length; segment read+write: existing ++ new in, [`Attr`] out.
+pub const LINK: u32 = 0x56_0013;
+/// Request: file-system statistics. Segment write: [`StatFs`].
+pub const STATFS: u32 = 0x56_0014;
+
+/// STAT flag: do not follow a symbolic link in the last component.
+pub const STAT_NOFOLLOW: u32 = 1;
+/// FSYNC flag: data only (fdatasync).
+pub const FSYNC_DATASYNC: u32 = 1;
+/// FSYNC flag: only wait for deferred writes and report their errors (the
+/// close-time flush), without forcing data to stable storage.
+pub const FSYNC_FLUSH_ONLY: u32 = 2;
+/// RENAME flag: fail with `EEXIST` instead of replacing.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// RENAME flag: exchange the two names atomically.
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// An errno-like status: 0 is success, anything else names the failure
+/// with its Linux errno value (so the FUSE layer can pass it through).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Errno(pub u32);
+
+impl Errno {
+    /// Success (only ever in a reply's word 0, never as an error).
+    pub const OK: Errno = Errno(0);
+    /// Operation not permitted.
+    pub const EPERM: Errno = Errno(1);
+    /// No such file or directory.
+    pub const ENOENT: Errno = Errno(2);
+    /// I/O error (also: a deferred write failed).
+    pub const EIO: Errno = Errno(5);
+    /// Bad or unknown handle.
+    pub const EBADF: Errno = Errno(9);
+    /// Permission denied.
+    pub const EACCES: Errno = Errno(13);
+    /// File exists.
+    pub const EEXIST: Errno = Errno(17);
+    /// The path would leave the exported tree (`..`, absolute path or a
+    /// symbolic link pointing outside).
+    pub const EXDEV: Errno = Errno(18);
+    /// Not a directory.
+    pub const ENOTDIR: Errno = Errno(20);
+    /// Is a directory.
+    pub const EISDIR: Errno = Errno(21);
+    /// Invalid argument (NUL byte in a path, bad flags, `.` or `..` as
+    /// the name to create or remove).
+    pub const EINVAL: Errno = Errno(22);
+    /// Too many open handles.
+    pub const EMFILE: Errno = Errno(24);
+    /// No space left on device.
+    pub const ENOSPC: Errno = Errno(28);
+    /// Result too large for the segment lent.
+    pub const ERANGE: Errno = Errno(34);
+    /// Path or component too long.
+    pub const ENAMETOOLONG: Errno = Errno(36);
+    /// Unknown request code.
+    pub const ENOSYS: Errno = Errno(38);
+    /// Directory not empty.
+    pub const ENOTEMPTY: Errno = Errno(39);
+    /// Too many symbolic links (a loop).
+    pub const ELOOP: Errno = Errno(40);
+    /// The request is malformed (segment missing, too small, or lengths
+    /// that do not add up).
+    pub const EPROTO: Errno = Errno(71);
+    /// A reply could not be decoded.
+    pub const EBADMSG: Errno = Errno(74);
+    /// Operation not supported.
+    pub const EOPNOTSUPP: Errno = Errno(95);
+    /// The server cannot be reached (the client's code for IPC failure).
+    pub const ENOTCONN: Errno = Errno(107);
+    /// Server busy; try again.
+    pub const EAGAIN: Errno = Errno(11);
+
+    /// The errno of an I/O error (EIO when it has none).
+    pub fn from_io(e: &std::io::Error) -> Errno {
+        match e.raw_os_error() {
+            Some(n) if n > 0 => Errno(n as u32),
+            _ => Errno::EIO,
+        }
+    }
+
+    /// The errno of a rustix error.
+    pub fn from_rustix(e: rustix::io::Errno) -> Errno {
+        let n = e.raw_os_error();
+        if n > 0 {
+            Errno(n as u32)
+        } else {
+            Errno::EIO
+        }
+    }
+
+    /// The value as a C `int` errno.
+    pub fn as_i32(self) -> i32 {
+        i32::try_from(self.0).unwrap_or(libc::EIO)
+    }
+
+    /// A short name, e.g. `ENOENT`.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "OK",
+            1 => "EPERM",
+            2 => "ENOENT",
+            5 => "EIO",
+            9 => "EBADF",
+            11 => "EAGAIN",
+            13 => "EACCES",
+            17 => "EEXIST",
+            18 => "EXDEV",
+            20 => "ENOTDIR",
+            21 => "EISDIR",
+            22 => "EINVAL",
+            24 => "EMFILE",
+            27 => "EFBIG",
+            28 => "ENOSPC",
+            30 => "EROFS",
+            31 => "EMLINK",
+            34 => "ERANGE",
+            36 => "ENAMETOOLONG",
+            38 => "ENOSYS",
+            39 => "ENOTEMPTY",
+            40 => "ELOOP",
+            71 => "EPROTO",
+            74 => "EBADMSG",
+            95 => "EOPNOTSUPP",
+            107 => "ENOTCONN",
+            116 => "ESTALE",
+            _ => "errno",
+        }
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = std::io::Error::from_raw_os_error(self.as_i32());
+        write!(f, "{} ({}): {text}", self.name(), self.0)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// A decoded request (the fields of words 1–5; paths are in the segment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// [`OPEN`].
+    Open {
+        /// Path length in the segment.
+        path_len: u32,
+        /// Linux open flags.
+        flags: u32,
+        /// Mode for a created file.
+        mode: u32,
+    },
+    /// [`CLOSE`].
+    Close {
+        /// The handle.
+        handle: u32,
+    },
+    /// [`READ`].
+    Read {
+        /// The handle.
+        handle: u32,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes wanted.
+        count: u32,
+    },
+    /// [`WRITE`].
+    Write {
+        /// The handle.
+        handle: u32,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes in the segment.
+        count: u32,
+    },
+    /// [`STAT`].
+    Stat {
+        /// Path length in the segment.
+        path_len: u32,
+        /// Do not follow a final symbolic link.
+        nofollow: bool,
+    },
+    /// [`FSTAT`].
+    Fstat {
+        /// The handle.
+        handle: u32,
+    },
+    /// [`OPENDIR`].
+    Opendir {
+        /// Path length in the segment.
+        path_len: u32,
+    },
+    /// [`READDIR`].
+    Readdir {
+        /// The handle.
+        handle: u32,
+        /// Index of the first entry wanted.
+        index: u32,
+    },
+    /// [`MKDIR`].
+    Mkdir {
+        /// Path length in the segment.
+        path_len: u32,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// [`RMDIR`].
+    Rmdir {
+        /// Path length in the segment.
+        path_len: u32,
+    },
+    /// [`UNLINK`].
+    Unlink {
+        /// Path length in the segment.
+        path_len: u32,
+    },
+    /// [`RENAME`].
+    Rename {
+        /// Old path length.
+        old_len: u32,
+        /// New path length.
+        new_len: u32,
+        /// [`RENAME_NOREPLACE`] / [`RENAME_EXCHANGE`].
+        flags: u32,
+    },
+    /// [`TRUNCATE`].
+    Truncate {
+        /// Path length in the segment.
+        path_len: u32,
+        /// New size.
+        size: u64,
+    },
+    /// [`FTRUNCATE`].
+    Ftruncate {
+        /// The handle.
+        handle: u32,
+        /// New size.
+        size: u64,
+    },
+    /// [`FSYNC`].
+    Fsync {
+        /// The handle.
+        handle: u32,
+        /// Data only (fdatasync).
+        datasync: bool,
+        /// Only wait for deferred writes and report their errors.
+        flush_only: bool,
+    },
+    /// [`SYMLINK`].
+    Symlink {
+        /// Target length.
+        target_len: u32,
+        /// Link path length.
+        path_len: u32,
+    },
+    /// [`READLINK`].
+    Readlink {
+        /// Path length in the segment.
+        path_len: u32,
+    },
+    /// [`SETATTR`].
+    Setattr {
+        /// Path length (after the record) in the segment.
+        path_len: u32,
+    },
+    /// [`LINK`].
+    Link {
+        /// Existing path length.
+        old_len: u32,
+        /// New path length.
+        new_len: u32,
+    },
+    /// [`STATFS`].
+    Statfs,
+}
+
+fn split64(v: u64) -> (u32, u32) {
+    ((v >> 32) as u32, v as u32)
+}
+
+fn join64(hi: u32, lo: u32) -> u64 {
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+impl Request {
+    /// True for requests that change nothing, so a retransmitted one may be
+    /// executed again (the kernel then need not keep the reply).
+    pub fn idempotent(&self) -> bool {
+        matches!(
+            self,
+            Request::Read { .. }
+                | Request::Stat { .. }
+                | Request::Fstat { .. }
+                | Request::Readdir { .. }
+                | Request::Readlink { .. }
+                | Request::Statfs
+        )
+    }
+
+    /// Bytes of the segment taken by the request's paths and records.
+    pub fn seg_input_len(&self) -> usize {
+        match *self {
+            Request::Open { path_len, .. }
+            | Request::Stat { path_len, .. }
+            | Request::Opendir { path_len }
+            | Request::Mkdir { path_len, .. }
+            | Request::Rmdir { path_len }
+            | Request::Unlink { path_len }
+            | Request::Truncate { path_len, .. }
+            | Request::Readlink { path_len } => path_len as usize,
+            Request::Setattr { path_len } => SETATTR_LEN + path_len as usize,
+            Request::Rename {
+                old_len, new_len, ..
+            }
+            | Request::Link { old_len, new_len } => old_len as usize + new_len as usize,
+            Request::Symlink {
+                target_len,
+                path_len,
+            } => target_len as usize + path_len as usize,
+            Request::Write { count, .. } => count as usize,
+            _ => 0,
+        }
+    }
+
+    /// The request message (code, fields, and the idempotent flag when it
+    /// applies). The segment is declared by the kernel on Send.
+    pub fn encode(&self) -> Message {
+        let mut m = Message::zero();
+        let w = &mut m.0;
+        let code = match *self {
+            Request::Open {
+                path_len,
+                flags,
+                mode,
+            } => {
+                (w[1], w[2], w[3]) = (path_len, flags, mode);
+                OPEN
+            }
+            Request::Close { handle } => {
+                w[1] = handle;
+                CLOSE
+            }
+            Request::Read {
+                handle,
+                offset,
+                count,
+            } => {
+                w[1] = handle;
+                (w[2], w[3]) = split64(offset);
+                w[4] = count;
+                READ
+            }
+            Request::Write {
+                handle,
+                offset,
+                count,
+            } => {
+                w[1] = handle;
+                (w[2], w[3]) = split64(offset);
+                w[4] = count;
+                WRITE
+            }
+            Request::Stat { path_len, nofollow } => {
+                w[1] = path_len;
+                w[2] = if nofollow { STAT_NOFOLLOW } else { 0 };
+                STAT
+            }
+            Request::Fstat { handle } => {
+                w[1] = handle;
+                FSTAT
+            }
+            Request::Opendir { path_len } => {
+                w[1] = path_len;
+                OPENDIR
+            }
+            Request::Readdir { handle, index } => {
+                (w[1], w[2]) = (handle, index);
+                READDIR
+            }
+            Request::Mkdir { path_len, mode } => {
+                (w[1], w[2]) = (path_len, mode);
+                MKDIR
+            }
+            Request::Rmdir { path_len } => {
+                w[1] = path_len;
+                RMDIR
+            }
+            Request::Unlink { path_len } => {
+                w[1] = path_len;
+                UNLINK
+            }
+            Request::Rename {
+                old_len,
+                new_len,
+                flags,
+            } => {
+                (w[1], w[2], w[3]) = (old_len, new_len, flags);
+                RENAME
+            }
+            Request::Truncate { path_len, size } => {
+                w[1] = path_len;
+                (w[2], w[3]) = split64(size);
+                TRUNCATE
+            }
+            Request::Ftruncate { handle, size } => {
+                w[1] = handle;
+                (w[2], w[3]) = split64(size);
+                FTRUNCATE
+            }
+            Request::Fsync {
+                handle,
+                datasync,
+                flush_only,
+            } => {
+                w[1] = handle;
+                w[2] = if datasync { FSYNC_DATASYNC } else { 0 }
+                    | if flush_only { FSYNC_FLUSH_ONLY } else { 0 };
+                FSYNC
+            }
+            Request::Symlink {
+                target_len,
+                path_len,
+            } => {
+                (w[1], w[2]) = (target_len, path_len);
+                SYMLINK
+            }
+            Request::Readlink { path_len } => {
+                w[1] = path_len;
+                READLINK
+            }
+            Request::Setattr { path_len } => {
+                w[1] = path_len;
+                SETATTR
+            }
+            Request::Link { old_len, new_len } => {
+                (w[1], w[2]) = (old_len, new_len);
+                LINK
+            }
+            Request::Statfs => STATFS,
+        };
+        w[0] = code;
+        if self.idempotent() {
+            m.set_flag(IDEMPOTENT, true);
+        }
+        m
+    }
+
+    /// Decodes a request message: `ENOSYS` for an unknown code,
+    /// `ENAMETOOLONG` for a path length over [`MAX_PATH`], `EINVAL` for
+    /// bad flag values.
+    pub fn decode(m: &Message) -> Result<Request, Errno> {
+        let w = &m.0;
+        let path = |n: u32| -> Result<u32, Errno> {
+            if n as usize > MAX_PATH {
+                Err(Errno::ENAMETOOLONG)
+            } else {
+                Ok(n)
+            }
+        };
+        let r = match w[0] & CODE_MASK {
+            OPEN => Request::Open {
+                path_len: path(w[1])?,
+                flags: w[2],
+                mode: w[3],
+            },
+            CLOSE => Request::Close { handle: w[1] },
+            READ => Request::Read {
+                handle: w[1],
+                offset: join64(w[2], w[3]),
+                count: w[4],
+            },
+            WRITE => Request::Write {
+                handle: w[1],
+                offset: join64(w[2], w[3]),
+                count: w[4],
+            },
+            STAT => {
+                if w[2] & !STAT_NOFOLLOW != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Stat {
+                    path_len: path(w[1])?,
+                    nofollow: w[2] & STAT_NOFOLLOW != 0,
+                }
+            }
+            FSTAT => Request::Fstat { handle: w[1] },
+            OPENDIR => Request::Opendir {
+                path_len: path(w[1])?,
+            },
+            READDIR => Request::Readdir {
+                handle: w[1],
+                index: w[2],
+            },
+            MKDIR => Request::Mkdir {
+                path_len: path(w[1])?,
+                mode: w[2],
+            },
+            RMDIR => Request::Rmdir {
+                path_len: path(w[1])?,
+            },
+            UNLINK => Request::Unlink {
+                path_len: path(w[1])?,
+            },
+            RENAME => {
+                if w[3] & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+                    || w[3] == RENAME_NOREPLACE | RENAME_EXCHANGE
+                {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Rename {
+                    old_len: path(w[1])?,
+                    new_len: path(w[2])?,
+                    flags: w[3],
+                }
+            }
+            TRUNCATE => Request::Truncate {
+                path_len: path(w[1])?,
+                size: join64(w[2], w[3]),
+            },
+            FTRUNCATE => Request::Ftruncate {
+                handle: w[1],
+                size: join64(w[2], w[3]),
+            },
+            FSYNC => {
+                if w[2] & !(FSYNC_DATASYNC | FSYNC_FLUSH_ONLY) != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Fsync {
+                    handle: w[1],
+                    datasync: w[2] & FSYNC_DATASYNC != 0,
+                    flush_only: w[2] & FSYNC_FLUSH_ONLY != 0,
+                }
+            }
+            SYMLINK => Request::Symlink {
+                target_len: path(w[1])?,
+                path_len: path(w[2])?,
+            },
+            READLINK => Request::Readlink {
+                path_len: path(w[1])?,
+            },
+            SETATTR => Request::Setattr {
+                path_len: path(w[1])?,
+            },
+            LINK => Request::Link {
+                old_len: path(w[1])?,
+                new_len: path(w[2])?,
+            },
+            STATFS => Request::Statfs,
+            _ => return Err(Errno::ENOSYS),
+        };
+        Ok(r)
+    }
+}
+
+/// A reply message: word 0 the status, `words` in words 1–5.
+pub fn reply(status: Errno, words: &[u32]) -> Message {
+    let mut m = Message::zero();
+    m.0[0] = status.0 & CODE_MASK;
+    for (i, &v) in words.iter().take(5).enumerate() {
+        m.0[1 + i] = v;
+    }
+    m
+}
+
+/// The status of a reply message.
+pub fn status(m: &Message) -> Errno {
+    Errno(m.0[0] & CODE_MASK)
+}
+
+/// Reads `N` big-endian bytes at `at`, or `None` past the end.
+fn be<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    be::<4>(b, at).map(u32::from_be_bytes)
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    be::<8>(b, at).map(u64::from_be_bytes)
+}
+
+fn i64_at(b: &[u8], at: usize) -> Option<i64> {
+    be::<8>(b, at).map(i64::from_be_bytes)
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The record is shorter than its layout.
+    #[error("record truncated: {have} of {need} bytes")]
+    Short {
+        /// Bytes present.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// A field has an impossible value.
+    #[error("bad field: {0}")]
+    Field(&'static str),
+}
+
+/// Bytes of an [`Attr`] record.
+pub const ATTR_LEN: usize = 88;
+
+/// File attributes (a `stat` result) as carried in segments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number on the server.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Last access, seconds since the epoch.
+    pub atime: i64,
+    /// Last modification, seconds.
+    pub mtime: i64,
+    /// Last status change, seconds.
+    pub ctime: i64,
+    /// Nanoseconds of `atime`.
+    pub atime_ns: u32,
+    /// Nanoseconds of `mtime`.
+    pub mtime_ns: u32,
+    /// Nanoseconds of `ctime`.
+    pub ctime_ns: u32,
+    /// File type and permission bits (`st_mode`).
+    pub mode: u32,
+    /// Hard links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number for device files.
+    pub rdev: u32,
+    /// Preferred I/O size.
+    pub blksize: u32,
+    /// Server device number (low 32 bits).
+    pub dev: u32,
+}
+
+impl Attr {
+    /// Encodes into [`ATTR_LEN`] bytes.
+    pub fn encode(&self) -> [u8; ATTR_LEN] {
+        let mut b = [0u8; ATTR_LEN];
+        b[0..8].copy_from_slice(&self.ino.to_be_bytes());
+        b[8..16].copy_from_slice(&self.size.to_be_bytes());
+        b[16..24].copy_from_slice(&self.blocks.to_be_bytes());
+        b[24..32].copy_from_slice(&self.atime.to_be_bytes());
+        b[32..40].copy_from_slice(&self.mtime.to_be_bytes());
+        b[40..48].copy_from_slice(&self.ctime.to_be_bytes());
+        let words = [
+            self.atime_ns,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.mode,
+            self.nlink,
+            self.uid,
+            self.gid,
+            self.rdev,
+            self.blksize,
+            self.dev,
+        ];
+        for (i, v) in words.iter().enumerate() {
+            b[48 + 4 * i..52 + 4 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        b
+    }
+
+    /// Decodes an [`ATTR_LEN`]-byte record (longer input is fine).
+    pub fn decode(b: &[u8]) -> Result<Attr, DecodeError> {
+        let short = DecodeError::Short {
+            have: b.len(),
+            need: ATTR_LEN,
+        };
+        if b.len() < ATTR_LEN {
+            return Err(short);
+        }
+        let w = |i: usize| u32_at(b, 48 + 4 * i).ok_or(short.clone());
+        let a = Attr {
+            ino: u64_at(b, 0).ok_or(short.clone())?,
+            size: u64_at(b, 8).ok_or(short.clone())?,
+            blocks: u64_at(b, 16).ok_or(short.clone())?,
+            atime: i64_at(b, 24).ok_or(short.clone())?,
+            mtime: i64_at(b, 32).ok_or(short.clone())?,
+            ctime: i64_at(b, 40).ok_or(short.clone())?,
+            atime_ns: w(0)?,
+            mtime_ns: w(1)?,
+            ctime_ns: w(2)?,
+            mode: w(3)?,
+            nlink: w(4)?,
+            uid: w(5)?,
+            gid: w(6)?,
+            rdev: w(7)?,
+            blksize: w(8)?,
+            dev: w(9)?,
+        };
+        if a.atime_ns >= 1_000_000_000 || a.mtime_ns >= 1_000_000_000 {
+            return Err(DecodeError::Field("nanoseconds"));
+        }
+        Ok(a)
+    }
+
+    /// The file type bits (`mode & S_IFMT`).
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    /// True for a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+
+    /// True for a regular file.
+    pub fn is_file(&self) -> bool {
+        self.kind() == libc::S_IFREG
+    }
+
+    /// True for a symbolic link.
+    pub fn is_symlink(&self) -> bool {
+        self.kind() == libc::S_IFLNK
+    }
+}
+
+/// Bytes of a [`SetAttr`] record.
+pub const SETATTR_LEN: usize = 48;
+
+/// [`SetAttr::valid`]: set the permission bits.
+pub const SET_MODE: u32 = 1;
+/// [`SetAttr::valid`]: set the owner.
+pub const SET_UID: u32 = 2;
+/// [`SetAttr::valid`]: set the group.
+pub const SET_GID: u32 = 4;
+/// [`SetAttr::valid`]: set the size.
+pub const SET_SIZE: u32 = 8;
+/// [`SetAttr::valid`]: set the access time to the record's.
+pub const SET_ATIME: u32 = 16;
+/// [`SetAttr::valid`]: set the modification time to the record's.
+pub const SET_MTIME: u32 = 32;
+/// [`SetAttr::valid`]: set the access time to the server's now.
+pub const SET_ATIME_NOW: u32 = 64;
+/// [`SetAttr::valid`]: set the modification time to the server's now.
+pub const SET_MTIME_NOW: u32 = 128;
+const SET_ALL: u32 = 255;
+
+/// Attribute changes (chmod, chown, truncate, utimens in one request).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Which fields apply (`SET_*` bits).
+    pub valid: u32,
+    /// Permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Size.
+    pub size: u64,
+    /// Access time, seconds.
+    pub atime: i64,
+    /// Access time, nanoseconds.
+    pub atime_ns: u32,
+    /// Modification time, nanoseconds.
+    pub mtime_ns: u32,
+    /// Modification time, seconds.
+    pub mtime: i64,
+}
+
+impl SetAttr {
+    /// Encodes into [`SETATTR_LEN`] bytes.
+    pub fn encode(&self) -> [u8; SETATTR_LEN] {
+        let mut b = [0u8; SETATTR_LEN];
+        b[0..4].copy_from_slice(&self.valid.to_be_bytes());
+        b[4..8].copy_from_slice(&self.mode.to_be_bytes());
+        b[8..12].copy_from_slice(&self.uid.to_be_bytes());
+        b[12..16].copy_from_slice(&self.gid.to_be_bytes());
+        b[16..24].copy_from_slice(&self.size.to_be_bytes());
+        b[24..32].copy_from_slice(&self.atime.to_be_bytes());
+        b[32..36].copy_from_slice(&self.atime_ns.to_be_bytes());
+        b[36..40].copy_from_slice(&self.mtime_ns.to_be_bytes());
+        b[40..48].copy_from_slice(&self.mtime.to_be_bytes());
+        b
+    }
+
+    /// Decodes a record; unknown `valid` bits and nanoseconds ≥ 10⁹ are errors.
+    pub fn decode(b: &[u8]) -> Result<SetAttr, DecodeError> {
+        let short = DecodeError::Short {
+            have: b.len(),
+            need: SETATTR_LEN,
+        };
+        let s = SetAttr {
+            valid: u32_at(b, 0).ok_or(short.clone())?,
+            mode: u32_at(b, 4).ok_or(short.clone())?,
+            uid: u32_at(b, 8).ok_or(short.clone())?,
+            gid: u32_at(b, 12).ok_or(short.clone())?,
+            size: u64_at(b, 16).ok_or(short.clone())?,
+            atime: i64_at(b, 24).ok_or(short.clone())?,
+            atime_ns: u32_at(b, 32).ok_or(short.clone())?,
+            mtime_ns: u32_at(b, 36).ok_or(short.clone())?,
+            mtime: i64_at(b, 40).ok_or(short)?,
+        };
+        if s.valid & !SET_ALL != 0 {
+            return Err(DecodeError::Field("valid bits"));
+        }
+        if s.atime_ns >= 1_000_000_000 || s.mtime_ns >= 1_000_000_000 {
+            return Err(DecodeError::Field("nanoseconds"));
+        }
+        Ok(s)
+    }
+}
+
+/// Bytes of a [`StatFs`] record.
+pub const STATFS_LEN: usize = 52;
+
+/// File-system statistics of the exported tree's file system.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total blocks (of `frsize`).
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Free blocks for unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Longest name.
+    pub namelen: u32,
+    /// Fragment size.
+    pub frsize: u32,
+}
+
+impl StatFs {
+    /// Encodes into [`STATFS_LEN`] bytes.
+    pub fn encode(&self) -> [u8; STATFS_LEN] {
+        let mut b = [0u8; STATFS_LEN];
+        for (i, v) in [self.blocks, self.bfree, self.bavail, self.files, self.ffree]
+            .iter()
+            .enumerate()
+        {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_be_bytes());
+        }
+        b[40..44].copy_from_slice(&self.bsize.to_be_bytes());
+        b[44..48].copy_from_slice(&self.namelen.to_be_bytes());
+        b[48..52].copy_from_slice(&self.frsize.to_be_bytes());
+        b
+    }
+
+    /// Decodes a record.
+    pub fn decode(b: &[u8]) -> Result<StatFs, DecodeError> {
+        let short = DecodeError::Short {
+            have: b.len(),
+            need: STATFS_LEN,
+        };
+        let q = |i: usize| u64_at(b, 8 * i).ok_or(short.clone());
+        Ok(StatFs {
+            blocks: q(0)?,
+            bfree: q(1)?,
+            bavail: q(2)?,
+            files: q(3)?,
+            ffree: q(4)?,
+            bsize: u32_at(b, 40).ok_or(short.clone())?,
+            namelen: u32_at(b, 44).ok_or(short.clone())?,
+            frsize: u32_at(b, 48).ok_or(short)?,
+        })
+    }
+}
+
+/// Fixed bytes of a directory entry before its name.
+pub const DIRENT_HEAD: usize = 10;
+
+/// One directory entry: inode, type (a `DT_*` value) and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dirent {
+    /// Inode number on the server (never 0).
+    pub ino: u64,
+    /// `DT_*` type (`DT_UNKNOWN` = 0 when the server could not tell).
+    pub kind: u8,
+    /// The name (1..=255 bytes, no `/` or NUL; never `.` or `..`).
+    pub name: Vec<u8>,
+}
+
+impl Dirent {
+    /// Encoded length.
+    pub fn len(&self) -> usize {
+        DIRENT_HEAD + self.name.len()
+    }
+
+    /// True if the name is empty (never for a valid entry).
+    pub fn is_empty(&self) -> bool {
+        self.name.is_empty()
+    }
+
+    /// Appends the entry: ino u64, type u8, name length u8, name.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.ino.to_be_bytes());
+        out.push(self.kind);
+        out.push(self.name.len().min(MAX_NAME) as u8);
+        out.extend_from_slice(&self.name[..self.name.len().min(MAX_NAME)]);
+    }
+
+    /// Decodes a packed run of entries.
+    pub fn decode_all(mut b: &[u8]) -> Result<Vec<Dirent>, DecodeError> {
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let short = DecodeError::Short {
+                have: b.len(),
+                need: DIRENT_HEAD,
+            };
+            let ino = u64_at(b, 0).ok_or(short.clone())?;
+            let kind = *b.get(8).ok_or(short.clone())?;
+            let n = usize::from(*b.get(9).ok_or(short)?);
+            let name = b
+                .get(DIRENT_HEAD..DIRENT_HEAD + n)
+                .ok_or(DecodeError::Short {
+                    have: b.len(),
+                    need: DIRENT_HEAD + n,
+                })?;
+            if n == 0 || name.contains(&b'/') || name.contains(&0) {
+                return Err(DecodeError::Field("entry name"));
+            }
+            out.push(Dirent {
+                ino,
+                kind,
+                name: name.to_vec(),
+            });
+            b = &b[DIRENT_HEAD + n..];
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn all_requests() -> Vec<Request> {
+        vec![
+            Request::Open {
+                path_len: 7,
+                flags: 0o1101,
+                mode: 0o644,
+            },
+            Request::Close { handle: 9 },
+            Request::Read {
+                handle: 3,
+                offset: 0x1_0000_0007,
+                count: 4096,
+            },
+            Request::Write {
+                handle: 3,
+                offset: u64::MAX - 1,
+                count: 1,
+            },
+            Request::Stat {
+                path_len: 4,
+                nofollow: true,
+            },
+            Request::Fstat { handle: 1 },
+            Request::Opendir { path_len: 0 },
+            Request::Readdir {
+                handle: 5,
+                index: 77,
+            },
+            Request::Mkdir {
+                path_len: 3,
+                mode: 0o755,
+            },
+            Request::Rmdir { path_len: 3 },
+            Request::Unlink { path_len: 3 },
+            Request::Rename {
+                old_len: 1,
+                new_len: 2,
+                flags: RENAME_NOREPLACE,
+            },
+            Request::Truncate {
+                path_len: 1,
+                size: 1 << 40,
+            },
+            Request::Ftruncate { handle: 2, size: 0 },
+            Request::Fsync {
+                handle: 2,
+                datasync: true,
+                flush_only: false,
+            },
+            Request::Symlink {
+                target_len: 9,
+                path_len: 2,
+            },
+            Request::Readlink { path_len: 2 },
+            Request::Setattr { path_len: 5 },
+            Request::Link {
+                old_len: 1,
+                new_len: 1,
+            },
+            Request::Statfs,
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for r in all_requests() {
+            let m = r.encode();
+            assert_eq!(m.idempotent(), r.idempotent(), "{r:?}");
+            assert_eq!(Request::decode(&m), Ok(r));
+            assert_eq!(m.0[6], 0);
+            assert_eq!(m.0[7], 0);
+        }
+    }
+
+    #[test]
+    fn bad_requests_get_codes() {
+        assert_eq!(
+            Request::decode(&Message::with_code(0x56_00ff)),
+            Err(Errno::ENOSYS)
+        );
+        let mut m = Message::with_code(STAT);
+        m.0[1] = MAX_PATH as u32 + 1;
+        assert_eq!(Request::decode(&m), Err(Errno::ENAMETOOLONG));
+        m.0[1] = 1;
+        m.0[2] = 6;
+        assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+        let mut m = Message::with_code(RENAME);
+        m.0[3] = 3;
+        assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn records_round_trip_and_reject_short_input() {
+        let a = Attr {
+            ino: 1,
+            size: 2,
+            blocks: 3,
+            atime: -4,
+            mtime: 5,
+            ctime: 6,
+            atime_ns: 7,
+            mtime_ns: 8,
+            ctime_ns: 9,
+            mode: 0o100644,
+            nlink: 1,
+            uid: 1000,
+            gid: 100,
+            rdev: 0,
+            blksize: 4096,
+            dev: 42,
+        };
+        assert_eq!(Attr::decode(&a.encode()), Ok(a));
+        assert!(Attr::decode(&a.encode()[..ATTR_LEN - 1]).is_err());
+        let s = SetAttr {
+            valid: SET_MODE | SET_MTIME,
+            mode: 0o600,
+            mtime: 12,
+            mtime_ns: 999_999_999,
+            ..SetAttr::default()
+        };
+        assert_eq!(SetAttr::decode(&s.encode()), Ok(s));
+        let mut bad = s.encode();
+        bad[3] = 0xff;
+        bad[2] = 1;
+        assert!(SetAttr::decode(&bad).is_err());
+        let f = StatFs {
+            blocks: 1,
+            bfree: 2,
+            bavail: 3,
+            files: 4,
+            ffree: 5,
+            bsize: 4096,
+            namelen: 255,
+            frsize: 4096,
+        };
+        assert_eq!(StatFs::decode(&f.encode()), Ok(f));
+        let mut b = Vec::new();
+        for n in ["a", "bc", "d.e"] {
+            Dirent {
+                ino: 9,
+                kind: 8,
+                name: n.as_bytes().to_vec(),
+            }
+            .encode_into(&mut b);
+        }
+        let d = Dirent::decode_all(&b).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[2].name, b"d.e");
+        assert!(Dirent::decode_all(&b[..b.len() - 1]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(words in proptest::array::uniform8(any::<u32>()),
+                                bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Request::decode(&Message(words));
+            let _ = Attr::decode(&bytes);
+            let _ = SetAttr::decode(&bytes);
+            let _ = StatFs::decode(&bytes);
+            let _ = Dirent::decode_all(&bytes);
+        }
+    }
+}

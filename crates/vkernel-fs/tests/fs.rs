@@ -1,0 +1,623 @@
+//! The file server end to end: a server on one logical host, clients on
+//! the same host or on another (loopback UDP), through Send/Receive/Reply,
+//! Forward, reply-with-segment, MoveTo and MoveFrom.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel::{Kernel, KernelConfig, Message, Pid, Segment};
+use vkernel_fs::client::{Client, ClientError};
+use vkernel_fs::server::{FileServer, ServerConfig};
+use vkernel_fs::vio::{self, Errno, Request, SetAttr};
+
+fn host(peers: Vec<std::net::SocketAddr>, timeout: Duration) -> Kernel {
+    Kernel::start(KernelConfig {
+        peers,
+        host_timeout: timeout,
+        ..Default::default()
+    })
+    .expect("start host")
+}
+
+fn two_hosts(timeout: Duration) -> (Kernel, Kernel) {
+    let a = host(vec![], timeout);
+    let b = host(vec![a.local_addr()], timeout);
+    a.add_peer(b.local_addr());
+    assert_ne!(a.host_id(), b.host_id());
+    (a, b)
+}
+
+fn server(k: &Kernel, root: &Path) -> FileServer {
+    FileServer::start(k, root, ServerConfig::default()).expect("file server")
+}
+
+/// FNV-1a 64 (integrity by hashing).
+fn hash(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &x in b {
+        h ^= u64::from(x);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn server_err(r: Result<impl std::fmt::Debug, ClientError>) -> Errno {
+    match r {
+        Err(ClientError::Server(e)) => e,
+        other => panic!("expected a server error, got {other:?}"),
+    }
+}
+
+/// Every operation of the client API against a server.
+fn round_trips(c: &Client, root: &Path) {
+    // create, write, read, stat
+    let (fh, a) = c.create("a.txt", 0o640).unwrap();
+    assert!(a.is_file());
+    assert_eq!(a.mode & 0o777, 0o640);
+    assert_eq!(c.write(fh, 0, b"hello world").unwrap(), 11);
+    let mut buf = [0u8; 64];
+    assert_eq!(c.read(fh, 6, &mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"world");
+    assert_eq!(c.fstat(fh).unwrap().size, 11);
+    c.fsync(fh, false).unwrap();
+    c.close(fh).unwrap();
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"hello world");
+    assert_eq!(c.stat("a.txt").unwrap().size, 11);
+    assert_eq!(server_err(c.close(fh)), Errno::EBADF);
+    // directories
+    c.mkdir("d", 0o750).unwrap();
+    assert_eq!(server_err(c.mkdir("d", 0o750)), Errno::EEXIST);
+    c.write_file("d/x", b"x", false).unwrap();
+    c.write_file("d/y", b"yy", true).unwrap();
+    let mut names: Vec<_> = c
+        .readdir("d")
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["x", "y"]);
+    assert_eq!(server_err(c.rmdir("d")), Errno::ENOTEMPTY);
+    // rename, unlink, truncate
+    c.rename("d/x", "d/z", 0).unwrap();
+    assert_eq!(server_err(c.stat("d/x")), Errno::ENOENT);
+    assert_eq!(
+        server_err(c.rename("d/y", "d/z", vio::RENAME_NOREPLACE)),
+        Errno::EEXIST
+    );
+    c.truncate("d/y", 1).unwrap();
+    assert_eq!(c.read_file("d/y").unwrap(), b"y");
+    c.unlink("d/y").unwrap();
+    c.unlink("d/z").unwrap();
+    c.rmdir("d").unwrap();
+    // symlinks and hard links
+    let l = c.symlink("a.txt", "l").unwrap();
+    assert!(l.is_symlink());
+    assert_eq!(c.readlink("l").unwrap(), b"a.txt");
+    assert_eq!(c.stat("l").unwrap().size, 11);
+    assert!(c.lstat("l").unwrap().is_symlink());
+    let h = c.link("a.txt", "hard").unwrap();
+    assert_eq!(h.nlink, 2);
+    // setattr: chmod, times, size
+    let s = SetAttr {
+        valid: vio::SET_MODE | vio::SET_MTIME | vio::SET_SIZE,
+        mode: 0o600,
+        mtime: 1_234_567_890,
+        mtime_ns: 42,
+        size: 5,
+        ..SetAttr::default()
+    };
+    let a = c.setattr("hard", &s).unwrap();
+    assert_eq!(
+        (a.mode & 0o777, a.mtime, a.mtime_ns, a.size),
+        (0o600, 1_234_567_890, 42, 5)
+    );
+    assert_eq!(c.read_file("a.txt").unwrap(), b"hello");
+    // ftruncate through a handle, O_APPEND, O_EXCL
+    let (fh, _) = c.open("a.txt", libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+    c.write(fh, 0, b"!!").unwrap();
+    c.ftruncate(fh, 6).unwrap();
+    c.close(fh).unwrap();
+    assert_eq!(c.read_file("a.txt").unwrap(), b"hello!");
+    assert_eq!(
+        server_err(c.open(
+            "a.txt",
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+            0o600
+        )),
+        Errno::EEXIST
+    );
+    assert!(c.statfs().unwrap().bsize > 0);
+    // An open file survives the removal of its name.
+    let (fh, _) = c.open("hard", libc::O_RDONLY, 0).unwrap();
+    c.unlink("hard").unwrap();
+    let mut b = [0u8; 6];
+    assert_eq!(c.read(fh, 0, &mut b).unwrap(), 6);
+    c.close(fh).unwrap();
+}
+
+#[test]
+fn client_round_trips_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = host(vec![], Duration::from_secs(3));
+    let srv = server(&k, dir.path());
+    let c = Client::connect(&k, srv.pid(), 4).unwrap();
+    round_trips(&c, dir.path());
+    assert_eq!(srv.open_handles(), 0, "every handle closed");
+}
+
+#[test]
+fn client_round_trips_remote() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(3));
+    let srv = server(&a, dir.path());
+    let c = Client::connect(&b, srv.pid(), 4).unwrap();
+    round_trips(&c, dir.path());
+    assert_eq!(srv.open_handles(), 0);
+}
+
+#[test]
+fn server_is_found_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(3));
+    let srv = FileServer::start(
+        &a,
+        dir.path(),
+        ServerConfig {
+            logical_id: Some(0x4649_4c45),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let p = b.create_process().unwrap();
+    let pid = p.get_pid(0x4649_4c45, vkernel::Scope::Remote).unwrap();
+    assert_eq!(pid, srv.pid());
+}
+
+#[test]
+fn large_files_keep_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(5));
+    // A small transfer unit so large requests take several MoveTo/MoveFrom.
+    let srv = FileServer::start(
+        &a,
+        dir.path(),
+        ServerConfig {
+            transfer_unit: 16 << 10,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut c = Client::connect(&b, srv.pid(), 4).unwrap();
+    c.set_max_request(1 << 20);
+    let t = Instant::now();
+    for (i, &n) in [0usize, 1, 4095, 4096, 65_536, (1 << 20) + 7, 16 << 20]
+        .iter()
+        .enumerate()
+    {
+        let data = pattern(n, i as u64 + 1);
+        let name = format!("f{n}");
+        c.write_file(&name, &data, true).unwrap();
+        let back = c.read_file(&name).unwrap();
+        assert_eq!(back.len(), n);
+        assert_eq!(hash(&back), hash(&data), "size {n} through the client");
+        let disk = std::fs::read(dir.path().join(&name)).unwrap();
+        assert_eq!(hash(&disk), hash(&data), "size {n} on the server's disk");
+        // Unaligned reads in the middle (read-ahead must not shift data).
+        if n > 10_000 {
+            let (fh, _) = c.open(&name, libc::O_RDONLY, 0).unwrap();
+            let mut part = vec![0u8; 5000];
+            for off in [1usize, 3333, n / 2, n - 5000] {
+                assert_eq!(c.read(fh, off as u64, &mut part).unwrap(), 5000);
+                assert_eq!(part[..], data[off..off + 5000], "size {n} at {off}");
+            }
+            c.close(fh).unwrap();
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(60));
+    assert!(
+        srv.stats()
+            .read_ahead_hits
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "sequential reads were served from read-ahead"
+    );
+}
+
+#[test]
+fn concurrent_clients_different_and_same_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(5));
+    let srv = server(&a, dir.path());
+    let remote = Arc::new(Client::connect(&b, srv.pid(), 8).unwrap());
+    let local = Arc::new(Client::connect(&a, srv.pid(), 8).unwrap());
+    const N: usize = 8;
+    const BLOCK: usize = 8192;
+    const BLOCKS: usize = 32;
+    // The shared file is created first; every client owns some blocks of it.
+    let (fh, _) = remote.create("shared", 0o644).unwrap();
+    remote.close(fh).unwrap();
+    let mut threads = Vec::new();
+    for t in 0..N {
+        let c = if t % 2 == 0 {
+            remote.clone()
+        } else {
+            local.clone()
+        };
+        threads.push(std::thread::spawn(move || {
+            let data = pattern(200_000 + t * 1000, t as u64 + 100);
+            c.write_file(format!("own{t}"), &data, false).unwrap();
+            let (fh, _) = c.open("shared", libc::O_WRONLY, 0).unwrap();
+            for blk in (t..BLOCKS).step_by(N) {
+                let b = vec![blk as u8 + 1; BLOCK];
+                c.write(fh, (blk * BLOCK) as u64, &b).unwrap();
+            }
+            c.fsync(fh, false).unwrap();
+            c.close(fh).unwrap();
+            assert_eq!(hash(&c.read_file(format!("own{t}")).unwrap()), hash(&data));
+        }));
+    }
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    let shared = std::fs::read(dir.path().join("shared")).unwrap();
+    assert_eq!(shared.len(), BLOCK * BLOCKS);
+    for (i, chunk) in shared.chunks(BLOCK).enumerate() {
+        assert!(chunk.iter().all(|&x| x == i as u8 + 1), "block {i}");
+    }
+    // Appends from many clients to one file all land (O_APPEND at the server).
+    let mut threads = Vec::new();
+    for t in 0..4 {
+        let c = if t % 2 == 0 {
+            remote.clone()
+        } else {
+            local.clone()
+        };
+        threads.push(std::thread::spawn(move || {
+            let (fh, _) = c
+                .open(
+                    "log",
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+                    0o644,
+                )
+                .unwrap();
+            for i in 0..50 {
+                c.write(fh, 0, format!("{t}:{i:03}\n").as_bytes()).unwrap();
+            }
+            c.close(fh).unwrap();
+        }));
+    }
+    for t in threads {
+        t.join().expect("appender");
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert_eq!(log.lines().count(), 200);
+    assert!(log.lines().all(|l| l.len() == 5));
+}
+
+#[test]
+fn confinement_battery() {
+    let outer = tempfile::tempdir().unwrap();
+    let root = outer.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(outer.path().join("secret"), b"top secret").unwrap();
+    std::fs::create_dir(outer.path().join("outside")).unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/ok"), b"fine").unwrap();
+    let sym = |t: &str, l: &str| std::os::unix::fs::symlink(t, root.join(l)).unwrap();
+    sym("/etc/passwd", "abs");
+    sym("../secret", "rel");
+    sym("../outside", "outdir");
+    sym("sub/../../secret", "dotdot_in_link");
+    sym("loop2", "loop1");
+    sym("loop1", "loop2");
+    sym("/proc/self/root/etc/passwd", "magic");
+    sym("sub", "insub");
+    let (a, b) = two_hosts(Duration::from_secs(3));
+    let srv = server(&a, &root);
+    let c = Client::connect(&b, srv.pid(), 2).unwrap();
+
+    let exdev = Errno::EXDEV;
+    let cases: Vec<(&str, Errno)> = vec![
+        ("../secret", exdev),
+        ("sub/../../secret", exdev),
+        ("/etc/passwd", exdev),
+        ("abs", exdev),
+        ("rel", exdev),
+        ("dotdot_in_link", exdev),
+        ("outdir/x", exdev),
+        ("loop1", Errno::ELOOP),
+        ("magic", exdev),
+        ("insub/../../secret", exdev),
+    ];
+    for (p, want) in &cases {
+        assert_eq!(server_err(c.stat(p)), *want, "stat {p}");
+        assert_eq!(server_err(c.read_file(p)), *want, "read {p}");
+        assert_eq!(
+            server_err(c.open(p, libc::O_WRONLY | libc::O_CREAT, 0o644)),
+            *want,
+            "create {p}"
+        );
+    }
+    // Writing through links that point outside, or into outside dirs.
+    for p in ["outdir/new", "../outside/new", "/tmp/new"] {
+        assert_eq!(server_err(c.write_file(p, b"x", false)), exdev, "{p}");
+        assert_eq!(server_err(c.mkdir(p, 0o755)), exdev, "mkdir {p}");
+        assert_eq!(server_err(c.symlink("x", p)), exdev, "symlink {p}");
+    }
+    assert_eq!(server_err(c.rename("sub/ok", "../stolen", 0)), exdev);
+    assert_eq!(server_err(c.link("sub/ok", "outdir/h",)), exdev);
+    assert_eq!(server_err(c.unlink("../secret")), exdev);
+    assert_eq!(server_err(c.rmdir("../outside")), exdev);
+    assert_eq!(server_err(c.truncate("rel", 0)), exdev);
+    assert_eq!(server_err(c.readdir("outdir")), exdev);
+    assert_eq!(server_err(c.readdir("..")), exdev);
+    assert_eq!(server_err(c.chmod("outdir/..", 0o777)), exdev);
+    // Lexical refusals.
+    assert_eq!(server_err(c.stat("a\0b")), Errno::EINVAL);
+    assert_eq!(server_err(c.stat("x".repeat(256))), Errno::ENAMETOOLONG);
+    assert_eq!(server_err(c.stat("d/".repeat(2049))), Errno::ENAMETOOLONG);
+    assert_eq!(server_err(c.unlink("sub/..")), Errno::EINVAL);
+    assert_eq!(server_err(c.rmdir("")), Errno::EINVAL);
+    // The links themselves can be looked at but never followed out.
+    assert!(c.lstat("rel").unwrap().is_symlink());
+    assert_eq!(c.readlink("abs").unwrap(), b"/etc/passwd");
+    // Nothing outside changed.
+    assert_eq!(
+        std::fs::read(outer.path().join("secret")).unwrap(),
+        b"top secret"
+    );
+    assert_eq!(
+        std::fs::read_dir(outer.path().join("outside"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert!(!outer.path().join("stolen").exists());
+    // Legitimate paths still work.
+    assert_eq!(c.read_file("sub/ok").unwrap(), b"fine");
+    assert_eq!(c.read_file("insub/ok").unwrap(), b"fine");
+    assert_eq!(c.read_file("sub/../sub/ok").unwrap(), b"fine");
+}
+
+/// Sends a raw request with an optional segment; returns the reply.
+fn raw(p: &vkernel::Process, to: Pid, mut m: Message, seg: Option<Segment<'_>>) -> Message {
+    match seg {
+        Some(s) => p.send_with_segment(&mut m, to, s).expect("exchange"),
+        None => p.send(&mut m, to).expect("exchange"),
+    };
+    m
+}
+
+#[test]
+fn malformed_requests_get_errors_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"data").unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(3));
+    let srv = server(&a, dir.path());
+    let s = srv.pid();
+    let p = b.create_process().unwrap();
+    let st = |m: Message| vio::status(&m);
+    // Unknown code.
+    assert_eq!(
+        st(raw(&p, s, Message::with_code(0x56_0777), None)),
+        Errno::ENOSYS
+    );
+    assert_eq!(
+        st(raw(&p, s, Message::with_code(0x12_3456), None)),
+        Errno::ENOSYS
+    );
+    // Path length beyond the limit, and beyond the segment.
+    let mut m = Request::Stat {
+        path_len: 5000,
+        nofollow: false,
+    }
+    .encode();
+    assert_eq!(st(raw(&p, s, m, None)), Errno::ENAMETOOLONG);
+    m = Request::Stat {
+        path_len: 100,
+        nofollow: false,
+    }
+    .encode();
+    let mut small = *b"f\0\0\0";
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::ReadWrite(&mut small)))),
+        Errno::EPROTO
+    );
+    // A path request without a segment, a stat without room for the answer.
+    assert_eq!(
+        st(raw(&p, s, Request::Unlink { path_len: 1 }.encode(), None)),
+        Errno::EPROTO
+    );
+    let m = Request::Stat {
+        path_len: 1,
+        nofollow: false,
+    }
+    .encode();
+    assert_eq!(st(raw(&p, s, m, Some(Segment::Read(b"f")))), Errno::EPROTO);
+    // Handles that do not exist.
+    let mut page = vec![0u8; 4096];
+    let m = Request::Read {
+        handle: 0xdead,
+        offset: 0,
+        count: 4096,
+    }
+    .encode();
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::Write(&mut page)))),
+        Errno::EBADF
+    );
+    let m = Request::Write {
+        handle: 7,
+        offset: 0,
+        count: 4,
+    }
+    .encode();
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::Read(b"abcd")))),
+        Errno::EBADF
+    );
+    assert_eq!(
+        st(raw(&p, s, Request::Close { handle: 0 }.encode(), None)),
+        Errno::EBADF
+    );
+    // A real handle with a READ larger than its segment, a WRITE without data.
+    let c = Client::connect(&b, s, 1).unwrap();
+    let (fh, _) = c.open("f", libc::O_RDWR, 0).unwrap();
+    let m = Request::Read {
+        handle: fh.0,
+        offset: 0,
+        count: 1 << 20,
+    }
+    .encode();
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::Write(&mut page)))),
+        Errno::EPROTO
+    );
+    let m = Request::Write {
+        handle: fh.0,
+        offset: 0,
+        count: 10,
+    }
+    .encode();
+    assert_eq!(st(raw(&p, s, m, None)), Errno::EPROTO);
+    let m = Request::Write {
+        handle: fh.0,
+        offset: u64::MAX - 2,
+        count: 4,
+    }
+    .encode();
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::Read(b"abcd")))),
+        Errno::EINVAL
+    );
+    // Another host's handle is not ours.
+    let other = a.create_process().unwrap();
+    let m = Request::Fstat { handle: fh.0 }.encode();
+    let mut out = [0u8; vio::ATTR_LEN];
+    assert_eq!(
+        st(raw(&other, s, m, Some(Segment::Write(&mut out)))),
+        Errno::EBADF
+    );
+    // A bad SETATTR record, bad flags.
+    let mut rec = SetAttr {
+        valid: 0xffff,
+        ..SetAttr::default()
+    }
+    .encode()
+    .to_vec();
+    rec.extend_from_slice(b"f");
+    rec.resize(vio::ATTR_LEN.max(rec.len()), 0);
+    let m = Request::Setattr { path_len: 1 }.encode();
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::ReadWrite(&mut rec)))),
+        Errno::EINVAL
+    );
+    let mut m = Message::with_code(vio::FSYNC);
+    m.0[1] = fh.0;
+    m.0[2] = 0x80;
+    assert_eq!(st(raw(&p, s, m, None)), Errno::EINVAL);
+    let m = Request::Open {
+        path_len: 1,
+        flags: libc::O_PATH as u32,
+        mode: 0,
+    }
+    .encode();
+    let mut seg = *b"f";
+    assert_eq!(
+        st(raw(&p, s, m, Some(Segment::ReadWrite(&mut seg)))),
+        Errno::EINVAL
+    );
+    // Random garbage in every word.
+    let mut x: u32 = 12345;
+    for _ in 0..300 {
+        let mut m = Message::zero();
+        for w in m.0.iter_mut().take(6) {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            *w = x;
+        }
+        m.0[0] = 0x56_0000 | (m.0[0] & 0x1f);
+        let mut seg = vec![0u8; 256];
+        let r = raw(&p, s, m, Some(Segment::ReadWrite(&mut seg)));
+        let _ = vio::status(&r);
+    }
+    // Still serving, and the file is intact.
+    let mut b4 = [0u8; 4];
+    assert_eq!(c.read(fh, 0, &mut b4).unwrap(), 4);
+    assert_eq!(&b4, b"data");
+    c.close(fh).unwrap();
+    assert_eq!(c.read_file("f").unwrap(), b"data");
+    assert!(
+        srv.stats()
+            .errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 15
+    );
+}
+
+#[test]
+fn killed_server_gives_a_clear_error_and_fsynced_data_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_millis(800);
+    let mut a = host(vec![], timeout);
+    let b = host(vec![a.local_addr()], timeout);
+    a.add_peer(b.local_addr());
+    let srv = server(&a, dir.path());
+    let c = Arc::new(Client::connect(&b, srv.pid(), 4).unwrap());
+    let durable = pattern(3 << 20, 77);
+    c.write_file("durable", &durable, true).unwrap();
+    // A large write in flight when the server's host dies.
+    let c2 = c.clone();
+    let writer = std::thread::spawn(move || {
+        let big = pattern(64 << 20, 5);
+        let t = Instant::now();
+        let (fh, _) = c2.create("big", 0o644)?;
+        let mut r = Ok(0);
+        for _ in 0..50 {
+            r = c2.write(fh, 0, &big);
+            if r.is_err() {
+                break;
+            }
+        }
+        r.map(|_| t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    a.shutdown();
+    let t = Instant::now();
+    let r = writer.join().expect("writer thread");
+    assert!(r.is_err(), "a write to a dead server must fail: {r:?}");
+    let e = r.unwrap_err();
+    assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "error came in {:?}",
+        t.elapsed()
+    );
+    // New requests fail promptly too.
+    let t = Instant::now();
+    assert!(matches!(c.stat("durable"), Err(ClientError::Ipc(_))));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    srv.join();
+    drop(a);
+    // Restart on the same tree: the fsynced file is intact.
+    let a2 = host(vec![b.local_addr()], Duration::from_secs(3));
+    b.add_peer(a2.local_addr());
+    let srv2 = server(&a2, dir.path());
+    let c = Client::connect(&b, srv2.pid(), 2).unwrap();
+    assert_eq!(hash(&c.read_file("durable").unwrap()), hash(&durable));
+}
