@@ -20,6 +20,23 @@
 //! - [`tcp`] module: [`tcp_pingpong`].
 //! - [`zmqpeer`] module: [`zmq_pingpong`] (ZeroMQ REQ/REP through libzmq).
 //! - [`grpcpeer`] module: [`grpc_pingpong`] (gRPC unary through tonic).
+//!
+//! All four ping-pongs share one shape, `(size, iters, warmup, wait,
+//! placement) -> Result<Samples, BenchError>`, so a bench calls them at the
+//! same sizes, counts and placement (`examples/peers.rs` prints their
+//! medians side by side). gRPC cannot busy-poll: tonic waits in tokio's
+//! reactor whatever [`Wait`] is passed.
+//!
+//! ## System dependencies
+//!
+//! The ZeroMQ peer runs the real libzmq: the `zmq` crate links the system
+//! library found through pkg-config (Debian `libzmq3-dev`, `pkg-config`).
+//! The gRPC peer's service is generated at build time (`build.rs`) by
+//! `tonic-build` from `proto/echo.proto`, which runs `protoc` (Debian
+//! `protobuf-compiler`). Generating from the `.proto` keeps the service
+//! exactly what any gRPC user would write, with the stock tonic codec and
+//! prost message, rather than a hand-written imitation; the price is the
+//! `protoc` build dependency, which `.ci/deps` installs.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -35,7 +52,7 @@ pub mod udp;
 pub mod zmqpeer;
 
 pub use error::BenchError;
-pub use grpcpeer::grpc_pingpong;
+pub use grpcpeer::{grpc_pingpong, MAX_GRPC_PAYLOAD};
 pub use net::{set_socket_buffers, SocketBuffers, DEFAULT_SOCKET_BUFFER, RECV_TIMEOUT};
 pub use placement::{Placement, Wait};
 pub use stats::{linear_fit, Samples, Summary};
@@ -44,7 +61,7 @@ pub use udp::{
     udp_blast, udp_blast_with, udp_pingpong, udp_pingpong_at, BlastConfig, Throughput,
     MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6,
 };
-pub use zmqpeer::zmq_pingpong;
+pub use zmqpeer::{zmq_pingpong, MAX_ZMQ_MESSAGE};
 
 /// Serializes the tests that move data between threads, so busy-polling
 /// runs do not compete for the same CPUs.
