@@ -98,6 +98,40 @@ pub const DEFAULT_MAX_REQUEST: usize = 4 << 20;
 /// Bytes of directory entries asked for per READDIR (fits one reply).
 const READDIR_BYTES: usize = 32 << 10;
 
+/// Bytes of the header read that starts a program load (one page).
+pub const HEADER_BYTES: usize = 4096;
+
+/// What kind of program a loaded image is, from its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramKind {
+    /// An ELF executable (`\x7fELF`).
+    Elf,
+    /// An interpreter script (`#!`).
+    Script,
+}
+
+impl ProgramKind {
+    /// The kind named by a header, or `None` if it is not a program.
+    pub fn of(header: &[u8]) -> Option<ProgramKind> {
+        if header.starts_with(b"\x7fELF") {
+            Some(ProgramKind::Elf)
+        } else if header.starts_with(b"#!") {
+            Some(ProgramKind::Script)
+        } else {
+            None
+        }
+    }
+}
+
+/// A program image read from a file server by [`Client::load_program`].
+#[derive(Debug, Clone)]
+pub struct ProgramImage {
+    /// ELF or script.
+    pub kind: ProgramKind,
+    /// The whole file.
+    pub image: Vec<u8>,
+}
+
 /// A connection to a file server, usable from many threads at once.
 pub struct Client {
     server: Pid,
@@ -516,6 +550,73 @@ impl Client {
         c?;
         buf.truncate(n);
         Ok(buf)
+    }
+
+    /// Loads a program image the way V's team server does: a header read
+    /// (one page, 2 datagrams) that checks the file is a program (ELF or
+    /// `#!` script, regular, executable) and learns its size, then the rest
+    /// of the image in requests of up to `vio::MAX_IO` bytes, each of which
+    /// the server moves with MoveTo in its transfer unit. Images larger
+    /// than `max_size` are refused with `EFBIG`.
+    pub fn load_program(
+        &self,
+        path: impl AsRef<[u8]>,
+        max_size: u64,
+    ) -> Result<ProgramImage, ClientError> {
+        let (fh, a) = self.open(path, libc::O_RDONLY, 0)?;
+        let r = self.load_open_program(fh, &a, max_size);
+        let c = self.close(fh);
+        let img = r?;
+        c?;
+        Ok(img)
+    }
+
+    fn load_open_program(
+        &self,
+        fh: Fh,
+        a: &Attr,
+        max_size: u64,
+    ) -> Result<ProgramImage, ClientError> {
+        if a.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(ClientError::Server(Errno::EACCES));
+        }
+        if a.mode & 0o111 == 0 {
+            return Err(ClientError::Server(Errno::EACCES));
+        }
+        if a.size > max_size || a.size > usize::MAX as u64 {
+            return Err(ClientError::Server(Errno::EFBIG));
+        }
+        let size = a.size as usize;
+        let mut image = vec![0u8; size];
+        let head = size.min(HEADER_BYTES);
+        let got = self.read(fh, 0, &mut image[..head])?;
+        let kind = ProgramKind::of(&image[..got]).ok_or(ClientError::Server(Errno::ENOEXEC))?;
+        let mut done = got;
+        if got == head && size > head {
+            let req = self.max_request.max(vio::MAX_IO as usize);
+            while done < size {
+                let n = (size - done).min(req);
+                let mut m = Request::Read {
+                    handle: fh.0,
+                    offset: done as u64,
+                    count: n as u32,
+                }
+                .encode();
+                self.exchange(&mut m, Some(Segment::Write(&mut image[done..done + n])))?;
+                let r = m.0[1] as usize;
+                if r > n {
+                    return Err(ClientError::Malformed(format!(
+                        "READ answered {r} bytes for {n}"
+                    )));
+                }
+                done += r;
+                if r < n {
+                    break;
+                }
+            }
+        }
+        image.truncate(done);
+        Ok(ProgramImage { kind, image })
     }
 
     /// Creates or replaces a file with `data` (mode 0644); with `sync`

@@ -115,6 +115,8 @@ impl Errno {
     pub const EIO: Errno = Errno(5);
     /// Bad or unknown handle.
     pub const EBADF: Errno = Errno(9);
+    /// Not an executable format (program load).
+    pub const ENOEXEC: Errno = Errno(8);
     /// Permission denied.
     pub const EACCES: Errno = Errno(13);
     /// File exists.
@@ -131,6 +133,8 @@ impl Errno {
     pub const EINVAL: Errno = Errno(22);
     /// Too many open handles.
     pub const EMFILE: Errno = Errno(24);
+    /// File too large (program load limit).
+    pub const EFBIG: Errno = Errno(27);
     /// No space left on device.
     pub const ENOSPC: Errno = Errno(28);
     /// Result too large for the segment lent.
@@ -185,6 +189,7 @@ impl Errno {
             1 => "EPERM",
             2 => "ENOENT",
             5 => "EIO",
+            8 => "ENOEXEC",
             9 => "EBADF",
             11 => "EAGAIN",
             13 => "EACCES",

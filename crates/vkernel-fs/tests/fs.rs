@@ -621,3 +621,39 @@ fn killed_server_gives_a_clear_error_and_fsynced_data_survives() {
     let c = Client::connect(&b, srv2.pid(), 2).unwrap();
     assert_eq!(hash(&c.read_file("durable").unwrap()), hash(&durable));
 }
+
+/// Program loading: header read, then the image; a non-program, a file
+/// without execute permission and an image over the limit are refused.
+#[test]
+fn programs_load_by_header_then_image() {
+    use std::os::unix::fs::PermissionsExt;
+    use vkernel_fs::client::ProgramKind;
+    let (a, b) = two_hosts(Duration::from_secs(5));
+    let dir = tempfile::tempdir().unwrap();
+    let _s = server(&a, dir.path());
+    let c = Client::connect(&b, _s.pid(), 2).unwrap();
+    let mut elf = b"\x7fELF".to_vec();
+    elf.extend(pattern(20 << 20, 7));
+    let put = |name: &str, data: &[u8], mode: u32| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, data).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    put("big", &elf, 0o755);
+    put("tiny.sh", b"#!/bin/sh\necho hi\n", 0o755);
+    put("data", b"just bytes, not a program", 0o755);
+    put("noexec", &elf[..5000], 0o644);
+    let img = c.load_program("big", 64 << 20).unwrap();
+    assert_eq!(img.kind, ProgramKind::Elf);
+    assert_eq!(hash(&img.image), hash(&elf));
+    let img = c.load_program("tiny.sh", 1 << 20).unwrap();
+    assert_eq!(img.kind, ProgramKind::Script);
+    assert_eq!(img.image, b"#!/bin/sh\necho hi\n");
+    assert_eq!(server_err(c.load_program("data", 1 << 20)), Errno::ENOEXEC);
+    assert_eq!(server_err(c.load_program("noexec", 1 << 20)), Errno::EACCES);
+    assert_eq!(server_err(c.load_program("big", 1 << 20)), Errno::EFBIG);
+    assert_eq!(
+        server_err(c.load_program("missing", 1 << 20)),
+        Errno::ENOENT
+    );
+}
