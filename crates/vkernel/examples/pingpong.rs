@@ -70,11 +70,15 @@ pub fn raw(n: usize) -> Vec<Duration> {
     let sa = s.local_addr().expect("addr");
     let h = std::thread::spawn(move || {
         let mut b = [0u8; 2048];
+        let deadline = Instant::now() + Duration::from_secs(30);
         for _ in 0..n {
             loop {
                 if let Ok((k, from)) = s.recv_from(&mut b) {
                     let _ = s.send_to(&b[..k], from);
                     break;
+                }
+                if Instant::now() > deadline {
+                    return;
                 }
                 std::hint::spin_loop();
             }
@@ -85,7 +89,15 @@ pub fn raw(n: usize) -> Vec<Duration> {
     for _ in 0..n {
         let t = Instant::now();
         c.send_to(&[0u8; 32], sa).expect("send");
+        // Bounded: a lost datagram (or a starved peer) ends the run.
+        let give_up = Instant::now() + Duration::from_secs(1);
         while c.recv_from(&mut b).is_err() {
+            if Instant::now() > give_up {
+                eprintln!("raw UDP: no answer within 1 s, stopping early");
+                h.join().expect("join");
+                lat.sort();
+                return lat;
+            }
             std::hint::spin_loop();
         }
         lat.push(t.elapsed());
