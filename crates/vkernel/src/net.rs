@@ -153,6 +153,10 @@ pub struct NetCounters {
     pub injected_delay: AtomicU64,
     /// send_to failures (e.g. buffer full, unreachable).
     pub send_errors: AtomicU64,
+    /// Blocked processes woken by the socket that found nothing left to
+    /// read (another thread took the datagram): the cost of a thundering
+    /// herd, which exclusive wake-ups keep near zero.
+    pub idle_wakes: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
@@ -260,6 +264,11 @@ impl Net {
         if let (Some(m), std::net::IpAddr::V4(g)) = (&self.mcast, a.ip()) {
             let _ = m.leave_multicast_v4(&g, &self.mcast_if);
         }
+    }
+
+    /// The socket, for registering it with an epoll set.
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
     }
 
     /// The socket descriptor (for poll).

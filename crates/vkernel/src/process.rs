@@ -3,8 +3,12 @@
 //! Every call is the same whether the peer is on this logical host or
 //! another; the engine decides. A blocking call lends the caller's buffers
 //! to the engine and waits for its completion: first busy-polling (also
-//! reading the socket), then blocking in `ppoll` on the socket and the
-//! process's own eventfd.
+//! reading the socket), then blocking on the process's own eventfd and,
+//! when it is a socket reader, the socket. Each process blocks in its own
+//! epoll set, where the socket is registered with `EPOLLEXCLUSIVE`: a
+//! datagram wakes one blocked process, not all of them (with many
+//! processes blocked — a server's workers, a client's requests in flight —
+//! a plain `poll` on the shared socket woke every one for every datagram).
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,17 +33,66 @@ pub(crate) struct Waiter {
     parked: AtomicBool,
     destroyed: AtomicBool,
     efd: EventFd,
+    /// The eventfd (data 0) and the host's socket (data 1, exclusive).
+    epoll: std::os::fd::OwnedFd,
 }
 
 impl Waiter {
-    fn new() -> Option<Waiter> {
+    fn new(sock: &std::net::UdpSocket) -> Option<Waiter> {
+        use rustix::event::epoll;
+        let efd = EventFd::new().ok()?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).ok()?;
+        epoll::add(
+            &ep,
+            efd.as_fd(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )
+        .ok()?;
+        epoll::add(
+            &ep,
+            sock,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
+        )
+        .ok()?;
         Some(Waiter {
             slot: std::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
-            efd: EventFd::new().ok()?,
+            efd,
+            epoll: ep,
         })
+    }
+
+    /// Blocks until the eventfd or (exclusively among the processes
+    /// blocked this way) the socket is readable, or `timeout` passes.
+    /// Returns (socket readable, eventfd readable).
+    fn block_on_both(&self, timeout: Duration) -> (bool, bool) {
+        use rustix::event::{epoll, Timespec};
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut events = Vec::with_capacity(2);
+        match epoll::wait(
+            &self.epoll,
+            rustix::buffer::spare_capacity(&mut events),
+            Some(&ts),
+        ) {
+            Ok(_) => {}
+            // Interrupted or failed: the caller's loop looks again.
+            Err(_) => return (false, false),
+        }
+        let mut r = (false, false);
+        for e in &events {
+            match e.data.u64() {
+                0 => r.1 = true,
+                _ => r.0 = true,
+            }
+        }
+        r
     }
 
     pub(crate) fn deliver(&self, c: Completion) {
@@ -165,7 +218,7 @@ impl std::fmt::Debug for Process {
 
 impl Process {
     pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<Process, IpcError> {
-        let Some(waiter) = Waiter::new() else {
+        let Some(waiter) = Waiter::new(shared.net.socket()) else {
             // Out of file descriptors: undo the creation.
             let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
             return Err(IpcError::TableFull);
@@ -286,14 +339,12 @@ impl Process {
             // on it (then a datagram would wake us for nothing) or this
             // process never reads it (the kernel server).
             let reads = self.socket_reader.get() && sh.spinners.load(Ordering::Acquire) == 0;
+            let mut sock_ready = false;
             let ev = if reads {
                 let _r = Counted::enter(&sh.blocked_readers, &sh.readers);
-                poll2(
-                    sh.net.fd(),
-                    Some(w.efd.fd()),
-                    sh.time_to_timer(Duration::from_millis(50)),
-                )
-                .1
+                let (s, e) = w.block_on_both(sh.time_to_timer(Duration::from_millis(50)));
+                sock_ready = s;
+                e
             } else {
                 let cap = if self.socket_reader.get() {
                     Duration::from_millis(1)
@@ -306,8 +357,8 @@ impl Process {
             if ev {
                 w.efd.drain();
             }
-            if reads {
-                sh.poll_socket(256);
+            if reads && sh.poll_socket(256) == 0 && sock_ready {
+                sh.net.counters.idle_wakes.fetch_add(1, Ordering::Relaxed);
             }
             sh.run_timers_if_due();
         }

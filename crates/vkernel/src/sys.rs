@@ -52,6 +52,12 @@ impl EventFd {
     pub fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+
+    /// The descriptor, borrowed (for an epoll set).
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.0.as_fd()
+    }
 }
 
 /// Waits until `a` or `b` (if given) is readable, or `timeout` passes.

@@ -329,3 +329,86 @@ fn forward_between_three_hosts_and_back_to_the_senders_host() {
             >= 4
     );
 }
+
+/// Voluntary context switches of a thread (`/proc/<pid>/task/<tid>`).
+fn switches(task: &std::path::Path) -> u64 {
+    let s = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Many processes blocked on one host (a server's idle workers) do not all
+/// wake for each datagram: the socket wakes one blocked reader at a time
+/// (EPOLLEXCLUSIVE). Counted by the idle processes' context switches.
+#[test]
+fn a_datagram_wakes_one_blocked_process_not_all() {
+    use std::time::Duration;
+    let (a, b) = common::two_hosts();
+    const IDLE: usize = 16;
+    const N: u64 = 300;
+    // Sixteen processes blocked in Receive with no spinning: the herd.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut herd = Vec::new();
+    for i in 0..IDLE {
+        let tx = tx.clone();
+        let (pid, h) = a
+            .spawn(&format!("idle{i}"), move |p| {
+                p.set_spin(Duration::ZERO);
+                // "/proc/thread-self" links to "<pid>/task/<tid>".
+                let link = std::fs::read_link("/proc/thread-self").unwrap();
+                let _ = tx.send(std::path::Path::new("/proc").join(link));
+                let mut m = Message::zero();
+                if let Ok(inc) = p.receive(&mut m) {
+                    let _ = p.reply(&m, inc.from);
+                }
+            })
+            .unwrap();
+        herd.push((pid, h));
+    }
+    let tasks: Vec<std::path::PathBuf> = (0..IDLE).map(|_| rx.recv().unwrap()).collect();
+    let (echo, eh) = a
+        .spawn("echo", |p| {
+            p.set_spin(Duration::ZERO);
+            let mut m = Message::zero();
+            while let Ok(i) = p.receive(&mut m) {
+                let stop = m.code() == 0xdead;
+                let _ = p.reply(&m, i.from);
+                if stop {
+                    return;
+                }
+            }
+        })
+        .unwrap();
+    let c = b.create_process().unwrap();
+    c.set_spin(Duration::ZERO);
+    // Let every process block.
+    std::thread::sleep(Duration::from_millis(100));
+    let count = || tasks.iter().map(|t| switches(t)).sum::<u64>();
+    let before = count();
+    assert!(before > 0, "no context switch counts in {:?}", tasks[0]);
+    for i in 0..N as u32 {
+        let mut m = Message::with_code(7);
+        m.0[1] = i;
+        c.send(&mut m, echo).unwrap();
+        assert_eq!(m.0[1], i);
+    }
+    let woken = count() - before;
+    eprintln!("idle processes woke {woken} times for {N} requests");
+    // A plain poll on the shared socket woke all sixteen idle processes
+    // for each request (~16 × N); one wake per request (one idle process
+    // reading for the echo server) is the exclusive case.
+    assert!(
+        woken < 3 * N,
+        "idle processes woke {woken} times for {N} requests"
+    );
+    let mut m = Message::with_code(0xdead);
+    c.send(&mut m, echo).unwrap();
+    eh.join().unwrap();
+    for (pid, h) in herd {
+        let mut m = Message::with_code(1);
+        c.send(&mut m, pid).unwrap();
+        h.join().unwrap();
+    }
+}
