@@ -115,4 +115,30 @@ mod tests {
         drop(lent);
         assert!(lease.is_released());
     }
+
+    /// The runtime's pattern: the view crosses to another thread (the one
+    /// running the engine), is written and dropped there, and only then does
+    /// the lender release and read its buffer. Run under Miri in CI.
+    #[test]
+    fn a_view_used_and_dropped_on_another_thread() {
+        let mut v = vec![0u8; 64];
+        let (lease, lent) = Lease::exclusive(&mut v);
+        let (tx, rx) = std::sync::mpsc::channel::<Box<LentBuf>>();
+        let engine = std::thread::spawn(move || {
+            let mut b = rx.recv().unwrap();
+            for (i, x) in b.bytes_mut().iter_mut().enumerate() {
+                *x = i as u8;
+            }
+            drop(b);
+        });
+        tx.send(lent).unwrap();
+        engine.join().unwrap();
+        assert!(lease.is_released());
+        lease.release();
+        assert_eq!(v[63], 63);
+        let (lease, lent) = Lease::shared(&v[8..16]);
+        let h = std::thread::spawn(move || lent.bytes().iter().map(|&x| u32::from(x)).sum::<u32>());
+        assert_eq!(h.join().unwrap(), (8..16).sum::<u32>());
+        lease.release();
+    }
 }
