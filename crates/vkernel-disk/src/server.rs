@@ -10,7 +10,7 @@
 //! then tells the dispatcher it is idle again.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -93,9 +93,32 @@ struct Shared {
     access: Mutex<crate::dvd::Access>,
     base: DeviceInfo,
     stats: ServerStats,
+    /// Workers waiting for a request. The server's processes are threads
+    /// of one team and share this set, so a worker that finishes joins it
+    /// without an exchange with the dispatcher (which would cost two
+    /// wake-ups per command).
+    idle: Mutex<Vec<Pid>>,
+    /// Requests queued at the dispatcher. A worker that joins the idle
+    /// set while this is non-zero Sends IDLE to wake the dispatcher.
+    queued: AtomicUsize,
 }
 
 impl Shared {
+    fn idle(&self) -> MutexGuard<'_, Vec<Pid>> {
+        match self.idle.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Puts `w` in the idle set (once).
+    fn make_idle(&self, w: Pid) {
+        let mut g = self.idle();
+        if !g.contains(&w) {
+            g.push(w);
+        }
+    }
+
     fn access(&self) -> MutexGuard<'_, crate::dvd::Access> {
         match self.access.lock() {
             Ok(g) => g,
@@ -168,6 +191,8 @@ impl DiskServer {
             )),
             base,
             stats: ServerStats::default(),
+            idle: Mutex::new(Vec::new()),
+            queued: AtomicUsize::new(0),
         });
         let dispatcher = kernel.create_process()?;
         let dpid = dispatcher.pid();
@@ -182,10 +207,12 @@ impl DiskServer {
         if let Some(lid) = cfg.logical_id {
             dispatcher.set_pid(lid, dpid, Scope::Any);
         }
+        shared.idle().extend(workers.iter().copied());
         let queue = cfg.queue;
+        let dsh = shared.clone();
         let h = std::thread::Builder::new()
             .name("ipdisk-dispatch".into())
-            .spawn(move || dispatch(dispatcher, workers, queue))
+            .spawn(move || dispatch(dispatcher, workers, queue, dsh))
             .map_err(|_| ServerError::Ipc(IpcError::TableFull))?;
         threads.push(h);
         Ok(DiskServer {
@@ -245,8 +272,7 @@ impl DiskServer {
 
 /// The dispatcher: hands each request to an idle worker by Forward, queues
 /// it while every worker is busy.
-fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
-    let mut idle: Vec<Pid> = workers.clone();
+fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
     let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
     // Which client's request each busy worker was handed.
     let mut assigned: Vec<(Pid, Pid)> = Vec::new();
@@ -261,66 +287,65 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
             }
         };
         if m.code() == msg::IDLE && workers.contains(&i.from) {
+            // A worker saw queued requests as it went idle: hand them out.
             let _ = p.reply(&Message::zero(), i.from);
-            assigned.retain(|&(w, _)| w != i.from);
-            if idle.contains(&i.from) {
-                continue;
-            }
-            // Hand it the oldest queued request (skipping senders that
-            // have gone), else it joins the idle set.
-            let mut taken = false;
-            while let Some((pm, from)) = pending.pop_front() {
-                match p.forward(&pm, from, i.from) {
-                    Ok(()) => {
-                        assigned.push((i.from, from));
-                        taken = true;
-                        break;
-                    }
-                    Err(e) => tracing::debug!("ipdisk: forward of a queued request: {e}"),
+        } else {
+            // A process has one Send outstanding: a new request from
+            // `i.from` means the kernel has ended its previous exchange
+            // (e.g. an idempotent request re-executed after a late reply),
+            // and Forward names the exchange by pid only. A queued request
+            // from the same pid is stale: forwarding it would pair its CDB
+            // with the new exchange's data and reply.
+            pending.retain(|(_, f)| *f != i.from);
+            // Likewise a worker handed this client's previous request may
+            // never receive it (the kernel dropped the superseded
+            // exchange): count it idle again rather than lose it.
+            assigned.retain(|&(w, c)| {
+                if c == i.from {
+                    sh.make_idle(w);
                 }
-            }
-            if !taken {
-                idle.push(i.from);
-            }
-            continue;
-        }
-        // A process has one Send outstanding: a new request from `i.from`
-        // means the kernel has ended its previous exchange (e.g. an
-        // idempotent request re-executed after a late reply), and Forward
-        // names the exchange by pid only. A queued request from the same
-        // pid is stale: forwarding it would pair its CDB with the new
-        // exchange's data and reply.
-        pending.retain(|(_, f)| *f != i.from);
-        // Likewise a worker handed this client's previous request may
-        // never receive it (the kernel dropped the superseded exchange):
-        // count it idle again rather than wait forever for its IDLE.
-        let superseded: Vec<Pid> = assigned
-            .iter()
-            .filter(|&&(_, c)| c == i.from)
-            .map(|&(w, _)| w)
-            .collect();
-        assigned.retain(|&(_, c)| c != i.from);
-        for w in superseded {
-            if !idle.contains(&w) {
-                idle.push(w);
-            }
-        }
-        if let Some(w) = idle.pop() {
-            assigned.push((w, i.from));
-            if let Err(e) = p.forward(&m, i.from, w) {
-                assigned.retain(|&(x, _)| x != w);
-                tracing::debug!("ipdisk: forward to worker {w}: {e}");
-                idle.push(w);
+                c != i.from
+            });
+            if pending.len() < cap {
+                pending.push_back((m, i.from));
+            } else {
                 let mut r = Message::zero();
-                r.0[0] = msg::reply_word0(Response::Failed, 0);
+                r.0[0] = msg::reply_word0(Response::Busy, 0);
                 let _ = p.reply(&r, i.from);
             }
-        } else if pending.len() < cap {
-            pending.push_back((m, i.from));
-        } else {
-            let mut r = Message::zero();
-            r.0[0] = msg::reply_word0(Response::Busy, 0);
-            let _ = p.reply(&r, i.from);
+        }
+        // Hand queued requests to idle workers, oldest first. Publishing
+        // the queue length before looking at the idle set (and a worker
+        // joining the set before reading the length) means one of the two
+        // always sees the other: no request waits while a worker idles.
+        loop {
+            sh.queued.store(pending.len(), Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if pending.is_empty() {
+                break;
+            }
+            let Some(w) = sh.idle().pop() else {
+                break;
+            };
+            assigned.retain(|&(x, _)| x != w);
+            // Skip senders that have gone.
+            while let Some((pm, from)) = pending.pop_front() {
+                match p.forward(&pm, from, w) {
+                    Ok(()) => {
+                        assigned.push((w, from));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!("ipdisk: forward to worker {w}: {e}");
+                        let mut r = Message::zero();
+                        r.0[0] = msg::reply_word0(Response::Failed, 0);
+                        let _ = p.reply(&r, from);
+                    }
+                }
+            }
+            if !assigned.iter().any(|&(x, _)| x == w) {
+                sh.make_idle(w);
+            }
         }
     }
 }
@@ -356,6 +381,11 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
         // Keep big buffers from piling up between commands.
         if scratch.capacity() > (16 << 20) {
             scratch = Vec::new();
+        }
+        sh.make_idle(p.pid());
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if sh.queued.load(Ordering::SeqCst) == 0 {
+            continue;
         }
         let mut idle = Message::with_code(msg::IDLE);
         match p.send(&mut idle, dispatcher) {
