@@ -15,6 +15,7 @@ mod paper;
 mod ping;
 mod stats;
 mod statscmd;
+mod team;
 mod tracecmd;
 mod vkbench;
 
@@ -74,6 +75,13 @@ enum Cmd {
     /// Mount a file server with FUSE so unmodified programs use its files
     /// (unmounts on SIGINT/SIGTERM).
     Mount(mount::MountArgs),
+    /// Run a team server (and a pipe server): programs loaded from a file
+    /// server run here, with stdio over V pipes.
+    Teamserver(team::TeamServerArgs),
+    /// Run a program stored on a file server on a team server's host
+    /// (--on HOST, or --on any for the least loaded), with this terminal's
+    /// stdin, stdout and stderr; exits with the program's exit code.
+    Run(team::RunArgs),
 }
 
 fn main() {
@@ -97,6 +105,11 @@ fn main() {
         Some(Cmd::Nbd(a)) => nbd::run(a),
         Some(Cmd::Fileserver(a)) => fileserver::run(a),
         Some(Cmd::Mount(a)) => mount::run(a),
+        Some(Cmd::Teamserver(a)) => team::serve(a),
+        Some(Cmd::Run(a)) => match team::run(a) {
+            Ok(code) => std::process::exit(code),
+            Err(e) => Err(e),
+        },
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(a),
         None => bench::run(bench::BenchArgs::default()),

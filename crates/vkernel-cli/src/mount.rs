@@ -53,6 +53,19 @@ Example:
 
 /// Finds the server's pid from SERVER.
 fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> {
+    locate_service(k, host, server, "fileserver", "a file server")
+}
+
+/// Finds a service's pid from ADDR (its `default` name looked up there),
+/// NAME@ADDR, NAME (through the peers) or 0xPID; `what` names it in
+/// errors.
+pub(crate) fn locate_service(
+    k: &Kernel,
+    host: &mut HostOpts,
+    server: &str,
+    default: &str,
+    what: &str,
+) -> Result<Pid, String> {
     if let Some(h) = server.strip_prefix("0x") {
         return u32::from_str_radix(h, 16)
             .map(Pid)
@@ -61,7 +74,7 @@ fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> 
     let (name, addr) = match server.rsplit_once('@') {
         Some((n, a)) => (n, Some(a)),
         None => match server.parse::<SocketAddr>() {
-            Ok(_) => ("fileserver", Some(server)),
+            Ok(_) => (default, Some(server)),
             Err(_) => (server, None),
         },
     };
@@ -78,7 +91,7 @@ fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> 
         .map_err(|e| format!("GetPid(\"{name}\"): {e}"))?;
     if pid.is_none() {
         return Err(format!(
-            "no host among {:?} has a file server registered as \"{name}\"",
+            "no host among {:?} has {what} registered as \"{name}\"",
             host.peers
         ));
     }

@@ -490,3 +490,70 @@ fn group_queries_travel_by_ip_multicast_between_namespaces() {
     assert!(out.contains("2 server(s) answered"), "{out}");
     assert!(!out.contains("on host 0001"), "{out}");
 }
+
+/// Remote execution between namespaces: file server and team server in
+/// `a`, `vkernel run` in `b`; the program is loaded over the veth and its
+/// output comes back over V pipes.
+#[test]
+fn remote_execution_between_namespaces() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(n) = Pair::create("r") else { return };
+    let dir = std::env::temp_dir().join(format!("vkernel-netns-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("where.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho \"$1 ran in $(ip -o -4 addr show | grep -c 192.0.2.1/) host(s) with 192.0.2.1\"\nexit 4\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = dir.to_string_lossy().into_owned();
+    let mut fs = n.spawn(
+        &n.a,
+        &[
+            "fileserver",
+            "--bind",
+            "192.0.2.1:7200",
+            "--root",
+            &root,
+            "--exit-after",
+            "60s",
+        ],
+    );
+    wait_banner(&mut fs);
+    let mut ts = n.spawn(
+        &n.a,
+        &[
+            "teamserver",
+            "--bind",
+            "192.0.2.1:7300",
+            "--peer",
+            "192.0.2.1:7200",
+            "--exit-after",
+            "60s",
+        ],
+    );
+    wait_banner(&mut ts);
+    let o = Command::new("ip")
+        .args(["netns", "exec", &n.b, BIN])
+        .args([
+            "run",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7200",
+            "--peer",
+            "192.0.2.1:7300",
+            "--fs",
+            "192.0.2.1:7200",
+            "--on",
+            "192.0.2.1:7300",
+            "where.sh",
+            "it",
+        ])
+        .output()
+        .expect("run in netns");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    // The program ran in namespace a, where 192.0.2.1 is configured.
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "it ran in 1 host(s) with 192.0.2.1\n"
+    );
+}

@@ -1,0 +1,160 @@
+//! `vkernel teamserver` and `vkernel run`: program loading and remote
+//! execution (docs/EXEC.md).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel::Kernel;
+use vkernel_team::team::{self, TeamConfig, TeamServer};
+
+use crate::hostopts::HostOpts;
+use crate::mount::locate_service;
+
+/// Arguments of `vkernel teamserver`.
+///
+/// Runs a team server and a pipe server on a logical host. The team server
+/// loads programs from a file server (a header read, then the image by
+/// MoveTo), runs them as OS processes with stdin, stdout and stderr over
+/// V pipes, returns their exit status, and kills a program (with its
+/// process group) when the client that started it is gone. Team servers
+/// join a well-known group, so `vkernel run --on any` finds the least
+/// loaded one.
+#[derive(clap::Args, Debug)]
+pub struct TeamServerArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// Refuse requests from processes on other logical hosts.
+    #[arg(long)]
+    refuse_remote: bool,
+    /// Accept requests only from this principal (repeatable); default:
+    /// any principal.
+    #[arg(long, value_name = "N")]
+    allow_principal: Vec<u32>,
+    /// Largest program image accepted, e.g. 64M.
+    #[arg(long, default_value = "256M", value_parser = size)]
+    max_image: u64,
+    /// Exit after this long (default: run until interrupted).
+    #[arg(long, value_parser = vkernel::net::parse_duration)]
+    exit_after: Option<Duration>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Runs `vkernel teamserver`.
+pub fn serve(a: TeamServerArgs) -> Result<(), String> {
+    let k =
+        Arc::new(Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?);
+    let cfg = TeamConfig {
+        refuse_remote: a.refuse_remote,
+        allowed_principals: (!a.allow_principal.is_empty()).then(|| a.allow_principal.clone()),
+        max_image: a.max_image,
+        ..TeamConfig::default()
+    };
+    let ts = TeamServer::start(k.clone(), cfg).map_err(|e| e.to_string())?;
+    println!(
+        "vkernel teamserver: host {} listening on {}; team server pid {}, pipe server pid {}{}{}",
+        k.host_id(),
+        k.local_addr(),
+        ts.pid(),
+        ts.pipe_server(),
+        if a.refuse_remote {
+            "; refusing remote requests"
+        } else {
+            ""
+        },
+        if a.allow_principal.is_empty() {
+            String::new()
+        } else {
+            format!("; principals {:?} only", a.allow_principal)
+        }
+    );
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
+            return Ok(());
+        }
+    }
+}
+
+/// Arguments of `vkernel run`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = RUN_HELP)]
+pub struct RunArgs {
+    #[command(flatten)]
+    host: HostOpts,
+    /// Where to run: ADDR, NAME@ADDR, 0xPID of a team server, or `any`
+    /// (the least loaded team server that answers). Default: the first
+    /// team server found through --peer.
+    #[arg(long, value_name = "HOST")]
+    on: Option<String>,
+    /// The file server holding the program: ADDR, NAME@ADDR, NAME or 0xPID.
+    #[arg(long, default_value = "fileserver", value_name = "SERVER")]
+    fs: String,
+    /// For --on any: stop after this many answers.
+    #[arg(long, default_value_t = 8)]
+    max_replies: usize,
+    /// For --on any: wait at most this long for answers.
+    #[arg(long, default_value = "200ms", value_parser = vkernel::net::parse_duration)]
+    select_time: Duration,
+    /// The program's path on the file server, then its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<std::ffi::OsString>,
+}
+
+const RUN_HELP: &str = "\
+The program is loaded by the team server from the file server, not from
+this machine's disk; its stdin, stdout and stderr travel over V pipes, and
+`vkernel run` exits with the program's exit code (128 + N if signal N ended
+it). Killing `vkernel run` (even with SIGKILL) makes the team server kill
+the program and its process group within about --host-timeout.
+
+Example:
+  vkernel fileserver --root /srv/bin --bind 127.0.0.1:7200 &
+  vkernel teamserver --bind 127.0.0.1:7300 --peer 127.0.0.1:7200 &
+  vkernel run --peer 127.0.0.1:7200 --peer 127.0.0.1:7300 \\
+      --fs 127.0.0.1:7200 --on any ./hello.sh world";
+
+/// Runs `vkernel run`; returns the exit code to leave with.
+pub fn run(mut a: RunArgs) -> Result<i32, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let fs = locate_service(&k, &mut a.host, &a.fs, "fileserver", "a file server")?;
+    let team = match a.on.as_deref() {
+        Some("any") => {
+            let p = k.create_process().map_err(|e| e.to_string())?;
+            team::select_team(&p, a.max_replies, a.select_time, 0.25)
+                .map_err(|e| format!("--on any: {e}"))?
+        }
+        Some(h) => locate_service(&k, &mut a.host, h, team::SERVICE, "a team server")?,
+        None => locate_service(
+            &k,
+            &mut a.host,
+            team::SERVICE,
+            team::SERVICE,
+            "a team server",
+        )?,
+    };
+    let argv: Vec<Vec<u8>> = a.command.iter().map(|s| s.as_bytes().to_vec()).collect();
+    let exit = team::run(
+        &k,
+        team,
+        fs,
+        &argv,
+        Some(Box::new(std::io::stdin())),
+        Box::new(std::io::stdout()),
+        Box::new(std::io::stderr()),
+    )
+    .map_err(|e| {
+        format!(
+            "running {} on team server {team}: {e}",
+            String::from_utf8_lossy(&argv[0])
+        )
+    })?;
+    let _ = std::io::stdout().flush();
+    Ok(exit.code)
+}

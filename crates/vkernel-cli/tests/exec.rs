@@ -1,0 +1,150 @@
+//! `vkernel teamserver` and `vkernel run` as real processes on loopback:
+//! a program stored on a file server runs on a team server's host with
+//! stdio over V pipes; killing `vkernel run` leaves no orphan.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Scratch(PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn start(args: &[&str]) -> Proc {
+    let mut c = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    assert!(line.contains("listening"), "{line}");
+    Proc(c)
+}
+
+#[test]
+fn run_executes_a_stored_program_on_a_team_server_and_cleans_up() {
+    let dir = Scratch(std::env::temp_dir().join(format!("vkernel-exec-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let put = |name: &str, body: &str| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    put(
+        "hello.sh",
+        "#!/bin/sh\necho \"hello $1\"\ntr a-z A-Z\necho warn >&2\nexit 7\n",
+    );
+    put("pid.sh", "#!/bin/sh\necho $$\nexec sleep 60\n");
+    let (fp, tp) = (free_port(), free_port());
+    let fs_addr = format!("127.0.0.1:{fp}");
+    let ts_addr = format!("127.0.0.1:{tp}");
+    let root = dir.0.to_string_lossy().into_owned();
+    let _fs = start(&[
+        "fileserver",
+        "--bind",
+        &fs_addr,
+        "--root",
+        &root,
+        "--exit-after",
+        "60s",
+    ]);
+    let _ts = start(&[
+        "teamserver",
+        "--bind",
+        &ts_addr,
+        "--peer",
+        &fs_addr,
+        "--host-timeout",
+        "1s",
+        "--exit-after",
+        "60s",
+    ]);
+    let common = [
+        "run",
+        "--peer",
+        fs_addr.as_str(),
+        "--peer",
+        ts_addr.as_str(),
+        "--fs",
+        fs_addr.as_str(),
+    ];
+    // stdin in, stdout and stderr out, exit code back.
+    let mut c = Command::new(BIN)
+        .args(common)
+        .args(["--on", "any", "hello.sh", "there"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"shout this\n").unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(7), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "hello there\nSHOUT THIS\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "warn\n");
+    // A missing program: a clear error and exit status 1.
+    let o = Command::new(BIN)
+        .args(common)
+        .args(["--on", &ts_addr, "nope.sh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ENOENT"),
+        "{o:?}"
+    );
+    // SIGKILL the client: the program (and its group) goes too.
+    let mut c = Proc(
+        Command::new(BIN)
+            .args(common)
+            .args(["pid.sh"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    BufReader::new(c.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().expect("the program's pid");
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    assert!(proc_dir.exists());
+    c.0.kill().unwrap();
+    let _ = c.0.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!proc_dir.exists(), "the program outlived its killed client");
+}
