@@ -25,8 +25,8 @@ use crate::vkbench::{self, Op, Placement};
 pub struct BenchArgs {
     /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
     /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process
-    /// groups, 9 observability, 10 network disk).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9,10")]
+    /// groups, 9 observability, 10 network disk, 11 file service).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9,10,11")]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.
     #[arg(long)]
@@ -52,7 +52,7 @@ pub struct BenchArgs {
 impl Default for BenchArgs {
     fn default() -> Self {
         BenchArgs {
-            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
             quick: false,
             count: None,
             placement: "spin".into(),
@@ -1049,8 +1049,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let pl = placement(&a.placement)?;
     let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
     for s in &a.sections {
-        if !(1..=10).contains(s) {
-            return Err(format!("unknown section {s} (1..=10)"));
+        if !(1..=11).contains(s) {
+            return Err(format!("unknown section {s} (1..=11)"));
         }
     }
     let started = Instant::now();
@@ -1114,6 +1114,10 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             8 => section_groups(&mut c)?,
             9 => section_observability(&mut c, &a.out)?,
             10 => section_disk(&mut c)?,
+            11 => {
+                let per_byte = (c.penalty(4172)? - c.penalty(76)?) / 4096.0;
+                crate::fsbench::section(c.quick, c.n.min(2000), per_byte)?
+            }
             _ => {
                 let (v, series) = section_peers(&mut c)?;
                 peer_series = series;

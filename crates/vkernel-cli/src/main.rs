@@ -7,6 +7,7 @@ mod demo;
 mod disk;
 mod echo;
 mod fileserver;
+mod fsbench;
 mod hostopts;
 mod locate;
 mod mount;

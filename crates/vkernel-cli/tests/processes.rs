@@ -256,6 +256,7 @@ fn demo_and_bench_run_and_report() {
         "8. Process groups",
         "9. Observability",
         "10. Network disk",
+        "11. File service",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -284,6 +285,15 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
     assert!(pos(&s["section10"]["native"]["read_mbps"]), "{s}");
+    assert!(pos(&s["section11"]["page_read"]["median_us"]), "{s}");
+    assert!(pos(&s["section11"]["program_load"][1]["mbps"]), "{s}");
+    // The FUSE mount is measured where FUSE exists (CI requires it).
+    if std::env::var("VKERNEL_REQUIRE_FUSE").as_deref() == Ok("1") {
+        assert!(
+            pos(&s["section11"]["sequential"]["vmount"]["read_mbps"]),
+            "{s}"
+        );
+    }
     assert!(
         s["section9"]["characterization"]["messages"]
             .as_u64()
