@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use vkernel::Kernel;
-use vkernel_fs::server::{FileServer, ServerConfig};
+use vkernel_fs::server::{Access, AccessPolicy, FileServer, ServerConfig};
 
 use crate::hostopts::{logical_id, HostOpts};
 
@@ -40,9 +40,26 @@ pub struct FileServerArgs {
     /// Write each WRITE to the file before replying (no write-behind).
     #[arg(long)]
     no_write_behind: bool,
+    /// Give a principal access: `N=ro` or `N=rw` (or `N=none`);
+    /// repeatable. Principals are authenticated only with a cluster key.
+    #[arg(long, value_name = "N=ACCESS", value_parser = grant)]
+    allow: Vec<(u32, Access)>,
+    /// Access of principals not named by --allow: none, ro or rw.
+    #[arg(long, default_value = "rw", value_name = "ACCESS")]
+    default_access: Access,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
+}
+
+fn grant(s: &str) -> Result<(u32, Access), String> {
+    let (n, a) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected N=ro, N=rw or N=none"))?;
+    let n: u32 = n
+        .parse()
+        .map_err(|_| format!("`{n}` is not a principal number"))?;
+    Ok((n, a.parse()?))
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -56,7 +73,17 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
     }
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
     let lid = logical_id(&a.name);
+    let access = AccessPolicy {
+        default: a.default_access,
+        principals: a.allow.iter().copied().collect(),
+    };
+    if (!a.allow.is_empty() || a.default_access != Access::ReadWrite)
+        && a.host.config().keys.is_empty()
+    {
+        eprintln!("vkernel fileserver: warning: no cluster key, so the principals the access policy names are not authenticated");
+    }
     let cfg = ServerConfig {
+        access,
         logical_id: Some(lid),
         workers: a.workers.max(1),
         transfer_unit: usize::try_from(a.transfer_unit)

@@ -152,9 +152,24 @@ impl Client {
     /// on `kernel` (requests in flight at once). Checks the server answers
     /// (a STATFS).
     pub fn connect(kernel: &Kernel, server: Pid, depth: usize) -> Result<Client, ClientError> {
+        Self::connect_as(kernel, server, depth, 0)
+    }
+
+    /// Like [`Client::connect`], with every request sent as `principal`
+    /// (the server's access policy decides by it).
+    pub fn connect_as(
+        kernel: &Kernel,
+        server: Pid,
+        depth: usize,
+        principal: u32,
+    ) -> Result<Client, ClientError> {
         let mut procs = Vec::with_capacity(depth.max(1));
         for _ in 0..depth.max(1) {
-            procs.push(kernel.create_process()?);
+            let p = kernel.create_process()?;
+            if principal != 0 {
+                p.set_principal(principal);
+            }
+            procs.push(p);
         }
         let c = Client {
             server,

@@ -49,9 +49,63 @@ pub enum ServerError {
     Root(#[from] std::io::Error),
 }
 
+/// What a principal may do with the exported tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing: every request is refused with EACCES.
+    None,
+    /// Read only: requests that would modify the tree get EROFS.
+    ReadOnly,
+    /// Read and write.
+    ReadWrite,
+}
+
+impl std::str::FromStr for Access {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Access, String> {
+        match s {
+            "none" => Ok(Access::None),
+            "ro" => Ok(Access::ReadOnly),
+            "rw" => Ok(Access::ReadWrite),
+            _ => Err(format!("`{s}`: access is none, ro or rw")),
+        }
+    }
+}
+
+/// The server's map from principals (the sender's principal as the kernel
+/// carries it, authenticated when a cluster key is set) to access.
+#[derive(Clone, Debug)]
+pub struct AccessPolicy {
+    /// Access of principals not listed.
+    pub default: Access,
+    /// Per-principal access.
+    pub principals: HashMap<u32, Access>,
+}
+
+impl Default for AccessPolicy {
+    fn default() -> Self {
+        AccessPolicy {
+            default: Access::ReadWrite,
+            principals: HashMap::new(),
+        }
+    }
+}
+
+impl AccessPolicy {
+    /// The access of `principal`.
+    pub fn of(&self, principal: u32) -> Access {
+        self.principals
+            .get(&principal)
+            .copied()
+            .unwrap_or(self.default)
+    }
+}
+
 /// How a file server is set up.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// Who may read and write (default: everyone may do everything).
+    pub access: AccessPolicy,
     /// Logical id to register the dispatcher under (GetPid), if any.
     pub logical_id: Option<u32>,
     /// Worker processes (requests executed at once).
@@ -75,6 +129,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
+            access: AccessPolicy::default(),
             logical_id: None,
             workers: 8,
             transfer_unit: 64 << 10,
@@ -141,6 +196,8 @@ enum Kind {
 
 struct Handle {
     host: HostId,
+    /// The principal that opened it: only it may use the handle.
+    principal: u32,
     kind: Kind,
 }
 
@@ -183,7 +240,7 @@ impl Shared {
         lock(&self.inodes).get(&id).and_then(Weak::upgrade)
     }
 
-    fn add_handle(&self, host: HostId, kind: Kind) -> Result<u32, Errno> {
+    fn add_handle(&self, host: HostId, principal: u32, kind: Kind) -> Result<u32, Errno> {
         let mut h = lock(&self.handles);
         let mine = h.map.values().filter(|x| x.host == host).count();
         if mine >= self.cfg.max_handles {
@@ -194,14 +251,22 @@ impl Shared {
             id = id.wrapping_add(1);
         }
         h.next = id.wrapping_add(1);
-        h.map.insert(id, Arc::new(Handle { host, kind }));
+        h.map.insert(
+            id,
+            Arc::new(Handle {
+                host,
+                principal,
+                kind,
+            }),
+        );
         Ok(id)
     }
 
-    /// The handle if it exists and belongs to the caller's host.
-    fn handle(&self, id: u32, from: Pid) -> Result<Arc<Handle>, Errno> {
+    /// The handle if it exists and belongs to the caller's host and
+    /// principal.
+    fn handle(&self, id: u32, from: Pid, principal: u32) -> Result<Arc<Handle>, Errno> {
         match lock(&self.handles).map.get(&id) {
-            Some(h) if h.host == from.host() => Ok(h.clone()),
+            Some(h) if h.host == from.host() && h.principal == principal => Ok(h.clone()),
             _ => Err(Errno::EBADF),
         }
     }
@@ -400,6 +465,7 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
             sh: &sh,
             m,
             from: i.from,
+            principal: i.principal,
             appended: &appended[..i.seg_bytes.min(appended.len())],
         };
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -433,6 +499,7 @@ struct Req<'a> {
     sh: &'a Shared,
     m: Message,
     from: Pid,
+    principal: u32,
     appended: &'a [u8],
 }
 
@@ -510,6 +577,12 @@ impl Req<'_> {
             Ok(r) => r,
             Err(e) => return self.send(Err(e)),
         };
+        match self.sh.cfg.access.of(self.principal) {
+            Access::ReadWrite => {}
+            Access::ReadOnly if !req.modifies() => {}
+            Access::ReadOnly => return self.send(Err(Errno::EROFS)),
+            Access::None => return self.send(Err(Errno::EACCES)),
+        }
         match req {
             Request::Read {
                 handle,
@@ -606,11 +679,12 @@ impl Req<'_> {
                     let mut io = lock(&inode.io);
                     sh.drop_ra(&mut io);
                 }
-                let h = sh.add_handle(self.from.host(), Kind::File { file, inode })?;
+                let h =
+                    sh.add_handle(self.from.host(), self.principal, Kind::File { file, inode })?;
                 Ok(self.attr_answer(vec![h], confine::attr_of(&st)))
             }
             Request::Close { handle } => {
-                let h = sh.handle(handle, self.from)?;
+                let h = sh.handle(handle, self.from, self.principal)?;
                 lock(&sh.handles).map.remove(&handle);
                 if let Kind::File { inode, .. } = &h.kind {
                     let mut io = lock(&inode.io);
@@ -627,7 +701,7 @@ impl Req<'_> {
             }
             Request::Fstat { handle } => {
                 self.need_attr_room()?;
-                let h = sh.handle(handle, self.from)?;
+                let h = sh.handle(handle, self.from, self.principal)?;
                 match &h.kind {
                     Kind::File { file, inode } => {
                         let _io = lock(&inode.io);
@@ -640,11 +714,11 @@ impl Req<'_> {
             Request::Opendir { path_len } => {
                 let entries = root.list(path(path_len)?)?;
                 let n = entries.len() as u32;
-                let h = sh.add_handle(self.from.host(), Kind::Dir { entries })?;
+                let h = sh.add_handle(self.from.host(), self.principal, Kind::Dir { entries })?;
                 Ok(Answer::Words(vec![h, n]))
             }
             Request::Readdir { handle, index } => {
-                let h = sh.handle(handle, self.from)?;
+                let h = sh.handle(handle, self.from, self.principal)?;
                 let Kind::Dir { entries } = &h.kind else {
                     return Err(Errno::ENOTDIR);
                 };
@@ -697,7 +771,7 @@ impl Req<'_> {
                 Ok(Answer::Words(vec![]))
             }
             Request::Ftruncate { handle, size } => {
-                let h = sh.handle(handle, self.from)?;
+                let h = sh.handle(handle, self.from, self.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Err(Errno::EISDIR);
                 };
@@ -711,7 +785,7 @@ impl Req<'_> {
                 datasync,
                 flush_only,
             } => {
-                let h = sh.handle(handle, self.from)?;
+                let h = sh.handle(handle, self.from, self.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Ok(Answer::Words(vec![]));
                 };
@@ -780,7 +854,7 @@ impl Req<'_> {
     }
 
     fn file(&self, handle: u32) -> Result<Arc<Handle>, Errno> {
-        let h = self.sh.handle(handle, self.from)?;
+        let h = self.sh.handle(handle, self.from, self.principal)?;
         match h.kind {
             Kind::File { .. } => Ok(h),
             Kind::Dir { .. } => Err(Errno::EISDIR),

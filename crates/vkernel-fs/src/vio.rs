@@ -137,6 +137,8 @@ impl Errno {
     pub const EFBIG: Errno = Errno(27);
     /// No space left on device.
     pub const ENOSPC: Errno = Errno(28);
+    /// Read-only for this principal.
+    pub const EROFS: Errno = Errno(30);
     /// Result too large for the segment lent.
     pub const ERANGE: Errno = Errno(34);
     /// Path or component too long.
@@ -372,6 +374,37 @@ fn join64(hi: u32, lo: u32) -> u64 {
 }
 
 impl Request {
+    /// True for requests that may change the exported tree (or open a file
+    /// for writing): a read-only principal is refused them.
+    pub fn modifies(&self) -> bool {
+        match self {
+            Request::Open { flags, .. } => {
+                let f = *flags as i32;
+                f & libc::O_ACCMODE != libc::O_RDONLY
+                    || f & (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) != 0
+            }
+            Request::Write { .. }
+            | Request::Mkdir { .. }
+            | Request::Rmdir { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. }
+            | Request::Truncate { .. }
+            | Request::Ftruncate { .. }
+            | Request::Symlink { .. }
+            | Request::Setattr { .. }
+            | Request::Link { .. } => true,
+            Request::Close { .. }
+            | Request::Read { .. }
+            | Request::Stat { .. }
+            | Request::Fstat { .. }
+            | Request::Opendir { .. }
+            | Request::Readdir { .. }
+            | Request::Fsync { .. }
+            | Request::Readlink { .. }
+            | Request::Statfs => false,
+        }
+    }
+
     /// True for requests that change nothing, so a retransmitted one may be
     /// executed again (the kernel then need not keep the reply).
     pub fn idempotent(&self) -> bool {
