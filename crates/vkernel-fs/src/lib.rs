@@ -24,5 +24,6 @@
 pub mod client;
 pub mod confine;
 pub mod fuse;
+pub mod fuzzing;
 pub mod server;
 pub mod vio;
