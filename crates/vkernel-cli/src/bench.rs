@@ -25,8 +25,12 @@ use crate::vkbench::{self, Op, Placement};
 pub struct BenchArgs {
     /// Sections to run (1 penalty, 2 kernel ops, 3 page access,
     /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process
-    /// groups, 9 observability, 10 network disk, 11 file service).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,9,10,11")]
+    /// groups, 9 observability, 10 network disk, 11 file service, 12 security).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3,4,5,6,7,8,9,10,11,12"
+    )]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.
     #[arg(long)]
@@ -52,7 +56,7 @@ pub struct BenchArgs {
 impl Default for BenchArgs {
     fn default() -> Self {
         BenchArgs {
-            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+            sections: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
             quick: false,
             count: None,
             placement: "spin".into(),
@@ -1044,13 +1048,93 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
     }))
 }
 
+fn section_security(c: &mut Ctx) -> Result<Value, String> {
+    println!(
+        "\n12. Security: the cost of authenticated datagrams (same placement, alternating rounds)"
+    );
+    let key = vkernel_proto::auth::Key {
+        id: 1,
+        secret: [0x42; 32],
+    };
+    let mk = |keyed: bool, encrypt: bool| {
+        vkbench::host_pair_with(c.pl, FaultConfig::default(), |_, k| {
+            if keyed {
+                k.keys = vec![key.clone()];
+            }
+            k.encrypt = encrypt;
+        })
+    };
+    let setups = [
+        ("no key", mk(false, false)?),
+        ("MAC (BLAKE3)", mk(true, false)?),
+        ("AEAD (ChaCha20-Poly1305)", mk(true, true)?),
+    ];
+    let servers: Vec<_> = setups
+        .iter()
+        .map(|(_, (ka, _))| vkbench::start_server(ka, c.pl))
+        .collect::<Result<_, _>>()?;
+    let rounds = 4;
+    let per = (c.n / rounds).max(50);
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+    let mut mbps: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    let bulk = if c.quick { 8 << 20 } else { 64 << 20 };
+    for _ in 0..rounds {
+        for (i, (_, (_, kb))) in setups.iter().enumerate() {
+            samples[i].extend(vkbench::exchanges(
+                kb,
+                servers[i].0,
+                Op::Null,
+                per,
+                c.warm / 4,
+                c.pl,
+            )?);
+            let r = vkbench::bulk(kb, servers[i].0, bulk, true, c.pl)?;
+            if !r.intact {
+                return Err(format!("{}: MoveTo data differ", setups[i].0));
+            }
+            mbps[i].push(bulk as f64 / r.elapsed.as_secs_f64().max(1e-9) / 1e6);
+        }
+    }
+    let sums: Vec<Summary> = samples.iter_mut().map(|s| Summary::of(s)).collect();
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mb: Vec<f64> = mbps.iter_mut().map(med).collect();
+    println!(
+        "  {:<26} {:>10} {:>8} {:>10} {:>14} {:>10}",
+        "setup",
+        "median µs",
+        "p99 µs",
+        "vs no key",
+        format!("{} MiB MoveTo", bulk >> 20),
+        "vs no key"
+    );
+    let mut rows = Vec::new();
+    for (i, (name, _)) in setups.iter().enumerate() {
+        let r = sums[i].median_us / sums[0].median_us.max(1e-9);
+        let rb = mb[i] / mb[0].max(1e-9);
+        println!(
+            "  {name:<26} {:>10.2} {:>8.1} {:>9.3}× {:>9.0} MB/s {:>9.2}×",
+            sums[i].median_us, sums[i].p99_us, r, mb[i], rb
+        );
+        rows.push(json!({"setup": name, "latency": sums[i], "ratio_vs_off": r, "moveto_mbps": mb[i], "moveto_ratio": rb}));
+    }
+    println!("  (target: exchanges with a MAC at most 1.10× the unauthenticated ones)");
+    for ((_, (_, kb)), (pid, h)) in setups.iter().zip(servers) {
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
+        vkbench::stop_server(&probe, pid, h);
+    }
+    Ok(json!({"rows": rows, "bulk_bytes": bulk}))
+}
+
 /// Runs the benchmark.
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let pl = placement(&a.placement)?;
     let n = a.count.unwrap_or(if a.quick { 500 } else { 5000 }).max(20);
     for s in &a.sections {
-        if !(1..=11).contains(s) {
-            return Err(format!("unknown section {s} (1..=11)"));
+        if !(1..=12).contains(s) {
+            return Err(format!("unknown section {s} (1..=12)"));
         }
     }
     let started = Instant::now();
@@ -1114,6 +1198,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             8 => section_groups(&mut c)?,
             9 => section_observability(&mut c, &a.out)?,
             10 => section_disk(&mut c)?,
+            12 => section_security(&mut c)?,
             11 => {
                 let per_byte = (c.penalty(4172)? - c.penalty(76)?) / 4096.0;
                 crate::fsbench::section(c.quick, c.n.min(2000), per_byte)?

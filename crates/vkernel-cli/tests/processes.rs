@@ -257,6 +257,7 @@ fn demo_and_bench_run_and_report() {
         "9. Observability",
         "10. Network disk",
         "11. File service",
+        "12. Security",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -286,6 +287,8 @@ fn demo_and_bench_run_and_report() {
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
     assert!(pos(&s["section10"]["native"]["read_mbps"]), "{s}");
     assert!(pos(&s["section11"]["page_read"]["median_us"]), "{s}");
+    assert_eq!(s["section12"]["rows"].as_array().unwrap().len(), 3);
+    assert!(pos(&s["section12"]["rows"][2]["moveto_mbps"]), "{s}");
     assert!(pos(&s["section11"]["program_load"][1]["mbps"]), "{s}");
     // The FUSE mount is measured where FUSE exists (CI requires it).
     if std::env::var("VKERNEL_REQUIRE_FUSE").as_deref() == Ok("1") {
