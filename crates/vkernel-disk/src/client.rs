@@ -141,9 +141,26 @@ impl Client {
         key: u64,
         depth: usize,
     ) -> Result<Client, ClientError> {
+        Self::open_as(kernel, server, dvd, key, depth, 0)
+    }
+
+    /// Like [`Client::open`], with every command sent as V principal
+    /// `principal` (DVDs may admit `user:principal`).
+    pub fn open_as(
+        kernel: &Kernel,
+        server: Pid,
+        dvd: u32,
+        key: u64,
+        depth: usize,
+        principal: u32,
+    ) -> Result<Client, ClientError> {
         let mut procs = Vec::with_capacity(depth.max(1));
         for _ in 0..depth.max(1) {
-            procs.push(kernel.create_process()?);
+            let p = kernel.create_process()?;
+            if principal != 0 {
+                p.set_principal(principal);
+            }
+            procs.push(p);
         }
         let mut m = Message::with_code(msg::OPEN);
         m.0[1] = (key >> 32) as u32;

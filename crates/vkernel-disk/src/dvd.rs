@@ -69,6 +69,9 @@ pub enum Principal {
     Pid(u32),
     /// Whoever presents this key when opening.
     Key(u64),
+    /// Processes running as this V principal (`Process::set_principal`;
+    /// authenticated with the cluster key). Never 0.
+    User(u32),
 }
 
 impl Principal {
@@ -78,6 +81,7 @@ impl Principal {
             Principal::Host(_) => 1,
             Principal::Pid(_) => 2,
             Principal::Key(_) => 3,
+            Principal::User(_) => 4,
         }
     }
     fn value(&self) -> u64 {
@@ -86,6 +90,7 @@ impl Principal {
             Principal::Host(h) => u64::from(h),
             Principal::Pid(p) => u64::from(p),
             Principal::Key(k) => k,
+            Principal::User(u) => u64::from(u),
         }
     }
 }
@@ -101,7 +106,11 @@ fn parse_num(s: &str) -> Option<u64> {
 impl FromStr for Principal {
     type Err = DvdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || DvdError::Malformed(format!("client `{s}` (host:H, pid:P, key:K or any)"));
+        let bad = || {
+            DvdError::Malformed(format!(
+                "client `{s}` (host:H, pid:P, key:K, user:U or any)"
+            ))
+        };
         if s == "any" {
             return Ok(Principal::Any);
         }
@@ -111,6 +120,11 @@ impl FromStr for Principal {
             "host" => u16::try_from(n).map(Principal::Host).map_err(|_| bad()),
             "pid" => u32::try_from(n).map(Principal::Pid).map_err(|_| bad()),
             "key" => Ok(Principal::Key(n)),
+            "user" => u32::try_from(n)
+                .ok()
+                .filter(|&u| u != 0)
+                .map(Principal::User)
+                .ok_or_else(bad),
             _ => Err(bad()),
         }
     }
@@ -124,6 +138,7 @@ impl std::fmt::Display for Principal {
             Principal::Pid(p) => write!(f, "pid:{p:#010x}"),
             // Keys are secrets: never printed in full.
             Principal::Key(_) => write!(f, "key:****"),
+            Principal::User(u) => write!(f, "user:{u}"),
         }
     }
 }
@@ -208,6 +223,12 @@ impl Dvd {
                     Principal::Pid(u32::try_from(v).map_err(|_| DvdError::Malformed("pid".into()))?)
                 }
                 3 => Principal::Key(v),
+                4 => Principal::User(
+                    u32::try_from(v)
+                        .ok()
+                        .filter(|&u| u != 0)
+                        .ok_or_else(|| DvdError::Malformed("user".into()))?,
+                ),
                 k => return Err(DvdError::Malformed(format!("client kind {k}"))),
             };
             allow.push(p);
@@ -231,7 +252,7 @@ impl Dvd {
 }
 
 /// Text form: `[id=N,]base=LBA,len=BLOCKS,ro|rw,allow=CLIENT[,allow=CLIENT...]`
-/// where CLIENT is `host:H`, `pid:P`, `key:K` or `any` (numbers decimal or 0x-hex).
+/// where CLIENT is `host:H`, `pid:P`, `key:K`, `user:U` or `any` (numbers decimal or 0x-hex).
 impl FromStr for Dvd {
     type Err = DvdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -325,6 +346,8 @@ struct Session {
     host: HostId,
     /// Bound to this pid only (pid-admitted sessions); else to the host.
     pid: Option<Pid>,
+    /// Bound to this principal (user-admitted sessions).
+    user: Option<u32>,
     via: Via,
 }
 
@@ -454,6 +477,20 @@ impl Access {
     /// Opens DVD `dvd` for `from`, presenting `key` (0 = none). DVD 0
     /// needs the owner key or the owner pid. Returns a handle and the view.
     pub fn open(&mut self, from: Pid, dvd: u32, key: u64) -> Result<(u32, View), AccessError> {
+        self.open_as(from, 0, dvd, key)
+    }
+
+    /// Like [`Access::open`] for a sender running as `principal` (0 =
+    /// none): DVDs that admit `user:principal` open too, and the session
+    /// is then bound to that principal.
+    pub fn open_as(
+        &mut self,
+        from: Pid,
+        principal: u32,
+        dvd: u32,
+        key: u64,
+    ) -> Result<(u32, View), AccessError> {
+        let mut user = None;
         let owner = self.owner_pid == Some(from) || (key != 0 && self.owner_key == Some(key));
         let (via, pid) = if dvd == 0 {
             if !owner {
@@ -471,6 +508,9 @@ impl Access {
                 (Via::Principal(Principal::Any), None)
             } else if d.admits(Principal::Pid(from.0)) {
                 (Via::Principal(Principal::Pid(from.0)), Some(from))
+            } else if principal != 0 && d.admits(Principal::User(principal)) {
+                user = Some(principal);
+                (Via::Principal(Principal::User(principal)), None)
             } else {
                 return Err(AccessError::Denied);
             }
@@ -479,6 +519,7 @@ impl Access {
             dvd,
             host: from.host(),
             pid,
+            user,
             via,
         };
         let view = self.view(&s)?;
@@ -501,16 +542,25 @@ impl Access {
     /// Checks a command from `from` carrying `handle` against the policy
     /// in force; the view to execute it in.
     pub fn check(&self, from: Pid, handle: u32) -> Result<View, AccessError> {
+        self.check_as(from, 0, handle)
+    }
+
+    /// Like [`Access::check`] for a sender running as `principal`.
+    pub fn check_as(&self, from: Pid, principal: u32, handle: u32) -> Result<View, AccessError> {
         if handle == 0 && self.owner_pid == Some(from) {
             return self.view(&Session {
                 dvd: 0,
                 host: from.host(),
                 pid: Some(from),
+                user: None,
                 via: Via::Owner,
             });
         }
         let s = self.sessions.get(&handle).ok_or(AccessError::BadHandle)?;
-        if s.host != from.host() || s.pid.is_some_and(|p| p != from) {
+        if s.host != from.host()
+            || s.pid.is_some_and(|p| p != from)
+            || s.user.is_some_and(|u| u != principal)
+        {
             return Err(AccessError::BadHandle);
         }
         self.view(s)
@@ -622,6 +672,19 @@ mod tests {
         // Revoke.
         a.revoke(id).unwrap();
         assert_eq!(a.check(pid(4, 3), hk), Err(AccessError::NoSuchDvd));
+        // A DVD for V principal 500: opened by that principal on any host,
+        // and its handle is useless to another principal of that host.
+        let u: Dvd = "base=0,len=10,ro,allow=user:500".parse().unwrap();
+        assert_eq!(u.allow, vec![Principal::User(500)]);
+        assert!("base=0,len=1,ro,allow=user:0".parse::<Dvd>().is_err());
+        let uid = a.define(u).unwrap();
+        assert_eq!(a.open_as(pid(6, 1), 0, uid, 0), Err(AccessError::Denied));
+        assert_eq!(a.open_as(pid(6, 1), 501, uid, 0), Err(AccessError::Denied));
+        let (hu, v) = a.open_as(pid(6, 1), 500, uid, 0).unwrap();
+        assert!(!v.writable);
+        assert!(a.check_as(pid(6, 2), 500, hu).is_ok());
+        assert_eq!(a.check_as(pid(6, 2), 501, hu), Err(AccessError::BadHandle));
+        a.revoke(uid).unwrap();
         assert_eq!(a.revoke(id), Err(DvdError::NoSuchDvd(id)));
         assert_eq!(a.revoke(0), Err(DvdError::Reserved));
         assert_eq!(a.list().count(), 0);

@@ -369,6 +369,7 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
             sh: &sh,
             m,
             from: i.from,
+            principal: i.principal,
             appended: &appended[..i.seg_bytes.min(appended.len())],
         };
         let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
@@ -401,6 +402,7 @@ struct Req<'a> {
     sh: &'a Shared,
     m: Message,
     from: Pid,
+    principal: u32,
     appended: &'a [u8],
 }
 
@@ -455,7 +457,10 @@ impl Req<'_> {
             msg::OPEN => {
                 let key = (u64::from(self.m.0[1]) << 32) | u64::from(self.m.0[2]);
                 let dvd = self.m.0[3];
-                let r = self.sh.access().open(self.from, dvd, key);
+                let r = self
+                    .sh
+                    .access()
+                    .open_as(self.from, self.principal, dvd, key);
                 match r {
                     Ok((h, v)) => {
                         let mut r = Message::zero();
@@ -490,7 +495,11 @@ impl Req<'_> {
     }
 
     fn manage(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
-        let owner = match self.sh.access().check(self.from, self.m.0[5]) {
+        let owner = match self
+            .sh
+            .access()
+            .check_as(self.from, self.principal, self.m.0[5])
+        {
             Ok(v) => v.owner,
             Err(_) => false,
         };
@@ -553,7 +562,11 @@ impl Req<'_> {
 
     fn scsi(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
         let st = &self.sh.stats;
-        let view = match self.sh.access().check(self.from, self.m.0[5]) {
+        let view = match self
+            .sh
+            .access()
+            .check_as(self.from, self.principal, self.m.0[5])
+        {
             Ok(v) => v,
             Err(e) => {
                 st.refused.fetch_add(1, Ordering::Relaxed);

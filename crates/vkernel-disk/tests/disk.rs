@@ -615,3 +615,32 @@ fn queued_requests_survive_retransmission_and_re_execution() {
         h.join().unwrap();
     }
 }
+
+/// A DVD that names a V principal: a client running as that principal
+/// (on another host) opens it; the same host's other principals cannot.
+#[test]
+fn dvds_admit_v_principals() {
+    let (a, b) = two_hosts();
+    let srv = ram_server(&a, 1 << 20);
+    let id = srv
+        .define_dvd(Dvd {
+            id: 0,
+            base: 16,
+            blocks: 64,
+            writable: true,
+            allow: vec![Principal::User(500)],
+        })
+        .unwrap();
+    let c = Client::open_as(&b, srv.pid(), id, 0, 4, 500).unwrap();
+    assert_eq!(c.geometry().blocks, 64);
+    c.write(0, &[9u8; 512], true).unwrap();
+    let mut back = [0u8; 512];
+    c.read(0, &mut back).unwrap();
+    assert_eq!(back, [9u8; 512]);
+    for principal in [0, 501] {
+        match Client::open_as(&b, srv.pid(), id, 0, 1, principal) {
+            Err(ClientError::Refused(Response::Denied)) => {}
+            other => panic!("principal {principal}: {other:?}"),
+        }
+    }
+}
