@@ -143,7 +143,10 @@ pub(crate) struct Shared {
     pub(crate) tracer: Option<crate::trace::Tracer>,
 }
 
+type Scratch = (Vec<vkernel_proto::engine::Transmit>, Vec<Arc<Waiter>>);
+
 thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
 }
 
@@ -162,8 +165,8 @@ impl Shared {
     /// Runs `f` on the engine, then timers if due; sends what it produced
     /// and wakes whom it completed, after releasing the lock.
     pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine, Micros) -> R) -> R {
-        let mut out = Vec::new();
-        let mut wakes: Vec<Arc<Waiter>> = Vec::new();
+        // Reuse this thread's vectors: no allocation on the common path.
+        let (mut out, mut wakes) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         let r = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -202,12 +205,22 @@ impl Shared {
                 tr.datagram(true, &t.data);
             }
         }
-        for t in out {
+        for t in out.drain(..) {
             self.net.send(t.to, t.data);
         }
-        for w in wakes {
+        for w in wakes.drain(..) {
             w.wake();
         }
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            // Keep the larger buffers (a nested call may have left some).
+            if s.0.capacity() < out.capacity() {
+                s.0 = out;
+            }
+            if s.1.capacity() < wakes.capacity() {
+                s.1 = wakes;
+            }
+        });
         r
     }
 
