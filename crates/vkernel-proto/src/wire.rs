@@ -268,7 +268,8 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// Encodes a packet, appending to `out` (which is cleared first).
 pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
     out.clear();
-    out.reserve(FIXED_BYTES + data.len());
+    // Room for the authentication trailer too: sealing never reallocates.
+    out.reserve(FIXED_BYTES + data.len() + crate::auth::TRAILER_BYTES);
     out.extend_from_slice(&[
         MAGIC,
         VERSION,
