@@ -87,9 +87,10 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
 pub struct RunArgs {
     #[command(flatten)]
     host: HostOpts,
-    /// Where to run: ADDR, NAME@ADDR, 0xPID of a team server, or `any`
-    /// (the least loaded team server that answers). Default: the first
-    /// team server found through --peer.
+    /// Where to run: ADDR or NAME@ADDR (the team server of the logical
+    /// host at that address, and no other), 0xPID of a team server, or
+    /// `any` (the least loaded team server that answers). Default: the
+    /// first team server found through --peer.
     #[arg(long, value_name = "HOST")]
     on: Option<String>,
     /// The file server holding the program: ADDR, NAME@ADDR, NAME or 0xPID.
@@ -122,16 +123,47 @@ Example:
 /// Runs `vkernel run`; returns the exit code to leave with.
 pub fn run(mut a: RunArgs) -> Result<i32, String> {
     use std::os::unix::ffi::OsStrExt;
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    // `--on ADDR` must run on the host at ADDR, but GetPid with scope Any
+    // takes the first answer from any known host. So the host starts
+    // knowing only ADDR, resolves the team server there, and learns the
+    // other peers afterwards.
+    let on_addr: Option<std::net::SocketAddr> = match a.on.as_deref() {
+        Some("any") | None => None,
+        Some(h) if h.starts_with("0x") => None,
+        Some(h) => h.rsplit_once('@').map_or(h, |(_, ad)| ad).parse().ok(),
+    };
+    let mut cfg = a.host.config();
+    let later = std::mem::take(&mut a.host.peers);
+    if let Some(ad) = on_addr {
+        cfg.peers = vec![ad];
+    } else {
+        cfg.peers.clone_from(&later);
+    }
+    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
+    let pinned = match (on_addr, a.on.as_deref()) {
+        (Some(_), Some(h)) => Some(locate_service(
+            &k,
+            &mut a.host,
+            h,
+            team::SERVICE,
+            "a team server",
+        )?),
+        _ => None,
+    };
+    for &p in &later {
+        k.add_peer(p);
+    }
+    a.host.peers.extend(later);
     let fs = locate_service(&k, &mut a.host, &a.fs, "fileserver", "a file server")?;
-    let team = match a.on.as_deref() {
-        Some("any") => {
+    let team = match (pinned, a.on.as_deref()) {
+        (Some(t), _) => t,
+        (None, Some("any")) => {
             let p = k.create_process().map_err(|e| e.to_string())?;
             team::select_team(&p, a.max_replies, a.select_time, 0.25)
                 .map_err(|e| format!("--on any: {e}"))?
         }
-        Some(h) => locate_service(&k, &mut a.host, h, team::SERVICE, "a team server")?,
-        None => locate_service(
+        (None, Some(h)) => locate_service(&k, &mut a.host, h, team::SERVICE, "a team server")?,
+        (None, None) => locate_service(
             &k,
             &mut a.host,
             team::SERVICE,

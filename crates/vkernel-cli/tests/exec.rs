@@ -148,3 +148,78 @@ fn run_executes_a_stored_program_on_a_team_server_and_cleans_up() {
     }
     assert!(!proc_dir.exists(), "the program outlived its killed client");
 }
+
+/// What the first test leaves out: a program ended by a signal gives
+/// 128 + N, a team server started with `--refuse-remote` refuses a client
+/// on another logical host with a clear error, and `--on` naming a host
+/// without a team server fails clearly instead of hanging.
+#[test]
+fn run_reports_signals_refusals_and_missing_team_servers() {
+    let dir = Scratch(std::env::temp_dir().join(format!("vkernel-exec2-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let p = dir.0.join("term.sh");
+    std::fs::write(&p, "#!/bin/sh\necho before\nkill -TERM $$\necho after\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (fp, tp, rp) = (free_port(), free_port(), free_port());
+    let fs_addr = format!("127.0.0.1:{fp}");
+    let ts_addr = format!("127.0.0.1:{tp}");
+    let strict_addr = format!("127.0.0.1:{rp}");
+    let root = dir.0.to_string_lossy().into_owned();
+    let _fs = start(&[
+        "fileserver",
+        "--bind",
+        &fs_addr,
+        "--root",
+        &root,
+        "--exit-after",
+        "60s",
+    ]);
+    let _ts = start(&[
+        "teamserver",
+        "--bind",
+        &ts_addr,
+        "--peer",
+        &fs_addr,
+        "--exit-after",
+        "60s",
+    ]);
+    let _strict = start(&[
+        "teamserver",
+        "--bind",
+        &strict_addr,
+        "--peer",
+        &fs_addr,
+        "--refuse-remote",
+        "--exit-after",
+        "60s",
+    ]);
+    let run = |on: &str, prog: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["run", "--peer", &fs_addr, "--peer", &ts_addr])
+            .args(["--peer", &strict_addr, "--fs", &fs_addr, "--on", on, prog])
+            .stdin(Stdio::null());
+        let started = Instant::now();
+        let o = c.output().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "`vkernel run` took {:?}",
+            started.elapsed()
+        );
+        o
+    };
+    // SIGTERM (15) ends the program: exit status 143, output before it kept.
+    let o = run(&ts_addr, "term.sh");
+    assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "before\n");
+    // The strict team server refuses this client (another logical host).
+    let o = run(&strict_addr, "term.sh");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("EACCES"), "{err}");
+    assert!(o.stdout.is_empty(), "nothing ran: {o:?}");
+    // The file server's host runs no team server.
+    let o = run(&fs_addr, "term.sh");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("team server"), "{err}");
+}
