@@ -102,6 +102,11 @@ pub struct RunArgs {
     /// For --on any: wait at most this long for answers.
     #[arg(long, default_value = "200ms", value_parser = vkernel::net::parse_duration)]
     select_time: Duration,
+    /// Run as this V principal (a team server started with
+    /// --allow-principal admits only the principals it lists; with a
+    /// cluster key the principal is authenticated).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    principal: u32,
     /// The program's path on the file server, then its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<std::ffi::OsString>,
@@ -172,8 +177,9 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
         )?,
     };
     let argv: Vec<Vec<u8>> = a.command.iter().map(|s| s.as_bytes().to_vec()).collect();
-    let exit = team::run(
+    let exit = team::run_as(
         &k,
+        a.principal,
         team,
         fs,
         &argv,

@@ -597,6 +597,22 @@ pub fn run(
     stdout: Box<dyn Write + Send>,
     stderr: Box<dyn Write + Send>,
 ) -> Result<Exit, RunError> {
+    run_as(kernel, 0, team, fs, argv, stdin, stdout, stderr)
+}
+
+/// Like [`run`], with the RUN request sent as V principal `principal`
+/// (a team server started with `--allow-principal` checks it).
+#[allow(clippy::too_many_arguments)]
+pub fn run_as(
+    kernel: &Kernel,
+    principal: u32,
+    team: Pid,
+    fs: Pid,
+    argv: &[Vec<u8>],
+    stdin: Option<Box<dyn Read + Send>>,
+    stdout: Box<dyn Write + Send>,
+    stderr: Box<dyn Write + Send>,
+) -> Result<Exit, RunError> {
     let mut spec = Vec::new();
     for (i, a) in argv.iter().enumerate() {
         if i > 0 {
@@ -608,6 +624,9 @@ pub fn run(
         return Err(RunError::Status(Status::EINVAL));
     }
     let main = kernel.create_process()?;
+    if principal != 0 {
+        main.set_principal(principal);
+    }
     let mut m = Message::with_code(RUN);
     m.0[1] = fs.0;
     main.send_with_segment(&mut m, team, Segment::Read(&spec))?;

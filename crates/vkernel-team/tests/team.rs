@@ -331,3 +331,39 @@ fn a_vanished_client_leaves_no_orphan_and_policy_refuses() {
     let m = raw_run(&seven, picky.pid(), fs.pid(), b"greet.sh");
     assert_eq!(Status(m.0[0]), Status::OK, "principal 7 admitted");
 }
+
+/// A reader of an empty pipe is held (delayed Reply) until data arrives,
+/// and the server's pipe table is bounded.
+#[test]
+fn an_empty_pipe_holds_its_reader_and_pipes_are_bounded() {
+    let ks = hosts(1);
+    let srv = PipeServer::start(&ks[0]).unwrap();
+    let pipes = Pipes { server: srv.pid() };
+    let w = ks[0].create_process().unwrap();
+    let id = pipes.create(&w, 0).unwrap();
+    let r = ks[0].create_process().unwrap();
+    pipes.hand_off(&w, id, End::Read, r.pid()).unwrap();
+    let got = Arc::new(AtomicBool::new(false));
+    let g2 = got.clone();
+    let rh = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        let n = pipes.read(&r, id, &mut buf).unwrap();
+        g2.store(true, Ordering::SeqCst);
+        buf[..n].to_vec()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!got.load(Ordering::SeqCst), "the reader waits for data");
+    pipes.write(&w, id, b"late").unwrap();
+    assert_eq!(rh.join().unwrap(), b"late");
+    // The table is bounded: creations past the limit get ENFILE.
+    let mut n = 1;
+    let err = loop {
+        match pipes.create(&w, 0) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n <= vkernel_team::pipe::MAX_PIPES, "no limit");
+    };
+    assert_eq!(n, vkernel_team::pipe::MAX_PIPES);
+    assert!(matches!(err, PipeError::Status(Status::ENFILE)), "{err:?}");
+}
