@@ -393,6 +393,21 @@ impl Process {
         to: Pid,
         seg: Segment<'_>,
     ) -> Result<Reply, IpcError> {
+        self.send_with_segment_append(msg, to, seg, usize::MAX)
+    }
+
+    /// [`Process::send_with_segment`] with at most `append` bytes of a
+    /// readable segment travelling with the message (the receiver gets
+    /// them by receive-with-segment and may MoveFrom the rest). A segment
+    /// laid out as data-out followed by room for data-in keeps the room
+    /// off the wire by appending only the data-out part.
+    pub fn send_with_segment_append(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        seg: Segment<'_>,
+        append: usize,
+    ) -> Result<Reply, IpcError> {
         let (lease, lent, access) = match seg {
             Segment::Read(b) => {
                 let (l, s) = Lease::shared(b);
@@ -412,7 +427,7 @@ impl Process {
         self.trace(Phase::Send, self.pid, to, true);
         let r = self
             .shared
-            .with_engine(|e, now| e.send(now, self.pid, to, m, Some(lent)));
+            .with_engine(|e, now| e.send_append(now, self.pid, to, m, Some(lent), append));
         let r = r.and_then(|()| self.finish_send(msg, to));
         lease.release();
         r

@@ -91,6 +91,16 @@ fn exercise(client: &Process, server: Pid) {
         .unwrap();
     assert_eq!(m.0[1], 4096);
     assert_eq!(m.0[2], data.iter().map(|&b| b as u32).sum::<u32>());
+    // A read-write segment with only its first 1000 bytes appended: the
+    // receiver gets exactly those, and writes back with its reply.
+    let mut rw = pattern(4096, 6);
+    let mut m = Message::with_code(WRITE_PAGE);
+    client
+        .send_with_segment_append(&mut m, server, Segment::ReadWrite(&mut rw), 1000)
+        .unwrap();
+    assert_eq!(m.0[1], 1000, "appended bytes");
+    let want: u32 = pattern(4096, 6)[..1000].iter().map(|&b| b as u32).sum();
+    assert_eq!(m.0[2], want);
     // MoveFrom of a large segment.
     let big = pattern(3 << 20, 9);
     let mut m = Message::with_code(PULL);

@@ -123,6 +123,9 @@ struct Outgoing {
     msg: Message,
     seg: Option<Seg>,
     access: SegAccess,
+    /// At most this many bytes of a read segment travel with the message
+    /// (the rest is left for MoveFrom).
+    append: usize,
     forwarder: Pid,
     /// The (local) receiver has taken the message.
     received: bool,
@@ -661,8 +664,24 @@ impl Engine {
         now: Micros,
         src: Pid,
         dst: Pid,
+        msg: Message,
+        seg: Option<Seg>,
+    ) -> Result<(), IpcError> {
+        self.send_append(now, src, dst, msg, seg, usize::MAX)
+    }
+
+    /// [`Engine::send`] with at most `append` bytes of a read segment
+    /// travelling with the message (capped at [`MAX_APPEND`]); a sender
+    /// whose segment ends in space for the reply's data keeps that space
+    /// off the wire.
+    pub fn send_append(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        dst: Pid,
         mut msg: Message,
         seg: Option<Seg>,
+        append: usize,
     ) -> Result<(), IpcError> {
         self.check_ready_caller(src)?;
         if !dst.is_process() && !dst.is_group() {
@@ -684,6 +703,7 @@ impl Engine {
             msg,
             seg: if access.any() { seg } else { None },
             access,
+            append,
             forwarder: src,
             received: false,
             remote: None,
@@ -775,7 +795,7 @@ impl Engine {
         let (data, total): (&[u8], u32) = match (&o.seg, append) {
             (Some(s), true) => {
                 let b = s.bytes();
-                (&b[..b.len().min(MAX_APPEND)], b.len() as u32)
+                (&b[..b.len().min(MAX_APPEND).min(o.append)], b.len() as u32)
             }
             (Some(s), false) => (&[], s.len() as u32),
             _ => (&[], 0),
@@ -930,7 +950,7 @@ impl Engine {
                 let mut n = 0;
                 let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
                 if let (Some(b), Some(seg), true) = (buf.as_mut(), o.seg.as_ref(), append) {
-                    n = b.len().min(seg.len());
+                    n = b.len().min(seg.len()).min(o.append);
                     b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
                 }
                 let _ = receiver;
