@@ -58,6 +58,14 @@ pub enum Data<'a> {
     Out(&'a [u8]),
 }
 
+/// One read or write of a [`Client::batch`].
+pub enum BatchIo<'a> {
+    /// Read into this buffer.
+    Read(&'a mut [u8]),
+    /// Write these bytes; with `fua`, durable before the batch returns.
+    Write(&'a [u8], bool),
+}
+
 /// The outcome of a command that completed with GOOD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Done {
@@ -81,6 +89,9 @@ pub struct Geometry {
 struct Pool {
     free: Mutex<Vec<Process>>,
     cv: Condvar,
+    /// Segment buffers for batches, reused: a fresh large allocation
+    /// per batch would cost an mmap and its page faults each time.
+    bufs: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Pool {
@@ -191,6 +202,7 @@ impl Client {
             pool: Pool {
                 free: Mutex::new(procs),
                 cv: Condvar::new(),
+                bufs: Mutex::new(Vec::new()),
             },
         };
         // The transfer limit from the Block Limits VPD page.
@@ -267,6 +279,179 @@ impl Client {
                     .unwrap_or_else(|| Err(ClientError::Malformed("sense data".into())))
             }
             s => Err(ClientError::Status(s)),
+        }
+    }
+
+    /// Runs reads and writes (each at a block-aligned byte offset) as
+    /// batches of SCSI commands, [`msg::MAX_BATCH`] commands and at most
+    /// the transfer limit of data per exchange, executed in order. The
+    /// outer error means an exchange failed (its commands' outcomes are
+    /// unknown); otherwise each command has its own result.
+    pub fn batch(&self, ios: &mut [(u64, BatchIo<'_>)]) -> Result<Vec<Result<(), ClientError>>, ClientError> {
+        let mut results = Vec::with_capacity(ios.len());
+        let limit = self.chunk_bytes().min(crate::server::MAX_BATCH_SEGMENT / 2);
+        let mut i = 0;
+        while i < ios.len() {
+            // As many commands as fit one exchange (at least one).
+            let mut j = i;
+            let mut bytes = 0usize;
+            while j < ios.len() && j - i < msg::MAX_BATCH {
+                let n = match &ios[j].1 {
+                    BatchIo::Read(b) => b.len(),
+                    BatchIo::Write(d, _) => d.len(),
+                };
+                if j > i && bytes + n > limit {
+                    break;
+                }
+                bytes += n;
+                j += 1;
+            }
+            self.batch_once(&mut ios[i..j], &mut results)?;
+            i = j;
+        }
+        Ok(results)
+    }
+
+    fn batch_once(
+        &self,
+        ios: &mut [(u64, BatchIo<'_>)],
+        results: &mut Vec<Result<(), ClientError>>,
+    ) -> Result<(), ClientError> {
+        let n = ios.len();
+        let table = n * msg::BATCH_ENTRY;
+        let mut out_len = 0usize;
+        let mut in_len = 0usize;
+        let mut cdbs = Vec::with_capacity(n);
+        let mut valid = Vec::with_capacity(n);
+        for (off, io) in ios.iter() {
+            let (write, len, fua) = match io {
+                BatchIo::Read(b) => (false, b.len(), false),
+                BatchIo::Write(d, fua) => (true, d.len(), *fua),
+            };
+            match self.blocks_of(*off, len) {
+                Ok((lba, blocks)) if len as u64 <= self.max_transfer => {
+                    cdbs.push(scsi::cdb_rw16(write, lba, blocks as u32, fua));
+                    valid.push(None);
+                }
+                Ok(_) => {
+                    cdbs.push([0u8; 16]);
+                    valid.push(Some(ClientError::Invalid(format!(
+                        "{len} bytes exceed the {}-byte transfer limit",
+                        self.max_transfer
+                    ))));
+                }
+                Err(e) => {
+                    cdbs.push([0u8; 16]);
+                    valid.push(Some(e));
+                }
+            }
+            if write {
+                out_len += len;
+            } else {
+                in_len += len;
+            }
+        }
+        let din_at = table + out_len;
+        let mut seg = self.take_buf();
+        seg.clear();
+        seg.resize(din_at + in_len, 0);
+        let (mut o, mut d) = (table, din_at);
+        let mut idempotent = true;
+        for (k, (_, io)) in ios.iter().enumerate() {
+            // An invalid command goes as a zero-length TEST UNIT READY slot
+            // whose result is ignored.
+            let e = match io {
+                BatchIo::Read(b) => {
+                    let e = msg::BatchEntry::new(&cdbs[k], d as u32, b.len() as u32);
+                    d += b.len();
+                    e
+                }
+                BatchIo::Write(data, _) => {
+                    seg[o..o + data.len()].copy_from_slice(data);
+                    let e = msg::BatchEntry::new(&cdbs[k], o as u32, data.len() as u32);
+                    o += data.len();
+                    idempotent = false;
+                    e
+                }
+            };
+            let e = if valid[k].is_some() {
+                msg::BatchEntry::new(&[0u8; 6], 0, 0)
+            } else {
+                e
+            };
+            e.encode(&mut seg[k * msg::BATCH_ENTRY..]);
+        }
+        let mut m = Message::with_code(msg::SCSI_BATCH);
+        m.0[1] = n as u32;
+        m.0[2] = din_at as u32;
+        m.0[5] = self.handle;
+        if idempotent {
+            m.set_flag(IDEMPOTENT, true);
+        }
+        let p = self.pool.take();
+        let r = p.send_with_segment_append(&mut m, self.server, Segment::ReadWrite(&mut seg), din_at);
+        self.pool.give(p);
+        if let Err(e) = r {
+            self.give_buf(seg);
+            return Err(e.into());
+        }
+        let (resp, _) = msg::split_word0(m.0[0]);
+        if resp != Response::Complete {
+            self.give_buf(seg);
+            return Err(ClientError::Refused(resp));
+        }
+        for (k, (_, io)) in ios.iter_mut().enumerate() {
+            if let Some(e) = valid[k].take() {
+                results.push(Err(e));
+                continue;
+            }
+            let Some(e) = msg::BatchEntry::decode(&seg[k * msg::BATCH_ENTRY..]) else {
+                results.push(Err(ClientError::Malformed("batch entry".into())));
+                continue;
+            };
+            let (resp, status) = msg::split_word0(e.result);
+            let r = if resp != Response::Complete {
+                Err(ClientError::Refused(resp))
+            } else if status == scsi::STATUS_CHECK_CONDITION {
+                Err(Sense::from_bytes(&e.sense)
+                    .map(ClientError::Check)
+                    .unwrap_or_else(|| ClientError::Malformed("sense data".into())))
+            } else if status != scsi::STATUS_GOOD {
+                Err(ClientError::Status(status))
+            } else {
+                if let BatchIo::Read(b) = io {
+                    let at = e.off as usize;
+                    match seg.get(at..at + b.len()) {
+                        Some(src) if e.transferred as usize == b.len() => b.copy_from_slice(src),
+                        _ => {
+                            results.push(Err(ClientError::Malformed("short batch read".into())));
+                            continue;
+                        }
+                    }
+                }
+                Ok(())
+            };
+            results.push(r);
+        }
+        self.give_buf(seg);
+        Ok(())
+    }
+
+    fn take_buf(&self) -> Vec<u8> {
+        match self.pool.bufs.lock() {
+            Ok(mut g) => g.pop(),
+            Err(p) => p.into_inner().pop(),
+        }
+        .unwrap_or_default()
+    }
+
+    fn give_buf(&self, b: Vec<u8>) {
+        if b.capacity() > (32 << 20) {
+            return;
+        }
+        match self.pool.bufs.lock() {
+            Ok(mut g) => g.push(b),
+            Err(p) => p.into_inner().push(b),
         }
     }
 

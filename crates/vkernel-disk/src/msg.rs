@@ -14,6 +14,20 @@ pub const OPEN: u32 = 0x1d_5c01;
 /// Request: a SCSI command (w1–w4 the CDB, zero-padded to 16 bytes; w5 the
 /// handle). Data-out travels in a read segment, data-in in a write segment.
 pub const SCSI: u32 = 0x1d_5c02;
+/// Request: a batch of SCSI commands executed in order, each with its own
+/// status (w1 the number of commands, w2 the offset of the data-in area,
+/// w5 the handle). The read-write segment holds [`BATCH_ENTRY`]-byte
+/// entries, then the data-out area, then the data-in area; only the
+/// entries and data-out travel with the request, and the server writes
+/// back the entries (results) and the data-in. Reply: w1 commands
+/// executed.
+pub const SCSI_BATCH: u32 = 0x1d_5c04;
+/// Bytes of one batch entry: CDB (16), data offset (4), data length (4),
+/// then, written by the server, result word (4, as reply word 0),
+/// transferred (4), sense (18), zero padding.
+pub const BATCH_ENTRY: usize = 64;
+/// Most commands in one batch.
+pub const MAX_BATCH: usize = 64;
 /// Request: forget a handle (w5).
 pub const CLOSE: u32 = 0x1d_5c03;
 /// Owner request: define or change a DVD (a record in a read segment; w5
@@ -125,6 +139,65 @@ pub fn scsi_request(cdb: &[u8], handle: u32) -> Message {
     m
 }
 
+/// One entry of a [`SCSI_BATCH`] request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchEntry {
+    /// The CDB, zero-padded.
+    pub cdb: [u8; 16],
+    /// Where the command's data lies in the segment.
+    pub off: u32,
+    /// Bytes of data (0 = none).
+    pub len: u32,
+    /// Result, as a reply word 0 (written by the server).
+    pub result: u32,
+    /// Bytes transferred (written by the server).
+    pub transferred: u32,
+    /// Sense data when the result is CHECK CONDITION.
+    pub sense: [u8; crate::scsi::SENSE_LEN],
+}
+
+impl BatchEntry {
+    /// An entry for `cdb` (at most 16 bytes) with data at `off..off+len`.
+    pub fn new(cdb: &[u8], off: u32, len: u32) -> BatchEntry {
+        let mut c = [0u8; 16];
+        let n = cdb.len().min(16);
+        c[..n].copy_from_slice(&cdb[..n]);
+        BatchEntry {
+            cdb: c,
+            off,
+            len,
+            result: reply_word0(Response::Failed, 0),
+            transferred: 0,
+            sense: [0; crate::scsi::SENSE_LEN],
+        }
+    }
+
+    /// Writes the entry into `out` (at least [`BATCH_ENTRY`] bytes).
+    pub fn encode(&self, out: &mut [u8]) {
+        let Some(o) = out.get_mut(..BATCH_ENTRY) else {
+            return;
+        };
+        o[..16].copy_from_slice(&self.cdb);
+        o[16..20].copy_from_slice(&self.off.to_be_bytes());
+        o[20..24].copy_from_slice(&self.len.to_be_bytes());
+        o[24..28].copy_from_slice(&self.result.to_be_bytes());
+        o[28..32].copy_from_slice(&self.transferred.to_be_bytes());
+        o[32..32 + crate::scsi::SENSE_LEN].copy_from_slice(&self.sense);
+        o[32 + crate::scsi::SENSE_LEN..].fill(0);
+    }
+
+    /// Reads an entry; `None` if `b` is shorter than [`BATCH_ENTRY`].
+    pub fn decode(b: &[u8]) -> Option<BatchEntry> {
+        let b = b.get(..BATCH_ENTRY)?;
+        let w = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut e = BatchEntry::new(&b[..16], w(16), w(20));
+        e.result = w(24);
+        e.transferred = w(28);
+        e.sense.copy_from_slice(&b[32..32 + crate::scsi::SENSE_LEN]);
+        Some(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +219,18 @@ mod tests {
             split_word0(reply_word0(Response::Denied, 2)),
             (Response::Denied, 2)
         );
+    }
+
+    #[test]
+    fn batch_entries_round_trip() {
+        let mut e = BatchEntry::new(&[0x88, 1, 2, 3], 4096, 512);
+        e.result = reply_word0(Response::Complete, 2);
+        e.transferred = 7;
+        e.sense[0] = 0x70;
+        let mut b = [0xffu8; BATCH_ENTRY];
+        e.encode(&mut b);
+        assert_eq!(BatchEntry::decode(&b), Some(e));
+        assert_eq!(BatchEntry::decode(&b[..BATCH_ENTRY - 1]), None);
+        assert_eq!(&b[50..], &[0u8; 14], "padding is zero");
     }
 }

@@ -17,12 +17,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::client::{Client, ClientError};
+use crate::client::{BatchIo, Client, ClientError};
 use crate::scsi;
 
 /// `NBDMAGIC`.
@@ -149,8 +148,6 @@ pub mod errno {
 pub const MAX_PAYLOAD: u32 = 1 << 25;
 /// Largest option payload read; a longer one ends the connection.
 pub const MAX_OPTION: u32 = 1 << 16;
-/// Bytes of request payload one connection may hold in flight.
-pub const INFLIGHT_BYTES: u64 = 64 << 20;
 /// Preferred block size advertised.
 pub const PREFERRED_BLOCK: u32 = 4096;
 
@@ -172,6 +169,17 @@ pub trait BlockDev: Send + Sync {
     fn trim(&self, off: u64, len: u64) -> Result<(), u32>;
     /// Writes zeros over `len` bytes at `off`, deallocating if `may_trim`.
     fn write_zeroes(&self, off: u64, len: u64, may_trim: bool) -> Result<(), u32>;
+    /// Reads and writes that arrived together, in order; one result each.
+    /// The default runs them one at a time; an IPdisk [`Client`] sends
+    /// them as one batch of SCSI commands (one exchange).
+    fn batch(&self, ios: &mut [(u64, BatchIo<'_>)]) -> Vec<Result<(), u32>> {
+        ios.iter_mut()
+            .map(|(off, io)| match io {
+                BatchIo::Read(b) => self.read(*off, b),
+                BatchIo::Write(d, fua) => self.write(*off, d, *fua),
+            })
+            .collect()
+    }
 }
 
 /// Maps a client error to an NBD error value.
@@ -222,6 +230,18 @@ impl BlockDev for Client {
     }
     fn write_zeroes(&self, off: u64, len: u64, may_trim: bool) -> Result<(), u32> {
         Client::write_zeroes(self, off, len, may_trim).map_err(|e| log_err("write zeroes", &e))
+    }
+    fn batch(&self, ios: &mut [(u64, BatchIo<'_>)]) -> Vec<Result<(), u32>> {
+        match Client::batch(self, ios) {
+            Ok(rs) => rs
+                .into_iter()
+                .map(|r| r.map_err(|e| log_err("batch", &e)))
+                .collect(),
+            Err(e) => {
+                let x = log_err("batch", &e);
+                vec![Err(x); ios.len()]
+            }
+        }
     }
 }
 
@@ -624,154 +644,242 @@ fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Re
         w.write_all(&h)?;
         w.write_all(data)?;
     }
-    w.flush()
+    Ok(())
 }
 
-/// Bytes of request payload in flight on one connection (backpressure).
-struct Budget {
-    used: Mutex<u64>,
-    cv: Condvar,
+/// Requests of one connection gathered into one batch at most.
+pub const BATCH_REQUESTS: usize = 32;
+/// Read/write payload bytes gathered into one batch at most; larger
+/// requests run on their own.
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// The reading half of a connection, shared by its pumps.
+struct Reader<R> {
+    r: io::BufReader<R>,
+    /// DISC, end of stream, or an error: no more requests.
+    done: bool,
 }
 
-impl Budget {
-    fn acquire(&self, n: u64) {
-        let mut g = match self.used.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        while *g > 0 && *g + n > INFLIGHT_BYTES {
-            g = match self.cv.wait(g) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+/// Reads the next request (header and write payload). `Ok(None)` at DISC
+/// or end of stream.
+fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8>)>, NbdError> {
+    let mut hdr = [0u8; 28];
+    if let Err(e) = r.read_exact(&mut hdr) {
+        // A client that leaves without DISC: a hard disconnect.
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            return Ok(None);
         }
-        *g += n;
+        return Err(e.into());
     }
-    fn release(&self, n: u64) {
-        match self.used.lock() {
-            Ok(mut g) => *g = g.saturating_sub(n),
-            Err(p) => {
-                let mut g = p.into_inner();
-                *g = g.saturating_sub(n);
+    let Some(req) = parse_request(&hdr) else {
+        return violation("bad request magic");
+    };
+    if req.ty == cmd::DISC {
+        return Ok(None);
+    }
+    let mut payload = Vec::new();
+    if req.ty == cmd::WRITE {
+        if req.length > MAX_PAYLOAD {
+            return violation(format!("write payload of {} bytes", req.length));
+        }
+        // Read as it arrives: a client that only claims a large payload
+        // makes us allocate nothing up front.
+        let n = r.take(u64::from(req.length)).read_to_end(&mut payload)?;
+        if n != req.length as usize {
+            return Ok(None); // the client left mid-request
+        }
+    }
+    Ok(Some((req, payload)))
+}
+
+/// The next request if it is already wholly buffered (no waiting).
+fn buffered_request(b: &[u8]) -> bool {
+    let Some(h) = b.get(..28) else { return false };
+    let mut hdr = [0u8; 28];
+    hdr.copy_from_slice(h);
+    match parse_request(&hdr) {
+        Some(r) if r.ty == cmd::DISC => false,
+        Some(r) if r.ty == cmd::WRITE => {
+            r.length <= MAX_PAYLOAD && b.len() >= 28 + r.length as usize
+        }
+        Some(_) => true,
+        // A bad magic is reported by the next blocking read.
+        None => false,
+    }
+}
+
+/// Reads one request (waiting for it), then every further request
+/// already buffered, up to the batch limits. `Ok(None)`: no more requests.
+fn read_batch<R: Read>(
+    r: &mut io::BufReader<R>,
+) -> Result<Option<Vec<(Request, Vec<u8>)>>, NbdError> {
+    let Some(first) = read_one(r)? else {
+        return Ok(None);
+    };
+    let mut bytes = first.0.length as usize;
+    let mut batch = vec![first];
+    while batch.len() < BATCH_REQUESTS && bytes < BATCH_BYTES && buffered_request(r.buffer()) {
+        match read_one(r)? {
+            Some(q) => {
+                bytes += q.0.length as usize;
+                batch.push(q);
+            }
+            None => break,
+        }
+    }
+    Ok(Some(batch))
+}
+
+/// A request that joins the device batch: a valid READ or WRITE of at
+/// most [`BATCH_BYTES`].
+fn batchable(e: &Export, r: &Request) -> bool {
+    matches!(r.ty, cmd::READ | cmd::WRITE)
+        && (r.length as usize) <= BATCH_BYTES
+        && validate(e, r).is_none()
+}
+
+/// Executes a batch: runs of reads and writes go to the device together,
+/// anything else on its own, in order. Returns (cookie, error, data) per
+/// request, in request order.
+fn execute_batch(e: &Export, batch: Vec<(Request, Vec<u8>)>) -> Vec<(u64, u32, Vec<u8>)> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut run: Vec<(Request, Vec<u8>)> = Vec::new();
+    let flush_run = |run: &mut Vec<(Request, Vec<u8>)>, out: &mut Vec<(u64, u32, Vec<u8>)>| {
+        if run.is_empty() {
+            return;
+        }
+        let mut bufs: Vec<Vec<u8>> = run
+            .iter()
+            .map(|(r, _)| {
+                if r.ty == cmd::READ {
+                    vec![0u8; r.length as usize]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let mut ios: Vec<(u64, BatchIo<'_>)> = run
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((r, payload), b)| {
+                let io = if r.ty == cmd::READ {
+                    BatchIo::Read(b.as_mut_slice())
+                } else {
+                    BatchIo::Write(payload.as_slice(), r.flags & cmd::FLAG_FUA != 0)
+                };
+                (r.offset, io)
+            })
+            .collect();
+        let res = e.dev.batch(&mut ios);
+        drop(ios);
+        for (k, ((r, _), b)) in run.drain(..).zip(bufs).enumerate() {
+            match res.get(k).copied().unwrap_or(Err(errno::EIO)) {
+                Ok(()) => out.push((r.cookie, 0, if r.ty == cmd::READ { b } else { Vec::new() })),
+                Err(x) => out.push((r.cookie, x, Vec::new())),
             }
         }
-        self.cv.notify_all();
+    };
+    for (r, payload) in batch {
+        if batchable(e, &r) {
+            run.push((r, payload));
+            continue;
+        }
+        flush_run(&mut run, &mut out);
+        if r.ty == cmd::READ && r.length > MAX_PAYLOAD {
+            out.push((r.cookie, errno::EINVAL, Vec::new()));
+            continue;
+        }
+        let (err, data) = execute(e, &r, payload);
+        out.push((r.cookie, err, data));
     }
+    flush_run(&mut run, &mut out);
+    out
 }
 
 /// Runs the transmission phase until DISC or the connection ends.
-/// `workers` = 0 executes each request inline (deterministic: fuzzing);
-/// otherwise that many threads execute requests concurrently.
+///
+/// `workers` *pumps* share the connection: a pump takes the reading half,
+/// reads one request and every further one already buffered (a batch),
+/// lets go, executes the batch (reads and writes as one device batch:
+/// one IPdisk exchange), and writes the replies together. While one pump
+/// waits on the device the next reads, so requests stay in flight and
+/// replies may come out of order. `workers` = 0 runs one pump inline
+/// (deterministic: fuzzing).
 pub fn transmission<R, W>(
-    mut r: R,
+    r: R,
     w: Arc<Mutex<W>>,
     export: &Export,
     workers: usize,
 ) -> Result<(), NbdError>
 where
-    R: Read,
-    W: Write + Send + 'static,
+    R: Read + Send,
+    W: Write + Send,
 {
-    let budget = Arc::new(Budget {
-        used: Mutex::new(0),
-        cv: Condvar::new(),
+    let reader = Mutex::new(Reader {
+        r: io::BufReader::with_capacity(256 << 10, r),
+        done: false,
     });
-    let (tx, rx) = mpsc::sync_channel::<(Request, Vec<u8>)>(workers.max(1) * 2);
-    let rx = Arc::new(Mutex::new(rx));
-    let mut threads = Vec::new();
-    let failed = Arc::new(AtomicBool::new(false));
-    if workers > 0 {
-        for i in 0..workers {
-            let rx = rx.clone();
-            let w = w.clone();
-            let e = export.clone();
-            let budget = budget.clone();
-            let failed = failed.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("nbd-w{i}"))
-                .spawn(move || loop {
-                    let job = match rx.lock() {
-                        Ok(g) => g.recv(),
-                        Err(p) => p.into_inner().recv(),
-                    };
-                    let Ok((req, payload)) = job else {
-                        return;
-                    };
-                    let cost = u64::from(req.length);
-                    let (err, data) = execute(&e, &req, payload);
-                    let res = {
-                        let mut g = match w.lock() {
-                            Ok(g) => g,
-                            Err(p) => p.into_inner(),
-                        };
-                        write_reply(&mut *g, req.cookie, err, &data)
-                    };
-                    budget.release(cost);
-                    if res.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                })
-                .map_err(NbdError::Io)?;
-            threads.push(h);
-        }
-    }
-    let result = (|| -> Result<(), NbdError> {
+    let first_error: Mutex<Option<NbdError>> = Mutex::new(None);
+    let pump = || {
         loop {
-            let mut hdr = [0u8; 28];
-            if let Err(e) = r.read_exact(&mut hdr) {
-                // A client that leaves without DISC: a hard disconnect.
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    return Ok(());
+            let batch = {
+                let mut g = lock(&reader);
+                if g.done {
+                    return;
                 }
-                return Err(e.into());
-            }
-            let Some(req) = parse_request(&hdr) else {
-                return violation("bad request magic");
+                match read_batch(&mut g.r) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => {
+                        g.done = true;
+                        return;
+                    }
+                    Err(e) => {
+                        g.done = true;
+                        lock(&first_error).get_or_insert(e);
+                        return;
+                    }
+                }
             };
-            if req.ty == cmd::DISC {
-                return Ok(());
-            }
-            let mut payload = Vec::new();
-            if req.ty == cmd::WRITE {
-                if req.length > MAX_PAYLOAD {
-                    return violation(format!("write payload of {} bytes", req.length));
-                }
-                // Read as it arrives: a client that only claims a large
-                // payload makes us allocate nothing up front.
-                let n = (&mut r)
-                    .take(u64::from(req.length))
-                    .read_to_end(&mut payload)?;
-                if n != req.length as usize {
-                    return Ok(()); // the client left mid-request
-                }
-            }
-            if failed.load(Ordering::Relaxed) {
-                return Err(NbdError::Io(io::ErrorKind::BrokenPipe.into()));
-            }
-            if req.ty == cmd::READ && req.length > MAX_PAYLOAD {
+            let replies = execute_batch(export, batch);
+            let res = (|| -> io::Result<()> {
                 let mut g = lock(&w);
-                write_reply(&mut *g, req.cookie, errno::EINVAL, &[])?;
-                continue;
-            }
-            if workers == 0 {
-                let (err, data) = execute(export, &req, payload);
-                let mut g = lock(&w);
-                write_reply(&mut *g, req.cookie, err, &data)?;
-                continue;
-            }
-            let cost = u64::from(req.length);
-            budget.acquire(cost);
-            if tx.send((req, payload)).is_err() {
-                return Err(NbdError::Io(io::ErrorKind::BrokenPipe.into()));
+                for (cookie, err, data) in &replies {
+                    write_reply(&mut *g, *cookie, *err, data)?;
+                }
+                g.flush()
+            })();
+            if let Err(e) = res {
+                lock(&reader).done = true;
+                lock(&first_error).get_or_insert(NbdError::Io(e));
+                return;
             }
         }
-    })();
-    // DISC or end: let in-flight requests finish and reply, then close.
-    drop(tx);
-    for h in threads {
-        let _ = h.join();
+    };
+    if workers == 0 {
+        pump();
+    } else {
+        std::thread::scope(|s| {
+            for i in 0..workers {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("nbd-pump{i}"))
+                    .spawn_scoped(s, pump);
+                if let Err(e) = spawned {
+                    // Fewer pumps still serve the connection.
+                    tracing::warn!("nbd: cannot start a pump: {e}");
+                    if i == 0 {
+                        pump();
+                    }
+                    break;
+                }
+            }
+        });
     }
-    result
+    // DISC or end: every pump has finished its batch and replied.
+    let e = lock(&first_error).take();
+    match e {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Where the gateway listens: a TCP address or `unix:PATH`.
@@ -1007,12 +1115,7 @@ fn serve_conn(
         Negotiated::Aborted => return Ok(()),
     };
     let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(256 << 10, ws)));
-    transmission(
-        io::BufReader::with_capacity(256 << 10, rs),
-        w,
-        &e,
-        WORKERS_PER_CONN,
-    )
+    transmission(rs, w, &e, WORKERS_PER_CONN)
 }
 
 /// An in-memory duplex stream for fuzzing: reads come from a byte slice,

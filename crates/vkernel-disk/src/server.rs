@@ -354,7 +354,7 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
 fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
     let mut m = Message::zero();
     let mut appended = vec![0u8; MAX_APPEND];
-    let mut scratch: Vec<u8> = Vec::new();
+    let mut bufs = Bufs::default();
     loop {
         let i = match p.receive_with_segment(&mut m, &mut appended) {
             Ok(i) => i,
@@ -374,15 +374,12 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
         };
         let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
         sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
-        let r = req.handle(&mut scratch);
+        let r = req.handle(&mut bufs);
         sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
         if let Err(e) = r {
             tracing::debug!("ipdisk: request from {}: {e}", i.from);
         }
-        // Keep big buffers from piling up between commands.
-        if scratch.capacity() > (16 << 20) {
-            scratch = Vec::new();
-        }
+        bufs.trim();
         sh.make_idle(p.pid());
         std::sync::atomic::fence(Ordering::SeqCst);
         if sh.queued.load(Ordering::SeqCst) == 0 {
@@ -404,6 +401,47 @@ struct Req<'a> {
     from: Pid,
     principal: u32,
     appended: &'a [u8],
+}
+
+/// Largest segment of one SCSI_BATCH (entries, data-out and data-in).
+pub const MAX_BATCH_SEGMENT: usize = 16 << 20;
+
+/// Bounds on one command's data phase.
+#[derive(Clone, Copy)]
+struct Caps {
+    /// Data-out bytes available.
+    out: u64,
+    /// Data-in bytes the initiator has room for.
+    data_in: u64,
+}
+
+/// What one SCSI command came to.
+enum Outcome {
+    /// Not executed (the service response).
+    Refused(Response),
+    /// CHECK CONDITION.
+    Check(Sense),
+    /// GOOD; data-in bytes left in the buffer, if the command returns data.
+    Good { data_in: Option<usize> },
+}
+
+/// A worker's reusable buffers.
+#[derive(Default)]
+struct Bufs {
+    a: Vec<u8>,
+    b: Vec<u8>,
+    c: Vec<u8>,
+}
+
+impl Bufs {
+    /// Lets go of buffers grown by an unusually large command.
+    fn trim(&mut self) {
+        for v in [&mut self.a, &mut self.b, &mut self.c] {
+            if v.capacity() > (16 << 20) {
+                *v = Vec::new();
+            }
+        }
+    }
 }
 
 fn refuse(resp: Response) -> Message {
@@ -450,10 +488,12 @@ impl Req<'_> {
         Ok(())
     }
 
-    fn handle(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+    fn handle(&self, bufs: &mut Bufs) -> Result<(), IpcError> {
         let st = &self.sh.stats;
+        let scratch = &mut bufs.a;
         match self.m.code() {
             msg::SCSI => self.scsi(scratch),
+            msg::SCSI_BATCH => self.batch(bufs),
             msg::OPEN => {
                 let key = (u64::from(self.m.0[1]) << 32) | u64::from(self.m.0[2]);
                 let dvd = self.m.0[3];
@@ -560,126 +600,263 @@ impl Req<'_> {
         }
     }
 
-    fn scsi(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
-        let st = &self.sh.stats;
-        let view = match self
-            .sh
+    fn view(&self) -> Result<View, Response> {
+        self.sh
             .access()
             .check_as(self.from, self.principal, self.m.0[5])
-        {
+            .map_err(|e| {
+                self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+                access_response(e)
+            })
+    }
+
+    fn scsi(&self, buf: &mut Vec<u8>) -> Result<(), IpcError> {
+        let view = match self.view() {
             Ok(v) => v,
-            Err(e) => {
-                st.refused.fetch_add(1, Ordering::Relaxed);
-                return self.reply(&refuse(access_response(e)));
-            }
-        };
-        st.commands.fetch_add(1, Ordering::Relaxed);
-        let info = self.sh.info_for(&view);
-        let cdb = msg::get_bytes::<16>(&self.m, 1);
-        let action = match scsi::decode(&info, &cdb) {
-            Ok(a) => a,
-            Err(s) => return self.check(s),
+            Err(r) => return self.reply(&refuse(r)),
         };
         let seg = self.m.seg_access();
         let seg_len = u64::from(self.m.seg_len());
-        let out_len = action.data_out_len(&info);
-        if out_len > 0 && (!seg.read || seg_len < out_len) {
-            st.refused.fetch_add(1, Ordering::Relaxed);
-            return self.reply(&refuse(Response::Malformed));
+        let cdb = msg::get_bytes::<16>(&self.m, 1);
+        let caps = Caps {
+            out: if seg.read { seg_len } else { 0 },
+            data_in: if seg.write { seg_len } else { 0 },
+        };
+        let o = self.run_cdb(&view, &cdb, caps, None, buf)?;
+        match o {
+            Outcome::Refused(r) => self.reply(&refuse(r)),
+            Outcome::Check(s) => self.check(s),
+            Outcome::Good { data_in } => {
+                let mut good = refuse(Response::Complete);
+                good.0[1] = data_in.unwrap_or(0) as u32;
+                match data_in {
+                    Some(n) => self.reply_data(&good, &buf[..n]),
+                    None => self.reply(&good),
+                }
+            }
         }
+    }
+
+    /// Executes one CDB through `view`. Data-out comes from `out` if given
+    /// (a batch's gathered data-out area), else from the sender's segment;
+    /// data-in is left in `buf`. `caps` bounds both.
+    fn run_cdb(
+        &self,
+        view: &View,
+        cdb: &[u8; 16],
+        caps: Caps,
+        out: Option<&[u8]>,
+        buf: &mut Vec<u8>,
+    ) -> Result<Outcome, IpcError> {
+        let st = &self.sh.stats;
+        st.commands.fetch_add(1, Ordering::Relaxed);
+        let info = self.sh.info_for(view);
+        let action = match scsi::decode(&info, cdb) {
+            Ok(a) => a,
+            Err(s) => return Ok(self.checked(s)),
+        };
+        let out_len = action.data_out_len(&info);
+        if out_len > caps.out {
+            st.refused.fetch_add(1, Ordering::Relaxed);
+            return Ok(Outcome::Refused(Response::Malformed));
+        }
+        // The data-out bytes, gathered only when the command takes some.
+        let data_out = |n: usize, buf: &mut Vec<u8>| -> Result<(), IpcError> {
+            match out {
+                Some(o) => {
+                    buf.clear();
+                    buf.extend_from_slice(&o[..n.min(o.len())]);
+                    Ok(())
+                }
+                None => self.gather(buf, n),
+            }
+        };
         let bs = u64::from(info.block_size);
         let at = |lba: u64| (view.base + lba) * bs;
         let be = &self.sh.backing;
-        let mut good = refuse(Response::Complete);
-        match action {
-            Action::Good => self.reply(&good),
+        let good = Outcome::Good { data_in: None };
+        Ok(match action {
+            Action::Good => good,
             Action::DataIn(d) => {
-                let n = if seg.write {
-                    d.len().min(seg_len as usize)
-                } else {
-                    0
-                };
-                good.0[1] = n as u32;
-                self.reply_data(&good, &d[..n])
+                let n = d.len().min(caps.data_in as usize);
+                buf.clear();
+                buf.extend_from_slice(&d[..n]);
+                Outcome::Good { data_in: Some(n) }
             }
             Action::Read { range, .. } => {
                 let n = (range.blocks * bs) as usize;
-                if n > 0 && (!seg.write || seg_len < n as u64) {
+                if n as u64 > caps.data_in {
                     st.refused.fetch_add(1, Ordering::Relaxed);
-                    return self.reply(&refuse(Response::Malformed));
+                    return Ok(Outcome::Refused(Response::Malformed));
                 }
-                scratch.clear();
-                scratch.resize(n, 0);
-                if let Err(e) = be.read_at(at(range.lba), scratch) {
+                buf.clear();
+                buf.resize(n, 0);
+                if let Err(e) = be.read_at(at(range.lba), buf) {
                     tracing::warn!("ipdisk: read error: {e}");
-                    return self.check(Sense::read_error());
+                    return Ok(self.checked(Sense::read_error()));
                 }
                 st.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-                good.0[1] = n as u32;
-                self.reply_data(&good, scratch)
+                Outcome::Good { data_in: Some(n) }
             }
             Action::Write { range, fua } => {
                 let n = (range.blocks * bs) as usize;
-                self.gather(scratch, n)?;
-                if let Err(e) = be.write_at(at(range.lba), scratch, fua) {
+                let r = match out {
+                    // A batch's data is written in place, without a copy.
+                    Some(o) => match o.get(..n) {
+                        Some(d) => be.write_at(at(range.lba), d, fua),
+                        None => return Ok(Outcome::Refused(Response::Malformed)),
+                    },
+                    None => {
+                        data_out(n, buf)?;
+                        be.write_at(at(range.lba), buf, fua)
+                    }
+                };
+                if let Err(e) = r {
                     tracing::warn!("ipdisk: write error: {e}");
-                    return self.check(Sense::write_error());
+                    return Ok(self.checked(Sense::write_error()));
                 }
                 if fua {
                     st.syncs.fetch_add(1, Ordering::Relaxed);
                 }
                 st.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
-                good.0[1] = n as u32;
-                self.reply(&good)
+                good
             }
             Action::Sync(_) => {
                 if let Err(e) = be.sync() {
                     tracing::warn!("ipdisk: sync error: {e}");
-                    return self.check(Sense::write_error());
+                    return Ok(self.checked(Sense::write_error()));
                 }
                 st.syncs.fetch_add(1, Ordering::Relaxed);
-                self.reply(&good)
+                good
             }
             Action::Unmap { param_len } => {
-                self.gather(scratch, usize::from(param_len))?;
-                let ranges = match scsi::decode_unmap(&info, scratch) {
+                data_out(usize::from(param_len), buf)?;
+                let ranges = match scsi::decode_unmap(&info, buf) {
                     Ok(r) => r,
-                    Err(s) => return self.check(s),
+                    Err(s) => return Ok(self.checked(s)),
                 };
                 for r in ranges {
                     if let Err(e) = be.zero(at(r.lba), r.blocks * bs, true) {
                         tracing::warn!("ipdisk: unmap error: {e}");
-                        return self.check(Sense::write_error());
+                        return Ok(self.checked(Sense::write_error()));
                     }
                 }
-                self.reply(&good)
+                good
             }
             Action::WriteSame { range, unmap, ndob } => {
+                buf.clear();
                 if !ndob {
-                    self.gather(scratch, bs as usize)?;
+                    data_out(bs as usize, buf)?;
                 }
-                let zero = ndob || scratch.iter().all(|&b| b == 0);
+                let zero = ndob || buf.iter().all(|&b| b == 0);
                 let r = if zero {
                     be.zero(at(range.lba), range.blocks * bs, unmap)
                 } else {
-                    write_pattern(be, at(range.lba), range.blocks, scratch)
+                    write_pattern(be, at(range.lba), range.blocks, buf)
                 };
                 if let Err(e) = r {
                     tracing::warn!("ipdisk: write same error: {e}");
-                    return self.check(Sense::write_error());
+                    return Ok(self.checked(Sense::write_error()));
                 }
                 st.bytes_written
                     .fetch_add(range.blocks * bs, Ordering::Relaxed);
-                self.reply(&good)
+                good
             }
-        }
+        })
     }
 
-    fn check(&self, s: Sense) -> Result<(), IpcError> {
+    /// A SCSI_BATCH: every command in order against one view, one exchange.
+    fn batch(&self, bufs: &mut Bufs) -> Result<(), IpcError> {
+        let view = match self.view() {
+            Ok(v) => v,
+            Err(r) => return self.reply(&refuse(r)),
+        };
+        let n = self.m.0[1] as usize;
+        let din_at = self.m.0[2] as usize;
+        let seg = self.m.seg_access();
+        let seg_len = self.m.seg_len() as usize;
+        let table = n * msg::BATCH_ENTRY;
+        if n == 0
+            || n > msg::MAX_BATCH
+            || !seg.read
+            || !seg.write
+            || din_at < table
+            || din_at > seg_len
+            || seg_len > MAX_BATCH_SEGMENT
+        {
+            self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return self.reply(&refuse(Response::Malformed));
+        }
+        // Entries and data-out: appended, the rest by MoveFrom.
+        let Bufs { a: req, b: wb, c: one } = bufs;
+        self.gather(req, din_at)?;
+        // Write-back image: the entries, then the data-in area.
+        let din_len = seg_len - din_at;
+        wb.clear();
+        wb.resize(table + din_len, 0);
+        let mut used_in = 0usize;
+        for k in 0..n {
+            let Some(mut e) = msg::BatchEntry::decode(&req[k * msg::BATCH_ENTRY..]) else {
+                break;
+            };
+            let (off, len) = (e.off as usize, e.len as usize);
+            let end = off.saturating_add(len);
+            let mut caps = Caps { out: 0, data_in: 0 };
+            let mut out: &[u8] = &[];
+            if len > 0 && off >= table && end <= din_at {
+                caps.out = len as u64;
+                out = &req[off..end];
+            } else if len > 0 && off >= din_at && end <= seg_len {
+                caps.data_in = len as u64;
+            } else if len > 0 {
+                e.result = msg::reply_word0(Response::Malformed, 0);
+                e.encode(&mut wb[k * msg::BATCH_ENTRY..]);
+                continue;
+            }
+            let o = self.run_cdb(&view, &e.cdb, caps, Some(out), one)?;
+            e.transferred = 0;
+            e.result = match o {
+                Outcome::Refused(r) => msg::reply_word0(r, 0),
+                Outcome::Check(s) => {
+                    e.sense = s.to_bytes();
+                    msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION)
+                }
+                Outcome::Good { data_in } => {
+                    if let Some(got) = data_in {
+                        let at = table + (off - din_at);
+                        wb[at..at + got].copy_from_slice(&one[..got]);
+                        used_in = used_in.max(off - din_at + got);
+                        e.transferred = got as u32;
+                    } else if caps.out > 0 {
+                        e.transferred = len as u32;
+                    }
+                    msg::reply_word0(Response::Complete, scsi::STATUS_GOOD)
+                }
+            };
+            e.encode(&mut wb[k * msg::BATCH_ENTRY..]);
+        }
+        let mut good = refuse(Response::Complete);
+        good.0[1] = n as u32;
+        if din_at == table && table + used_in <= MAX_APPEND {
+            // Entries and data-in are contiguous: one reply carries both.
+            return self.p.reply_with_segment(&good, self.from, 0, &wb[..table + used_in]);
+        }
+        if used_in > 0 {
+            self.p
+                .move_to(self.from, din_at as u32, &wb[table..table + used_in])?;
+        }
+        self.p.reply_with_segment(&good, self.from, 0, &wb[..table])
+    }
+
+    fn checked(&self, s: Sense) -> Outcome {
         self.sh
             .stats
             .check_conditions
             .fetch_add(1, Ordering::Relaxed);
+        Outcome::Check(s)
+    }
+
+    fn check(&self, s: Sense) -> Result<(), IpcError> {
         let mut r = Message::zero();
         r.0[0] = msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION);
         msg::put_bytes(&mut r, 1, &s.to_bytes());
