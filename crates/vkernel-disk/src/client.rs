@@ -287,7 +287,10 @@ impl Client {
     /// the transfer limit of data per exchange, executed in order. The
     /// outer error means an exchange failed (its commands' outcomes are
     /// unknown); otherwise each command has its own result.
-    pub fn batch(&self, ios: &mut [(u64, BatchIo<'_>)]) -> Result<Vec<Result<(), ClientError>>, ClientError> {
+    pub fn batch(
+        &self,
+        ios: &mut [(u64, BatchIo<'_>)],
+    ) -> Result<Vec<Result<(), ClientError>>, ClientError> {
         let mut results = Vec::with_capacity(ios.len());
         let limit = self.chunk_bytes().min(crate::server::MAX_BATCH_SEGMENT / 2);
         let mut i = 0;
@@ -306,7 +309,17 @@ impl Client {
                 bytes += n;
                 j += 1;
             }
-            self.batch_once(&mut ios[i..j], &mut results)?;
+            if j == i + 1 {
+                // A lone command lends its own buffer: no copy into a
+                // batch segment.
+                let (off, io) = &mut ios[i];
+                results.push(match io {
+                    BatchIo::Read(b) => self.read(*off, b),
+                    BatchIo::Write(d, fua) => self.write(*off, d, *fua),
+                });
+            } else {
+                self.batch_once(&mut ios[i..j], &mut results)?;
+            }
             i = j;
         }
         Ok(results)
@@ -389,7 +402,8 @@ impl Client {
             m.set_flag(IDEMPOTENT, true);
         }
         let p = self.pool.take();
-        let r = p.send_with_segment_append(&mut m, self.server, Segment::ReadWrite(&mut seg), din_at);
+        let r =
+            p.send_with_segment_append(&mut m, self.server, Segment::ReadWrite(&mut seg), din_at);
         self.pool.give(p);
         if let Err(e) = r {
             self.give_buf(seg);

@@ -7,8 +7,9 @@
 //! (NBD_INFO_EXPORT, _NAME, _DESCRIPTION, _BLOCK_SIZE), every other option
 //! answered NBD_REP_ERR_UNSUP; simple replies; commands READ, WRITE (with
 //! FUA), DISC, FLUSH, TRIM, WRITE_ZEROES (with NO_HOLE). Requests of one
-//! connection run concurrently on a few worker threads and may complete
-//! out of order; any number of connections (CAN_MULTI_CONN: a flush on
+//! connection are read in batches (everything already buffered) by two
+//! pumps, sent to an IPdisk as one command batch, and may complete out of
+//! order; any number of connections (CAN_MULTI_CONN: a flush on
 //! one covers writes completed on all). A client that breaks the protocol
 //! loses its connection; nothing it sends can take the gateway down.
 
@@ -647,6 +648,9 @@ fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Re
     Ok(())
 }
 
+/// Requests read together: each with its write payload.
+type Batch = Vec<(Request, Vec<u8>)>;
+
 /// Requests of one connection gathered into one batch at most.
 pub const BATCH_REQUESTS: usize = 32;
 /// Read/write payload bytes gathered into one batch at most; larger
@@ -682,11 +686,22 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
         if req.length > MAX_PAYLOAD {
             return violation(format!("write payload of {} bytes", req.length));
         }
-        // Read as it arrives: a client that only claims a large payload
-        // makes us allocate nothing up front.
-        let n = r.take(u64::from(req.length)).read_to_end(&mut payload)?;
-        if n != req.length as usize {
-            return Ok(None); // the client left mid-request
+        let len = req.length as usize;
+        if len <= BATCH_BYTES {
+            payload.resize(len, 0);
+            if let Err(e) = r.read_exact(&mut payload) {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    return Ok(None); // the client left mid-request
+                }
+                return Err(e.into());
+            }
+        } else {
+            // Read as it arrives: a client that only claims a large
+            // payload makes us allocate nothing up front.
+            let n = r.take(u64::from(req.length)).read_to_end(&mut payload)?;
+            if n != len {
+                return Ok(None); // the client left mid-request
+            }
         }
     }
     Ok(Some((req, payload)))
@@ -699,9 +714,8 @@ fn buffered_request(b: &[u8]) -> bool {
     hdr.copy_from_slice(h);
     match parse_request(&hdr) {
         Some(r) if r.ty == cmd::DISC => false,
-        Some(r) if r.ty == cmd::WRITE => {
-            r.length <= MAX_PAYLOAD && b.len() >= 28 + r.length as usize
-        }
+        Some(r) if r.length > BATCH_IO_MAX && matches!(r.ty, cmd::READ | cmd::WRITE) => false,
+        Some(r) if r.ty == cmd::WRITE => b.len() >= 28 + r.length as usize,
         Some(_) => true,
         // A bad magic is reported by the next blocking read.
         None => false,
@@ -710,15 +724,20 @@ fn buffered_request(b: &[u8]) -> bool {
 
 /// Reads one request (waiting for it), then every further request
 /// already buffered, up to the batch limits. `Ok(None)`: no more requests.
-fn read_batch<R: Read>(
-    r: &mut io::BufReader<R>,
-) -> Result<Option<Vec<(Request, Vec<u8>)>>, NbdError> {
+fn read_batch<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<Batch>, NbdError> {
     let Some(first) = read_one(r)? else {
         return Ok(None);
     };
     let mut bytes = first.0.length as usize;
+    let alone = first.0.length > BATCH_IO_MAX;
     let mut batch = vec![first];
-    while batch.len() < BATCH_REQUESTS && bytes < BATCH_BYTES && buffered_request(r.buffer()) {
+    // A large request goes alone, so large requests of one connection
+    // run on as many pumps as there are.
+    while !alone
+        && batch.len() < BATCH_REQUESTS
+        && bytes < BATCH_BYTES
+        && buffered_request(r.buffer())
+    {
         match read_one(r)? {
             Some(q) => {
                 bytes += q.0.length as usize;
@@ -730,18 +749,20 @@ fn read_batch<R: Read>(
     Ok(Some(batch))
 }
 
+/// Reads and writes larger than this run on their own: their buffers are
+/// lent to the device as they are, where a batch would copy them.
+pub const BATCH_IO_MAX: u32 = 64 << 10;
+
 /// A request that joins the device batch: a valid READ or WRITE of at
-/// most [`BATCH_BYTES`].
+/// most [`BATCH_IO_MAX`].
 fn batchable(e: &Export, r: &Request) -> bool {
-    matches!(r.ty, cmd::READ | cmd::WRITE)
-        && (r.length as usize) <= BATCH_BYTES
-        && validate(e, r).is_none()
+    matches!(r.ty, cmd::READ | cmd::WRITE) && r.length <= BATCH_IO_MAX && validate(e, r).is_none()
 }
 
 /// Executes a batch: runs of reads and writes go to the device together,
 /// anything else on its own, in order. Returns (cookie, error, data) per
 /// request, in request order.
-fn execute_batch(e: &Export, batch: Vec<(Request, Vec<u8>)>) -> Vec<(u64, u32, Vec<u8>)> {
+fn execute_batch(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
     let mut out = Vec::with_capacity(batch.len());
     let mut run: Vec<(Request, Vec<u8>)> = Vec::new();
     let flush_run = |run: &mut Vec<(Request, Vec<u8>)>, out: &mut Vec<(u64, u32, Vec<u8>)>| {
@@ -820,39 +841,37 @@ where
         done: false,
     });
     let first_error: Mutex<Option<NbdError>> = Mutex::new(None);
-    let pump = || {
-        loop {
-            let batch = {
-                let mut g = lock(&reader);
-                if g.done {
-                    return;
-                }
-                match read_batch(&mut g.r) {
-                    Ok(Some(b)) => b,
-                    Ok(None) => {
-                        g.done = true;
-                        return;
-                    }
-                    Err(e) => {
-                        g.done = true;
-                        lock(&first_error).get_or_insert(e);
-                        return;
-                    }
-                }
-            };
-            let replies = execute_batch(export, batch);
-            let res = (|| -> io::Result<()> {
-                let mut g = lock(&w);
-                for (cookie, err, data) in &replies {
-                    write_reply(&mut *g, *cookie, *err, data)?;
-                }
-                g.flush()
-            })();
-            if let Err(e) = res {
-                lock(&reader).done = true;
-                lock(&first_error).get_or_insert(NbdError::Io(e));
+    let pump = || loop {
+        let batch = {
+            let mut g = lock(&reader);
+            if g.done {
                 return;
             }
+            match read_batch(&mut g.r) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    g.done = true;
+                    return;
+                }
+                Err(e) => {
+                    g.done = true;
+                    lock(&first_error).get_or_insert(e);
+                    return;
+                }
+            }
+        };
+        let replies = execute_batch(export, batch);
+        let res = (|| -> io::Result<()> {
+            let mut g = lock(&w);
+            for (cookie, err, data) in &replies {
+                write_reply(&mut *g, *cookie, *err, data)?;
+            }
+            g.flush()
+        })();
+        if let Err(e) = res {
+            lock(&reader).done = true;
+            lock(&first_error).get_or_insert(NbdError::Io(e));
+            return;
         }
     };
     if workers == 0 {
@@ -952,8 +971,11 @@ pub struct Gateway {
     stats: Arc<GatewayStats>,
 }
 
-/// Worker threads per connection.
-pub const WORKERS_PER_CONN: usize = 8;
+/// Pumps per connection. Two keep a batch in flight while the next is
+/// read; more split the client's queue into smaller batches, which costs
+/// more wake-ups per request than it gains in overlap (measured: fio 4 KiB
+/// random at depth 32 fell from ~110k to ~65k IOPS with four).
+pub const WORKERS_PER_CONN: usize = 2;
 
 impl Gateway {
     /// Binds `addr` and serves `exports` on a background thread.

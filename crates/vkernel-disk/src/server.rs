@@ -788,7 +788,11 @@ impl Req<'_> {
             return self.reply(&refuse(Response::Malformed));
         }
         // Entries and data-out: appended, the rest by MoveFrom.
-        let Bufs { a: req, b: wb, c: one } = bufs;
+        let Bufs {
+            a: req,
+            b: wb,
+            c: one,
+        } = bufs;
         self.gather(req, din_at)?;
         // Write-back image: the entries, then the data-in area.
         let din_len = seg_len - din_at;
@@ -839,7 +843,9 @@ impl Req<'_> {
         good.0[1] = n as u32;
         if din_at == table && table + used_in <= MAX_APPEND {
             // Entries and data-in are contiguous: one reply carries both.
-            return self.p.reply_with_segment(&good, self.from, 0, &wb[..table + used_in]);
+            return self
+                .p
+                .reply_with_segment(&good, self.from, 0, &wb[..table + used_in]);
         }
         if used_in > 0 {
             self.p

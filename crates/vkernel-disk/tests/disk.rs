@@ -644,3 +644,190 @@ fn dvds_admit_v_principals() {
         }
     }
 }
+
+#[test]
+fn batches_run_in_order_with_a_result_per_command() {
+    use vkernel_disk::client::BatchIo;
+    let (a, b) = two_hosts();
+    let srv = ram_server(&a, 4 << 20);
+    let owner = Client::open(&b, srv.pid(), 0, OWNER_KEY, 2).unwrap();
+    let all = pattern(4 << 20, 21);
+    owner.write(0, &all, false).unwrap();
+    let before = srv
+        .stats()
+        .commands
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // Writes then reads of the same blocks in one batch: the reads see the
+    // writes (in order); an unaligned command fails alone.
+    let w1 = pattern(4096, 1);
+    let w2 = pattern(8192, 2);
+    let (mut r1, mut r2, mut r3, mut bad) = (
+        vec![0u8; 4096],
+        vec![0u8; 8192],
+        vec![0u8; 512],
+        vec![0u8; 100],
+    );
+    let mut ios = vec![
+        (8192, BatchIo::Write(&w1, false)),
+        (1 << 20, BatchIo::Write(&w2, true)),
+        (8192, BatchIo::Read(&mut r1)),
+        (1 << 20, BatchIo::Read(&mut r2)),
+        (0, BatchIo::Read(&mut bad)),
+        (3 << 20, BatchIo::Read(&mut r3)),
+    ];
+    let res = owner.batch(&mut ios).unwrap();
+    drop(ios);
+    assert_eq!(res.len(), 6);
+    assert!(
+        res.iter().enumerate().all(|(i, r)| (i == 4) == r.is_err()),
+        "{res:?}"
+    );
+    assert!(matches!(res[4], Err(ClientError::Invalid(_))));
+    assert_eq!(r1, w1);
+    assert_eq!(r2, w2);
+    assert_eq!(r3, all[3 << 20..(3 << 20) + 512]);
+    let after = srv
+        .stats()
+        .commands
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        after - before,
+        6,
+        "one SCSI command per entry (the bad one as TEST UNIT READY)"
+    );
+    let mut dev = vec![0u8; 8192];
+    owner.read(1 << 20, &mut dev).unwrap();
+    assert_eq!(dev, w2);
+
+    // Through a read-only DVD: each write gets DATA PROTECT, each read past
+    // the DVD gets LBA OUT OF RANGE, and the rest complete.
+    let ro = owner
+        .set_dvd(&Dvd {
+            id: 0,
+            base: 16,
+            blocks: 32,
+            writable: false,
+            allow: vec![Principal::Host(b.host_id().0)],
+        })
+        .unwrap();
+    let c = Client::open(&b, srv.pid(), ro, 0, 2).unwrap();
+    let mut ok = vec![0u8; 1024];
+    let mut past = vec![0u8; 1024];
+    let data = [7u8; 512];
+    let mut ios = vec![
+        (0, BatchIo::Read(&mut ok)),
+        (0, BatchIo::Write(&data, false)),
+        (31 * 512, BatchIo::Read(&mut past)),
+    ];
+    let res = c.batch(&mut ios).unwrap();
+    drop(ios);
+    assert!(res[0].is_ok());
+    assert_eq!(ok, dev_at(&owner, 16 * 512, 1024));
+    let mut res = res.into_iter();
+    res.next();
+    assert_sense(
+        res.next().unwrap().unwrap_err(),
+        key::DATA_PROTECT,
+        asc::WRITE_PROTECTED,
+    );
+    assert_sense(
+        res.next().unwrap().unwrap_err(),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
+    // Nothing was written through the read-only DVD.
+    assert_eq!(dev_at(&owner, 16 * 512, 512), w1[..512]); // block 16 = 8192, written above
+
+    // A batch larger than one exchange is split and still in order.
+    let many: Vec<Vec<u8>> = (0..150).map(|i| pattern(512, 100 + i)).collect();
+    let mut ios: Vec<(u64, BatchIo<'_>)> = many
+        .iter()
+        .enumerate()
+        .map(|(i, d)| ((i as u64) * 512, BatchIo::Write(d, false)))
+        .collect();
+    assert!(owner.batch(&mut ios).unwrap().iter().all(|r| r.is_ok()));
+    let back = dev_at(&owner, 0, 150 * 512);
+    assert_eq!(back, many.concat());
+}
+
+fn dev_at(c: &Client, off: u64, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    c.read(off, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn malformed_batches_are_refused_and_the_server_lives_on() {
+    let (a, b) = two_hosts();
+    let srv = ram_server(&a, 1 << 20);
+    let p = b.create_process().unwrap();
+    // OPEN by hand for a handle.
+    let mut m = Message::with_code(msg::OPEN);
+    m.0[1] = (OWNER_KEY >> 32) as u32;
+    m.0[2] = OWNER_KEY as u32;
+    p.send(&mut m, srv.pid()).unwrap();
+    assert_eq!(msg::split_word0(m.0[0]).0, Response::Complete);
+    let handle = m.0[1];
+    let batch = |n: u32, din_at: u32, seg: Option<Segment<'_>>| -> Message {
+        let mut m = Message::with_code(msg::SCSI_BATCH);
+        m.0[1] = n;
+        m.0[2] = din_at;
+        m.0[5] = handle;
+        match seg {
+            Some(s) => p.send_with_segment(&mut m, srv.pid(), s).unwrap(),
+            None => p.send(&mut m, srv.pid()).unwrap(),
+        };
+        m
+    };
+    let resp = |m: &Message| msg::split_word0(m.0[0]).0;
+    let mut seg = vec![0u8; 4096];
+    // No segment, zero or too many commands, data-in area before the
+    // entries or past the segment, a read-only segment.
+    assert_eq!(resp(&batch(1, 64, None)), Response::Malformed);
+    assert_eq!(
+        resp(&batch(0, 0, Some(Segment::ReadWrite(&mut seg)))),
+        Response::Malformed
+    );
+    assert_eq!(
+        resp(&batch(65, 4096, Some(Segment::ReadWrite(&mut seg)))),
+        Response::Malformed
+    );
+    assert_eq!(
+        resp(&batch(2, 64, Some(Segment::ReadWrite(&mut seg)))),
+        Response::Malformed
+    );
+    assert_eq!(
+        resp(&batch(1, 5000, Some(Segment::ReadWrite(&mut seg)))),
+        Response::Malformed
+    );
+    assert_eq!(
+        resp(&batch(1, 64, Some(Segment::Read(&seg.clone())))),
+        Response::Malformed
+    );
+    // Entries whose data lies outside their area fail alone; garbage CDBs
+    // get CHECK CONDITION; a good READ in the same batch completes.
+    let mut seg = vec![0u8; 4 * 64 + 512];
+    msg::BatchEntry::new(&scsi::cdb_rw16(false, 0, 1, false), 0, 512).encode(&mut seg[0..]);
+    msg::BatchEntry::new(&scsi::cdb_rw16(false, 0, 1, false), 200, 512).encode(&mut seg[64..]);
+    msg::BatchEntry::new(&[0xff; 16], 0, 0).encode(&mut seg[128..]);
+    msg::BatchEntry::new(&scsi::cdb_rw16(false, 0, 1, false), 256, 512).encode(&mut seg[192..]);
+    let m = batch(4, 256, Some(Segment::ReadWrite(&mut seg)));
+    assert_eq!(resp(&m), Response::Complete);
+    let e: Vec<msg::BatchEntry> = (0..4)
+        .map(|k| msg::BatchEntry::decode(&seg[k * 64..]).unwrap())
+        .collect();
+    assert_eq!(msg::split_word0(e[0].result).0, Response::Malformed);
+    assert_eq!(msg::split_word0(e[1].result).0, Response::Malformed);
+    assert_eq!(
+        msg::split_word0(e[2].result),
+        (Response::Complete, scsi::STATUS_CHECK_CONDITION)
+    );
+    assert_eq!(
+        msg::split_word0(e[3].result),
+        (Response::Complete, scsi::STATUS_GOOD)
+    );
+    assert_eq!(e[3].transferred, 512);
+    // Still serving.
+    let c = Client::open(&b, srv.pid(), 0, OWNER_KEY, 1).unwrap();
+    assert_eq!(c.capacity().unwrap(), (2048, 512));
+}
