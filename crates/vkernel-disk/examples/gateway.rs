@@ -54,5 +54,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     println!("serving {size} bytes on {}", gw.addr());
     std::thread::sleep(Duration::from_secs(secs));
+    for (name, k) in [("disk host", &a), ("gateway host", &b)] {
+        let s = k.stats();
+        println!(
+            "{name}: {} retransmits, {} bulk retransmits, {} duplicates, {} saved replies resent, {} timeouts",
+            s.retransmits, s.bulk_retransmits, s.duplicates, s.saved_replies_resent, s.timeouts
+        );
+    }
     Ok(())
 }

@@ -110,6 +110,8 @@ pub struct Backing {
     /// Hole punching works (cleared after the first EOPNOTSUPP).
     punch: AtomicBool,
     describe: String,
+    /// A RAM store: reads and writes are memory copies, syncs are no-ops.
+    memory: bool,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackingError {
@@ -133,6 +135,11 @@ fn memfd(name: &str) -> std::io::Result<File> {
 }
 
 impl Backing {
+    /// True for a RAM store: no operation on it waits for a device.
+    pub fn in_memory(&self) -> bool {
+        self.memory
+    }
+
     /// Opens (or creates) the store a specification names.
     pub fn open(spec: &BackingSpec) -> Result<Backing, BackingError> {
         let (file, describe) = match spec {
@@ -179,6 +186,7 @@ impl Backing {
             len,
             punch: AtomicBool::new(!matches!(spec, BackingSpec::Dev(_))),
             describe,
+            memory: matches!(spec, BackingSpec::Ram(_)),
         })
     }
 

@@ -277,8 +277,10 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
     // Which client's request each busy worker was handed.
     let mut assigned: Vec<(Pid, Pid)> = Vec::new();
     let mut m = Message::zero();
+    let mut appended = vec![0u8; MAX_APPEND];
+    let mut bufs = Bufs::default();
     loop {
-        let i = match p.receive(&mut m) {
+        let i = match p.receive_with_segment(&mut m, &mut appended) {
             Ok(i) => i,
             Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
             Err(e) => {
@@ -286,6 +288,11 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
                 continue;
             }
         };
+        let inline = matches!(m.code(), msg::SCSI | msg::SCSI_BATCH)
+            && (m.seg_len() as usize) <= INLINE_BYTES
+            && !workers.contains(&i.from)
+            && (sh.backing.in_memory()
+                || !may_wait(&sh.base, &m, &appended[..i.seg_bytes.min(appended.len())]));
         if m.code() == msg::IDLE && workers.contains(&i.from) {
             // A worker saw queued requests as it went idle: hand them out.
             let _ = p.reply(&Message::zero(), i.from);
@@ -306,7 +313,22 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
                 }
                 c != i.from
             });
-            if pending.len() < cap {
+            if inline {
+                // Small commands run here: a hand-off to a worker would
+                // cost a wake-up more than the command itself.
+                let req = Req {
+                    p: &p,
+                    sh: &sh,
+                    m,
+                    from: i.from,
+                    principal: i.principal,
+                    appended: &appended[..i.seg_bytes.min(appended.len())],
+                };
+                if let Err(e) = req.handle(&mut bufs) {
+                    tracing::debug!("ipdisk: request from {}: {e}", i.from);
+                }
+                bufs.trim();
+            } else if pending.len() < cap {
                 pending.push_back((m, i.from));
             } else {
                 let mut r = Message::zero();
@@ -348,6 +370,31 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Whether a SCSI request or batch might wait on the device (a sync, a
+/// FUA write, a deallocation): such requests go to a worker, so the
+/// dispatcher never stalls behind a disk. Unknown means yes.
+fn may_wait(info: &DeviceInfo, m: &Message, appended: &[u8]) -> bool {
+    let waits = |cdb: &[u8; 16]| {
+        matches!(
+            scsi::decode(info, cdb),
+            Ok(Action::Sync(_)
+                | Action::Write { fua: true, .. }
+                | Action::Unmap { .. }
+                | Action::WriteSame { .. })
+        )
+    };
+    if m.code() == msg::SCSI {
+        return waits(&msg::get_bytes::<16>(m, 1));
+    }
+    let n = m.0[1] as usize;
+    if n == 0 || n > msg::MAX_BATCH || appended.len() < n * msg::BATCH_ENTRY {
+        return true;
+    }
+    (0..n).any(|k| {
+        msg::BatchEntry::decode(&appended[k * msg::BATCH_ENTRY..]).is_none_or(|e| waits(&e.cdb))
+    })
 }
 
 /// A worker: executes one request at a time.
@@ -402,6 +449,10 @@ struct Req<'a> {
     principal: u32,
     appended: &'a [u8],
 }
+
+/// SCSI commands and batches whose segment is at most this large run in
+/// the dispatcher itself (their data fits a datagram or two each way).
+pub const INLINE_BYTES: usize = 128 << 10;
 
 /// Largest segment of one SCSI_BATCH (entries, data-out and data-in).
 pub const MAX_BATCH_SEGMENT: usize = 16 << 20;
