@@ -939,3 +939,39 @@ fn write_pattern(be: &Backing, off: u64, blocks: u64, block: &[u8]) -> std::io::
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch_of(cdbs: &[[u8; 16]]) -> (Message, Vec<u8>) {
+        let mut m = Message::with_code(msg::SCSI_BATCH);
+        m.0[1] = cdbs.len() as u32;
+        let mut b = vec![0u8; cdbs.len() * msg::BATCH_ENTRY];
+        for (k, c) in cdbs.iter().enumerate() {
+            msg::BatchEntry::new(c, 0, 0).encode(&mut b[k * msg::BATCH_ENTRY..]);
+        }
+        (m, b)
+    }
+
+    #[test]
+    fn only_commands_that_cannot_wait_run_in_the_dispatcher() {
+        let info = DeviceInfo::new(1024, 512);
+        let read = scsi::cdb_rw16(false, 0, 8, false);
+        let write = scsi::cdb_rw16(true, 0, 8, false);
+        let fua = scsi::cdb_rw16(true, 0, 8, true);
+        let sync = scsi::cdb_sync16(0, 0);
+        let one = |c: &[u8; 16]| may_wait(&info, &msg::scsi_request(c, 1), &[]);
+        assert!(!one(&read));
+        assert!(!one(&write));
+        assert!(one(&fua));
+        assert!(one(&sync));
+        let (m, b) = batch_of(&[read, write, read]);
+        assert!(!may_wait(&info, &m, &b));
+        let (m, b) = batch_of(&[read, fua]);
+        assert!(may_wait(&info, &m, &b));
+        // Entries that did not all arrive with the request: assume it waits.
+        let (m, b) = batch_of(&[read, read]);
+        assert!(may_wait(&info, &m, &b[..msg::BATCH_ENTRY]));
+    }
+}
