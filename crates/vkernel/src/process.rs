@@ -33,12 +33,13 @@ pub(crate) struct Waiter {
     parked: AtomicBool,
     destroyed: AtomicBool,
     efd: EventFd,
-    /// The eventfd (data 0) and the host's socket (data 1, exclusive).
+    /// The eventfd (data 0) and, while blocked, the host's socket
+    /// (data 1, exclusive).
     epoll: std::os::fd::OwnedFd,
 }
 
 impl Waiter {
-    fn new(sock: &std::net::UdpSocket) -> Option<Waiter> {
+    fn new() -> Option<Waiter> {
         use rustix::event::epoll;
         let efd = EventFd::new().ok()?;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).ok()?;
@@ -47,13 +48,6 @@ impl Waiter {
             efd.as_fd(),
             epoll::EventData::new_u64(0),
             epoll::EventFlags::IN,
-        )
-        .ok()?;
-        epoll::add(
-            &ep,
-            sock,
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
         )
         .ok()?;
         Some(Waiter {
@@ -69,21 +63,39 @@ impl Waiter {
     /// Blocks until the eventfd or (exclusively among the processes
     /// blocked this way) the socket is readable, or `timeout` passes.
     /// Returns (socket readable, eventfd readable).
-    fn block_on_both(&self, timeout: Duration) -> (bool, bool) {
+    ///
+    /// The socket is in this process's epoll set only while it blocks
+    /// here: every entry on a socket's wait queue costs a callback under a
+    /// lock with interrupts off for each datagram sent or received on it,
+    /// so processes that are running or spinning must not have one.
+    /// (Readiness is checked when the socket is added, so a datagram that
+    /// arrived just before is not missed.)
+    fn block_on_both(&self, sock: &std::net::UdpSocket, timeout: Duration) -> (bool, bool) {
         use rustix::event::{epoll, Timespec};
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
+        let added = epoll::add(
+            &self.epoll,
+            sock,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
+        )
+        .is_ok();
         let mut events = Vec::with_capacity(2);
-        match epoll::wait(
+        let ok = epoll::wait(
             &self.epoll,
             rustix::buffer::spare_capacity(&mut events),
             Some(&ts),
-        ) {
-            Ok(_) => {}
-            // Interrupted or failed: the caller's loop looks again.
-            Err(_) => return (false, false),
+        )
+        .is_ok();
+        if added {
+            let _ = epoll::delete(&self.epoll, sock);
+        }
+        // Interrupted or failed: the caller's loop looks again.
+        if !ok {
+            return (false, false);
         }
         let mut r = (false, false);
         for e in &events {
@@ -218,7 +230,7 @@ impl std::fmt::Debug for Process {
 
 impl Process {
     pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<Process, IpcError> {
-        let Some(waiter) = Waiter::new(shared.net.socket()) else {
+        let Some(waiter) = Waiter::new() else {
             // Out of file descriptors: undo the creation.
             let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
             return Err(IpcError::TableFull);
@@ -342,7 +354,8 @@ impl Process {
             let mut sock_ready = false;
             let ev = if reads {
                 let _r = Counted::enter(&sh.blocked_readers, &sh.readers);
-                let (s, e) = w.block_on_both(sh.time_to_timer(Duration::from_millis(50)));
+                let (s, e) =
+                    w.block_on_both(sh.net.socket(), sh.time_to_timer(Duration::from_millis(50)));
                 sock_ready = s;
                 e
             } else {
