@@ -32,6 +32,8 @@ pub(crate) struct Waiter {
     ready: AtomicBool,
     parked: AtomicBool,
     destroyed: AtomicBool,
+    /// The socket is in `epoll` (only the owning thread changes this).
+    sock_in_epoll: AtomicBool,
     efd: EventFd,
     /// The eventfd (data 0) and, while blocked, the host's socket
     /// (data 1, exclusive).
@@ -55,6 +57,7 @@ impl Waiter {
             ready: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
+            sock_in_epoll: AtomicBool::new(false),
             efd,
             epoll: ep,
         })
@@ -64,10 +67,12 @@ impl Waiter {
     /// blocked this way) the socket is readable, or `timeout` passes.
     /// Returns (socket readable, eventfd readable).
     ///
-    /// The socket is in this process's epoll set only while it blocks
-    /// here: every entry on a socket's wait queue costs a callback under a
-    /// lock with interrupts off for each datagram sent or received on it,
-    /// so processes that are running or spinning must not have one.
+    /// The socket joins this process's epoll set when it first blocks and
+    /// leaves it when the process next spins ([`Waiter::spinning`]): every
+    /// entry on a socket's wait queue costs a callback under a lock with
+    /// interrupts off for each datagram sent or received on it, so a
+    /// process busy-polling the socket must not have one, while one that
+    /// always blocks keeps its entry rather than pay two syscalls a wait.
     /// (Readiness is checked when the socket is added, so a datagram that
     /// arrived just before is not missed.)
     fn block_on_both(&self, sock: &std::net::UdpSocket, timeout: Duration) -> (bool, bool) {
@@ -76,26 +81,26 @@ impl Waiter {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
-        let added = epoll::add(
-            &self.epoll,
-            sock,
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
-        )
-        .is_ok();
+        if !self.sock_in_epoll.load(Ordering::Relaxed)
+            && epoll::add(
+                &self.epoll,
+                sock,
+                epoll::EventData::new_u64(1),
+                epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
+            )
+            .is_ok()
+        {
+            self.sock_in_epoll.store(true, Ordering::Relaxed);
+        }
         let mut events = Vec::with_capacity(2);
-        let ok = epoll::wait(
+        match epoll::wait(
             &self.epoll,
             rustix::buffer::spare_capacity(&mut events),
             Some(&ts),
-        )
-        .is_ok();
-        if added {
-            let _ = epoll::delete(&self.epoll, sock);
-        }
-        // Interrupted or failed: the caller's loop looks again.
-        if !ok {
-            return (false, false);
+        ) {
+            Ok(_) => {}
+            // Interrupted or failed: the caller's loop looks again.
+            Err(_) => return (false, false),
         }
         let mut r = (false, false);
         for e in &events {
@@ -105,6 +110,14 @@ impl Waiter {
             }
         }
         r
+    }
+
+    /// The process is about to busy-poll the socket: take the socket out
+    /// of its epoll set (see [`Waiter::block_on_both`]).
+    fn spinning(&self, sock: &std::net::UdpSocket) {
+        if self.sock_in_epoll.swap(false, Ordering::Relaxed) {
+            let _ = rustix::event::epoll::delete(&self.epoll, sock);
+        }
     }
 
     pub(crate) fn deliver(&self, c: Completion) {
@@ -300,6 +313,9 @@ impl Process {
             Expect::Local => 64,
         };
         // While spinning this thread reads the socket itself.
+        if !spin.is_zero() {
+            w.spinning(sh.net.socket());
+        }
         let mut spinning = (!spin.is_zero()).then(|| Counted::enter(&sh.spinners, &sh.readers));
         let mut i: u32 = 0;
         loop {
