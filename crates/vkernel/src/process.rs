@@ -331,11 +331,18 @@ impl Process {
                 return Err(IpcError::Destroyed);
             }
             if sh.stopping() {
-                // The engine failed every blocked op at shutdown; pick it up.
-                if let Some(c) = w.take() {
-                    return Ok(c);
-                }
+                // The engine failed every blocked op at shutdown; pick it
+                // up. Look at the slot under the engine lock: the thread
+                // shutting the engine down hands completions over under
+                // it, so one handed over just before is seen here and not
+                // left behind to answer this process's next operation
+                // (which would return while the engine still held that
+                // operation's lent buffer).
+                w.ready.store(false, Ordering::SeqCst);
                 return sh.with_engine(|e, _| {
+                    if let Some(c) = w.take() {
+                        return Ok(c);
+                    }
                     e.take_completion(self.pid).ok_or_else(|| {
                         e.cancel(self.pid);
                         IpcError::Shutdown
@@ -472,7 +479,12 @@ impl Process {
                 })
             }
             Ok(Completion::Send(Err(e))) | Err(e) => Err(e),
-            Ok(_) => Err(IpcError::Busy(self.pid)),
+            Ok(_) => {
+                // Not this Send's completion: the engine must drop the
+                // segment before the caller's lease ends.
+                self.shared.with_engine(|e, _| e.cancel(self.pid));
+                Err(IpcError::Busy(self.pid))
+            }
         };
         let by = r.as_ref().map_or(to, |r| r.from);
         self.trace(Phase::Complete, self.pid, by, r.is_ok());
@@ -537,7 +549,12 @@ impl Process {
             Ok(Some(rcv)) => Ok(rcv),
             Ok(None) => match self.wait(Expect::Either) {
                 Ok(Completion::Receive(r)) => r,
-                Ok(_) => Err(IpcError::Busy(self.pid)),
+                Ok(_) => {
+                    // Not this operation's completion: make sure the engine
+                    // lets go of the buffer before the lease ends.
+                    self.shared.with_engine(|e, _| e.cancel(self.pid));
+                    Err(IpcError::Busy(self.pid))
+                }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -618,7 +635,10 @@ impl Process {
             Some(n) => Ok(n),
             None => match self.wait(self.expect_for(peer))? {
                 Completion::Move(r) => r,
-                _ => Err(IpcError::Busy(self.pid)),
+                _ => {
+                    self.shared.with_engine(|e, _| e.cancel(self.pid));
+                    Err(IpcError::Busy(self.pid))
+                }
             },
         }
     }

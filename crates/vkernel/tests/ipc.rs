@@ -422,3 +422,54 @@ fn a_datagram_wakes_one_blocked_process_not_all() {
         h.join().unwrap();
     }
 }
+
+/// Shutting a host down while its processes are blocked, and those
+/// processes then trying again with a lent buffer, must end every
+/// operation with an error, never with the engine still holding a buffer
+/// (the runtime aborts the process if it would). A completion handed over
+/// by the shutting-down thread used to be left in the slot and answer the
+/// next operation instead.
+#[test]
+fn operations_after_shutdown_fail_cleanly_with_lent_buffers() {
+    for round in 0..60 {
+        // Spinning processes look at the shutdown flag all the time, so
+        // some see it while the engine is being shut down.
+        let mut k = Kernel::start(KernelConfig {
+            spin: std::time::Duration::from_secs(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let sink = k.create_process().unwrap();
+        let sink_pid = sink.pid();
+        let mut threads = Vec::new();
+        for i in 0..6 {
+            let p = k.create_process().unwrap();
+            threads.push(thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let mut m = Message::zero();
+                // Block: half in Send (never answered), half in Receive.
+                let first = if i % 2 == 0 {
+                    p.send_with_segment(&mut m, sink_pid, Segment::Write(&mut buf))
+                        .map(|_| ())
+                } else {
+                    p.receive_with_segment(&mut m, &mut buf).map(|_| ())
+                };
+                assert!(
+                    first.is_err(),
+                    "round {round}: blocked op ended without error"
+                );
+                // And again after the shutdown: still an error, no abort.
+                for _ in 0..3 {
+                    let r = p.receive_with_segment(&mut m, &mut buf);
+                    assert!(r.is_err(), "round {round}: receive after shutdown: {r:?}");
+                }
+            }));
+        }
+        thread::sleep(std::time::Duration::from_millis(2 + (round % 5)));
+        k.shutdown();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(sink);
+    }
+}
