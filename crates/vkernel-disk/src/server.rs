@@ -399,6 +399,11 @@ fn may_wait(info: &DeviceInfo, m: &Message, appended: &[u8]) -> bool {
 
 /// A worker: executes one request at a time.
 fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
+    // The dispatcher receives every request, so it alone waits on the
+    // socket: a datagram then wakes it directly instead of an idle worker
+    // that would only pass it on. A worker's own remote waits (bulk moves)
+    // are served by whichever thread reads the socket next.
+    p.set_socket_reader(false);
     let mut m = Message::zero();
     let mut appended = vec![0u8; MAX_APPEND];
     let mut bufs = Bufs::default();
