@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope};
+use vkernel::{Incoming, IpcError, Kernel, Message, Pid, Process, Scope};
 use vkernel_proto::MAX_APPEND;
 
 use crate::backing::Backing;
@@ -316,18 +316,7 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
             if inline {
                 // Small commands run here: a hand-off to a worker would
                 // cost a wake-up more than the command itself.
-                let req = Req {
-                    p: &p,
-                    sh: &sh,
-                    m,
-                    from: i.from,
-                    principal: i.principal,
-                    appended: &appended[..i.seg_bytes.min(appended.len())],
-                };
-                if let Err(e) = req.handle(&mut bufs) {
-                    tracing::debug!("ipdisk: request from {}: {e}", i.from);
-                }
-                bufs.trim();
+                execute(&p, &sh, m, &i, &appended, &mut bufs);
             } else if pending.len() < cap {
                 pending.push_back((m, i.from));
             } else {
@@ -416,22 +405,7 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
                 continue;
             }
         };
-        let req = Req {
-            p: &p,
-            sh: &sh,
-            m,
-            from: i.from,
-            principal: i.principal,
-            appended: &appended[..i.seg_bytes.min(appended.len())],
-        };
-        let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
-        sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
-        let r = req.handle(&mut bufs);
-        sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
-        if let Err(e) = r {
-            tracing::debug!("ipdisk: request from {}: {e}", i.from);
-        }
-        bufs.trim();
+        execute(&p, &sh, m, &i, &appended, &mut bufs);
         sh.make_idle(p.pid());
         std::sync::atomic::fence(Ordering::SeqCst);
         if sh.queued.load(Ordering::SeqCst) == 0 {
@@ -444,6 +418,27 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
             Err(e) => tracing::debug!("ipdisk worker: idle: {e}"),
         }
     }
+}
+
+/// Executes one request that `p` (the dispatcher or a worker) received,
+/// counted as busy while it runs.
+fn execute(p: &Process, sh: &Shared, m: Message, i: &Incoming, appended: &[u8], bufs: &mut Bufs) {
+    let req = Req {
+        p,
+        sh,
+        m,
+        from: i.from,
+        principal: i.principal,
+        appended: &appended[..i.seg_bytes.min(appended.len())],
+    };
+    let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
+    sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
+    let r = req.handle(bufs);
+    sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
+    if let Err(e) = r {
+        tracing::debug!("ipdisk: request from {}: {e}", i.from);
+    }
+    bufs.trim();
 }
 
 struct Req<'a> {
