@@ -345,6 +345,11 @@ impl Client {
                 Ok((lba, blocks)) if len as u64 <= self.max_transfer => {
                     cdbs.push(scsi::cdb_rw16(write, lba, blocks as u32, fua));
                     valid.push(None);
+                    if write {
+                        out_len += len;
+                    } else {
+                        in_len += len;
+                    }
                 }
                 Ok(_) => {
                     cdbs.push([0u8; 16]);
@@ -358,11 +363,6 @@ impl Client {
                     valid.push(Some(e));
                 }
             }
-            if write {
-                out_len += len;
-            } else {
-                in_len += len;
-            }
         }
         let din_at = table + out_len;
         let mut seg = self.take_buf();
@@ -371,8 +371,12 @@ impl Client {
         let (mut o, mut d) = (table, din_at);
         let mut idempotent = true;
         for (k, (_, io)) in ios.iter().enumerate() {
-            // An invalid command goes as a zero-length TEST UNIT READY slot
-            // whose result is ignored.
+            if valid[k].is_some() {
+                // An invalid command goes as a TEST UNIT READY slot with no
+                // data, whose result is ignored.
+                msg::BatchEntry::new(&[0u8; 6], 0, 0).encode(&mut seg[k * msg::BATCH_ENTRY..]);
+                continue;
+            }
             let e = match io {
                 BatchIo::Read(b) => {
                     let e = msg::BatchEntry::new(&cdbs[k], d as u32, b.len() as u32);
@@ -386,11 +390,6 @@ impl Client {
                     idempotent = false;
                     e
                 }
-            };
-            let e = if valid[k].is_some() {
-                msg::BatchEntry::new(&[0u8; 6], 0, 0)
-            } else {
-                e
             };
             e.encode(&mut seg[k * msg::BATCH_ENTRY..]);
         }

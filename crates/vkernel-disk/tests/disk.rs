@@ -784,22 +784,13 @@ fn malformed_batches_are_refused_and_the_server_lives_on() {
     // No segment, zero or too many commands, data-in area before the
     // entries or past the segment, a read-only segment.
     assert_eq!(resp(&batch(1, 64, None)), Response::Malformed);
-    assert_eq!(
-        resp(&batch(0, 0, Some(Segment::ReadWrite(&mut seg)))),
-        Response::Malformed
-    );
-    assert_eq!(
-        resp(&batch(65, 4096, Some(Segment::ReadWrite(&mut seg)))),
-        Response::Malformed
-    );
-    assert_eq!(
-        resp(&batch(2, 64, Some(Segment::ReadWrite(&mut seg)))),
-        Response::Malformed
-    );
-    assert_eq!(
-        resp(&batch(1, 5000, Some(Segment::ReadWrite(&mut seg)))),
-        Response::Malformed
-    );
+    for (n, din_at) in [(0, 0), (65, 4096), (2, 64), (1, 5000)] {
+        assert_eq!(
+            resp(&batch(n, din_at, Some(Segment::ReadWrite(&mut seg)))),
+            Response::Malformed,
+            "{n} commands, data-in at {din_at}"
+        );
+    }
     assert_eq!(
         resp(&batch(1, 64, Some(Segment::Read(&seg.clone())))),
         Response::Malformed

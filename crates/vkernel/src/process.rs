@@ -479,16 +479,19 @@ impl Process {
                 })
             }
             Ok(Completion::Send(Err(e))) | Err(e) => Err(e),
-            Ok(_) => {
-                // Not this Send's completion: the engine must drop the
-                // segment before the caller's lease ends.
-                self.shared.with_engine(|e, _| e.cancel(self.pid));
-                Err(IpcError::Busy(self.pid))
-            }
+            Ok(_) => Err(self.stray_completion()),
         };
         let by = r.as_ref().map_or(to, |r| r.from);
         self.trace(Phase::Complete, self.pid, by, r.is_ok());
         r
+    }
+
+    /// A wait ended with another operation's completion: cancel the
+    /// engine's state for this one, so it drops any lent buffer before the
+    /// caller's lease ends, and report the process as busy.
+    fn stray_completion(&self) -> IpcError {
+        self.shared.with_engine(|e, _| e.cancel(self.pid));
+        IpcError::Busy(self.pid)
     }
 
     fn trace(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
@@ -549,12 +552,7 @@ impl Process {
             Ok(Some(rcv)) => Ok(rcv),
             Ok(None) => match self.wait(Expect::Either) {
                 Ok(Completion::Receive(r)) => r,
-                Ok(_) => {
-                    // Not this operation's completion: make sure the engine
-                    // lets go of the buffer before the lease ends.
-                    self.shared.with_engine(|e, _| e.cancel(self.pid));
-                    Err(IpcError::Busy(self.pid))
-                }
+                Ok(_) => Err(self.stray_completion()),
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -635,10 +633,7 @@ impl Process {
             Some(n) => Ok(n),
             None => match self.wait(self.expect_for(peer))? {
                 Completion::Move(r) => r,
-                _ => {
-                    self.shared.with_engine(|e, _| e.cancel(self.pid));
-                    Err(IpcError::Busy(self.pid))
-                }
+                _ => Err(self.stray_completion()),
             },
         }
     }
