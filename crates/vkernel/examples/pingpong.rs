@@ -1,5 +1,6 @@
 //! Remote null exchanges between two logical hosts in one process, for
-//! profiling: `cargo run --release --example pingpong -- 200000`.
+//! profiling: `cargo run --release --example pingpong -- 200000`
+//! (`LOCAL=1`: both processes on one host; `PIN=1`: pinned).
 
 use std::time::{Duration, Instant};
 use vkernel::{Kernel, KernelConfig, Message};
@@ -21,7 +22,13 @@ fn main() {
         ..Default::default()
     })
     .expect("host b");
-    let (spid, _h) = a
+    // LOCAL=1: the echo server on the client's own host.
+    let server_host = if std::env::var("LOCAL").is_ok() {
+        &b
+    } else {
+        &a
+    };
+    let (spid, _h) = server_host
         .spawn("echo", |p| {
             if std::env::var("PIN").is_ok() {
                 let _ = vkernel::sys::pin_to_cpu(1);

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use vkernel_proto::engine::KERNEL_SERVER_LOCAL_ID;
 use vkernel_proto::wire::MAX_DATAGRAM;
-use vkernel_proto::{Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
+use vkernel_proto::{Completion, Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
 
 use crate::net::{FaultConfig, Net};
 use crate::process::{Process, Waiter};
@@ -130,17 +130,27 @@ pub(crate) struct Shared {
     pub(crate) net: Net,
     epoch: Instant,
     next_timer: AtomicU64,
-    /// Threads that will read the socket promptly (spinning or blocked on it).
-    pub(crate) readers: AtomicUsize,
-    /// Processes busy-polling.
-    pub(crate) spinners: AtomicUsize,
-    /// Processes blocked in ppoll on the socket.
-    pub(crate) blocked_readers: AtomicUsize,
+    /// Processes busy-polling (on a cache line of its own: every wait
+    /// counts itself in and out).
+    pub(crate) spinners: CacheLine<AtomicUsize>,
+    /// Processes blocked in epoll on the socket.
+    pub(crate) blocked_readers: CacheLine<AtomicUsize>,
     bg_efd: EventFd,
     stop: AtomicBool,
     pub(crate) spin: Duration,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
+}
+
+/// A value alone on its cache line.
+#[repr(align(64))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 type Scratch = (Vec<vkernel_proto::engine::Transmit>, Vec<Arc<Waiter>>);
@@ -165,8 +175,21 @@ impl Shared {
     /// Runs `f` on the engine, then timers if due; sends what it produced
     /// and wakes whom it completed, after releasing the lock.
     pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine, Micros) -> R) -> R {
+        self.with_engine_as(None, f).0
+    }
+
+    /// [`Shared::with_engine`] run by the waiting process `me`: its own
+    /// completion, if `f` produced it, is returned instead of being handed
+    /// over through its waiter (no slot lock, no wake flag: the thread
+    /// that wants the completion is the one holding it).
+    pub(crate) fn with_engine_as<R>(
+        &self,
+        me: Option<Pid>,
+        f: impl FnOnce(&mut Engine, Micros) -> R,
+    ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
         let (mut out, mut wakes) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        let mut mine = None;
         let r = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -180,6 +203,11 @@ impl Shared {
             }
             while let Some(e) = st.engine.poll_event() {
                 match e {
+                    Event::Wake(p) if Some(p) == me => {
+                        if let Some(c) = st.engine.take_completion(p) {
+                            mine = Some(c);
+                        }
+                    }
                     Event::Wake(p) => {
                         if let Some(w) = st.waiters.get(&p) {
                             // Hand the completion over now, so the woken
@@ -221,15 +249,26 @@ impl Shared {
                 s.1 = wakes;
             }
         });
-        r
+        (r, mine)
     }
 
     /// Reads and processes up to `max` queued datagrams.
     pub(crate) fn poll_socket(&self, max: usize) -> usize {
+        self.poll_socket_as(None, max).0
+    }
+
+    /// [`Shared::poll_socket`] by the waiting process `me`: stops at, and
+    /// returns, its own completion.
+    pub(crate) fn poll_socket_as(
+        &self,
+        me: Option<Pid>,
+        max: usize,
+    ) -> (usize, Option<Completion>) {
         let mut n = 0;
+        let mut mine = None;
         RECV_BUF.with(|b| {
             let mut buf = b.borrow_mut();
-            while n < max {
+            while n < max && mine.is_none() {
                 let Some((len, from)) = self.net.try_recv(&mut buf) else {
                     break;
                 };
@@ -238,10 +277,18 @@ impl Shared {
                 if let Some(tr) = &self.tracer {
                     tr.datagram(false, data);
                 }
-                self.with_engine(|e, now| e.handle_datagram(now, from, data));
+                mine = self
+                    .with_engine_as(me, |e, now| e.handle_datagram(now, from, data))
+                    .1;
             }
         });
-        n
+        (n, mine)
+    }
+
+    /// Threads that will read the socket promptly (spinning or blocked on
+    /// it).
+    pub(crate) fn readers(&self) -> usize {
+        self.spinners.load(Ordering::Acquire) + self.blocked_readers.load(Ordering::Acquire)
     }
 
     /// Runs engine timers if one is due.
@@ -287,7 +334,7 @@ impl Shared {
 
     fn background(self: Arc<Self>) {
         while !self.stopping() {
-            let idle_readers = self.readers.load(Ordering::Acquire) == 0;
+            let idle_readers = self.readers() == 0;
             let mut cap = if idle_readers {
                 Duration::from_millis(100)
             } else {
@@ -313,7 +360,7 @@ impl Shared {
             } else {
                 r[1] && mfd.is_some()
             };
-            if self.readers.load(Ordering::Acquire) == 0 || mcast_ready {
+            if self.readers() == 0 || mcast_ready {
                 self.poll_socket(256);
             }
             self.run_timers_if_due();
@@ -444,9 +491,8 @@ impl Kernel {
             net,
             epoch: Instant::now(),
             next_timer: AtomicU64::new(0),
-            readers: AtomicUsize::new(0),
-            spinners: AtomicUsize::new(0),
-            blocked_readers: AtomicUsize::new(0),
+            spinners: CacheLine(AtomicUsize::new(0)),
+            blocked_readers: CacheLine(AtomicUsize::new(0)),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             spin: cfg.spin,

@@ -149,21 +149,19 @@ impl Waiter {
     }
 }
 
-/// Counts a thread in one role (and as a socket reader) while it lives.
-struct Counted<'a>(&'a AtomicUsize, &'a AtomicUsize);
+/// Counts a thread in one role (a socket reader) while it lives.
+struct Counted<'a>(&'a AtomicUsize);
 
 impl<'a> Counted<'a> {
-    fn enter(role: &'a AtomicUsize, readers: &'a AtomicUsize) -> Counted<'a> {
+    fn enter(role: &'a AtomicUsize) -> Counted<'a> {
         role.fetch_add(1, Ordering::AcqRel);
-        readers.fetch_add(1, Ordering::AcqRel);
-        Counted(role, readers)
+        Counted(role)
     }
 }
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-        self.1.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -221,6 +219,10 @@ pub struct Incoming {
 enum Expect {
     Remote,
     Either,
+    /// A Receive: like the last message received (a server of remote
+    /// clients polls the socket every turn, one of local clients rarely,
+    /// so it sees a local sender's hand-over without a syscall's delay).
+    Receive,
     Local,
 }
 
@@ -232,6 +234,8 @@ pub struct Process {
     waiter: Arc<Waiter>,
     spin: std::cell::Cell<Duration>,
     socket_reader: std::cell::Cell<bool>,
+    /// The last message received came from another host.
+    last_from_remote: std::cell::Cell<bool>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -257,6 +261,7 @@ impl Process {
             waiter,
             spin,
             socket_reader: std::cell::Cell::new(true),
+            last_from_remote: std::cell::Cell::new(true),
             _not_sync: PhantomData,
         })
     }
@@ -310,13 +315,15 @@ impl Process {
         let every = match expect {
             Expect::Remote => 1,
             Expect::Either => 2,
+            Expect::Receive if self.last_from_remote.get() => 1,
+            Expect::Receive => 16,
             Expect::Local => 64,
         };
         // While spinning this thread reads the socket itself.
         if !spin.is_zero() {
             w.spinning(sh.net.socket());
         }
-        let mut spinning = (!spin.is_zero()).then(|| Counted::enter(&sh.spinners, &sh.readers));
+        let mut spinning = (!spin.is_zero()).then(|| Counted::enter(&sh.spinners));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
@@ -353,7 +360,9 @@ impl Process {
                 if i.is_multiple_of(every) {
                     // One datagram at a time: if it was ours, see it at once
                     // instead of paying another empty recv first.
-                    sh.poll_socket(1);
+                    if let (_, Some(c)) = sh.poll_socket_as(Some(self.pid), 1) {
+                        return Ok(c);
+                    }
                 }
                 if i.is_multiple_of(32) {
                     sh.run_timers_if_due();
@@ -376,7 +385,7 @@ impl Process {
             let reads = self.socket_reader.get() && sh.spinners.load(Ordering::Acquire) == 0;
             let mut sock_ready = false;
             let ev = if reads {
-                let _r = Counted::enter(&sh.blocked_readers, &sh.readers);
+                let _r = Counted::enter(&sh.blocked_readers);
                 let (s, e) =
                     w.block_on_both(sh.net.socket(), sh.time_to_timer(Duration::from_millis(50)));
                 sock_ready = s;
@@ -393,8 +402,14 @@ impl Process {
             if ev {
                 w.efd.drain();
             }
-            if reads && sh.poll_socket(256) == 0 && sock_ready {
-                sh.net.counters.idle_wakes.fetch_add(1, Ordering::Relaxed);
+            if reads {
+                match sh.poll_socket_as(Some(self.pid), 256) {
+                    (_, Some(c)) => return Ok(c),
+                    (0, None) if sock_ready => {
+                        sh.net.counters.idle_wakes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
             }
             sh.run_timers_if_due();
         }
@@ -550,7 +565,7 @@ impl Process {
             .with_engine(|e, now| e.receive(now, self.pid, from, lent));
         let r = match r {
             Ok(Some(rcv)) => Ok(rcv),
-            Ok(None) => match self.wait(Expect::Either) {
+            Ok(None) => match self.wait(Expect::Receive) {
                 Ok(Completion::Receive(r)) => r,
                 Ok(_) => Err(self.stray_completion()),
                 Err(e) => Err(e),
@@ -561,6 +576,8 @@ impl Process {
             l.release();
         }
         let rcv = r?;
+        self.last_from_remote
+            .set(rcv.from.host() != self.shared.host);
         *msg = rcv.msg;
         self.trace(Phase::Deliver, rcv.from, self.pid, true);
         Ok(Incoming {

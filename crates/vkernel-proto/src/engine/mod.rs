@@ -171,10 +171,12 @@ enum AlienState {
 
 /// The answer to a finished non-idempotent exchange, kept (outside the
 /// alien pool) to answer retransmissions until the sender's next request.
+/// Kept as its parts and encoded again if asked for: a reply without data
+/// (the common case) is then saved without an allocation.
 struct Saved {
-    seq: u32,
-    ptype: PacketType,
-    bytes: Vec<u8>,
+    header: Header,
+    msg: Message,
+    data: Vec<u8>,
     at: Micros,
 }
 
@@ -1146,9 +1148,9 @@ impl Engine {
             _ => &[],
         };
         let bytes = wire::encode(&h, &msg, data);
-        self.emit_raw(addr, PacketType::RemoteReply, bytes.clone());
+        self.emit_raw(addr, PacketType::RemoteReply, bytes);
         if !idem {
-            self.save(now, src, seq, PacketType::RemoteReply, bytes);
+            self.save(now, src, h, msg, data);
         }
         self.free_alien(i);
         Ok(())
@@ -1166,7 +1168,7 @@ impl Engine {
 
     /// Keeps a finished exchange's answer to re-send to retransmissions.
     /// Bounded: past four saved answers per alien slot the oldest goes.
-    fn save(&mut self, now: Micros, src: Pid, seq: u32, ptype: PacketType, bytes: Vec<u8>) {
+    fn save(&mut self, now: Micros, src: Pid, header: Header, msg: Message, data: &[u8]) {
         if self.saved.len() >= 4 * self.cfg.alien_pool.max(1) && !self.saved.contains_key(&src) {
             if let Some((&old, _)) = self.saved.iter().min_by_key(|(_, s)| s.at) {
                 self.saved.remove(&old);
@@ -1176,9 +1178,9 @@ impl Engine {
         self.saved.insert(
             src,
             Saved {
-                seq,
-                ptype,
-                bytes,
+                header,
+                msg,
+                data: data.to_vec(),
                 at: now,
             },
         );
@@ -1284,8 +1286,8 @@ impl Engine {
         h.dst = from;
         h.forwarder = to;
         let bytes = wire::encode(&h, &msg, &[]);
-        self.emit_raw(addr, PacketType::RemoteForward, bytes.clone());
-        self.save(now, from, seq, PacketType::RemoteForward, bytes);
+        self.emit_raw(addr, PacketType::RemoteForward, bytes);
+        self.save(now, from, h, msg, &[]);
         self.free_alien(i);
         Ok(())
     }
@@ -1386,9 +1388,9 @@ impl Engine {
         }
         // Retransmission of a finished non-idempotent exchange?
         if let Some(sv) = self.saved.get_mut(&h.src) {
-            if sv.seq == h.seq {
+            if sv.header.seq == h.seq {
                 sv.at = now;
-                let (t, b) = (sv.ptype, sv.bytes.clone());
+                let (t, b) = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
                 self.stats.duplicates += 1;
                 self.stats.saved_replies_resent += 1;
                 self.emit_raw(from, t, b);
