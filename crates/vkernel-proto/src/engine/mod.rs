@@ -1386,8 +1386,11 @@ impl Engine {
         if h.dst.is_group() {
             return self.on_group_send(now, from, pkt);
         }
+        let Some(me) = self.host_id() else { return };
         // Retransmission of a finished non-idempotent exchange?
+        let mut had_saved = false;
         if let Some(sv) = self.saved.get_mut(&h.src) {
+            had_saved = true;
             if sv.header.seq == h.seq {
                 sv.at = now;
                 let (t, b) = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
@@ -1397,8 +1400,10 @@ impl Engine {
                 return;
             }
         }
-        // Duplicate of an exchange in progress?
-        if let Some(&i) = self.alien_by_src.get(&h.src) {
+        // Duplicate of an exchange in progress? (Each table is looked up
+        // once: this is the path every remote request takes.)
+        let prev_alien = self.alien_by_src.get(&h.src).copied();
+        if let Some(i) = prev_alien {
             let same = matches!(&self.slots[i].alien, Some(a) if a.seq == h.seq);
             if same {
                 self.stats.duplicates += 1;
@@ -1410,20 +1415,19 @@ impl Engine {
                 return;
             }
         }
-        if let Some(&(last, _)) = self.last_seq.get(&h.src) {
-            // The same seq with no alien left is an idempotent request whose
-            // reply was lost: execute it again. Older ones are stale.
-            if seq_older(h.seq, last) {
-                self.stats.drop(DropReason::Stale);
-                return;
-            }
+        let last = self.last_seq.get(&h.src).map(|&(seq, _)| seq);
+        // The same seq with no alien left is an idempotent request whose
+        // reply was lost: execute it again. Older ones are stale.
+        if last.is_some_and(|last| seq_older(h.seq, last)) {
+            self.stats.drop(DropReason::Stale);
+            return;
         }
-        let refusal = if !self.process_exists(h.dst) {
-            Some(Status::NoSuchProcess)
-        } else if !self.admits(h.dst, h.user) {
-            Some(Status::AccessDenied)
-        } else {
-            None
+        let refusal = match self.procs.get(&h.dst.local()) {
+            Some(p) if h.dst.is_process() && h.dst.host() == me => {
+                let admitted = p.admits.as_ref().is_none_or(|a| a.contains(&h.user));
+                (!admitted).then_some(Status::AccessDenied)
+            }
+            _ => Some(Status::NoSuchProcess),
         };
         if let Some(status) = refusal {
             let mut n = Header::new(PacketType::NAck);
@@ -1438,20 +1442,21 @@ impl Engine {
         // the request ran and its answer is gone (evicted from the bounded
         // table, or expired). Only an idempotent request may run again; a
         // non-idempotent one is dropped and its sender times out.
-        if matches!(self.last_seq.get(&h.src), Some(&(last, _)) if last == h.seq)
-            && !pkt.msg.idempotent()
-        {
+        if last == Some(h.seq) && !pkt.msg.idempotent() {
             self.stats.drop(DropReason::Stale);
             return;
         }
         // A new message from this sender acknowledges its previous exchange.
-        self.saved.remove(&h.src);
-        if let Some(&old) = self.alien_by_src.get(&h.src) {
+        if had_saved {
+            self.saved.remove(&h.src);
+        }
+        if let Some(old) = prev_alien {
             self.free_alien(old);
         }
         let host = h.src.host();
-        let per_host = self.aliens_per_host.get(&host).copied().unwrap_or(0);
-        let Some(i) = (if per_host < self.cfg.alien_per_host {
+        // Entries stay at zero (removed by the sweep) rather than churn.
+        let per_host = self.aliens_per_host.entry(host).or_insert(0);
+        let Some(i) = (if *per_host < self.cfg.alien_per_host {
             self.free_slots.pop()
         } else {
             None
@@ -1460,7 +1465,7 @@ impl Engine {
             self.reply_pending(from, h.src, h.dst, h.seq);
             return;
         };
-        *self.aliens_per_host.entry(host).or_insert(0) += 1;
+        *per_host += 1;
         self.stats.aliens_in_use += 1;
         self.last_seq.insert(h.src, (h.seq, now));
         let slot = &mut self.slots[i];
@@ -1498,14 +1503,14 @@ impl Engine {
         if slot.data.capacity() > MAX_APPEND {
             slot.data = Vec::new();
         }
-        if self.alien_by_src.get(&a.src) == Some(&i) {
-            self.alien_by_src.remove(&a.src);
+        if let Some(j) = self.alien_by_src.remove(&a.src) {
+            if j != i {
+                // The sender's newer request holds another slot.
+                self.alien_by_src.insert(a.src, j);
+            }
         }
         if let Some(c) = self.aliens_per_host.get_mut(&a.src.host()) {
             *c = c.saturating_sub(1);
-            if *c == 0 {
-                self.aliens_per_host.remove(&a.src.host());
-            }
         }
         self.stats.aliens_in_use = self.stats.aliens_in_use.saturating_sub(1);
         self.free_slots.push(i);
@@ -1699,6 +1704,7 @@ impl Engine {
             }
             let keep = self.cfg.alien_timeout;
             self.saved.retain(|_, s| now.saturating_sub(s.at) <= keep);
+            self.aliens_per_host.retain(|_, c| *c > 0);
             let horizon = self.cfg.alien_timeout * 2;
             self.last_seq
                 .retain(|_, (_, t)| now.saturating_sub(*t) <= horizon);
@@ -1707,6 +1713,7 @@ impl Engine {
         if self.stats.aliens_in_use > 0
             || !self.last_seq.is_empty()
             || !self.saved.is_empty()
+            || !self.aliens_per_host.is_empty()
             || self.group_busy()
         {
             next = next.min(self.next_sweep);
