@@ -740,9 +740,12 @@ impl Req<'_> {
                     st.refused.fetch_add(1, Ordering::Relaxed);
                     return Ok(Outcome::Refused(Response::Malformed));
                 }
-                buf.clear();
-                buf.resize(n, 0);
-                if let Err(e) = be.read_at(at(range.lba), buf) {
+                // Grown (zeroed) once, then overwritten in place: the read
+                // fills exactly the `n` bytes the caller sends on.
+                if buf.len() < n {
+                    buf.resize(n, 0);
+                }
+                if let Err(e) = be.read_at(at(range.lba), &mut buf[..n]) {
                     tracing::warn!("ipdisk: read error: {e}");
                     return Ok(self.checked(Sense::read_error()));
                 }
