@@ -219,13 +219,19 @@ fn op_row(
         us(r.server_cpu) - sub("server_cpu_us"),
     );
     let pen = c.penalty(penalty_bytes)?;
+    // A local Move row is a difference of two medians; when it is within
+    // the noise of that subtraction (or below zero) a ratio means nothing.
+    let rl = if lm > 0.05 {
+        format!("{:.1}", rm / lm)
+    } else {
+        "-".into()
+    };
     println!(
-        "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6.1} {:>7.2}",
+        "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {rl:>6} {:>7.2}",
         rm - lm,
         ccpu,
         scpu,
         rs.p99_us,
-        rm / lm.max(1e-9),
         (rm - lm) / pen.max(1e-9)
     );
     for (who, p) in papers {
