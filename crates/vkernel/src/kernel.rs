@@ -257,8 +257,10 @@ impl Shared {
         self.poll_socket_as(None, max).0
     }
 
-    /// [`Shared::poll_socket`] by the waiting process `me`: stops at, and
-    /// returns, its own completion.
+    /// [`Shared::poll_socket`] by the waiting process `me`: returns its own
+    /// completion if one of the datagrams produced it. (It still drains up
+    /// to `max`: a datagram left behind might wait for a timer, since
+    /// exclusive epoll wakes one reader per arrival.)
     pub(crate) fn poll_socket_as(
         &self,
         me: Option<Pid>,
@@ -268,7 +270,7 @@ impl Shared {
         let mut mine = None;
         RECV_BUF.with(|b| {
             let mut buf = b.borrow_mut();
-            while n < max && mine.is_none() {
+            while n < max {
                 let Some((len, from)) = self.net.try_recv(&mut buf) else {
                     break;
                 };
@@ -277,9 +279,10 @@ impl Shared {
                 if let Some(tr) = &self.tracer {
                     tr.datagram(false, data);
                 }
-                mine = self
-                    .with_engine_as(me, |e, now| e.handle_datagram(now, from, data))
-                    .1;
+                let (_, c) = self.with_engine_as(me, |e, now| e.handle_datagram(now, from, data));
+                if c.is_some() {
+                    mine = c;
+                }
             }
         });
         (n, mine)
