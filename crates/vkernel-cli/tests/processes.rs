@@ -272,14 +272,16 @@ fn demo_and_bench_run_and_report() {
     assert_eq!(j["placement"], "block");
     let s = &j["sections"];
     let pos = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
-    // The fit's intercept is a measurement: with few quick-mode sizes and
-    // a loaded machine it can come out negative, so only its presence and
-    // finiteness are checked (a positive slope holds however noisy).
-    assert!(
-        s["section1"]["fit_us"].as_f64().is_some_and(f64::is_finite),
-        "{s}"
-    );
-    assert!(pos(&s["section1"]["fit_us_per_byte"]), "{s}");
+    // The fit is a measurement: with few quick-mode sizes, blocking waits
+    // and a loaded machine, wake-up noise can swamp the per-byte cost and
+    // make either coefficient negative (CI saw a slope of -1.8e-5 µs/B), so
+    // only their presence and finiteness are checked.
+    for k in ["fit_us", "fit_us_per_byte"] {
+        assert!(
+            s["section1"][k].as_f64().is_some_and(f64::is_finite),
+            "{k}: {s}"
+        );
+    }
     let srr = &s["section2"]["rows"][1];
     assert_eq!(srr["op"], "Send-Receive-Reply");
     assert!(pos(&srr["remote"]["median_us"]) && pos(&srr["remote"]["p99_us"]));

@@ -319,12 +319,9 @@ impl Engine {
         h.remote_addr = op.base.wrapping_add(start as u32);
         let msg = Message([op.xfer, op.base, op.chunk as u32, 0, 0, 0, 0, 0]);
         let addr = op.addr;
-        let mut buf = std::mem::take(&mut self.encode_buf);
-        if let Some(op) = self.move_op(mover) {
-            crate::wire::encode_into(&h, &msg, &op.buf.bytes()[start..end], &mut buf);
-        }
-        let bytes = buf.clone();
-        self.encode_buf = buf;
+        // Encoded straight into the datagram's own buffer: one copy of the
+        // chunk in user space.
+        let bytes = crate::wire::encode(&h, &msg, &op.buf.bytes()[start..end]);
         if retx {
             self.stats.bulk_retransmits += 1;
             if let Some(op) = self.move_op(mover) {
@@ -637,7 +634,6 @@ impl Engine {
         r.dst = h.src;
         r.total_length = h.total_length;
         let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
-        let mut buf = std::mem::take(&mut self.encode_buf);
         let mut out = Vec::with_capacity(todo.len());
         if let Some(seg) = self.outgoing(h.dst).and_then(|o| o.seg.as_ref()) {
             for (j, &i) in todo.iter().enumerate() {
@@ -646,11 +642,13 @@ impl Engine {
                 r.local_addr = start as u32;
                 r.remote_addr = (base + start) as u32;
                 r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
-                crate::wire::encode_into(&r, &m, &seg.bytes()[base + start..base + end], &mut buf);
-                out.push(buf.clone());
+                out.push(crate::wire::encode(
+                    &r,
+                    &m,
+                    &seg.bytes()[base + start..base + end],
+                ));
             }
         }
-        self.encode_buf = buf;
         if retx {
             self.stats.bulk_retransmits += out.len() as u64;
         }

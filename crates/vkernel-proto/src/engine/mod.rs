@@ -249,7 +249,6 @@ pub struct Engine {
     next_timer: Micros,
     next_sweep: Micros,
     stats: Stats,
-    encode_buf: Vec<u8>,
     auth: Option<crate::auth::Auth>,
     /// Decryption buffer for incoming datagrams (AEAD mode).
     open_buf: Vec<u8>,
@@ -306,7 +305,6 @@ impl Engine {
             next_timer: now,
             next_sweep: now,
             stats: Stats::default(),
-            encode_buf: Vec::new(),
             auth: cfg_auth.map(crate::auth::Auth::new),
             open_buf: Vec::new(),
         };
@@ -439,27 +437,17 @@ impl Engine {
     // ---------------------------------------------------------------- output
 
     fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
-        let mut buf = std::mem::take(&mut self.encode_buf);
-        wire::encode_into(h, msg, data, &mut buf);
+        // Encoded into the datagram's own buffer (with room for the
+        // authentication trailer), not into a scratch buffer then copied.
+        let buf = wire::encode(h, msg, data);
         match dest {
-            Dest::Addr(to) => {
-                self.stats.tx_type(h.ptype, buf.len());
-                self.transmits.push_back(Transmit {
-                    to,
-                    data: buf.clone(),
-                });
-            }
+            Dest::Addr(to) => self.emit_raw(to, h.ptype, buf),
             Dest::Discovery => {
                 for to in self.cfg.discovery.clone() {
-                    self.stats.tx_type(h.ptype, buf.len());
-                    self.transmits.push_back(Transmit {
-                        to,
-                        data: buf.clone(),
-                    });
+                    self.emit_raw(to, h.ptype, buf.clone());
                 }
             }
         }
-        self.encode_buf = buf;
     }
 
     fn emit_raw(&mut self, to: SocketAddr, ptype: PacketType, bytes: Vec<u8>) {
