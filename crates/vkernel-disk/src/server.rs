@@ -529,12 +529,17 @@ impl Req<'_> {
     /// Gathers `n` bytes of the sender's read segment: the appended part,
     /// then the rest by MoveFrom.
     fn gather(&self, buf: &mut Vec<u8>, n: usize) -> Result<(), IpcError> {
-        buf.clear();
-        buf.resize(n, 0);
+        // Not zeroed first: every byte is overwritten below (a MoveFrom
+        // moves all it is asked for or fails, and a short one is refused),
+        // so no earlier request's data can remain.
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        buf.truncate(n);
         let have = self.appended.len().min(n);
         buf[..have].copy_from_slice(&self.appended[..have]);
-        if have < n {
-            self.p.move_from(self.from, have as u32, &mut buf[have..])?;
+        if have < n && self.p.move_from(self.from, have as u32, &mut buf[have..])? != n - have {
+            return Err(IpcError::OutOfBounds(self.from));
         }
         Ok(())
     }
