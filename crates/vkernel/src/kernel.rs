@@ -128,7 +128,7 @@ pub(crate) struct State {
 pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) net: Net,
-    epoch: Instant,
+    clock: crate::clock::Clock,
     next_timer: AtomicU64,
     /// Processes busy-polling (on a cache line of its own: every wait
     /// counts itself in and out).
@@ -169,7 +169,7 @@ impl Shared {
     }
 
     pub(crate) fn now(&self) -> Micros {
-        self.epoch.elapsed().as_micros() as Micros
+        self.clock.now()
     }
 
     /// Runs `f` on the engine, then timers if due; sends what it produced
@@ -492,7 +492,7 @@ impl Kernel {
         let mut shared = Shared {
             state: Mutex::new(state),
             net,
-            epoch: Instant::now(),
+            clock: crate::clock::Clock::new(),
             next_timer: AtomicU64::new(0),
             spinners: CacheLine(AtomicUsize::new(0)),
             blocked_readers: CacheLine(AtomicUsize::new(0)),

@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod clock;
 mod kernel;
 pub mod kernel_server;
 mod lent;
