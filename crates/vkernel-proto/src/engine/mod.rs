@@ -1063,7 +1063,17 @@ impl Engine {
                 return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
             }
         }
-        if !self.in_exchange_with(to, replier) {
+        // A remote sender's alien, looked up once for both uses below.
+        let alien = if self.is_local(to) {
+            None
+        } else {
+            self.received_alien(to, replier).ok()
+        };
+        let one_to_one = match alien {
+            Some(_) => true,
+            None => self.in_exchange_with(to, replier),
+        };
+        if !one_to_one {
             if let Some(r) = self.group_reply(now, replier, to, msg, seg) {
                 return r;
             }
@@ -1109,7 +1119,10 @@ impl Engine {
             );
             return Ok(());
         }
-        let i = self.received_alien(to, replier)?;
+        let i = match alien {
+            Some(i) => i,
+            None => self.received_alien(to, replier)?,
+        };
         let (src, seq, addr, access, seg_total, idem) = {
             let Some(a) = self.slots[i].alien.as_ref() else {
                 return Err(IpcError::NotAwaitingReply(to));
