@@ -367,9 +367,13 @@ impl Process {
                 if i.is_multiple_of(32) {
                     sh.run_timers_if_due();
                 }
+                let polled = i.is_multiple_of(every);
                 i = i.wrapping_add(1);
                 if !i.is_multiple_of(64) || start.elapsed() < spin {
-                    std::hint::spin_loop();
+                    // A turn that made a syscall has waited long enough.
+                    if !polled {
+                        std::hint::spin_loop();
+                    }
                     continue;
                 }
                 spinning = None;
