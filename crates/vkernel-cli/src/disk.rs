@@ -1,12 +1,14 @@
 //! `vkernel disk` (an IPdisk server) and `vkernel disk-cli` (its client).
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vkernel::{Kernel, Pid, Scope};
 use vkernel_disk::backing::{parse_size, Backing, BackingSpec};
 use vkernel_disk::client::Client;
 use vkernel_disk::dvd::Dvd;
+use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
 use vkernel_disk::server::{DiskServer, ServerConfig};
 
 use crate::hostopts::{logical_id, HostOpts};
@@ -46,6 +48,13 @@ pub struct DiskArgs {
     /// `base=LBA,len=BLOCKS,ro|rw,allow=host:H|pid:P|key:K|any[,allow=...]`.
     #[arg(long = "dvd", value_name = "SPEC")]
     dvds: Vec<Dvd>,
+    /// Also serve the whole device as an NBD export (named after --name)
+    /// on HOST:PORT or unix:PATH, from this logical host: the gateway's
+    /// V IPC with the disk stays local (memory copies, no datagrams),
+    /// which is the fast way to give local NBD clients the disk. A gateway
+    /// on another host is `vkernel nbd`.
+    #[arg(long, value_name = "ADDR")]
+    nbd: Option<ListenAddr>,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -111,11 +120,30 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         srv.backing(),
         key
     );
+    let mut gw = match &a.nbd {
+        Some(addr) => {
+            let c = Client::open(&k, srv.pid(), 0, key, 32)
+                .map_err(|e| format!("--nbd: cannot open the disk: {e}"))?;
+            let export = Export {
+                name: a.name.clone(),
+                description: format!("vkernel IPdisk {} (pid {})", a.name, srv.pid()),
+                dev: Arc::new(c),
+            };
+            let gw = Gateway::start(addr, vec![export])
+                .map_err(|e| format!("--nbd: cannot listen on {addr}: {e}"))?;
+            println!("vkernel disk: NBD export \"{}\" on {}", a.name, gw.addr());
+            Some(gw)
+        }
+        None => None,
+    };
     let _ = std::io::stdout().flush();
     let start = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(200));
         if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
+            if let Some(g) = gw.as_mut() {
+                g.stop();
+            }
             let s = srv.stats();
             let ld =
                 |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);

@@ -43,7 +43,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         },
     )?;
-    let c = Client::open(&b, srv.pid(), 0, 1, 32)?;
+    let c = Client::open(
+        if std::env::var("SAME_HOST").is_ok() {
+            &a
+        } else {
+            &b
+        },
+        srv.pid(),
+        0,
+        1,
+        32,
+    )?;
     let gw = Gateway::start(
         &listen,
         vec![Export {
