@@ -489,7 +489,15 @@ impl Client {
         let bs = u64::from(self.geo.block_size);
         for chunk in buf.chunks_mut(self.chunk_bytes()) {
             let n = (chunk.len() as u64 / bs) as u32;
-            self.command(&scsi::cdb_rw16(false, lba, n, false), Data::In(chunk))?;
+            let want = chunk.len();
+            let done = self.command(&scsi::cdb_rw16(false, lba, n, false), Data::In(chunk))?;
+            // Every byte must have come: callers may reuse buffers unzeroed.
+            if done.transferred != want {
+                return Err(ClientError::Malformed(format!(
+                    "READ of {want} bytes transferred {}",
+                    done.transferred
+                )));
+            }
             lba += u64::from(n);
         }
         Ok(())

@@ -595,6 +595,47 @@ fn validate(e: &Export, r: &Request) -> Option<u32> {
     }
 }
 
+thread_local! {
+    /// READ buffers a pump has sent and may reuse (see [`read_buf`]).
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare buffers a pump keeps: enough for a batch of small reads and a few
+/// large ones, at most `SPARE_BYTES` in all.
+const SPARE_COUNT: usize = 40;
+const SPARE_BYTES: usize = 16 << 20;
+
+/// A buffer of `len` bytes for a READ's data, reused from this pump's
+/// earlier replies when one is big enough. Not zeroed when reused: a READ
+/// that succeeds overwrites every byte, and a failed one sends none.
+fn read_buf(len: usize) -> Vec<u8> {
+    let reused = SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let i = s.iter().position(|b| b.capacity() >= len)?;
+        Some(s.swap_remove(i))
+    });
+    let mut b = reused.unwrap_or_default();
+    if b.len() < len {
+        b.resize(len, 0);
+    }
+    b.truncate(len);
+    b
+}
+
+/// Returns a READ buffer whose reply has been written.
+fn give_back(b: Vec<u8>) {
+    if b.capacity() == 0 || b.capacity() > SPARE_BYTES / 2 {
+        return;
+    }
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let held: usize = s.iter().map(Vec::capacity).sum();
+        if s.len() < SPARE_COUNT && held + b.capacity() <= SPARE_BYTES {
+            s.push(b);
+        }
+    });
+}
+
 /// Executes a validated request; the error value (0 = success) and the read data.
 fn execute(e: &Export, r: &Request, payload: Vec<u8>) -> (u32, Vec<u8>) {
     if let Some(err) = validate(e, r) {
@@ -604,10 +645,13 @@ fn execute(e: &Export, r: &Request, payload: Vec<u8>) -> (u32, Vec<u8>) {
     let dev = &e.dev;
     let res = match r.ty {
         cmd::READ => {
-            let mut buf = vec![0u8; r.length as usize];
+            let mut buf = read_buf(r.length as usize);
             return match dev.read(r.offset, &mut buf) {
                 Ok(()) => (0, buf),
-                Err(x) => (x, Vec::new()),
+                Err(x) => {
+                    give_back(buf);
+                    (x, Vec::new())
+                }
             };
         }
         cmd::WRITE => dev.write(r.offset, &payload, fua),
@@ -773,7 +817,7 @@ fn execute_batch(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
             .iter()
             .map(|(r, _)| {
                 if r.ty == cmd::READ {
-                    vec![0u8; r.length as usize]
+                    read_buf(r.length as usize)
                 } else {
                     Vec::new()
                 }
@@ -796,7 +840,10 @@ fn execute_batch(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
         for (k, ((r, _), b)) in run.drain(..).zip(bufs).enumerate() {
             match res.get(k).copied().unwrap_or(Err(errno::EIO)) {
                 Ok(()) => out.push((r.cookie, 0, if r.ty == cmd::READ { b } else { Vec::new() })),
-                Err(x) => out.push((r.cookie, x, Vec::new())),
+                Err(x) => {
+                    give_back(b);
+                    out.push((r.cookie, x, Vec::new()));
+                }
             }
         }
     };
@@ -868,6 +915,9 @@ where
             }
             g.flush()
         })();
+        for (_, _, data) in replies {
+            give_back(data);
+        }
         if let Err(e) = res {
             lock(&reader).done = true;
             lock(&first_error).get_or_insert(NbdError::Io(e));
