@@ -684,10 +684,20 @@ fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Re
     h[4..8].copy_from_slice(&err.to_be_bytes());
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
     if data.is_empty() || err != 0 {
-        w.write_all(&h)?;
-    } else {
-        w.write_all(&h)?;
-        w.write_all(data)?;
+        return w.write_all(&h);
+    }
+    // Header and data in one vectored write: a buffered writer passes a
+    // large reply straight to the socket (one syscall, no copy into its
+    // buffer) and gathers small ones.
+    let mut parts = [io::IoSlice::new(&h), io::IoSlice::new(data)];
+    let mut rest = &mut parts[..];
+    while !rest.is_empty() {
+        match w.write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -1186,7 +1196,8 @@ fn serve_conn(
         Negotiated::Go(e) => e,
         Negotiated::Aborted => return Ok(()),
     };
-    let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(256 << 10, ws)));
+    // Replies of 64 KiB and more bypass the buffer (see `write_reply`).
+    let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(64 << 10, ws)));
     transmission(rs, w, &e, WORKERS_PER_CONN)
 }
 
