@@ -24,13 +24,28 @@ fn placement(pl: Placement) -> raw::Placement {
     }
 }
 
-fn summary(s: raw::Samples) -> Summary {
+/// The samples as durations, the clock's overhead subtracted.
+fn durations(s: raw::Samples) -> Vec<Duration> {
     let o = clock_overhead();
-    let mut v: Vec<Duration> =
-        s.ns.into_iter()
-            .map(|ns| Duration::from_nanos(ns).saturating_sub(o))
-            .collect();
-    Summary::of(&mut v)
+    s.ns.into_iter()
+        .map(|ns| Duration::from_nanos(ns).saturating_sub(o))
+        .collect()
+}
+
+fn summary(s: raw::Samples) -> Summary {
+    Summary::of(&mut durations(s))
+}
+
+/// The round trips of [`udp_rtt`] themselves, for pooling over rounds.
+pub fn udp_samples(
+    size: usize,
+    iters: usize,
+    warmup: usize,
+    pl: Placement,
+) -> Result<Vec<Duration>, String> {
+    raw::udp_pingpong(size, iters, warmup, wait(pl), placement(pl))
+        .map(durations)
+        .map_err(|e| format!("raw UDP: {e}"))
 }
 
 /// Round-trip time of `size`-byte UDP datagrams between two threads.
