@@ -160,7 +160,8 @@ pub trait BlockDev: Send + Sync {
     fn block_size(&self) -> u32;
     /// Writes are refused.
     fn read_only(&self) -> bool;
-    /// Reads `buf.len()` bytes at `off`.
+    /// Reads `buf.len()` bytes at `off`: on success every byte of `buf`
+    /// has been written (the gateway reuses buffers without zeroing them).
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), u32>;
     /// Writes `data` at `off`; durable on return if `fua`.
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), u32>;
