@@ -288,8 +288,16 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
                 continue;
             }
         };
+        // A client on this logical host moves its data by memory copies
+        // (no datagrams, no acknowledgements to wait for): with a RAM store
+        // its larger commands run here too.
+        let limit = if i.from.host() == p.pid().host() && sh.backing.in_memory() {
+            LOCAL_INLINE_BYTES
+        } else {
+            INLINE_BYTES
+        };
         let inline = matches!(m.code(), msg::SCSI | msg::SCSI_BATCH)
-            && (m.seg_len() as usize) <= INLINE_BYTES
+            && (m.seg_len() as usize) <= limit
             && !workers.contains(&i.from)
             && (sh.backing.in_memory()
                 || !may_wait(&sh.base, &m, &appended[..i.seg_bytes.min(appended.len())]));
@@ -453,6 +461,10 @@ struct Req<'a> {
 /// SCSI commands and batches whose segment is at most this large run in
 /// the dispatcher itself (their data fits a datagram or two each way).
 pub const INLINE_BYTES: usize = 128 << 10;
+
+/// The same for clients on the disk's own logical host when the store is
+/// in RAM: their data phase is memory copies.
+pub const LOCAL_INLINE_BYTES: usize = 1 << 20;
 
 /// Largest segment of one SCSI_BATCH (entries, data-out and data-in).
 pub const MAX_BATCH_SEGMENT: usize = 16 << 20;
