@@ -708,9 +708,17 @@ type Batch = Vec<(Request, Vec<u8>)>;
 
 /// Requests of one connection gathered into one batch at most.
 pub const BATCH_REQUESTS: usize = 32;
-/// Read/write payload bytes gathered into one batch at most; larger
-/// requests run on their own.
-pub const BATCH_BYTES: usize = 1 << 20;
+/// Read/write payload bytes gathered into one batch at most: with its
+/// entries a batch then fits one datagram each way (request with its
+/// data-out, reply with its data-in), where a larger one would move data
+/// by MoveFrom/MoveTo and wait for their acknowledgements. A deeper queue
+/// makes more batches, which the connection's pumps run side by side.
+pub const BATCH_BYTES: usize = 60 << 10;
+
+/// WRITE payloads up to this size are read into a buffer allocated up
+/// front; larger ones as they arrive (a client that only claims a large
+/// payload makes the gateway allocate nothing).
+const PREALLOC_PAYLOAD: usize = 1 << 20;
 
 /// The reading half of a connection, shared by its pumps.
 struct Reader<R> {
@@ -742,7 +750,7 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
             return violation(format!("write payload of {} bytes", req.length));
         }
         let len = req.length as usize;
-        if len <= BATCH_BYTES {
+        if len <= PREALLOC_PAYLOAD {
             payload.resize(len, 0);
             if let Err(e) = r.read_exact(&mut payload) {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -762,18 +770,29 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
     Ok(Some((req, payload)))
 }
 
-/// The next request if it is already wholly buffered (no waiting).
-fn buffered_request(b: &[u8]) -> bool {
-    let Some(h) = b.get(..28) else { return false };
+/// Payload bytes a request moves (a TRIM's or WRITE_ZEROES' length moves
+/// none).
+fn data_len(r: &Request) -> usize {
+    if matches!(r.ty, cmd::READ | cmd::WRITE) {
+        r.length as usize
+    } else {
+        0
+    }
+}
+
+/// The payload size of the next request if it is already wholly buffered
+/// (no waiting) and may join a batch.
+fn buffered_request(b: &[u8]) -> Option<usize> {
+    let h = b.get(..28)?;
     let mut hdr = [0u8; 28];
     hdr.copy_from_slice(h);
-    match parse_request(&hdr) {
-        Some(r) if r.ty == cmd::DISC => false,
-        Some(r) if r.length > BATCH_IO_MAX && matches!(r.ty, cmd::READ | cmd::WRITE) => false,
-        Some(r) if r.ty == cmd::WRITE => b.len() >= 28 + r.length as usize,
-        Some(_) => true,
-        // A bad magic is reported by the next blocking read.
-        None => false,
+    // A bad magic is reported by the next blocking read.
+    let r = parse_request(&hdr)?;
+    match r.ty {
+        cmd::DISC => None,
+        _ if data_len(&r) > BATCH_IO_MAX as usize => None,
+        cmd::WRITE if b.len() < 28 + r.length as usize => None,
+        _ => Some(data_len(&r)),
     }
 }
 
@@ -783,19 +802,19 @@ fn read_batch<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<Batch>, NbdErr
     let Some(first) = read_one(r)? else {
         return Ok(None);
     };
-    let mut bytes = first.0.length as usize;
-    let alone = first.0.length > BATCH_IO_MAX;
+    let mut bytes = data_len(&first.0);
+    let alone = bytes > BATCH_IO_MAX as usize;
     let mut batch = vec![first];
     // A large request goes alone, so large requests of one connection
     // run on as many pumps as there are.
-    while !alone
-        && batch.len() < BATCH_REQUESTS
-        && bytes < BATCH_BYTES
-        && buffered_request(r.buffer())
-    {
+    while !alone && batch.len() < BATCH_REQUESTS {
+        match buffered_request(r.buffer()) {
+            Some(n) if bytes + n <= BATCH_BYTES => {}
+            _ => break,
+        }
         match read_one(r)? {
             Some(q) => {
-                bytes += q.0.length as usize;
+                bytes += data_len(&q.0);
                 batch.push(q);
             }
             None => break,
