@@ -2,20 +2,11 @@
 //! processes over loopback, with real NBD clients where installed.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::{Proc, BIN};
 
 /// Starts a vkernel command that exits by itself, and returns it with the
 /// first `n` lines it printed.

@@ -4,18 +4,11 @@
 //! failure.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
-
-struct Child2(Child);
-impl Drop for Child2 {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::{Proc as Child2, BIN};
 
 /// Two namespaces `a` (192.0.2.1, fd00:76::1) and `b` (.2, ::2) on a veth pair.
 struct Pair {

@@ -2,20 +2,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vkernel");
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::{Proc, BIN};
 
 /// Starts `vkernel echo` and returns it with the address it printed.
 fn start_echo(bind: &str, extra: &[&str]) -> (Proc, String) {
