@@ -3,7 +3,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 mod common;
 use common::{Proc, BIN};
@@ -147,40 +146,44 @@ fn disk_with_nbd_disk_cli_and_a_remote_gateway_agree_on_the_bytes() {
         return;
     }
     // Both exports hold the bytes disk-cli wrote; a write through one is
-    // read through the other.
-    for (a, b) in [(&local_nbd, &remote_nbd), (&remote_nbd, &local_nbd)] {
-        let whole = dir.join("whole.img");
+    // read through the other (each round writes a different pattern, so
+    // the second round cannot pass on the first round's bytes).
+    let copy = |from: &str, to: &str| {
         let st = Command::new("nbdcopy")
-            .args([&format!("nbd://{a}"), whole.to_str().expect("utf-8 path")])
+            .args([from, to])
             .status()
             .expect("nbdcopy");
-        assert!(st.success());
+        assert!(st.success(), "nbdcopy {from} {to}");
+    };
+    let whole = dir.join("whole.img");
+    let again = dir.join("again.img");
+    let (whole_s, again_s) = (
+        whole.to_str().expect("utf-8 path"),
+        again.to_str().expect("utf-8 path"),
+    );
+    for (round, (a, b)) in [(&local_nbd, &remote_nbd), (&remote_nbd, &local_nbd)]
+        .into_iter()
+        .enumerate()
+    {
+        let (a, b) = (format!("nbd://{a}"), format!("nbd://{b}"));
+        copy(&a, whole_s);
         let img = std::fs::read(&whole).expect("image");
         assert_eq!(img.len(), 4 << 20);
         assert_eq!(&img[1 << 20..(1 << 20) + data.len()], &data[..]);
         let mut changed = img.clone();
         for (i, x) in changed.iter_mut().enumerate().take(1 << 20) {
-            *x = (i % 13) as u8 ^ a.len() as u8;
+            *x = (i % 13) as u8 ^ (0x40 << round);
         }
+        assert_ne!(changed, img);
         std::fs::write(&whole, &changed).expect("write image");
-        let st = Command::new("nbdcopy")
-            .args([whole.to_str().expect("utf-8 path"), &format!("nbd://{a}")])
-            .status()
-            .expect("nbdcopy");
-        assert!(st.success());
-        let again = dir.join("again.img");
-        let st = Command::new("nbdcopy")
-            .args([&format!("nbd://{b}"), again.to_str().expect("utf-8 path")])
-            .status()
-            .expect("nbdcopy");
-        assert!(st.success());
+        copy(whole_s, &a);
+        copy(&b, again_s);
         assert!(
             std::fs::read(&again).expect("again") == changed,
             "a write through {a} did not read back through {b}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
-    std::thread::sleep(Duration::from_millis(10));
 }
 
 #[test]
