@@ -975,34 +975,31 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
         w / blast.mbps.max(1e-9),
         r / blast.mbps.max(1e-9)
     );
-    let gw = vkernel_disk::nbd::Gateway::start(
-        &"127.0.0.1:0".parse().map_err(|e: String| e)?,
-        vec![vkernel_disk::nbd::Export {
-            name: "ipdisk".into(),
-            description: "bench".into(),
-            dev: client.clone(),
-        }],
-    )
-    .map_err(|e| e.to_string())?;
+    // A gateway on a loopback port serving `dev`, and its URI.
+    let gateway = |dev: std::sync::Arc<vkernel_disk::client::Client>| {
+        let g = vkernel_disk::nbd::Gateway::start(
+            &vkernel_disk::nbd::ListenAddr::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            vec![vkernel_disk::nbd::Export {
+                name: "ipdisk".into(),
+                description: "bench".into(),
+                dev,
+            }],
+        )
+        .map_err(|e| e.to_string())?;
+        let uri = match g.addr() {
+            vkernel_disk::nbd::ListenAddr::Tcp(a) => format!("nbd://{a}"),
+            vkernel_disk::nbd::ListenAddr::Unix(p) => {
+                format!("nbd+unix:///?socket={}", p.display())
+            }
+        };
+        Ok::<_, String>((g, uri))
+    };
+    let (_gw, gw_uri) = gateway(client.clone())?;
     // The same gateway inside the disk's own logical host (`vkernel disk
     // --nbd`): its V IPC with the disk is local.
-    let local_client = std::sync::Arc::new(
+    let (_gw1, gw1_uri) = gateway(std::sync::Arc::new(
         vkernel_disk::client::Client::open(&a, srv.pid(), 0, 7, 32).map_err(|e| e.to_string())?,
-    );
-    let gw1 = vkernel_disk::nbd::Gateway::start(
-        &"127.0.0.1:0".parse().map_err(|e: String| e)?,
-        vec![vkernel_disk::nbd::Export {
-            name: "ipdisk".into(),
-            description: "bench, disk's host".into(),
-            dev: local_client,
-        }],
-    )
-    .map_err(|e| e.to_string())?;
-    let uri_of = |g: &vkernel_disk::nbd::Gateway| match g.addr() {
-        vkernel_disk::nbd::ListenAddr::Tcp(a) => format!("nbd://{a}"),
-        vkernel_disk::nbd::ListenAddr::Unix(p) => format!("nbd+unix:///?socket={}", p.display()),
-    };
-    let (gw_uri, gw1_uri) = (uri_of(&gw), uri_of(&gw1));
+    ))?;
     // nbdkit's memory plugin on a free port, stopped with the section.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -1107,7 +1104,6 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!("  (sequential rows: median of 3 runs; \"2 hosts\": disk and gateway on two logical hosts of this process, the V hop over UDP; \"1 host\": the gateway in the disk's logical host, as `vkernel disk --nbd`; blocking waits; ratios against nbdkit)");
-    drop(gw1);
     Ok(json!({
         "native": {"write_mbps": w, "read_mbps": r, "raw_blast_mbps": blast.mbps, "bytes": size},
         "tools": rows,
