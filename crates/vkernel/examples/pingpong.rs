@@ -1,6 +1,7 @@
 //! Remote null exchanges between two logical hosts in one process, for
 //! profiling: `cargo run --release --example pingpong -- 200000`
-//! (`LOCAL=1`: both processes on one host; `PIN=1`: pinned).
+//! (`LOCAL=1`: both processes on one host; `PIN=1`: pinned; `NORAW=1`: no
+//! raw UDP comparison).
 
 use std::time::{Duration, Instant};
 use vkernel::{Kernel, KernelConfig, Message};
@@ -51,7 +52,12 @@ fn main() {
         lat.push(t.elapsed());
     }
     lat.sort();
-    let r = raw(n);
+    // NORAW=1: skip the raw UDP comparison (for profiling vkernel alone).
+    let r = if std::env::var("NORAW").is_ok() {
+        vec![Duration::ZERO]
+    } else {
+        raw(n)
+    };
     let q = |v: &[Duration], f: f64| v[((v.len() - 1) as f64 * f) as usize];
     let slow = |v: &[Duration]| v.iter().filter(|d| d.as_micros() > 25).count();
     println!(

@@ -129,7 +129,7 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) net: Net,
     clock: crate::clock::Clock,
-    next_timer: AtomicU64,
+    next_timer: CacheLine<AtomicU64>,
     /// Processes busy-polling (on a cache line of its own: every wait
     /// counts itself in and out).
     pub(crate) spinners: CacheLine<AtomicUsize>,
@@ -215,7 +215,12 @@ impl Shared {
                             if let Some(c) = st.engine.take_completion(p) {
                                 w.deliver(c);
                             }
-                            wakes.push(w.clone());
+                            // A spinning process sees the flag; only one
+                            // blocked in the kernel needs a signal, sent
+                            // after the lock is released.
+                            if w.wake_spinning() {
+                                wakes.push(w.clone());
+                            }
                         }
                     }
                     Event::HostIdConflict(h) => st.conflict = Some(h),
@@ -224,8 +229,11 @@ impl Shared {
                     Event::LeaveMulticast(a) => self.net.leave_multicast(a),
                 }
             }
-            self.next_timer
-                .store(st.engine.poll_timeout(), Ordering::Release);
+            // Store only a change: spinning threads read this line.
+            let t = st.engine.poll_timeout();
+            if self.next_timer.load(Ordering::Relaxed) != t {
+                self.next_timer.store(t, Ordering::Release);
+            }
             r
         };
         if let Some(tr) = &self.tracer {
@@ -237,7 +245,7 @@ impl Shared {
             self.net.send(t.to, t.data);
         }
         for w in wakes.drain(..) {
-            w.wake();
+            w.signal();
         }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
@@ -493,7 +501,7 @@ impl Kernel {
             state: Mutex::new(state),
             net,
             clock: crate::clock::Clock::new(),
-            next_timer: AtomicU64::new(0),
+            next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicUsize::new(0)),
             blocked_readers: CacheLine(AtomicUsize::new(0)),
             bg_efd: EventFd::new()?,

@@ -137,10 +137,23 @@ impl Waiter {
     /// Marks the completion ready; signals the eventfd only if the process
     /// is blocked in the kernel (a spinning process sees the flag).
     pub(crate) fn wake(&self) {
-        self.ready.store(true, Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) {
-            self.efd.signal();
+        if self.wake_spinning() {
+            self.signal();
         }
+    }
+
+    /// Marks the completion ready. True if the process is blocked in the
+    /// kernel and must also be [`Waiter::signal`]led. (The process sets
+    /// `parked` before it looks at `ready` one last time, so one of the two
+    /// sides always sees the other.)
+    pub(crate) fn wake_spinning(&self) -> bool {
+        self.ready.store(true, Ordering::SeqCst);
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    /// Signals the eventfd of a process blocked in the kernel.
+    pub(crate) fn signal(&self) {
+        self.efd.signal();
     }
 
     pub(crate) fn destroy(&self) {
@@ -310,20 +323,31 @@ impl Process {
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let w = &self.waiter;
-        let start = Instant::now();
+        let start = sh.now();
         let spin = self.spin.get();
-        let every = match expect {
-            Expect::Remote => 1,
-            Expect::Either => 2,
-            Expect::Receive if self.last_from_remote.get() => 1,
-            Expect::Receive => 16,
-            Expect::Local => 64,
+        let spin_us = spin.as_micros().min(u128::from(u64::MAX)) as u64;
+        // Microseconds between socket polls while spinning: none when a
+        // datagram is expected; when a local hand-over is, polls are rare,
+        // since a recv syscall in progress delays seeing the hand-over.
+        let gap: u64 = match expect {
+            Expect::Remote | Expect::Either => 0,
+            Expect::Receive if self.last_from_remote.get() => 0,
+            Expect::Receive => 2,
+            Expect::Local => 8,
         };
+        let mut next_poll = start + gap;
         // While spinning this thread reads the socket itself.
         if !spin.is_zero() {
             w.spinning(sh.net.socket());
         }
-        let mut spinning = (!spin.is_zero()).then(|| Counted::enter(&sh.spinners));
+        let mut spinning = !spin.is_zero();
+        // Counted as a spinner only once the wait has lasted a while: the
+        // count is a hint (whether the socket needs another reader), and
+        // two writes to its shared line on every short wait cost more than
+        // a local exchange's own work.
+        // (A wait for a remote answer counts in at once: with no spinner
+        // counted the background thread would compete for each datagram.)
+        let mut counted = (spinning && gap == 0).then(|| Counted::enter(&sh.spinners));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
@@ -356,8 +380,15 @@ impl Process {
                     })
                 });
             }
-            if spinning.is_some() {
-                if i.is_multiple_of(every) {
+            if spinning {
+                let polled = gap == 0 || {
+                    let now = sh.now();
+                    now >= next_poll && {
+                        next_poll = now + gap;
+                        true
+                    }
+                };
+                if polled {
                     // One datagram at a time: if it was ours, see it at once
                     // instead of paying another empty recv first.
                     if let (_, Some(c)) = sh.poll_socket_as(Some(self.pid), 1) {
@@ -367,16 +398,19 @@ impl Process {
                 if i.is_multiple_of(32) {
                     sh.run_timers_if_due();
                 }
-                let polled = i.is_multiple_of(every);
                 i = i.wrapping_add(1);
-                if !i.is_multiple_of(64) || start.elapsed() < spin {
+                if !i.is_multiple_of(64) || sh.now().saturating_sub(start) < spin_us {
+                    if i == 64 && counted.is_none() {
+                        counted = Some(Counted::enter(&sh.spinners));
+                    }
                     // A turn that made a syscall has waited long enough.
                     if !polled {
                         std::hint::spin_loop();
                     }
                     continue;
                 }
-                spinning = None;
+                spinning = false;
+                counted = None;
             }
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {

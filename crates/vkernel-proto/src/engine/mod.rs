@@ -161,6 +161,10 @@ struct Proc {
     principal: u32,
     /// If set, only senders with these principals may Send to it.
     admits: Option<Vec<u32>>,
+    /// The box of this process's last finished Send, reused by its next
+    /// one: a local exchange's box would otherwise be allocated by the
+    /// sender's thread and freed by the replier's, every exchange.
+    spare: Option<Box<Outgoing>>,
 }
 
 #[derive(Debug)]
@@ -405,7 +409,7 @@ impl Engine {
 
     fn complete(&mut self, pid: Pid, c: Completion) {
         if let Some(p) = self.proc_mut(pid) {
-            p.state = PState::Ready;
+            p.set_state(PState::Ready);
             p.completion = Some(c);
             self.events.push_back(Event::Wake(pid));
         }
@@ -703,7 +707,7 @@ impl Engine {
         if dst.is_group() {
             let sent = out.msg;
             let mode = self.group_send(now, src, dst, out.msg, out.seg.as_ref(), out.seq)?;
-            self.set_state(src, PState::Sending(Box::new(out)));
+            self.set_sending(src, out);
             self.transmit_send(now, src, false);
             if mode == crate::message::GroupMode::NoReply {
                 // A notification: sent once, the sender does not block.
@@ -725,10 +729,10 @@ impl Engine {
             if !self.admits(dst, principal) {
                 return Err(IpcError::AccessDenied(dst));
             }
-            self.set_state(src, PState::Sending(Box::new(out)));
+            self.set_sending(src, out);
             self.enqueue(now, dst, Pending::Local(src));
         } else {
-            self.set_state(src, PState::Sending(Box::new(out)));
+            self.set_sending(src, out);
             self.transmit_send(now, src, false);
         }
         Ok(())
@@ -745,9 +749,17 @@ impl Engine {
         }
     }
 
+    fn set_sending(&mut self, pid: Pid, out: Outgoing) {
+        if let Some(p) = self.proc_mut(pid) {
+            let b = p.boxed(out);
+            p.set_state(PState::Sending(b));
+            p.completion = None;
+        }
+    }
+
     fn set_state(&mut self, pid: Pid, st: PState) {
         if let Some(p) = self.proc_mut(pid) {
-            p.state = st;
+            p.set_state(st);
             p.completion = None;
         }
     }
@@ -874,7 +886,7 @@ impl Engine {
     /// Used by the runtime when it must return without a completion.
     pub fn cancel(&mut self, pid: Pid) {
         if let Some(p) = self.proc_mut(pid) {
-            let old = std::mem::replace(&mut p.state, PState::Ready);
+            let old = p.set_state(PState::Ready);
             p.completion = None;
             if let PState::GettingPid { qseq } = old {
                 self.names.forget_query(qseq);
@@ -1758,6 +1770,33 @@ impl Proc {
             completion: None,
             principal: 0,
             admits: None,
+            spare: None,
+        }
+    }
+
+    /// Replaces the state, keeping a finished Send's box for the next
+    /// Send. Its lent segment and inbound transfers are dropped now: the
+    /// lease on the caller's buffer ends with the state.
+    fn set_state(&mut self, st: PState) -> PState {
+        match std::mem::replace(&mut self.state, st) {
+            PState::Sending(mut b) => {
+                b.seg = None;
+                b.inbound = Vec::new();
+                self.spare = Some(b);
+                PState::Ready
+            }
+            old => old,
+        }
+    }
+
+    /// A box holding `out`: the spare one if there is one.
+    fn boxed(&mut self, out: Outgoing) -> Box<Outgoing> {
+        match self.spare.take() {
+            Some(mut b) => {
+                *b = out;
+                b
+            }
+            None => Box::new(out),
         }
     }
 }
