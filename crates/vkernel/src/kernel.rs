@@ -309,6 +309,16 @@ impl Shared {
         }
     }
 
+    /// Wakes the background thread to reconsider its timers (the last
+    /// spinner stopped spinning with a timer pending).
+    pub(crate) fn kick(&self) {
+        if self.spinners.load(Ordering::Acquire) == 0
+            && self.next_timer.load(Ordering::Acquire) != Micros::MAX
+        {
+            self.bg_efd.signal();
+        }
+    }
+
     /// Time until the next engine timer, capped.
     pub(crate) fn time_to_timer(&self, cap: Duration) -> Duration {
         let t = self.next_timer.load(Ordering::Acquire);
@@ -354,7 +364,16 @@ impl Shared {
             if self.net.has_faults() {
                 cap = cap.min(Duration::from_millis(1));
             }
-            let timeout = self.time_to_timer(cap);
+            // Processes spinning run due timers themselves (every 32nd
+            // turn); waking for a timer then would only take a CPU from
+            // them, and the timer is usually stale (a retransmission
+            // deadline of an exchange answered long ago). The last spinner
+            // to give up and block wakes this thread ([`Shared::kick`]).
+            let timeout = if self.spinners.load(Ordering::Acquire) > 0 && !self.net.has_faults() {
+                cap
+            } else {
+                self.time_to_timer(cap)
+            };
             // Group messages by multicast arrive on their own socket, which
             // only this thread watches.
             let mfd = self.net.mcast_fd();

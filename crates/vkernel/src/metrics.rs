@@ -378,6 +378,24 @@ pub fn to_prometheus(s: &Stats, g: &Gauges) -> String {
 
 /// Serves `GET /metrics` (Prometheus text) and `GET /stats.json` on `addr`
 /// until the host shuts down. Returns the bound address.
+/// Reads a request head (up to its blank line, or until `buf` is full, the
+/// peer stops sending, or the read timeout passes). A request can arrive in
+/// several segments; answering after the first and closing with the rest
+/// unread would reset the connection under the client's feet.
+fn read_head(c: &mut impl Read, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match c.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    n
+}
+
 pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let bound = l.local_addr()?;
@@ -391,7 +409,7 @@ pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<So
                         let _ = c.set_nonblocking(false);
                         let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
                         let mut buf = [0u8; 2048];
-                        let n = c.read(&mut buf).unwrap_or(0);
+                        let n = read_head(&mut c, &mut buf);
                         let req = String::from_utf8_lossy(&buf[..n]);
                         let path = req.split_whitespace().nth(1).unwrap_or("/");
                         let (s, g) = shared.snapshot();
@@ -411,4 +429,37 @@ pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<So
             }
         })?;
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_head;
+
+    /// Hands out its bytes a few at a time, like a request split over
+    /// several TCP segments.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let k = self.1.min(self.0.len()).min(buf.len());
+            buf[..k].copy_from_slice(&self.0[..k]);
+            self.0 = &self.0[k..];
+            Ok(k)
+        }
+    }
+
+    #[test]
+    fn a_request_head_split_over_reads_is_read_whole() {
+        let req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut buf = [0u8; 2048];
+        let n = read_head(&mut Trickle(req, 4), &mut buf);
+        assert_eq!(&buf[..n], &req[..]);
+        // A peer that stops early: what came is returned.
+        let n = read_head(&mut Trickle(b"GET /met", 3), &mut buf);
+        assert_eq!(&buf[..n], b"GET /met");
+        // A head longer than the buffer stops at the buffer's end.
+        let long = vec![b'a'; 5000];
+        let n = read_head(&mut Trickle(&long, 1000), &mut buf);
+        assert_eq!(n, 2048);
+    }
 }

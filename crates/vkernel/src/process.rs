@@ -410,7 +410,9 @@ impl Process {
                     continue;
                 }
                 spinning = false;
-                counted = None;
+                if counted.take().is_some() {
+                    sh.kick();
+                }
             }
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
@@ -429,12 +431,14 @@ impl Process {
                 sock_ready = s;
                 e
             } else {
-                let cap = if self.socket_reader.get() {
-                    Duration::from_millis(1)
+                // A process that never reads the socket (the kernel server)
+                // leaves timers to the others rather than wake for each.
+                let t = if self.socket_reader.get() {
+                    sh.time_to_timer(Duration::from_millis(1))
                 } else {
                     Duration::from_millis(50)
                 };
-                poll2(w.efd.fd(), None, sh.time_to_timer(cap)).0
+                poll2(w.efd.fd(), None, t).0
             };
             w.parked.store(false, Ordering::SeqCst);
             if ev {
