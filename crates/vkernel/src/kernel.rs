@@ -130,9 +130,12 @@ pub(crate) struct Shared {
     pub(crate) net: Net,
     clock: crate::clock::Clock,
     next_timer: CacheLine<AtomicU64>,
-    /// Processes busy-polling (on a cache line of its own: every wait
-    /// counts itself in and out).
-    pub(crate) spinners: CacheLine<AtomicUsize>,
+    /// Processes busy-polling (low 32 bits) and how many spins have begun
+    /// (high 32 bits, wrapping): one word, so a spin counts itself in with
+    /// one atomic add, and the background thread can tell that spinning
+    /// went on while it slept even if none is spinning when it looks. On a
+    /// cache line of its own.
+    pub(crate) spinners: CacheLine<AtomicU64>,
     /// Processes blocked in epoll on the socket.
     pub(crate) blocked_readers: CacheLine<AtomicUsize>,
     bg_efd: EventFd,
@@ -141,6 +144,12 @@ pub(crate) struct Shared {
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
 }
+
+/// The count part of [`Shared::spinners`].
+pub(crate) const SPINNING: u64 = 0xffff_ffff;
+/// What a spin adds to [`Shared::spinners`] as it begins (it takes 1 away
+/// as it ends).
+pub(crate) const SPIN_BEGINS: u64 = 1 + (1 << 32);
 
 /// A value alone on its cache line.
 #[repr(align(64))]
@@ -299,7 +308,12 @@ impl Shared {
     /// Threads that will read the socket promptly (spinning or blocked on
     /// it).
     pub(crate) fn readers(&self) -> usize {
-        self.spinners.load(Ordering::Acquire) + self.blocked_readers.load(Ordering::Acquire)
+        self.spinning() as usize + self.blocked_readers.load(Ordering::Acquire)
+    }
+
+    /// Processes busy-polling now.
+    pub(crate) fn spinning(&self) -> u64 {
+        self.spinners.load(Ordering::Acquire) & SPINNING
     }
 
     /// Runs engine timers if one is due.
@@ -312,9 +326,7 @@ impl Shared {
     /// Wakes the background thread to reconsider its timers (the last
     /// spinner stopped spinning with a timer pending).
     pub(crate) fn kick(&self) {
-        if self.spinners.load(Ordering::Acquire) == 0
-            && self.next_timer.load(Ordering::Acquire) != Micros::MAX
-        {
+        if self.spinning() == 0 && self.next_timer.load(Ordering::Acquire) != Micros::MAX {
             self.bg_efd.signal();
         }
     }
@@ -354,8 +366,15 @@ impl Shared {
     }
 
     fn background(self: Arc<Self>) {
+        let mut last_spin = u64::MAX;
         while !self.stopping() {
-            let idle_readers = self.readers() == 0;
+            // Spinning now, or begun since the last look: a process between
+            // two waits (in its Send's engine call, say) is not counted, but
+            // it will be again in a moment.
+            let spin = self.spinners.load(Ordering::Acquire);
+            let spinning = spin & SPINNING != 0 || spin != last_spin;
+            last_spin = spin;
+            let idle_readers = !spinning && self.blocked_readers.load(Ordering::Acquire) == 0;
             let mut cap = if idle_readers {
                 Duration::from_millis(100)
             } else {
@@ -369,7 +388,7 @@ impl Shared {
             // them, and the timer is usually stale (a retransmission
             // deadline of an exchange answered long ago). The last spinner
             // to give up and block wakes this thread ([`Shared::kick`]).
-            let timeout = if self.spinners.load(Ordering::Acquire) > 0 && !self.net.has_faults() {
+            let timeout = if spinning && !self.net.has_faults() {
                 cap
             } else {
                 self.time_to_timer(cap)
@@ -521,7 +540,7 @@ impl Kernel {
             net,
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),
-            spinners: CacheLine(AtomicUsize::new(0)),
+            spinners: CacheLine(AtomicU64::new(0)),
             blocked_readers: CacheLine(AtomicUsize::new(0)),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),

@@ -11,7 +11,7 @@
 //! a plain `poll` on the shared socket woke every one for every datagram).
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -173,6 +173,23 @@ impl<'a> Counted<'a> {
 }
 
 impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a thread as spinning while it lives (see `Shared::spinners`).
+struct Spinning<'a>(&'a AtomicU64);
+
+impl<'a> Spinning<'a> {
+    fn enter(sh: &'a Shared) -> Spinning<'a> {
+        sh.spinners
+            .fetch_add(crate::kernel::SPIN_BEGINS, Ordering::AcqRel);
+        Spinning(&sh.spinners)
+    }
+}
+
+impl Drop for Spinning<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -347,7 +364,7 @@ impl Process {
         // a local exchange's own work.
         // (A wait for a remote answer counts in at once: with no spinner
         // counted the background thread would compete for each datagram.)
-        let mut counted = (spinning && gap == 0).then(|| Counted::enter(&sh.spinners));
+        let mut counted = (spinning && gap == 0).then(|| Spinning::enter(sh));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
@@ -401,7 +418,7 @@ impl Process {
                 i = i.wrapping_add(1);
                 if !i.is_multiple_of(64) || sh.now().saturating_sub(start) < spin_us {
                     if i == 64 && counted.is_none() {
-                        counted = Some(Counted::enter(&sh.spinners));
+                        counted = Some(Spinning::enter(sh));
                     }
                     // A turn that made a syscall has waited long enough.
                     if !polled {
@@ -422,7 +439,7 @@ impl Process {
             // Block. Read the socket too, unless another thread is spinning
             // on it (then a datagram would wake us for nothing) or this
             // process never reads it (the kernel server).
-            let reads = self.socket_reader.get() && sh.spinners.load(Ordering::Acquire) == 0;
+            let reads = self.socket_reader.get() && sh.spinning() == 0;
             let mut sock_ready = false;
             let ev = if reads {
                 let _r = Counted::enter(&sh.blocked_readers);
