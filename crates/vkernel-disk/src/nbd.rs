@@ -1019,6 +1019,16 @@ enum Listener {
     Unix(UnixListener),
 }
 
+impl Listener {
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        }
+    }
+}
+
 enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -1046,6 +1056,8 @@ pub struct GatewayStats {
 pub struct Gateway {
     addr: ListenAddr,
     stop: Arc<AtomicBool>,
+    /// Wakes the accept loop to see `stop`.
+    wake: Arc<vkernel::sys::EventFd>,
     conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
     accept: Option<JoinHandle<()>>,
     stats: Arc<GatewayStats>,
@@ -1081,20 +1093,23 @@ impl Gateway {
             }
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(vkernel::sys::EventFd::new()?);
         let conns = Arc::new(Mutex::new(std::collections::HashMap::new()));
         let stats = Arc::new(GatewayStats::default());
         let exports = Arc::new(exports);
         let accept = {
             let stop = stop.clone();
+            let wake = wake.clone();
             let conns = conns.clone();
             let stats = stats.clone();
             std::thread::Builder::new()
                 .name("nbd-accept".into())
-                .spawn(move || accept_loop(listener, exports, stop, conns, stats))?
+                .spawn(move || accept_loop(listener, exports, (stop, wake), conns, stats))?
         };
         Ok(Gateway {
             addr: bound,
             stop,
+            wake,
             conns,
             accept: Some(accept),
             stats,
@@ -1114,6 +1129,7 @@ impl Gateway {
     /// Stops accepting and closes every connection.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.wake.signal();
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
@@ -1133,10 +1149,13 @@ impl Drop for Gateway {
 /// A new connection: its reading half, its writing half, a handle to close it.
 type Accepted = (Box<dyn ReadWrite>, Box<dyn Write + Send>, Conn);
 
+/// The accept loop's stop flag and the eventfd that wakes it to look.
+type StopSignal = (Arc<AtomicBool>, Arc<vkernel::sys::EventFd>);
+
 fn accept_loop(
     l: Listener,
     exports: Arc<Vec<Export>>,
-    stop: Arc<AtomicBool>,
+    (stop, wake): StopSignal,
     conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
     stats: Arc<GatewayStats>,
 ) {
@@ -1193,7 +1212,10 @@ fn accept_loop(
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10));
+                // Sleep until a client connects or stop() signals: a
+                // client must not wait out a polling interval (nbdcopy
+                // opens four connections before it moves a byte).
+                vkernel::sys::poll2(l.fd(), Some(wake.fd()), Duration::from_secs(1));
             }
             Err(e) => {
                 tracing::warn!("nbd: accept: {e}");

@@ -697,3 +697,38 @@ fn fio_nbd_engine_verifies() {
     );
     assert!(!out.contains("verify:"), "fio verify failure: {out}");
 }
+
+/// The accept loop sleeps in poll until a client connects (no polling
+/// interval for a client to wait out); stop() must still end it at once.
+#[test]
+fn an_idle_gateway_serves_at_once_and_stops_at_once() {
+    let mut gw = Gateway::start(
+        &ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+        vec![Export {
+            name: "m".into(),
+            description: "memory".into(),
+            dev: Arc::new(MemDev::new(1 << 20, 512, false)),
+        }],
+    )
+    .unwrap();
+    let addr = match gw.addr() {
+        ListenAddr::Tcp(a) => *a,
+        ListenAddr::Unix(_) => unreachable!(),
+    };
+    // Idle long enough for the accept thread to be asleep in poll.
+    std::thread::sleep(Duration::from_millis(100));
+    drop(Raw::connect(addr, 1));
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    gw.stop();
+    // The loop's own poll timeout is 1 s: only the wake-up ends it sooner.
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "stop took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "still listening after stop"
+    );
+}
