@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -424,7 +425,11 @@ pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<So
                             body.len()
                         );
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    // Sleep until a scrape connects (no polling interval
+                    // for it to wait out); look at `stopping` now and then.
+                    Err(_) => {
+                        crate::sys::poll2(l.as_raw_fd(), None, Duration::from_millis(200));
+                    }
                 }
             }
         })?;
