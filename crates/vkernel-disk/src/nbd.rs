@@ -931,6 +931,15 @@ where
             large.1.notify_all();
         }
     };
+    // No more requests: parked pumps leave. (Set under the `large` lock, so
+    // a pump about to park sees it or is woken.)
+    let finish = || {
+        {
+            let _g = lock(&large.0);
+            finished.store(true, Ordering::Release);
+        }
+        large.1.notify_all();
+    };
     let pump = |extra: bool| loop {
         if extra {
             // Park until large requests come (or the connection ends).
@@ -956,17 +965,14 @@ where
                 Ok(None) => {
                     g.done = true;
                     drop(g);
-                    finished.store(true, Ordering::Release);
-                    // Wake the parked pumps to leave.
-                    large.1.notify_all();
+                    finish();
                     return;
                 }
                 Err(e) => {
                     g.done = true;
                     drop(g);
                     lock(&first_error).get_or_insert(e);
-                    finished.store(true, Ordering::Release);
-                    large.1.notify_all();
+                    finish();
                     return;
                 }
             }
@@ -986,6 +992,7 @@ where
         if let Err(e) = res {
             lock(&reader).done = true;
             lock(&first_error).get_or_insert(NbdError::Io(e));
+            finish();
             return;
         }
     };

@@ -377,8 +377,6 @@ pub fn to_prometheus(s: &Stats, g: &Gauges) -> String {
     o
 }
 
-/// Serves `GET /metrics` (Prometheus text) and `GET /stats.json` on `addr`
-/// until the host shuts down. Returns the bound address.
 /// Reads a request head (up to its blank line, or until `buf` is full, the
 /// peer stops sending, or the read timeout passes). A request can arrive in
 /// several segments; answering after the first and closing with the rest
@@ -397,6 +395,8 @@ fn read_head(c: &mut impl Read, buf: &mut [u8]) -> usize {
     n
 }
 
+/// Serves `GET /metrics` (Prometheus text) and `GET /stats.json` on `addr`
+/// until the host shuts down. Returns the bound address.
 pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let bound = l.local_addr()?;

@@ -1774,9 +1774,10 @@ impl Proc {
         }
     }
 
-    /// Replaces the state, keeping a finished Send's box for the next
-    /// Send. Its lent segment and inbound transfers are dropped now: the
-    /// lease on the caller's buffer ends with the state.
+    /// Replaces the state and returns the old one, except that a finished
+    /// Send's box is kept for the next Send (`Ready` is returned for it).
+    /// Its lent segment and inbound transfers are dropped now: the lease on
+    /// the caller's buffer ends with the state.
     fn set_state(&mut self, st: PState) -> PState {
         match std::mem::replace(&mut self.state, st) {
             PState::Sending(mut b) => {
