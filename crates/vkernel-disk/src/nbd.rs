@@ -13,7 +13,7 @@
 //! one covers writes completed on all). A client that breaks the protocol
 //! loses its connection; nothing it sends can take the gateway down.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -752,7 +752,7 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
         let len = req.length as usize;
         if len <= PREALLOC_PAYLOAD {
             payload.resize(len, 0);
-            if let Err(e) = r.read_exact(&mut payload) {
+            if let Err(e) = read_payload(r, &mut payload) {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     return Ok(None); // the client left mid-request
                 }
@@ -769,6 +769,27 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
     }
     Ok(Some((req, payload)))
 }
+
+/// Fills `buf` from `r`: what is buffered first, then a large remainder
+/// straight from the stream. (Through the buffer, a payload as large as
+/// the buffer would be copied twice, since the buffer is never empty
+/// after the request header: kernel to buffer, buffer to payload.) A
+/// small remainder still goes through the buffer, which then also picks up
+/// the requests behind it for the next batch.
+fn read_payload<R: Read>(r: &mut io::BufReader<R>, buf: &mut [u8]) -> io::Result<()> {
+    let have = r.buffer().len().min(buf.len());
+    buf[..have].copy_from_slice(&r.buffer()[..have]);
+    r.consume(have);
+    let rest = &mut buf[have..];
+    if rest.len() >= DIRECT_PAYLOAD {
+        r.get_mut().read_exact(rest)
+    } else {
+        r.read_exact(rest)
+    }
+}
+
+/// A WRITE payload remainder at least this large bypasses the read buffer.
+const DIRECT_PAYLOAD: usize = 64 << 10;
 
 /// Payload bytes a request moves (a TRIM's or WRITE_ZEROES' length moves
 /// none).
