@@ -323,14 +323,6 @@ impl Shared {
         }
     }
 
-    /// Wakes the background thread to reconsider its timers (the last
-    /// spinner stopped spinning with a timer pending).
-    pub(crate) fn kick(&self) {
-        if self.spinning() == 0 && self.next_timer.load(Ordering::Acquire) != Micros::MAX {
-            self.bg_efd.signal();
-        }
-    }
-
     /// Time until the next engine timer, capped.
     pub(crate) fn time_to_timer(&self, cap: Duration) -> Duration {
         let t = self.next_timer.load(Ordering::Acquire);
@@ -386,8 +378,9 @@ impl Shared {
             // Processes spinning run due timers themselves (every 32nd
             // turn); waking for a timer then would only take a CPU from
             // them, and the timer is usually stale (a retransmission
-            // deadline of an exchange answered long ago). The last spinner
-            // to give up and block wakes this thread ([`Shared::kick`]).
+            // deadline of an exchange answered long ago). A process that
+            // stops spinning and blocks as a socket reader wakes for due
+            // timers itself; otherwise one waits at most `cap` (25 ms).
             let timeout = if spinning && !self.net.has_faults() {
                 cap
             } else {

@@ -427,9 +427,7 @@ impl Process {
                     continue;
                 }
                 spinning = false;
-                if counted.take().is_some() {
-                    sh.kick();
-                }
+                counted = None;
             }
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
