@@ -2,8 +2,10 @@
 //!
 //! All three are a file descriptor accessed with positioned reads and
 //! writes (`pread`/`pwrite`), so concurrent commands need no lock. RAM is
-//! an anonymous memory file (`memfd`); durability is `fdatasync`, called
-//! for SYNCHRONIZE CACHE and for FUA writes.
+//! an anonymous memory file (`memfd`), also mapped so a large READ can be
+//! sent from where its bytes are ([`Backing::with_slice`]); there, range
+//! locks keep writes out of bytes being sent. Durability is `fdatasync`,
+//! called for SYNCHRONIZE CACHE and for FUA writes.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -112,6 +114,110 @@ pub struct Backing {
     describe: String,
     /// A RAM store: reads and writes are memory copies, syncs are no-ops.
     memory: bool,
+    /// A RAM store's memory file, mapped (see [`Backing::with_slice`]).
+    map: Option<Mapped>,
+}
+
+/// A RAM store's memory file mapped into this process, with range locks.
+/// A slice of the mapping exists only while the lock of every stripe it
+/// covers is held (shared), and every change to the store's bytes —
+/// writes, zeroing, hole punching, through the mapping or the descriptor
+/// — holds those locks exclusively: no `&[u8]` ever aliases bytes being
+/// changed.
+#[derive(Debug)]
+struct Mapped {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    stripes: Vec<std::sync::RwLock<()>>,
+    /// log2 of a stripe's size in bytes.
+    shift: u32,
+}
+
+// SAFETY: the mapping is process-wide shared memory owned by this value
+// (unmapped only when it drops); every access to its bytes goes through the
+// stripe locks, which make readers and writers of a range exclusive.
+unsafe impl Send for Mapped {}
+// SAFETY: as above: `&Mapped` hands out slices only under the locks.
+unsafe impl Sync for Mapped {}
+
+/// The stripe guards of one range, held together.
+enum RangeGuard<'a> {
+    Shared {
+        _held: Vec<std::sync::RwLockReadGuard<'a, ()>>,
+    },
+    Exclusive {
+        _held: Vec<std::sync::RwLockWriteGuard<'a, ()>>,
+    },
+}
+
+impl Mapped {
+    /// Maps all `len` bytes of `file` shared, read-write.
+    fn new(file: &File, len: u64) -> std::io::Result<Mapped> {
+        let n = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: a fresh shared mapping of an open descriptor, `n` bytes
+        // (the file's size); the kernel picks the address. The result is
+        // checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>()).ok_or(std::io::ErrorKind::Other)?;
+        // Stripes of at least 64 KiB, at most 1024 of them.
+        let mut shift = 16;
+        while (n >> shift) > 1024 {
+            shift += 1;
+        }
+        let count = (n >> shift) + 1;
+        Ok(Mapped {
+            ptr,
+            len: n,
+            stripes: (0..count).map(|_| std::sync::RwLock::new(())).collect(),
+            shift,
+        })
+    }
+
+    /// Locks the stripes of `[off, off + len)` (in bounds, `len` > 0), in
+    /// ascending order so two ranges never deadlock.
+    fn lock(&self, off: usize, len: usize, exclusive: bool) -> RangeGuard<'_> {
+        let first = off >> self.shift;
+        let last = (off + len - 1) >> self.shift;
+        let stripes = &self.stripes[first..=last];
+        if exclusive {
+            RangeGuard::Exclusive {
+                _held: stripes
+                    .iter()
+                    .map(|l| l.write().unwrap_or_else(|p| p.into_inner()))
+                    .collect(),
+            }
+        } else {
+            RangeGuard::Shared {
+                _held: stripes
+                    .iter()
+                    .map(|l| l.read().unwrap_or_else(|p| p.into_inner()))
+                    .collect(),
+            }
+        }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made; no slice of it can
+        // outlive `self` (they borrow it).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackingError {
@@ -138,6 +244,11 @@ impl Backing {
     /// True for a RAM store: no operation on it waits for a device.
     pub fn in_memory(&self) -> bool {
         self.memory
+    }
+
+    /// True if [`Backing::with_slice`] works (a RAM store, mapped).
+    pub fn is_mapped(&self) -> bool {
+        self.map.is_some()
     }
 
     /// Opens (or creates) the store a specification names.
@@ -181,13 +292,55 @@ impl Backing {
         let len = (&file)
             .seek(SeekFrom::End(0))
             .map_err(io_err("finding the size"))?;
+        let memory = matches!(spec, BackingSpec::Ram(_));
+        // A RAM store is mapped, so its bytes can be sent from where they
+        // are; if mapping fails it is used through the descriptor.
+        let map = if memory && len > 0 {
+            Mapped::new(&file, len).ok()
+        } else {
+            None
+        };
         Ok(Backing {
             file,
             len,
             punch: AtomicBool::new(!matches!(spec, BackingSpec::Dev(_))),
             describe,
-            memory: matches!(spec, BackingSpec::Ram(_)),
+            memory,
+            map,
         })
+    }
+
+    /// Runs `f` on the store's bytes `[off, off + len)` in place, with no
+    /// copy, while writes to them wait. `None` if the store is not mapped
+    /// (only a RAM store is); an error if the range is out of bounds.
+    pub fn with_slice<R>(
+        &self,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Option<std::io::Result<R>> {
+        let m = self.map.as_ref()?;
+        if let Err(e) = self.check(off, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(f(&[])));
+        }
+        let o = off as usize; // in bounds of a mapped (usize-sized) store
+        let _g = m.lock(o, len, false);
+        // SAFETY: `[o, o + len)` is inside the mapping (checked above), the
+        // mapping lives as long as `self`, and the shared locks of its
+        // stripes keep every writer out while the slice exists (it cannot
+        // escape `f`).
+        let bytes = unsafe { std::slice::from_raw_parts(m.ptr.as_ptr().add(o), len) };
+        Some(Ok(f(bytes)))
+    }
+
+    /// Takes the exclusive range locks of a mapped store around a change
+    /// of `[off, off + len)` (in bounds); nothing for other stores.
+    fn exclusive(&self, off: u64, len: usize) -> Option<RangeGuard<'_>> {
+        let m = self.map.as_ref()?;
+        (len > 0).then(|| m.lock(off as usize, len, true))
     }
 
     /// Size in bytes.
@@ -218,12 +371,15 @@ impl Backing {
     /// Reads exactly `buf.len()` bytes at `off`.
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.check(off, buf.len())?;
+        // A mapped store's descriptor reads the same pages; the kernel
+        // copies them, so no lock is needed.
         self.file.read_exact_at(buf, off)
     }
 
     /// Writes all of `data` at `off`; with `durable`, also `fdatasync`.
     pub fn write_at(&self, off: u64, data: &[u8], durable: bool) -> std::io::Result<()> {
         self.check(off, data.len())?;
+        let _g = self.exclusive(off, data.len());
         self.file.write_all_at(data, off)?;
         if durable {
             self.sync()?;
@@ -245,6 +401,7 @@ impl Backing {
         if len == 0 {
             return Ok(());
         }
+        let _g = self.exclusive(off, n);
         if dealloc && self.punch.load(Ordering::Relaxed) {
             match self.punch_hole(off, len) {
                 Ok(()) => return Ok(()),
@@ -361,5 +518,84 @@ mod tests {
         b.read_at(512, &mut h).unwrap();
         assert_eq!(&h, b"hello");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod mapped_tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_ram_store_lends_its_bytes_in_place() {
+        let b = Backing::open(&BackingSpec::Ram(1 << 20)).unwrap();
+        assert!(b.is_mapped());
+        b.write_at(4096, &[7u8; 8192], false).unwrap();
+        let got = b.with_slice(4096, 8192, |d| d.to_vec()).unwrap().unwrap();
+        assert_eq!(got, vec![7u8; 8192]);
+        // What the descriptor reads is what the mapping shows.
+        let mut via_fd = vec![0u8; 8192];
+        b.read_at(4096, &mut via_fd).unwrap();
+        assert_eq!(via_fd, got);
+        // Zeroing (hole punching) shows through the mapping too.
+        b.zero(4096, 4096, true).unwrap();
+        let z = b.with_slice(4096, 8192, |d| (d[..4096].to_vec(), d[4096..].to_vec()));
+        let (zeros, rest) = z.unwrap().unwrap();
+        assert_eq!(zeros, vec![0u8; 4096]);
+        assert_eq!(rest, vec![7u8; 4096]);
+        // Bounds are checked; the empty range at the end is fine.
+        assert!(b.with_slice((1 << 20) - 10, 11, |_| ()).unwrap().is_err());
+        assert!(b.with_slice(u64::MAX, 2, |_| ()).unwrap().is_err());
+        assert!(b.with_slice(1 << 20, 0, |d| d.is_empty()).unwrap().unwrap());
+        // A file store is not mapped: the caller reads it instead.
+        let dir = std::env::temp_dir().join(format!("vk-map-{}", std::process::id()));
+        let f = Backing::open(&BackingSpec::File(dir.clone(), Some(1 << 16))).unwrap();
+        assert!(!f.is_mapped());
+        assert!(f.with_slice(0, 16, |_| ()).is_none());
+        let _ = std::fs::remove_file(dir);
+    }
+
+    /// Writers fill whole 192 KiB regions (spanning stripes) with one byte
+    /// value while readers look at them in place: a reader must never see a
+    /// region half old, half new (the range locks keep writers out while a
+    /// slice exists).
+    #[test]
+    fn readers_in_place_never_see_a_write_half_done() {
+        const R: usize = 192 << 10;
+        let b = Arc::new(Backing::open(&BackingSpec::Ram(4 << 20)).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2u8)
+            .map(|w| {
+                let (b, stop) = (b.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut v = w;
+                    while !stop.load(Ordering::Relaxed) {
+                        v = v.wrapping_add(2);
+                        // Regions start mid-stripe, so each spans several.
+                        b.write_at(40_000, &vec![v; R], false).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut torn = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        let mut looks = 0;
+        while std::time::Instant::now() < deadline && looks < 20_000 {
+            looks += 1;
+            let uniform = b
+                .with_slice(40_000, R, |d| d.iter().all(|&x| x == d[0]))
+                .unwrap()
+                .unwrap();
+            if !uniform {
+                torn += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(looks > 10);
+        assert_eq!(torn, 0, "{torn} of {looks} looks saw a torn region");
     }
 }

@@ -486,6 +486,10 @@ enum Outcome {
     Check(Sense),
     /// GOOD; data-in bytes left in the buffer, if the command returns data.
     Good { data_in: Option<usize> },
+    /// GOOD; the data-in is the store's `n` bytes at `off`, to be sent from
+    /// where they are (a large READ of a mapped RAM store, asked for with
+    /// `in_place`).
+    GoodInStore { off: u64, n: usize },
 }
 
 /// A worker's reusable buffers.
@@ -690,10 +694,38 @@ impl Req<'_> {
             out: if seg.read { seg_len } else { 0 },
             data_in: if seg.write { seg_len } else { 0 },
         };
-        let o = self.run_cdb(&view, &cdb, caps, None, buf)?;
+        let o = self.run_cdb(&view, &cdb, caps, None, buf, true)?;
         match o {
             Outcome::Refused(r) => self.reply(&refuse(r)),
             Outcome::Check(s) => self.check(s),
+            Outcome::GoodInStore { off, n } => {
+                let mut good = refuse(Response::Complete);
+                good.0[1] = n as u32;
+                // Straight from the store into the datagrams (or, on this
+                // host, the client's buffer): one copy fewer.
+                match self
+                    .sh
+                    .backing
+                    .with_slice(off, n, |d| self.reply_data(&good, d))
+                {
+                    Some(Ok(r)) => {
+                        self.sh
+                            .stats
+                            .bytes_read
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        r
+                    }
+                    // (Cannot happen: run_cdb checked the range, and
+                    // asks for this only of a mapped store.)
+                    _ => {
+                        self.sh
+                            .stats
+                            .check_conditions
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.check(Sense::read_error())
+                    }
+                }
+            }
             Outcome::Good { data_in } => {
                 let mut good = refuse(Response::Complete);
                 good.0[1] = data_in.unwrap_or(0) as u32;
@@ -715,6 +747,7 @@ impl Req<'_> {
         caps: Caps,
         out: Option<&[u8]>,
         buf: &mut Vec<u8>,
+        in_place: bool,
     ) -> Result<Outcome, IpcError> {
         let st = &self.sh.stats;
         st.commands.fetch_add(1, Ordering::Relaxed);
@@ -756,6 +789,14 @@ impl Req<'_> {
                 if n as u64 > caps.data_in {
                     st.refused.fetch_add(1, Ordering::Relaxed);
                     return Ok(Outcome::Refused(Response::Malformed));
+                }
+                // Too large to travel with the reply: sent by MoveTo,
+                // which can read the (mapped) store itself.
+                if in_place && n > MAX_APPEND && be.is_mapped() {
+                    return Ok(Outcome::GoodInStore {
+                        off: at(range.lba),
+                        n,
+                    });
                 }
                 // Grown (zeroed) once, then overwritten in place: the read
                 // fills exactly the `n` bytes the caller sends on.
@@ -888,13 +929,29 @@ impl Req<'_> {
                 e.encode(&mut wb[k * msg::BATCH_ENTRY..]);
                 continue;
             }
-            let o = self.run_cdb(&view, &e.cdb, caps, Some(out), one)?;
+            let o = self.run_cdb(&view, &e.cdb, caps, Some(out), one, false)?;
             e.transferred = 0;
             e.result = match o {
                 Outcome::Refused(r) => msg::reply_word0(r, 0),
                 Outcome::Check(s) => {
                     e.sense = s.to_bytes();
                     msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION)
+                }
+                // Not asked for here (`in_place` is false); handled anyway.
+                Outcome::GoodInStore { off: so, n: got } => {
+                    let at = table + (off - din_at);
+                    let copied = self
+                        .sh
+                        .backing
+                        .with_slice(so, got, |d| wb[at..at + got].copy_from_slice(d));
+                    if matches!(copied, Some(Ok(()))) {
+                        used_in = used_in.max(off - din_at + got);
+                        e.transferred = got as u32;
+                        msg::reply_word0(Response::Complete, scsi::STATUS_GOOD)
+                    } else {
+                        e.sense = Sense::read_error().to_bytes();
+                        msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION)
+                    }
                 }
                 Outcome::Good { data_in } => {
                     if let Some(got) = data_in {
