@@ -447,9 +447,14 @@ impl Process {
                 e
             } else {
                 // A process that never reads the socket (the kernel server)
-                // leaves timers to the others rather than wake for each.
+                // runs due timers only while nobody spins: spinners run
+                // them (and its wake-up would take a CPU from them); with
+                // everyone blocked, taking them here keeps that work off
+                // the threads waiting for answers.
                 let t = if self.socket_reader.get() {
                     sh.time_to_timer(Duration::from_millis(1))
+                } else if sh.spinning() == 0 {
+                    sh.time_to_timer(Duration::from_millis(50))
                 } else {
                     Duration::from_millis(50)
                 };
