@@ -44,7 +44,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     let c = Client::open(
-        if std::env::var("SAME_HOST").is_ok() {
+        // SAME_HOST=1: the gateway's client on the disk's own host.
+        if std::env::var("SAME_HOST").is_ok_and(|v| v == "1") {
             &a
         } else {
             &b
