@@ -937,22 +937,8 @@ impl Req<'_> {
                     e.sense = s.to_bytes();
                     msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION)
                 }
-                // Not asked for here (`in_place` is false); handled anyway.
-                Outcome::GoodInStore { off: so, n: got } => {
-                    let at = table + (off - din_at);
-                    let copied = self
-                        .sh
-                        .backing
-                        .with_slice(so, got, |d| wb[at..at + got].copy_from_slice(d));
-                    if matches!(copied, Some(Ok(()))) {
-                        used_in = used_in.max(off - din_at + got);
-                        e.transferred = got as u32;
-                        msg::reply_word0(Response::Complete, scsi::STATUS_GOOD)
-                    } else {
-                        e.sense = Sense::read_error().to_bytes();
-                        msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION)
-                    }
-                }
+                // Never produced here: batches do not ask for `in_place`.
+                Outcome::GoodInStore { .. } => msg::reply_word0(Response::Failed, 0),
                 Outcome::Good { data_in } => {
                     if let Some(got) = data_in {
                         let at = table + (off - din_at);

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -137,7 +137,7 @@ pub(crate) struct Shared {
     /// cache line of its own.
     pub(crate) spinners: CacheLine<AtomicU64>,
     /// Processes blocked in epoll on the socket.
-    pub(crate) blocked_readers: CacheLine<AtomicUsize>,
+    pub(crate) blocked_readers: CacheLine<AtomicU64>,
     bg_efd: EventFd,
     stop: AtomicBool,
     pub(crate) spin: Duration,
@@ -308,7 +308,7 @@ impl Shared {
     /// Threads that will read the socket promptly (spinning or blocked on
     /// it).
     pub(crate) fn readers(&self) -> usize {
-        self.spinning() as usize + self.blocked_readers.load(Ordering::Acquire)
+        (self.spinning() + self.blocked_readers.load(Ordering::Acquire)) as usize
     }
 
     /// Processes busy-polling now.
@@ -534,7 +534,7 @@ impl Kernel {
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),
-            blocked_readers: CacheLine(AtomicUsize::new(0)),
+            blocked_readers: CacheLine(AtomicU64::new(0)),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             spin: cfg.spin,

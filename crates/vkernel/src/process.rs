@@ -11,7 +11,7 @@
 //! a plain `poll` on the shared socket woke every one for every datagram).
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use vkernel_proto::engine::{Completion, KERNEL_SERVER_LOCAL_ID};
 use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
 use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
 
-use crate::kernel::{destroy_local, Shared};
+use crate::kernel::{destroy_local, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
 use crate::sys::{poll2, EventFd};
@@ -162,34 +162,19 @@ impl Waiter {
     }
 }
 
-/// Counts a thread in one role (a socket reader) while it lives.
-struct Counted<'a>(&'a AtomicUsize);
+/// Counts a thread in one role (spinning, or blocked reading the socket)
+/// while it lives: adds `add` on entry and takes 1 away on exit (see
+/// `Shared::spinners` for why those differ).
+struct Counted<'a>(&'a AtomicU64);
 
 impl<'a> Counted<'a> {
-    fn enter(role: &'a AtomicUsize) -> Counted<'a> {
-        role.fetch_add(1, Ordering::AcqRel);
+    fn enter(role: &'a AtomicU64, add: u64) -> Counted<'a> {
+        role.fetch_add(add, Ordering::AcqRel);
         Counted(role)
     }
 }
 
 impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Counts a thread as spinning while it lives (see `Shared::spinners`).
-struct Spinning<'a>(&'a AtomicU64);
-
-impl<'a> Spinning<'a> {
-    fn enter(sh: &'a Shared) -> Spinning<'a> {
-        sh.spinners
-            .fetch_add(crate::kernel::SPIN_BEGINS, Ordering::AcqRel);
-        Spinning(&sh.spinners)
-    }
-}
-
-impl Drop for Spinning<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -364,7 +349,7 @@ impl Process {
         // a local exchange's own work.
         // (A wait for a remote answer counts in at once: with no spinner
         // counted the background thread would compete for each datagram.)
-        let mut counted = (spinning && gap == 0).then(|| Spinning::enter(sh));
+        let mut counted = (spinning && gap == 0).then(|| Counted::enter(&sh.spinners, SPIN_BEGINS));
         let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
@@ -418,7 +403,7 @@ impl Process {
                 i = i.wrapping_add(1);
                 if !i.is_multiple_of(64) || sh.now().saturating_sub(start) < spin_us {
                     if i == 64 && counted.is_none() {
-                        counted = Some(Spinning::enter(sh));
+                        counted = Some(Counted::enter(&sh.spinners, SPIN_BEGINS));
                     }
                     // A turn that made a syscall has waited long enough.
                     if !polled {
@@ -440,7 +425,7 @@ impl Process {
             let reads = self.socket_reader.get() && sh.spinning() == 0;
             let mut sock_ready = false;
             let ev = if reads {
-                let _r = Counted::enter(&sh.blocked_readers);
+                let _r = Counted::enter(&sh.blocked_readers, 1);
                 let (s, e) =
                     w.block_on_both(sh.net.socket(), sh.time_to_timer(Duration::from_millis(50)));
                 sock_ready = s;
