@@ -1,7 +1,7 @@
 //! Remote null exchanges between two logical hosts in one process, for
 //! profiling: `cargo run --release --example pingpong -- 200000`
 //! (`LOCAL=1`: both processes on one host; `PIN=1`: pinned; `NORAW=1`: no
-//! raw UDP comparison).
+//! raw UDP comparison; `NOMETRICS=1`: detailed metrics off).
 
 use std::time::{Duration, Instant};
 use vkernel::{Kernel, KernelConfig, Message};
@@ -12,13 +12,17 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
     let spin = Duration::from_millis(100);
+    // NOMETRICS=1: without the detailed traffic metrics.
+    let metrics = std::env::var("NOMETRICS").is_err();
     let a = Kernel::start(KernelConfig {
         spin,
+        metrics,
         ..Default::default()
     })
     .expect("host a");
     let b = Kernel::start(KernelConfig {
         spin,
+        metrics,
         peers: vec![a.local_addr()],
         ..Default::default()
     })

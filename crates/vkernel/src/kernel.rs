@@ -162,10 +162,16 @@ impl<T> std::ops::Deref for CacheLine<T> {
     }
 }
 
-type Scratch = (Vec<vkernel_proto::engine::Transmit>, Vec<Arc<Waiter>>);
+/// A thread's reused vectors: datagrams to send, waiters to signal, and
+/// sent datagrams' buffers to hand back to the engine.
+type Scratch = (
+    Vec<vkernel_proto::engine::Transmit>,
+    Vec<Arc<Waiter>>,
+    Vec<Vec<u8>>,
+);
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
 }
 
@@ -197,11 +203,14 @@ impl Shared {
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
-        let (mut out, mut wakes) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        let (mut out, mut wakes, mut sent) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         let mut mine = None;
         let r = {
             let mut guard = self.lock();
             let st = &mut *guard;
+            for b in sent.drain(..) {
+                st.engine.recycle(b);
+            }
             let now = self.now();
             let r = f(&mut st.engine, now);
             if now >= st.engine.poll_timeout() {
@@ -251,7 +260,9 @@ impl Shared {
             }
         }
         for t in out.drain(..) {
-            self.net.send(t.to, t.data);
+            if let Some(b) = self.net.send(t.to, t.data) {
+                sent.push(b);
+            }
         }
         for w in wakes.drain(..) {
             w.signal();
@@ -264,6 +275,9 @@ impl Shared {
             }
             if s.1.capacity() < wakes.capacity() {
                 s.1 = wakes;
+            }
+            if s.2.is_empty() {
+                s.2 = sent;
             }
         });
         (r, mine)

@@ -303,10 +303,11 @@ impl Net {
     }
 
     /// Sends a datagram, through the fault injector if one is configured.
-    pub fn send(&self, to: SocketAddr, data: Vec<u8>) {
+    /// Returns the buffer unless the injector kept it (to reuse).
+    pub fn send(&self, to: SocketAddr, data: Vec<u8>) -> Option<Vec<u8>> {
         let Some(f) = &self.faults else {
             self.raw_send(to, &data);
-            return;
+            return Some(data);
         };
         let mut st = match f.lock() {
             Ok(g) => g,
@@ -316,7 +317,7 @@ impl Net {
         let st = &mut *st;
         if st.rng.gen_bool(st.cfg.loss) {
             c.injected_loss.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Some(data);
         }
         let copies = if st.rng.gen_bool(st.cfg.duplicate) {
             c.injected_dup.fetch_add(1, Ordering::Relaxed);
@@ -335,12 +336,12 @@ impl Net {
                     data: data.clone(),
                 });
             }
-            return;
+            return Some(data);
         }
         if st.held.is_none() && st.rng.gen_bool(st.cfg.reorder) {
             c.injected_reorder.fetch_add(1, Ordering::Relaxed);
             st.held = Some((to, data));
-            return;
+            return None;
         }
         let held = st.held.take();
         for _ in 0..copies {
@@ -349,6 +350,7 @@ impl Net {
         if let Some((hto, hdata)) = held {
             self.raw_send(hto, &hdata);
         }
+        Some(data)
     }
 
     /// Sends delayed and held datagrams that are due; returns when the next

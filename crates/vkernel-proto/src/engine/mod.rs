@@ -256,7 +256,14 @@ pub struct Engine {
     auth: Option<crate::auth::Auth>,
     /// Decryption buffer for incoming datagrams (AEAD mode).
     open_buf: Vec<u8>,
+    /// Small datagram buffers handed back by the runtime after sending,
+    /// reused by the next encodes (no allocation per message).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Buffers kept for reuse, and the largest kept (a page write's datagram).
+const SPARE_BUFS: usize = 16;
+const SPARE_MAX_BYTES: usize = 8 << 10;
 
 /// Serial-number comparison: is `a` older than `b` within a window?
 fn seq_older(a: u32, b: u32) -> bool {
@@ -311,6 +318,7 @@ impl Engine {
             stats: Stats::default(),
             auth: cfg_auth.map(crate::auth::Auth::new),
             open_buf: Vec::new(),
+            spare: Vec::new(),
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -368,6 +376,21 @@ impl Engine {
             a.seal(&mut t.data);
         }
         Some(t)
+    }
+
+    /// Hands back a sent datagram's buffer for reuse by a later message
+    /// (kept only if small, and only a few).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFS && buf.capacity() <= SPARE_MAX_BYTES {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Encodes a datagram into a reused buffer if one is spare.
+    fn encode(&mut self, h: &Header, msg: &Message, data: &[u8]) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        wire::encode_into(h, msg, data, &mut b);
+        b
     }
 
     /// Next event, if any.
@@ -443,7 +466,7 @@ impl Engine {
     fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
         // Encoded into the datagram's own buffer (with room for the
         // authentication trailer), not into a scratch buffer then copied.
-        let buf = wire::encode(h, msg, data);
+        let buf = self.encode(h, msg, data);
         match dest {
             Dest::Addr(to) => self.emit_raw(to, h.ptype, buf),
             Dest::Discovery => {
@@ -783,6 +806,7 @@ impl Engine {
 
     /// (Re)transmits the RemoteSend of `src`'s current exchange.
     fn transmit_send(&mut self, now: Micros, src: Pid, retransmission: bool) {
+        let mut bytes = self.spare.pop().unwrap_or_default();
         let Some(o) = self.outgoing(src) else { return };
         let dst = o.dst;
         let mut h = Header::new(PacketType::RemoteSend);
@@ -803,7 +827,7 @@ impl Engine {
             _ => (&[], 0),
         };
         h.total_length = total;
-        let bytes = wire::encode(&h, &msg, data);
+        wire::encode_into(&h, &msg, data, &mut bytes);
         if dst.is_group() {
             for to in self.group_dests(dst) {
                 self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
@@ -1160,7 +1184,7 @@ impl Engine {
             }
             _ => &[],
         };
-        let bytes = wire::encode(&h, &msg, data);
+        let bytes = self.encode(&h, &msg, data);
         self.emit_raw(addr, PacketType::RemoteReply, bytes);
         if !idem {
             self.save(now, src, h, msg, data);

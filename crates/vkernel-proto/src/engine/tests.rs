@@ -2207,3 +2207,35 @@ proptest! {
         n.advance(3_000_000);
     }
 }
+
+#[test]
+fn a_recycled_buffer_carries_the_next_datagram_whole() {
+    let mut n = Net::new(2);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    // A spent buffer full of junk, longer than a message datagram.
+    let junk = vec![0xEE; 600];
+    let ptr = junk.as_ptr();
+    n.e[1].recycle(junk);
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(7), None)
+        .unwrap();
+    let t = n.e[1].poll_transmit().unwrap();
+    assert_eq!(t.data.as_ptr(), ptr, "the spare buffer was reused");
+    assert_eq!(
+        t.data.len(),
+        crate::wire::FIXED_BYTES,
+        "no junk left behind"
+    );
+    n.e[0].handle_datagram(n.now, addr(1), &t.data);
+    let r = n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    assert_eq!(r.msg.code(), 7);
+    // Large buffers are not kept.
+    n.e[0].recycle(vec![0; 64 << 10]);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(8), None)
+        .unwrap();
+    let t = n.e[0].poll_transmit().unwrap();
+    assert!(t.data.capacity() < 64 << 10);
+}
