@@ -17,7 +17,10 @@
 //! multi-reply Send is retransmitted (to all hosts) until its first reply,
 //! and each receiving host filters duplicates by (sender, seq), answering a
 //! retransmission with replyPending while a member still holds the message,
-//! and with the replies its members already sent.
+//! and with the replies its members already sent. A multi-reply Send is
+//! sent again a few times after its first reply while the sender still
+//! gathers (until its next Send), so a later reply lost on the way is
+//! answered again.
 //!
 //! Segments: members can read the first part of a read-granted segment
 //! (appended, concurrently); only the first reply's reply-with-segment data
@@ -88,7 +91,22 @@ struct SenderState {
     repliers: Vec<Pid>,
     queued: VecDeque<(Pid, Message)>,
     at: Micros,
+    /// Multi-reply mode, once answered: copies still to send.
+    gather: Option<Gather>,
 }
+
+/// A multi-reply Send's datagram, sent again after its first reply.
+struct Gather {
+    group: Pid,
+    bytes: Vec<u8>,
+    left: u8,
+    rto: Micros,
+    next: Micros,
+}
+
+/// Copies of a multi-reply Send sent after its first reply (each after
+/// twice the previous wait).
+const GATHER_RESENDS: u8 = 2;
 
 /// The group state of one logical host.
 pub(crate) struct Groups {
@@ -298,6 +316,7 @@ impl Engine {
         if let Some(s) = self.groups.senders.get_mut(&src.local()) {
             s.open = false;
             s.queued.clear();
+            s.gather = None;
         }
     }
 
@@ -323,6 +342,7 @@ impl Engine {
                 repliers: Vec::new(),
                 queued: VecDeque::new(),
                 at: now,
+                gather: None,
             },
         );
         // Local members get their copies without the network.
@@ -555,7 +575,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn group_reply_arrived(
         &mut self,
-        _now: Micros,
+        now: Micros,
         sender: Pid,
         seq: u32,
         from: Pid,
@@ -567,7 +587,12 @@ impl Engine {
             self.stats.drop(DropReason::LateReply);
             return;
         };
-        if s.seq != seq || !s.open || s.repliers.contains(&from) {
+        if s.seq == seq && s.repliers.contains(&from) {
+            // Made again for a later copy of the Send.
+            self.stats.duplicates += 1;
+            return;
+        }
+        if s.seq != seq || !s.open {
             self.stats.drop(DropReason::LateReply);
             return;
         }
@@ -606,6 +631,9 @@ impl Engine {
             _ => false,
         };
         if sample {
+            if mode == GroupMode::Many {
+                self.start_gather(now, sender);
+            }
             self.complete(
                 sender,
                 Completion::Send(Ok(ReplyInfo {
@@ -618,6 +646,69 @@ impl Engine {
     }
 
     // ---------------------------------------------------------------- timers
+
+    /// Keeps `sender`'s answered multi-reply Send to send again.
+    fn start_gather(&mut self, now: Micros, sender: Pid) {
+        let rto = self
+            .outgoing(sender)
+            .and_then(|o| o.remote.as_ref())
+            .map_or(self.cfg.min_rto, |r| r.rto);
+        let Some((group, bytes)) = self.encode_send(sender, true) else {
+            return;
+        };
+        if !group.is_group() {
+            return;
+        }
+        let next = now + rto;
+        if let Some(s) = self.groups.senders.get_mut(&sender.local()) {
+            s.gather = Some(Gather {
+                group,
+                bytes,
+                left: GATHER_RESENDS,
+                rto,
+                next,
+            });
+            self.arm(next);
+        }
+    }
+
+    /// Sends the due copies of answered multi-reply Sends.
+    pub(crate) fn group_timers(&mut self, now: Micros, next: &mut Micros) {
+        let due: Vec<u16> = self
+            .groups
+            .senders
+            .iter()
+            .filter_map(|(&l, s)| {
+                let g = s.gather.as_ref()?;
+                if now >= g.next {
+                    return Some(l);
+                }
+                *next = (*next).min(g.next);
+                None
+            })
+            .collect();
+        let max_rto = self.max_rto();
+        for l in due {
+            let Some(s) = self.groups.senders.get_mut(&l) else {
+                continue;
+            };
+            let Some(mut g) = s.gather.take() else {
+                continue;
+            };
+            g.left = g.left.saturating_sub(1);
+            g.rto = (g.rto * 2).min(max_rto);
+            g.next = now + g.rto;
+            let (group, bytes) = (g.group, g.bytes.clone());
+            if g.left > 0 {
+                *next = (*next).min(g.next);
+                s.gather = Some(g);
+            }
+            self.stats.retransmits += 1;
+            for to in self.group_dests(group) {
+                self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+            }
+        }
+    }
 
     /// Frees unclaimed copies, queued replies and duplicate-filter entries.
     pub(crate) fn group_sweep(&mut self, now: Micros) {

@@ -806,28 +806,9 @@ impl Engine {
 
     /// (Re)transmits the RemoteSend of `src`'s current exchange.
     fn transmit_send(&mut self, now: Micros, src: Pid, retransmission: bool) {
-        let mut bytes = self.spare.pop().unwrap_or_default();
-        let Some(o) = self.outgoing(src) else { return };
-        let dst = o.dst;
-        let mut h = Header::new(PacketType::RemoteSend);
-        h.seq = o.seq;
-        h.src = src;
-        h.dst = dst;
-        h.forwarder = o.forwarder;
-        h.user = o.principal;
-        h.flags = if retransmission { F_RETRANSMIT } else { 0 };
-        let msg = o.msg;
-        let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
-        let (data, total): (&[u8], u32) = match (&o.seg, append) {
-            (Some(s), true) => {
-                let b = s.bytes();
-                (&b[..b.len().min(MAX_APPEND).min(o.append)], b.len() as u32)
-            }
-            (Some(s), false) => (&[], s.len() as u32),
-            _ => (&[], 0),
+        let Some((dst, bytes)) = self.encode_send(src, retransmission) else {
+            return;
         };
-        h.total_length = total;
-        wire::encode_into(&h, &msg, data, &mut bytes);
         if dst.is_group() {
             for to in self.group_dests(dst) {
                 self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
@@ -863,6 +844,34 @@ impl Engine {
             self.stats.retransmits += 1;
         }
         self.arm(next);
+    }
+
+    /// The RemoteSend datagram of `src`'s current exchange, and its
+    /// destination.
+    pub(crate) fn encode_send(&mut self, src: Pid, retransmission: bool) -> Option<(Pid, Vec<u8>)> {
+        let mut bytes = self.spare.pop().unwrap_or_default();
+        let o = self.outgoing(src)?;
+        let dst = o.dst;
+        let mut h = Header::new(PacketType::RemoteSend);
+        h.seq = o.seq;
+        h.src = src;
+        h.dst = dst;
+        h.forwarder = o.forwarder;
+        h.user = o.principal;
+        h.flags = if retransmission { F_RETRANSMIT } else { 0 };
+        let msg = o.msg;
+        let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
+        let (data, total): (&[u8], u32) = match (&o.seg, append) {
+            (Some(s), true) => {
+                let b = s.bytes();
+                (&b[..b.len().min(MAX_APPEND).min(o.append)], b.len() as u32)
+            }
+            (Some(s), false) => (&[], s.len() as u32),
+            _ => (&[], 0),
+        };
+        h.total_length = total;
+        wire::encode_into(&h, &msg, data, &mut bytes);
+        Some((dst, bytes))
     }
 
     fn emit_send(&mut self, dst: Pid, bytes: Vec<u8>) {
@@ -1724,6 +1733,7 @@ impl Engine {
         }
         self.bulk_timers(now, &mut next);
         self.naming_timers(now, &mut next);
+        self.group_timers(now, &mut next);
         // Alien expiry (sweep at most every quarter timeout).
         if now >= self.next_sweep {
             self.next_sweep = now + self.cfg.alien_timeout / 4;

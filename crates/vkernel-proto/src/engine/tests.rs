@@ -2239,3 +2239,43 @@ fn a_recycled_buffer_carries_the_next_datagram_whole() {
     let t = n.e[0].poll_transmit().unwrap();
     assert!(t.data.capacity() < 64 << 10);
 }
+
+#[test]
+fn a_multi_reply_group_send_gathers_a_reply_lost_after_the_first() {
+    let g = Pid::well_known_group(9);
+    let mut n = Net::new(3);
+    let mut members = Vec::new();
+    for h in [0, 1] {
+        let p = n.e[h].create_process().unwrap();
+        n.e[h].join_group(g, p, p).unwrap();
+        assert_eq!(n.e[h].receive(0, p, None, None).unwrap(), None);
+        members.push((h, p));
+    }
+    let s = n.e[2].create_process().unwrap();
+    // Engine 1's first reply is lost; engine 0's answers the Send.
+    let mut lost = 0;
+    n.filter = Some(Box::new(move |from, _, d| {
+        let drop = from == 1 && d[2] == PacketType::RemoteReply as u8 && lost == 0;
+        lost += usize::from(drop);
+        !drop
+    }));
+    let mut m = Message::with_code(7);
+    m.set_group_mode(GroupMode::Many);
+    let now = n.now;
+    n.e[2].send(now, s, g, m, None).unwrap();
+    let mut seen = std::collections::HashMap::new();
+    assert!(n.advance_until(1_000_000, |net| {
+        serve_members(net, &members, &mut seen, 0);
+        completed(&net.e[2], s)
+    }));
+    assert_eq!(reply_of(&mut n.e[2], s).from, members[0].1);
+    // The sender keeps gathering: a later copy of its Send makes host 2
+    // answer again with the reply it already sent.
+    n.advance_until(1_000_000, |net| {
+        serve_members(net, &members, &mut seen, 0);
+        false
+    });
+    assert_eq!(n.e[2].get_reply(s).map(|r| r.0), Some(members[1].1));
+    assert_eq!(n.e[2].get_reply(s), None);
+    assert_eq!(seen[&members[1].1].len(), 1, "the member ran it once");
+}
