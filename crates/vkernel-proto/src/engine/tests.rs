@@ -2269,7 +2269,7 @@ fn a_multi_reply_group_send_gathers_a_reply_lost_after_the_first() {
         completed(&net.e[2], s)
     }));
     assert_eq!(reply_of(&mut n.e[2], s).from, members[0].1);
-    // The sender keeps gathering: a later copy of its Send makes host 2
+    // The sender keeps gathering: a later copy of its Send makes engine 1
     // answer again with the reply it already sent.
     n.advance_until(1_000_000, |net| {
         serve_members(net, &members, &mut seen, 0);
