@@ -336,6 +336,37 @@ impl Backing {
         Some(Ok(f(bytes)))
     }
 
+    /// Runs `f` on the store's bytes `[off, off + len)` in place, writable,
+    /// while every other slice of them and every write to them waits.
+    /// `None` if the store is not mapped; an error if the range is out of
+    /// bounds. What `f` leaves there is the store's content, even if it
+    /// stops half way.
+    pub fn with_slice_mut<R>(
+        &self,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<std::io::Result<R>> {
+        let m = self.map.as_ref()?;
+        if let Err(e) = self.check(off, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(f(&mut [])));
+        }
+        let o = off as usize; // in bounds of a mapped (usize-sized) store
+        let _g = m.lock(o, len, true);
+        // SAFETY: `[o, o + len)` is inside the mapping (checked above), the
+        // mapping lives as long as `self`, and the exclusive locks of its
+        // stripes keep every other slice and every descriptor write out
+        // while this slice exists (it cannot escape `f`). Descriptor reads
+        // take no lock: the kernel copies out of the pages, so one that
+        // overlaps may see the change half done, as overlapping SCSI
+        // commands in flight may, but never aliases this slice.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr().add(o), len) };
+        Some(Ok(f(bytes)))
+    }
+
     /// Takes the exclusive range locks of a mapped store around a change
     /// of `[off, off + len)` (in bounds); nothing for other stores.
     fn exclusive(&self, off: u64, len: usize) -> Option<RangeGuard<'_>> {
@@ -556,6 +587,34 @@ mod mapped_tests {
         let _ = std::fs::remove_file(dir);
     }
 
+    #[test]
+    fn a_ram_store_takes_writes_in_place() {
+        let b = Backing::open(&BackingSpec::Ram(1 << 20)).unwrap();
+        let n = b
+            .with_slice_mut(8192, 100_000, |d| {
+                d.fill(9);
+                d.len()
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 100_000);
+        // The descriptor sees the write; nothing around it moved.
+        let mut via_fd = vec![0u8; 100_002];
+        b.read_at(8191, &mut via_fd).unwrap();
+        assert_eq!(via_fd[0], 0);
+        assert!(via_fd[1..100_001].iter().all(|&x| x == 9));
+        assert_eq!(via_fd[100_001], 0);
+        assert!(b.with_slice_mut((1 << 20) - 1, 2, |_| ()).unwrap().is_err());
+        assert!(b
+            .with_slice_mut(1 << 20, 0, |d| d.is_empty())
+            .unwrap()
+            .unwrap());
+        let dir = std::env::temp_dir().join(format!("vk-mapw-{}", std::process::id()));
+        let f = Backing::open(&BackingSpec::File(dir.clone(), Some(1 << 16))).unwrap();
+        assert!(f.with_slice_mut(0, 16, |_| ()).is_none());
+        let _ = std::fs::remove_file(dir);
+    }
+
     /// Writers fill whole 192 KiB regions (spanning stripes) with one byte
     /// value while readers look at them in place: a reader must never see a
     /// region half old, half new (the range locks keep writers out while a
@@ -572,8 +631,13 @@ mod mapped_tests {
                     let mut v = w;
                     while !stop.load(Ordering::Relaxed) {
                         v = v.wrapping_add(2);
-                        // Regions start mid-stripe, so each spans several.
-                        b.write_at(40_000, &vec![v; R], false).unwrap();
+                        // Regions start mid-stripe, so each spans several;
+                        // one writer goes through the descriptor, one in place.
+                        if w == 0 {
+                            b.write_at(40_000, &vec![v; R], false).unwrap();
+                        } else {
+                            b.with_slice_mut(40_000, R, |d| d.fill(v)).unwrap().unwrap();
+                        }
                     }
                 })
             })

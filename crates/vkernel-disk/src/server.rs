@@ -552,9 +552,16 @@ impl Req<'_> {
             buf.resize(n, 0);
         }
         buf.truncate(n);
+        self.gather_into(buf)
+    }
+
+    /// Fills `dst` with the first `dst.len()` bytes of the sender's
+    /// segment: the appended part, then MoveFrom for the rest.
+    fn gather_into(&self, dst: &mut [u8]) -> Result<(), IpcError> {
+        let n = dst.len();
         let have = self.appended.len().min(n);
-        buf[..have].copy_from_slice(&self.appended[..have]);
-        if have < n && self.p.move_from(self.from, have as u32, &mut buf[have..])? != n - have {
+        dst[..have].copy_from_slice(&self.appended[..have]);
+        if have < n && self.p.move_from(self.from, have as u32, &mut dst[have..])? != n - have {
             return Err(IpcError::OutOfBounds(self.from));
         }
         Ok(())
@@ -818,6 +825,24 @@ impl Req<'_> {
                         Some(d) => be.write_at(at(range.lba), d, fua),
                         None => return Ok(Outcome::Refused(Response::Malformed)),
                     },
+                    // Too large to travel with the request: moved by
+                    // MoveFrom straight into the (mapped) store, one copy
+                    // fewer. A move that fails part way leaves part of the
+                    // new data, as a failed SCSI WRITE may.
+                    None if in_place && n > MAX_APPEND && be.is_mapped() => {
+                        match be.with_slice_mut(at(range.lba), n, |d| self.gather_into(d)) {
+                            Some(Ok(moved)) => {
+                                moved?;
+                                if fua {
+                                    be.sync()
+                                } else {
+                                    Ok(())
+                                }
+                            }
+                            Some(Err(e)) => Err(e),
+                            None => return Ok(Outcome::Refused(Response::Malformed)),
+                        }
+                    }
                     None => {
                         data_out(n, buf)?;
                         be.write_at(at(range.lba), buf, fua)
