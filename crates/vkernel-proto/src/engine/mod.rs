@@ -184,6 +184,18 @@ struct Saved {
     at: Micros,
 }
 
+/// What the engine keeps per remote sender process: its exchange in
+/// progress, the answer to its last finished non-idempotent one, and its
+/// newest sequence number. One table, so a request costs one lookup.
+#[derive(Default)]
+struct Sender {
+    /// Slot of the alien standing for its current request.
+    alien: Option<usize>,
+    saved: Option<Saved>,
+    /// Newest sequence number seen, and when.
+    last: Option<(u32, Micros)>,
+}
+
 /// Descriptor standing for a remote sender.
 struct Alien {
     src: Pid,
@@ -239,10 +251,13 @@ pub struct Engine {
     next_seq: u32,
     slots: Vec<AlienSlot>,
     free_slots: Vec<usize>,
-    alien_by_src: IdMap<Pid, usize>,
-    saved: IdMap<Pid, Saved>,
+    senders: IdMap<Pid, Sender>,
+    /// Senders with a saved answer (bounded), and the order the answers
+    /// were saved or last re-sent in (oldest first; entries whose answer
+    /// has since gone or moved are skipped): eviction without a scan.
+    saved_count: usize,
+    saved_order: VecDeque<(Pid, Micros)>,
     aliens_per_host: IdMap<HostId, usize>,
-    last_seq: IdMap<Pid, (u32, Micros)>,
     location: IdMap<HostId, (SocketAddr, u64)>,
     lru_clock: u64,
     rtt: IdMap<HostId, Rtt>,
@@ -302,10 +317,10 @@ impl Engine {
             host,
             rng,
             procs: new_map(hs),
-            alien_by_src: new_map(hs),
-            saved: new_map(hs),
+            senders: new_map(hs),
+            saved_count: 0,
+            saved_order: VecDeque::new(),
             aliens_per_host: new_map(hs),
-            last_seq: new_map(hs),
             location: new_map(hs),
             lru_clock: 0,
             rtt: new_map(hs),
@@ -1215,28 +1230,59 @@ impl Engine {
     /// Keeps a finished exchange's answer to re-send to retransmissions.
     /// Bounded: past four saved answers per alien slot the oldest goes.
     fn save(&mut self, now: Micros, src: Pid, header: Header, msg: Message, data: &[u8]) {
-        if self.saved.len() >= 4 * self.cfg.alien_pool.max(1) && !self.saved.contains_key(&src) {
-            if let Some((&old, _)) = self.saved.iter().min_by_key(|(_, s)| s.at) {
-                self.saved.remove(&old);
-                self.stats.saved_replies_evicted += 1;
-            }
+        let limit = 4 * self.cfg.alien_pool.max(1);
+        let has = self.senders.get(&src).is_some_and(|s| s.saved.is_some());
+        if !has && self.saved_count >= limit {
+            self.evict_oldest_saved();
         }
-        self.saved.insert(
-            src,
-            Saved {
-                header,
-                msg,
-                data: data.to_vec(),
-                at: now,
-            },
-        );
+        let e = self.senders.entry(src).or_default();
+        if e.saved.is_none() {
+            self.saved_count += 1;
+        }
+        e.saved = Some(Saved {
+            header,
+            msg,
+            data: data.to_vec(),
+            at: now,
+        });
+        self.note_saved(src, now);
         self.arm(now + self.cfg.alien_timeout / 4);
     }
 
+    /// Records that `src`'s saved answer was saved or re-sent at `at`;
+    /// drops the entries gone stale once they outnumber the live ones.
+    fn note_saved(&mut self, src: Pid, at: Micros) {
+        self.saved_order.push_back((src, at));
+        if self.saved_order.len() > 2 * self.saved_count + 64 {
+            let senders = &self.senders;
+            self.saved_order.retain(|(p, at)| {
+                senders
+                    .get(p)
+                    .and_then(|s| s.saved.as_ref())
+                    .is_some_and(|v| v.at == *at)
+            });
+        }
+    }
+
+    /// Drops the saved answer kept longest without use.
+    fn evict_oldest_saved(&mut self) {
+        while let Some((p, at)) = self.saved_order.pop_front() {
+            if let Some(s) = self.senders.get_mut(&p) {
+                if s.saved.as_ref().is_some_and(|v| v.at == at) {
+                    s.saved = None;
+                    self.saved_count -= 1;
+                    self.stats.saved_replies_evicted += 1;
+                    return;
+                }
+            }
+        }
+    }
+
     fn received_alien(&self, sender: Pid, by: Pid) -> Result<usize, IpcError> {
-        let i = *self
-            .alien_by_src
+        let i = self
+            .senders
             .get(&sender)
+            .and_then(|s| s.alien)
             .ok_or(IpcError::NotAwaitingReply(sender))?;
         match self.slots[i].alien.as_ref() {
             Some(a) if a.receiver == by && matches!(a.state, AlienState::Received) => Ok(i),
@@ -1433,22 +1479,25 @@ impl Engine {
             return self.on_group_send(now, from, pkt);
         }
         let Some(me) = self.host_id() else { return };
-        // Retransmission of a finished non-idempotent exchange?
-        let mut had_saved = false;
-        if let Some(sv) = self.saved.get_mut(&h.src) {
-            had_saved = true;
-            if sv.header.seq == h.seq {
-                sv.at = now;
-                let (t, b) = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
-                self.stats.duplicates += 1;
-                self.stats.saved_replies_resent += 1;
-                self.emit_raw(from, t, b);
-                return;
+        // What is known of this sender (one lookup: every remote request
+        // takes this path).
+        let (had_saved, prev_alien, last) = match self.senders.get_mut(&h.src) {
+            Some(s) => {
+                // Retransmission of a finished non-idempotent exchange?
+                if let Some(sv) = s.saved.as_mut().filter(|sv| sv.header.seq == h.seq) {
+                    sv.at = now;
+                    let (t, b) = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
+                    self.stats.duplicates += 1;
+                    self.stats.saved_replies_resent += 1;
+                    self.note_saved(h.src, now);
+                    self.emit_raw(from, t, b);
+                    return;
+                }
+                (s.saved.is_some(), s.alien, s.last.map(|(seq, _)| seq))
             }
-        }
-        // Duplicate of an exchange in progress? (Each table is looked up
-        // once: this is the path every remote request takes.)
-        let prev_alien = self.alien_by_src.get(&h.src).copied();
+            None => (false, None, None),
+        };
+        // Duplicate of an exchange in progress?
         if let Some(i) = prev_alien {
             let same = matches!(&self.slots[i].alien, Some(a) if a.seq == h.seq);
             if same {
@@ -1461,7 +1510,6 @@ impl Engine {
                 return;
             }
         }
-        let last = self.last_seq.get(&h.src).map(|&(seq, _)| seq);
         // The same seq with no alien left is an idempotent request whose
         // reply was lost: execute it again. Older ones are stale.
         if last.is_some_and(|last| seq_older(h.seq, last)) {
@@ -1494,7 +1542,10 @@ impl Engine {
         }
         // A new message from this sender acknowledges its previous exchange.
         if had_saved {
-            self.saved.remove(&h.src);
+            if let Some(s) = self.senders.get_mut(&h.src) {
+                s.saved = None;
+                self.saved_count -= 1;
+            }
         }
         if let Some(old) = prev_alien {
             self.free_alien(old);
@@ -1513,7 +1564,9 @@ impl Engine {
         };
         *per_host += 1;
         self.stats.aliens_in_use += 1;
-        self.last_seq.insert(h.src, (h.seq, now));
+        let snd = self.senders.entry(h.src).or_default();
+        snd.last = Some((h.seq, now));
+        snd.alien = Some(i);
         let slot = &mut self.slots[i];
         slot.data.clear();
         slot.data.extend_from_slice(pkt.data);
@@ -1536,7 +1589,6 @@ impl Engine {
             last_heard: now,
             addr: from,
         });
-        self.alien_by_src.insert(h.src, i);
         self.arm(now + self.cfg.alien_timeout);
         self.enqueue(now, h.dst, Pending::Alien(i, h.seq));
     }
@@ -1549,10 +1601,10 @@ impl Engine {
         if slot.data.capacity() > MAX_APPEND {
             slot.data = Vec::new();
         }
-        if let Some(j) = self.alien_by_src.remove(&a.src) {
-            if j != i {
-                // The sender's newer request holds another slot.
-                self.alien_by_src.insert(a.src, j);
+        // (Unless the sender's newer request holds another slot.)
+        if let Some(s) = self.senders.get_mut(&a.src) {
+            if s.alien == Some(i) {
+                s.alien = None;
             }
         }
         if let Some(c) = self.aliens_per_host.get_mut(&a.src.host()) {
@@ -1750,16 +1802,30 @@ impl Engine {
                 self.free_alien(i);
             }
             let keep = self.cfg.alien_timeout;
-            self.saved.retain(|_, s| now.saturating_sub(s.at) <= keep);
-            self.aliens_per_host.retain(|_, c| *c > 0);
             let horizon = self.cfg.alien_timeout * 2;
-            self.last_seq
-                .retain(|_, (_, t)| now.saturating_sub(*t) <= horizon);
+            let mut saved_count = 0;
+            self.senders.retain(|_, s| {
+                if s.saved
+                    .as_ref()
+                    .is_some_and(|v| now.saturating_sub(v.at) > keep)
+                {
+                    s.saved = None;
+                }
+                if s.last.is_some_and(|(_, t)| now.saturating_sub(t) > horizon) {
+                    s.last = None;
+                }
+                saved_count += usize::from(s.saved.is_some());
+                s.alien.is_some() || s.saved.is_some() || s.last.is_some()
+            });
+            self.saved_count = saved_count;
+            if saved_count == 0 {
+                self.saved_order.clear();
+            }
+            self.aliens_per_host.retain(|_, c| *c > 0);
             self.group_sweep(now);
         }
         if self.stats.aliens_in_use > 0
-            || !self.last_seq.is_empty()
-            || !self.saved.is_empty()
+            || !self.senders.is_empty()
             || !self.aliens_per_host.is_empty()
             || self.group_busy()
         {
