@@ -2279,3 +2279,47 @@ fn a_multi_reply_group_send_gathers_a_reply_lost_after_the_first() {
     assert_eq!(n.e[2].get_reply(s), None);
     assert_eq!(seen[&members[1].1].len(), 1, "the member ran it once");
 }
+
+#[test]
+fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
+    // Four saved answers fit (one alien slot). Client 0's is re-sent, so
+    // the fifth client's answer evicts client 1's, the oldest unused.
+    let mut n = Net::with(2, |_, c| {
+        c.alien_pool = 1;
+        c.alien_per_host = 1;
+    });
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let clients: Vec<Pid> = (0..5).map(|_| n.e[1].create_process().unwrap()).collect();
+    let mut requests: Vec<Vec<u8>> = Vec::new();
+    for (k, &c) in clients.iter().enumerate() {
+        if k == 4 {
+            n.inject(0, 1, &requests[0]);
+            n.run();
+            assert_eq!(n.e[0].stats().saved_replies_resent, 1);
+        }
+        let mark = n.sent.len();
+        n.e[1]
+            .send(n.now, c, s, Message::with_code(1), None)
+            .unwrap();
+        n.run();
+        requests.push(n.sent[mark].data.clone());
+        n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+        n.drop_next = 1;
+        n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+        n.run();
+        n.now += 1000;
+    }
+    assert_eq!(n.e[0].stats().saved_replies_evicted, 1);
+    n.inject(0, 1, &requests[0]);
+    n.run();
+    assert_eq!(n.e[0].stats().saved_replies_resent, 2, "client 0's kept");
+    n.inject(0, 1, &requests[1]);
+    n.run();
+    assert_eq!(n.e[0].stats().saved_replies_resent, 2, "client 1's evicted");
+    assert_eq!(
+        n.e[0].receive(n.now, s, None, None),
+        Ok(None),
+        "a non-idempotent request ran twice"
+    );
+}
