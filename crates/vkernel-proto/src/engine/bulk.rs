@@ -303,6 +303,7 @@ impl Engine {
     }
 
     fn send_move_to_chunk(&mut self, mover: Pid, idx: usize, ack_now: bool, retx: bool) {
+        let mut bytes = self.spare.pop().unwrap_or_default();
         let Some(op) = self.move_op(mover) else {
             return;
         };
@@ -321,7 +322,7 @@ impl Engine {
         let addr = op.addr;
         // Encoded straight into the datagram's own buffer: one copy of the
         // chunk in user space.
-        let bytes = crate::wire::encode(&h, &msg, &op.buf.bytes()[start..end]);
+        crate::wire::encode_into(&h, &msg, &op.buf.bytes()[start..end], &mut bytes);
         if retx {
             self.stats.bulk_retransmits += 1;
             if let Some(op) = self.move_op(mover) {
@@ -635,6 +636,7 @@ impl Engine {
         r.total_length = h.total_length;
         let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
         let mut out = Vec::with_capacity(todo.len());
+        let mut spare = std::mem::take(&mut self.spare);
         if let Some(seg) = self.outgoing(h.dst).and_then(|o| o.seg.as_ref()) {
             for (j, &i) in todo.iter().enumerate() {
                 let start = i * chunk;
@@ -642,13 +644,12 @@ impl Engine {
                 r.local_addr = start as u32;
                 r.remote_addr = (base + start) as u32;
                 r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
-                out.push(crate::wire::encode(
-                    &r,
-                    &m,
-                    &seg.bytes()[base + start..base + end],
-                ));
+                let mut b = spare.pop().unwrap_or_default();
+                crate::wire::encode_into(&r, &m, &seg.bytes()[base + start..base + end], &mut b);
+                out.push(b);
             }
         }
+        self.spare = spare;
         if retx {
             self.stats.bulk_retransmits += out.len() as u64;
         }

@@ -276,9 +276,10 @@ pub struct Engine {
     spare: Vec<Vec<u8>>,
 }
 
-/// Buffers kept for reuse, and the largest kept (a page write's datagram).
+/// Buffers kept for reuse, and the largest kept: a bulk datagram (with
+/// room for the trailer), so a transfer's chunks reuse buffers too.
 const SPARE_BUFS: usize = 16;
-const SPARE_MAX_BYTES: usize = 8 << 10;
+const SPARE_MAX_BYTES: usize = wire::MAX_DATAGRAM + crate::auth::TRAILER_BYTES;
 
 /// Serial-number comparison: is `a` older than `b` within a window?
 fn seq_older(a: u32, b: u32) -> bool {
