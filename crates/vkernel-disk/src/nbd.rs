@@ -612,7 +612,11 @@ const SPARE_BYTES: usize = 16 << 20;
 fn read_buf(len: usize) -> Vec<u8> {
     let reused = SPARE.with(|s| {
         let mut s = s.borrow_mut();
-        let i = s.iter().position(|b| b.capacity() >= len)?;
+        // One already that long needs no zeroing; else one with the room.
+        let i = s
+            .iter()
+            .position(|b| b.len() >= len)
+            .or_else(|| s.iter().position(|b| b.capacity() >= len))?;
         Some(s.swap_remove(i))
     });
     let mut b = reused.unwrap_or_default();
