@@ -270,6 +270,13 @@ pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
     out.clear();
     // Room for the authentication trailer too: sealing never reallocates.
     out.reserve(FIXED_BYTES + data.len() + crate::auth::TRAILER_BYTES);
+    encode_head(h, msg, data.len(), out);
+    out.extend_from_slice(data);
+}
+
+/// Appends the fixed part of a packet whose data (`data_len` bytes) is
+/// sent from elsewhere (a gathered send).
+pub fn encode_head(h: &Header, msg: &Message, data_len: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(&[
         MAGIC,
         VERSION,
@@ -286,7 +293,7 @@ pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
         h.dst.0,
         h.forwarder.0,
         h.user,
-        data.len() as u32,
+        data_len as u32,
         h.total_length,
         h.local_addr,
         h.remote_addr,
@@ -294,7 +301,6 @@ pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
         out.extend_from_slice(&w.to_be_bytes());
     }
     out.extend_from_slice(&msg.to_bytes());
-    out.extend_from_slice(data);
 }
 
 /// Encodes a packet into a fresh vector.

@@ -434,7 +434,18 @@ impl World {
         let Some(e) = self.hosts[h].engine.as_mut() else {
             return;
         };
-        let out: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
+        // Odd hosts take bulk chunks as the runtime does: header and data
+        // still in the lent buffer (gathered here into one datagram).
+        let mut out = Vec::new();
+        if h % 2 == 1 {
+            e.send_chunks(|to, head, data| {
+                out.push(vkernel_proto::engine::Transmit {
+                    to,
+                    data: [head, data].concat(),
+                })
+            });
+        }
+        out.extend(std::iter::from_fn(|| e.poll_transmit()));
         let events: Vec<_> = std::iter::from_fn(|| e.poll_event()).collect();
         for ev in events {
             match ev {

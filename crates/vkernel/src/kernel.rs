@@ -216,6 +216,13 @@ impl Shared {
             if now >= st.engine.poll_timeout() {
                 st.engine.handle_timeout(now);
             }
+            // Bulk chunks go out from the lent buffers, under the lock that
+            // keeps those lent (no copy into a datagram first), unless a
+            // fault injector or tracer needs whole datagrams.
+            if self.tracer.is_none() && !self.net.has_faults() {
+                st.engine
+                    .send_chunks(|to, head, data| self.net.send_gathered(to, head, data));
+            }
             while let Some(t) = st.engine.poll_transmit() {
                 out.push(t);
             }

@@ -282,14 +282,30 @@ impl Net {
     }
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {
+        self.retrying(|| self.sock.send_to(data, to));
+    }
+
+    /// Sends one datagram made of a header and data kept elsewhere (a bulk
+    /// chunk still in its lent buffer), with no copy in user space. Not
+    /// through the fault injector: the caller sends this way only when
+    /// none is configured.
+    pub fn send_gathered(&self, to: SocketAddr, head: &[u8], data: &[u8]) {
+        let bufs = [io::IoSlice::new(head), io::IoSlice::new(data)];
+        let addr = socket2::SockAddr::from(to);
+        let s = socket2::SockRef::from(&self.sock);
+        self.retrying(|| s.send_to_vectored(&bufs, &addr));
+    }
+
+    /// Runs a send, retrying an interrupted one, and once after a yield
+    /// when the socket buffer is momentarily full; counts failures.
+    fn retrying(&self, mut send: impl FnMut() -> io::Result<usize>) {
         loop {
-            match self.sock.send_to(data, to) {
+            match send() {
                 Ok(_) => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Socket buffer momentarily full: yield briefly, retry once.
                     std::thread::yield_now();
-                    if self.sock.send_to(data, to).is_err() {
+                    if send().is_err() {
                         self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
                     }
                     return;

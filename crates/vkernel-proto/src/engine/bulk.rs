@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use super::bitset::{packed_get, BitSet};
-use super::{Completion, Dest, Engine, PState};
+use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState};
 use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::Message;
@@ -303,7 +303,6 @@ impl Engine {
     }
 
     fn send_move_to_chunk(&mut self, mover: Pid, idx: usize, ack_now: bool, retx: bool) {
-        let mut bytes = self.spare.pop().unwrap_or_default();
         let Some(op) = self.move_op(mover) else {
             return;
         };
@@ -320,16 +319,20 @@ impl Engine {
         h.remote_addr = op.base.wrapping_add(start as u32);
         let msg = Message([op.xfer, op.base, op.chunk as u32, 0, 0, 0, 0, 0]);
         let addr = op.addr;
-        // Encoded straight into the datagram's own buffer: one copy of the
-        // chunk in user space.
-        crate::wire::encode_into(&h, &msg, &op.buf.bytes()[start..end], &mut bytes);
         if retx {
+            op.probe = None;
             self.stats.bulk_retransmits += 1;
-            if let Some(op) = self.move_op(mover) {
-                op.probe = None;
-            }
         }
-        self.emit_raw(addr, PacketType::MoveToRequest, bytes);
+        // Queued, not encoded: the runtime may send it straight from the
+        // lent buffer (see `Engine::send_chunks`).
+        self.chunks.push_back(Chunk {
+            to: addr,
+            header: h,
+            msg,
+            from: ChunkSrc::Moving(mover),
+            start,
+            end,
+        });
     }
 
     /// MoveFrom: asks the owner for chunks `[from, to)`, skipping held ones.
@@ -635,27 +638,82 @@ impl Engine {
         r.dst = h.src;
         r.total_length = h.total_length;
         let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
-        let mut out = Vec::with_capacity(todo.len());
-        let mut spare = std::mem::take(&mut self.spare);
-        if let Some(seg) = self.outgoing(h.dst).and_then(|o| o.seg.as_ref()) {
-            for (j, &i) in todo.iter().enumerate() {
-                let start = i * chunk;
-                let end = (start + chunk).min(total);
-                r.local_addr = start as u32;
-                r.remote_addr = (base + start) as u32;
-                r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
-                let mut b = spare.pop().unwrap_or_default();
-                crate::wire::encode_into(&r, &m, &seg.bytes()[base + start..base + end], &mut b);
-                out.push(b);
+        let seq = match self.outgoing(h.dst) {
+            Some(o) if o.seg.as_ref().is_some_and(|s| base + total <= s.len()) => o.seq,
+            _ => return,
+        };
+        for (j, &i) in todo.iter().enumerate() {
+            let start = i * chunk;
+            let end = (start + chunk).min(total);
+            r.local_addr = start as u32;
+            r.remote_addr = (base + start) as u32;
+            r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
+            self.chunks.push_back(Chunk {
+                to: from,
+                header: r,
+                msg: m,
+                from: ChunkSrc::Lent(h.dst, seq),
+                start: base + start,
+                end: base + end,
+            });
+        }
+        if retx {
+            self.stats.bulk_retransmits += todo.len() as u64;
+        }
+    }
+
+    /// The bytes a queued chunk carries, if their buffer is still lent.
+    fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
+        let seg = match c.from {
+            ChunkSrc::Moving(p) => match &self.procs.get(&p.local())?.state {
+                PState::Moving(op) if op.xseq == c.header.seq => &op.buf,
+                _ => return None,
+            },
+            ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
+        };
+        seg.bytes().get(c.start..c.end)
+    }
+
+    /// Encodes the queued chunks into ordinary datagrams (a copy each).
+    pub(super) fn encode_chunks(&mut self) {
+        while let Some(c) = self.chunks.pop_front() {
+            let mut b = self.spare.pop().unwrap_or_default();
+            let Some(data) = self.chunk_data(&c) else {
+                continue;
+            };
+            crate::wire::encode_into(&c.header, &c.msg, data, &mut b);
+            self.emit_raw(c.to, c.header.ptype, b);
+        }
+    }
+
+    /// Hands each queued bulk chunk to `send` as a header and the data
+    /// still in the lent buffer, so it is sent with no copy in user space.
+    /// Must be called under the same borrow of the engine that queued
+    /// them (the runtime's engine lock): the data is lent memory. Without
+    /// a cluster key only (a sealed datagram is made whole first);
+    /// otherwise [`Engine::poll_transmit`] encodes them.
+    pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
+        if self.auth.is_some() || self.chunks.is_empty() {
+            return;
+        }
+        let mut head = std::mem::take(&mut self.head_buf);
+        while let Some(c) = self.chunks.pop_front() {
+            let Some(data) = self.chunk_data(&c) else {
+                continue;
+            };
+            head.clear();
+            crate::wire::encode_head(&c.header, &c.msg, data.len(), &mut head);
+            let len = head.len() + data.len();
+            let data_len = data.len();
+            send(c.to, &head, data);
+            self.stats.tx_type(c.header.ptype, len);
+            if self.cfg.metrics {
+                let peer = c.header.dst.host().0;
+                self.stats
+                    .datagram(true, peer, c.header.ptype, len, data_len);
             }
         }
-        self.spare = spare;
-        if retx {
-            self.stats.bulk_retransmits += out.len() as u64;
-        }
-        for b in out {
-            self.emit_raw(from, PacketType::MoveFromReply, b);
-        }
+        self.head_buf = head;
     }
 
     pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {

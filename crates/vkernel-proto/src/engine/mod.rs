@@ -274,6 +274,30 @@ pub struct Engine {
     /// Small datagram buffers handed back by the runtime after sending,
     /// reused by the next encodes (no allocation per message).
     spare: Vec<Vec<u8>>,
+    /// Bulk chunks to send, not yet encoded (see [`Engine::send_chunks`]).
+    chunks: VecDeque<Chunk>,
+    /// A gathered send's header.
+    head_buf: Vec<u8>,
+}
+
+/// A bulk datagram queued with its data left in the lent buffer.
+struct Chunk {
+    to: SocketAddr,
+    header: Header,
+    msg: Message,
+    from: ChunkSrc,
+    /// Byte range of the lent buffer.
+    start: usize,
+    end: usize,
+}
+
+/// Whose lent buffer a chunk's data is in.
+#[derive(Clone, Copy)]
+enum ChunkSrc {
+    /// A MoveTo's source (the mover's buffer).
+    Moving(Pid),
+    /// A sender's segment, in the exchange with this sequence number.
+    Lent(Pid, u32),
 }
 
 /// Buffers kept for reuse, and the largest kept: a bulk datagram (with
@@ -335,6 +359,8 @@ impl Engine {
             auth: cfg_auth.map(crate::auth::Auth::new),
             open_buf: Vec::new(),
             spare: Vec::new(),
+            chunks: VecDeque::new(),
+            head_buf: Vec::new(),
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -377,6 +403,9 @@ impl Engine {
 
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if !self.chunks.is_empty() {
+            self.encode_chunks();
+        }
         let mut t = self.transmits.pop_front()?;
         if self.cfg.metrics && t.data.len() >= wire::FIXED_BYTES {
             let d = &t.data;

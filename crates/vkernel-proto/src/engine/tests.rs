@@ -42,6 +42,11 @@ struct Net {
     drop_next: usize,
     filter: Option<Filter>,
     sent: Vec<Sent>,
+    /// Take bulk chunks by `Engine::send_chunks` (as the runtime does)
+    /// rather than encoded by `poll_transmit`.
+    gather: bool,
+    /// Datagrams taken that way.
+    gathered: usize,
 }
 
 impl Net {
@@ -76,6 +81,8 @@ impl Net {
             drop_next: 0,
             filter: None,
             sent: Vec::new(),
+            gather: false,
+            gathered: 0,
         };
         // Deliver the fixed-id announcements; they are not what tests count.
         net.run();
@@ -88,7 +95,20 @@ impl Net {
         loop {
             let mut any = false;
             for i in 0..self.e.len() {
+                let mut out = Vec::new();
+                if self.gather {
+                    self.e[i].send_chunks(|to, head, data| {
+                        out.push(Transmit {
+                            to,
+                            data: [head, data].concat(),
+                        })
+                    });
+                    self.gathered += out.len();
+                }
                 while let Some(t) = self.e[i].poll_transmit() {
+                    out.push(t);
+                }
+                for t in out {
                     any = true;
                     let j = (t.to.port() - 5000) as usize;
                     let mut deliver = j < self.e.len();
@@ -912,7 +932,17 @@ fn local_moves_copy_exactly_and_check_rights() {
 
 #[test]
 fn remote_moves_stream_many_chunks_exactly() {
+    moves_stream_many_chunks_exactly(false);
+}
+
+#[test]
+fn remote_moves_gathered_from_the_lent_buffer_stream_exactly() {
+    moves_stream_many_chunks_exactly(true);
+}
+
+fn moves_stream_many_chunks_exactly(gather: bool) {
     let mut n = Net::with(2, |_, c| c.window = 4 * CHUNK);
+    n.gather = gather;
     n.introduce();
     let s = n.e[0].create_process().unwrap();
     let c = n.e[1].create_process().unwrap();
@@ -985,6 +1015,8 @@ fn remote_moves_stream_many_chunks_exactly() {
         n.run();
         reply_of(&mut n.e[1], c);
     }
+    // Every chunk (MoveTo's and MoveFrom's) went the way asked for.
+    assert_eq!(n.gathered > 0, gather, "{} gathered", n.gathered);
     for e in &n.e {
         assert_eq!(e.stats().bulk_retransmits, 0);
         assert_eq!(e.stats().retransmits, 0);
