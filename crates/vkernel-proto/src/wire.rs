@@ -224,6 +224,21 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
     if buf.len() > MAX_DATAGRAM {
         return Err(DecodeError::Oversized);
     }
+    let (header, msg, length) = decode_fixed(buf)?;
+    if length != buf.len() - FIXED_BYTES {
+        return Err(DecodeError::BadLength);
+    }
+    Ok(Packet {
+        header,
+        msg,
+        data: &buf[FIXED_BYTES..],
+    })
+}
+
+/// Decodes the fixed part of a datagram (the first [`FIXED_BYTES`] of
+/// `buf`; the rest is not looked at): its header, message and the length
+/// its data part claims. Never panics.
+pub fn decode_fixed(buf: &[u8]) -> Result<(Header, Message, usize), DecodeError> {
     if buf.len() < FIXED_BYTES {
         return Err(DecodeError::Truncated);
     }
@@ -238,8 +253,7 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
         return Err(DecodeError::BadVersion);
     }
     let length = be32(buf, 28) as usize;
-    let total_length = be32(buf, 32);
-    if length != buf.len() - FIXED_BYTES {
+    if length > MAX_DATAGRAM - FIXED_BYTES {
         return Err(DecodeError::BadLength);
     }
     let header = Header {
@@ -252,17 +266,13 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
         dst: Pid(be32(buf, 16)),
         forwarder: Pid(be32(buf, 20)),
         user: be32(buf, 24),
-        total_length,
+        total_length: be32(buf, 32),
         local_addr: be32(buf, 36),
         remote_addr: be32(buf, 40),
     };
     let mut mb = [0u8; MSG_BYTES];
     mb.copy_from_slice(&buf[HEADER_BYTES..FIXED_BYTES]);
-    Ok(Packet {
-        header,
-        msg: Message::from_bytes(&mb),
-        data: &buf[FIXED_BYTES..],
-    })
+    Ok((header, Message::from_bytes(&mb), length))
 }
 
 /// Encodes a packet, appending to `out` (which is cleared first).

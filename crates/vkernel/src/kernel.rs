@@ -140,6 +140,9 @@ pub(crate) struct Shared {
     pub(crate) blocked_readers: CacheLine<AtomicU64>,
     bg_efd: EventFd,
     stop: AtomicBool,
+    /// The last datagram read was a bulk chunk: more are likely, so the
+    /// next is peeked at to receive its data in place.
+    bulk_rx: AtomicBool,
     pub(crate) spin: Duration,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
@@ -164,6 +167,22 @@ impl<T> std::ops::Deref for CacheLine<T> {
 
 /// A thread's reused vectors: datagrams to send, waiters to signal, and
 /// sent datagrams' buffers to hand back to the engine.
+/// What [`Shared::recv_in_place`] did.
+enum InPlace {
+    /// Took a datagram (and this completion, if it was the caller's).
+    Done(Option<Completion>),
+    /// Nothing queued.
+    Empty,
+    /// Took nothing: read the next datagram as usual.
+    No,
+}
+
+/// A bulk chunk's type byte: MoveTo data, or MoveFrom data coming back.
+fn is_bulk(ptype: u8) -> bool {
+    ptype == vkernel_proto::wire::PacketType::MoveToRequest as u8
+        || ptype == vkernel_proto::wire::PacketType::MoveFromReply as u8
+}
+
 type Scratch = (
     Vec<vkernel_proto::engine::Transmit>,
     Vec<Arc<Waiter>>,
@@ -309,11 +328,29 @@ impl Shared {
         RECV_BUF.with(|b| {
             let mut buf = b.borrow_mut();
             while n < max {
+                // (Not while tracing: the tracer records whole datagrams.)
+                if self.bulk_rx.load(Ordering::Relaxed) && self.tracer.is_none() {
+                    match self.recv_in_place(me, &mut buf) {
+                        InPlace::Done(c) => {
+                            n += 1;
+                            if c.is_some() {
+                                mine = c;
+                            }
+                            continue;
+                        }
+                        InPlace::Empty if !self.net.has_multicast_socket() => break,
+                        _ => {}
+                    }
+                }
                 let Some((len, from)) = self.net.try_recv(&mut buf) else {
                     break;
                 };
                 n += 1;
                 let data = &buf[..len];
+                let bulk = data.len() > 2 && is_bulk(data[2]);
+                if bulk != self.bulk_rx.load(Ordering::Relaxed) {
+                    self.bulk_rx.store(bulk, Ordering::Relaxed);
+                }
                 if let Some(tr) = &self.tracer {
                     tr.datagram(false, data);
                 }
@@ -324,6 +361,54 @@ impl Shared {
             }
         });
         (n, mine)
+    }
+
+    /// Takes the next datagram, receiving a bulk chunk's data straight into
+    /// the lent buffer it is for (one copy fewer), under the engine lock
+    /// that keeps the buffer lent. Another reader may take the datagram
+    /// between the peek and the receive: then what arrived (whatever it
+    /// is) is put together and handled as usual, and the place, which only
+    /// a chunk not yet received gets, waits for the real chunk.
+    fn recv_in_place(&self, me: Option<Pid>, spill: &mut [u8]) -> InPlace {
+        use vkernel_proto::wire::FIXED_BYTES;
+        let mut head = [0u8; FIXED_BYTES];
+        let Some((k, _)) = self.net.peek(&mut head) else {
+            return InPlace::Empty;
+        };
+        if k < FIXED_BYTES || !is_bulk(head[2]) {
+            self.bulk_rx.store(false, Ordering::Relaxed);
+            return InPlace::No;
+        }
+        let (done, mine) = self.with_engine_as(me, |e, now| {
+            let Some(slot) = e.placement(&head) else {
+                return false;
+            };
+            let want = slot.len();
+            let mut got = [0u8; FIXED_BYTES];
+            let Some((len, from)) = self.net.recv_parts(&mut got, slot, spill) else {
+                return false;
+            };
+            let c = &self.net.counters;
+            if len == FIXED_BYTES + want && got == head {
+                c.bulk_in_place.fetch_add(1, Ordering::Relaxed);
+                e.handle_placed(now, from, &got);
+            } else {
+                c.bulk_in_place_missed.fetch_add(1, Ordering::Relaxed);
+                let mut whole = Vec::with_capacity(len);
+                whole.extend_from_slice(&got[..len.min(FIXED_BYTES)]);
+                let in_slot = len.saturating_sub(FIXED_BYTES).min(want);
+                whole.extend_from_slice(&slot[..in_slot]);
+                let rest = len.saturating_sub(FIXED_BYTES + want);
+                whole.extend_from_slice(&spill[..rest.min(spill.len())]);
+                e.handle_datagram(now, from, &whole);
+            }
+            true
+        });
+        if done {
+            InPlace::Done(mine)
+        } else {
+            InPlace::No
+        }
     }
 
     /// Threads that will read the socket promptly (spinning or blocked on
@@ -558,6 +643,7 @@ impl Kernel {
             blocked_readers: CacheLine(AtomicU64::new(0)),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
+            bulk_rx: AtomicBool::new(false),
             spin: cfg.spin,
             host: HostId(0),
             tracer: match &cfg.trace {

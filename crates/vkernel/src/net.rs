@@ -99,6 +99,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// `b` as a buffer for socket2's receive calls.
+fn as_uninit(b: &mut [u8]) -> &mut [std::mem::MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and socket2's
+    // receive calls promise to write only initialised bytes (what the
+    // kernel copied in), never to de-initialise any: every byte of `b`
+    // stays initialised, which is all `&mut [u8]` requires.
+    unsafe { &mut *(b as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) }
+}
+
 fn recv_one(s: &UdpSocket, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
     loop {
         match s.recv_from(buf) {
@@ -157,6 +166,11 @@ pub struct NetCounters {
     /// read (another thread took the datagram): the cost of a thundering
     /// herd, which exclusive wake-ups keep near zero.
     pub idle_wakes: AtomicU64,
+    /// Bulk chunks whose data was received straight into the lent buffer.
+    pub bulk_in_place: AtomicU64,
+    /// Datagrams another reader took between the peek and the receive of
+    /// an in-place chunk (handled as usual).
+    pub bulk_in_place_missed: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
@@ -283,6 +297,52 @@ impl Net {
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {
         self.retrying(|| self.sock.send_to(data, to));
+    }
+
+    /// Copies the start of the next datagram on the main socket into
+    /// `head` without taking it (`MSG_PEEK`): the length copied (at most
+    /// `head.len()`) and the sender. `None` if nothing is queued.
+    pub fn peek(&self, head: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        let s = socket2::SockRef::from(&self.sock);
+        loop {
+            match s.peek_from(as_uninit(head)) {
+                Ok((n, a)) => return Some((n.min(head.len()), a.as_socket()?)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Takes the next datagram on the main socket, scattered over `head`,
+    /// then `data`, then `rest`: its whole length and its sender. `None`
+    /// if nothing is queued (nothing is written then).
+    pub fn recv_parts(
+        &self,
+        head: &mut [u8],
+        data: &mut [u8],
+        rest: &mut [u8],
+    ) -> Option<(usize, SocketAddr)> {
+        let s = socket2::SockRef::from(&self.sock);
+        let mut bufs = [
+            socket2::MaybeUninitSlice::new(as_uninit(head)),
+            socket2::MaybeUninitSlice::new(as_uninit(data)),
+            socket2::MaybeUninitSlice::new(as_uninit(rest)),
+        ];
+        loop {
+            match s.recv_from_vectored(&mut bufs) {
+                Ok((n, flags, a)) if !flags.is_truncated() => return Some((n, a.as_socket()?)),
+                // Longer than all three: nothing usable (cannot happen
+                // with `rest` a maximum datagram long).
+                Ok(_) => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// True if group messages arrive on a second socket too.
+    pub fn has_multicast_socket(&self) -> bool {
+        self.mcast.is_some()
     }
 
     /// Sends one datagram made of a header and data kept elsewhere (a bulk
@@ -423,6 +483,33 @@ mod tests {
         assert_eq!(parse_duration("200us").unwrap(), Duration::from_micros(200));
         assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn a_datagram_is_peeked_then_received_scattered() {
+        let net = Net::bind("127.0.0.1:0".parse().unwrap(), FaultConfig::default(), 0).unwrap();
+        let to = net.local_addr().unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.send_to(&[1, 2, 3, 4, 5, 6, 7, 8, 9], to).unwrap();
+        let mut head = [0u8; 4];
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let (k, from) = loop {
+            if let Some(r) = net.peek(&mut head) {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "datagram never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((k, head), (4, [1, 2, 3, 4]));
+        assert_eq!(from, tx.local_addr().unwrap());
+        let (mut h, mut d, mut r) = ([0u8; 2], [0u8; 3], [0u8; 10]);
+        let (n, from) = net.recv_parts(&mut h, &mut d, &mut r).unwrap();
+        assert_eq!((n, from), (9, tx.local_addr().unwrap()));
+        assert_eq!((h, d), ([1, 2], [3, 4, 5]));
+        assert_eq!(r[..4], [6, 7, 8, 9]);
+        // Taken: nothing left to peek at or receive.
+        assert!(net.peek(&mut head).is_none());
+        assert!(net.recv_parts(&mut h, &mut d, &mut r).is_none());
     }
 
     #[test]

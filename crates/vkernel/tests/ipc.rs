@@ -149,6 +149,19 @@ fn primitives_remote() {
     assert!(
         sa.remote_exchanges == 0 && sa.rx_of(vkernel_proto::wire::PacketType::RemoteSend) >= 104
     );
+    // The bulk data (checked above) was received in place: MoveFrom's
+    // replies at the server's host, MoveTo's chunks at the client's.
+    let placed = |k: &Kernel| {
+        k.net_counters()
+            .bulk_in_place
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert!(
+        placed(&a) > 0 && placed(&b) > 0,
+        "{} / {}",
+        placed(&a),
+        placed(&b)
+    );
 }
 
 #[test]

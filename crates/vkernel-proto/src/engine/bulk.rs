@@ -458,6 +458,7 @@ impl Engine {
         if !off.is_multiple_of(chunk) || idx >= nc || pkt.data.len() != want {
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
         }
+        let placed = self.placed;
         let Some(o) = self.outgoing_mut(h.dst) else {
             return;
         };
@@ -484,7 +485,7 @@ impl Engine {
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
         }
         let fresh = o.inbound[pos].got.set(idx);
-        if fresh {
+        if fresh && !placed {
             if let Some(seg) = o.seg.as_mut() {
                 seg.bytes_mut()[base + off..base + off + want].copy_from_slice(pkt.data);
             }
@@ -514,6 +515,75 @@ impl Engine {
             0,
         ]);
         self.emit(Dest::Addr(from), &r, &m, &map);
+    }
+
+    /// The place in a lent buffer of a bulk chunk not yet received, as the
+    /// handlers would copy it there (same checks, no side effects).
+    pub(super) fn chunk_place(
+        &mut self,
+        h: &Header,
+        msg: &Message,
+        len: usize,
+    ) -> Option<&mut [u8]> {
+        match h.ptype {
+            PacketType::MoveToRequest => {
+                if h.status != Status::Ok || !self.is_local(h.dst) {
+                    return None;
+                }
+                let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+                let total = h.total_length as usize;
+                let off = h.local_addr as usize;
+                if chunk == 0 || chunk > MAX_APPEND || !off.is_multiple_of(chunk) {
+                    return None;
+                }
+                let nc = nchunks(total, chunk);
+                let idx = off / chunk;
+                if idx >= nc || len != chunk.min(total.saturating_sub(off)) {
+                    return None;
+                }
+                let o = self.outgoing_mut(h.dst)?;
+                let awaited =
+                    o.dst == h.src || (o.dst == h.forwarder && o.dst.host() == h.src.host());
+                if !awaited || o.seq != h.seq || o.remote.is_none() || !o.access.write {
+                    return None;
+                }
+                let have = o
+                    .inbound
+                    .iter()
+                    .find(|b| b.mover == h.src && b.xfer == xfer)
+                    .is_some_and(|b| b.got.len() != nc || b.got.get(idx));
+                if have {
+                    return None;
+                }
+                let seg = o.seg.as_mut()?;
+                if base.checked_add(total).is_none_or(|e| e > seg.len()) {
+                    return None;
+                }
+                seg.bytes_mut().get_mut(base + off..base + off + len)
+            }
+            PacketType::MoveFromReply => {
+                if h.status != Status::Ok {
+                    return None;
+                }
+                let op = self.move_op(h.dst)?;
+                if op.dir != Dir::From || op.peer != h.src || op.xfer != msg.0[0] {
+                    return None;
+                }
+                let off = h.local_addr as usize;
+                if !off.is_multiple_of(op.chunk) {
+                    return None;
+                }
+                let idx = off / op.chunk;
+                if idx >= op.done.len()
+                    || len != op.chunk.min(op.total.saturating_sub(off))
+                    || op.done.get(idx)
+                {
+                    return None;
+                }
+                op.buf.bytes_mut().get_mut(off..off + len)
+            }
+            _ => None,
+        }
     }
 
     /// Matches an answer to the mover's transfer; a refusal ends the
@@ -724,6 +794,7 @@ impl Engine {
         if !self.accept_answer(pkt, Dir::From) {
             return;
         }
+        let placed = self.placed;
         let Some(op) = self.move_op(h.dst) else {
             return;
         };
@@ -736,7 +807,9 @@ impl Engine {
         }
         let fresh = op.done.set(idx);
         if fresh {
-            op.buf.bytes_mut()[off..off + want].copy_from_slice(pkt.data);
+            if !placed {
+                op.buf.bytes_mut()[off..off + want].copy_from_slice(pkt.data);
+            }
             op.deadline = now + host_timeout;
             op.rto = rto;
         }

@@ -278,6 +278,9 @@ pub struct Engine {
     chunks: VecDeque<Chunk>,
     /// A gathered send's header.
     head_buf: Vec<u8>,
+    /// The datagram being handled had its data received in place (see
+    /// [`Engine::handle_placed`]).
+    placed: bool,
 }
 
 /// A bulk datagram queued with its data left in the lent buffer.
@@ -361,6 +364,7 @@ impl Engine {
             spare: Vec::new(),
             chunks: VecDeque::new(),
             head_buf: Vec::new(),
+            placed: false,
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -1449,11 +1453,48 @@ impl Engine {
                 return;
             }
         };
-        self.stats.rx_type(pkt.header.ptype, buf.len());
+        self.handle_packet(now, from, &pkt);
+    }
+
+    /// Where the data of the bulk datagram whose fixed part is `head`
+    /// belongs, if it is a chunk not yet received of a transfer into a
+    /// buffer lent here (and no cluster key is in use: a MAC must be
+    /// checked before data lands). The runtime may then receive the
+    /// datagram's data straight there and call [`Engine::handle_placed`]
+    /// while it still holds this borrow's lock.
+    pub fn placement(&mut self, head: &[u8]) -> Option<&mut [u8]> {
+        if self.auth.is_some() {
+            return None;
+        }
+        let (h, msg, len) = wire::decode_fixed(head).ok()?;
+        self.chunk_place(&h, &msg, len)
+    }
+
+    /// Handles a bulk datagram whose data the runtime received straight
+    /// into the place [`Engine::placement`] gave for its fixed part `head`.
+    pub fn handle_placed(&mut self, now: Micros, from: SocketAddr, head: &[u8]) {
+        let Ok((header, msg, len)) = wire::decode_fixed(head) else {
+            return;
+        };
+        // The handlers see a stand-in of the data's length and copy
+        // nothing while `placed` is set.
+        static STAND_IN: [u8; wire::MAX_DATAGRAM] = [0; wire::MAX_DATAGRAM];
+        let Some(data) = STAND_IN.get(..len) else {
+            return;
+        };
+        self.placed = true;
+        self.handle_packet(now, from, &Packet { header, msg, data });
+        self.placed = false;
+    }
+
+    fn handle_packet(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
+        let pkt = *pkt;
+        let len = wire::FIXED_BYTES + pkt.data.len();
+        self.stats.rx_type(pkt.header.ptype, len);
         let h = pkt.header;
         if self.cfg.metrics {
             self.stats
-                .datagram(false, h.src.host().0, h.ptype, buf.len(), pkt.data.len());
+                .datagram(false, h.src.host().0, h.ptype, len, pkt.data.len());
         }
         match h.ptype {
             PacketType::LogicalHostRequest | PacketType::LogicalHostComplaint => {
