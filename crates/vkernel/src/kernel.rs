@@ -165,8 +165,6 @@ impl<T> std::ops::Deref for CacheLine<T> {
     }
 }
 
-/// A thread's reused vectors: datagrams to send, waiters to signal, and
-/// sent datagrams' buffers to hand back to the engine.
 /// What [`Shared::recv_in_place`] did.
 enum InPlace {
     /// Took a datagram (and this completion, if it was the caller's).
@@ -183,6 +181,8 @@ fn is_bulk(ptype: u8) -> bool {
         || ptype == vkernel_proto::wire::PacketType::MoveFromReply as u8
 }
 
+/// A thread's reused vectors: datagrams to send, waiters to signal, and
+/// sent datagrams' buffers to hand back to the engine.
 type Scratch = (
     Vec<vkernel_proto::engine::Transmit>,
     Vec<Arc<Waiter>>,
