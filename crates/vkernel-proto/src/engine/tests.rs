@@ -1484,32 +1484,46 @@ fn retransmission_is_answered_by_timer_driven_resend() {
     assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 5);
 }
 
-#[test]
-fn forgotten_saved_reply_does_not_re_execute() {
-    // Saved replies are bounded (4 per alien slot): with one slot, the
-    // fifth client's saved reply evicts the first's. A retransmission of
-    // the first request must then not run the request a second time.
+/// Two hosts whose server (on host 0) has one alien slot, hence room for
+/// four saved answers, and `k` clients on host 1.
+fn one_slot_server(k: usize) -> (Net, Pid, Vec<Pid>) {
     let mut n = Net::with(2, |_, c| {
         c.alien_pool = 1;
         c.alien_per_host = 1;
     });
     n.introduce();
     let s = n.e[0].create_process().unwrap();
-    let clients: Vec<Pid> = (0..5).map(|_| n.e[1].create_process().unwrap()).collect();
-    let mut requests = Vec::new();
-    for &c in &clients {
-        let mark = n.sent.len();
-        n.e[1]
-            .send(n.now, c, s, Message::with_code(1), None)
-            .unwrap();
-        n.run();
-        requests.push(n.sent[mark].data.clone());
-        n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
-        n.drop_next = 1;
-        n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
-        n.run();
-        n.now += 1000;
-    }
+    let clients = (0..k).map(|_| n.e[1].create_process().unwrap()).collect();
+    (n, s, clients)
+}
+
+/// A non-idempotent exchange from `c` to `s` whose reply is lost (so the
+/// server keeps it); returns the request datagram, to retransmit.
+fn exchange_losing_the_reply(n: &mut Net, s: Pid, c: Pid) -> Vec<u8> {
+    let mark = n.sent.len();
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    let request = n.sent[mark].data.clone();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.drop_next = 1;
+    n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+    n.run();
+    n.now += 1000;
+    request
+}
+
+#[test]
+fn forgotten_saved_reply_does_not_re_execute() {
+    // Saved replies are bounded (4 per alien slot): with one slot, the
+    // fifth client's saved reply evicts the first's. A retransmission of
+    // the first request must then not run the request a second time.
+    let (mut n, s, clients) = one_slot_server(5);
+    let requests: Vec<Vec<u8>> = clients
+        .iter()
+        .map(|&c| exchange_losing_the_reply(&mut n, s, c))
+        .collect();
     assert_eq!(n.e[0].stats().saved_replies_evicted, 1);
     n.inject(0, 1, &requests[0]);
     n.run();
@@ -2340,13 +2354,7 @@ fn a_multi_reply_group_send_gathers_a_reply_lost_after_the_first() {
 fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
     // Four saved answers fit (one alien slot). Client 0's is re-sent, so
     // the fifth client's answer evicts client 1's, the oldest unused.
-    let mut n = Net::with(2, |_, c| {
-        c.alien_pool = 1;
-        c.alien_per_host = 1;
-    });
-    n.introduce();
-    let s = n.e[0].create_process().unwrap();
-    let clients: Vec<Pid> = (0..5).map(|_| n.e[1].create_process().unwrap()).collect();
+    let (mut n, s, clients) = one_slot_server(5);
     let mut requests: Vec<Vec<u8>> = Vec::new();
     for (k, &c) in clients.iter().enumerate() {
         if k == 4 {
@@ -2354,17 +2362,7 @@ fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
             n.run();
             assert_eq!(n.e[0].stats().saved_replies_resent, 1);
         }
-        let mark = n.sent.len();
-        n.e[1]
-            .send(n.now, c, s, Message::with_code(1), None)
-            .unwrap();
-        n.run();
-        requests.push(n.sent[mark].data.clone());
-        n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
-        n.drop_next = 1;
-        n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
-        n.run();
-        n.now += 1000;
+        requests.push(exchange_losing_the_reply(&mut n, s, c));
     }
     assert_eq!(n.e[0].stats().saved_replies_evicted, 1);
     n.inject(0, 1, &requests[0]);
