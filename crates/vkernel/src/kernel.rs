@@ -381,7 +381,13 @@ impl Shared {
         }
         let (done, mine) = self.with_engine_as(me, |e, now| {
             let Some(slot) = e.placement(&head) else {
-                return false;
+                // Not placeable (held already, say): read it as usual,
+                // under this lock rather than taking it again.
+                let Some((len, from)) = self.net.try_recv(spill) else {
+                    return false;
+                };
+                e.handle_datagram(now, from, &spill[..len]);
+                return true;
             };
             let want = slot.len();
             let mut got = [0u8; FIXED_BYTES];

@@ -749,6 +749,7 @@ impl Engine {
         while let Some(c) = self.chunks.pop_front() {
             let mut b = self.spare.pop().unwrap_or_default();
             let Some(data) = self.chunk_data(&c) else {
+                self.recycle(b);
                 continue;
             };
             crate::wire::encode_into(&c.header, &c.msg, data, &mut b);

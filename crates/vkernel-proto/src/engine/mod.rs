@@ -899,7 +899,10 @@ impl Engine {
     /// destination.
     pub(crate) fn encode_send(&mut self, src: Pid, retransmission: bool) -> Option<(Pid, Vec<u8>)> {
         let mut bytes = self.spare.pop().unwrap_or_default();
-        let o = self.outgoing(src)?;
+        let Some(o) = self.outgoing(src) else {
+            self.recycle(bytes);
+            return None;
+        };
         let dst = o.dst;
         let mut h = Header::new(PacketType::RemoteSend);
         h.seq = o.seq;
