@@ -167,7 +167,8 @@ impl<T> std::ops::Deref for CacheLine<T> {
 
 /// What [`Shared::recv_in_place`] did.
 enum InPlace {
-    /// Took a datagram (and this completion, if it was the caller's).
+    /// Took a datagram (and this completion, if it was the caller's), or
+    /// took none but has the caller's completion (from a timer).
     Done(Option<Completion>),
     /// Nothing queued.
     Empty,
@@ -223,62 +224,36 @@ impl Shared {
     ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
         let (mut out, mut wakes, mut sent) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        let mut mine = None;
-        let r = {
+        let (r, mine) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             for b in sent.drain(..) {
                 st.engine.recycle(b);
             }
             let now = self.now();
+            if me.is_some() {
+                st.engine.set_caller(me);
+            }
             let r = f(&mut st.engine, now);
             if now >= st.engine.poll_timeout() {
                 st.engine.handle_timeout(now);
             }
-            // Bulk chunks go out from the lent buffers, under the lock that
-            // keeps those lent (no copy into a datagram first), unless a
-            // fault injector or tracer needs whole datagrams.
-            if self.tracer.is_none() && !self.net.has_faults() {
-                st.engine
-                    .send_chunks(|to, head, data| self.net.send_gathered(to, head, data));
-            }
-            while let Some(t) = st.engine.poll_transmit() {
-                out.push(t);
-            }
-            while let Some(e) = st.engine.poll_event() {
-                match e {
-                    Event::Wake(p) if Some(p) == me => {
-                        if let Some(c) = st.engine.take_completion(p) {
-                            mine = Some(c);
-                        }
-                    }
-                    Event::Wake(p) => {
-                        if let Some(w) = st.waiters.get(&p) {
-                            // Hand the completion over now, so the woken
-                            // thread need not take the engine lock again.
-                            if let Some(c) = st.engine.take_completion(p) {
-                                w.deliver(c);
-                            }
-                            // A spinning process sees the flag; only one
-                            // blocked in the kernel needs a signal, sent
-                            // after the lock is released.
-                            if w.wake_spinning() {
-                                wakes.push(w.clone());
-                            }
-                        }
-                    }
-                    Event::HostIdConflict(h) => st.conflict = Some(h),
-                    Event::HostReady(_) => {}
-                    Event::JoinMulticast(a) => self.net.join_multicast(a),
-                    Event::LeaveMulticast(a) => self.net.leave_multicast(a),
-                }
+            let mine = if me.is_some() {
+                let c = st.engine.take_own();
+                st.engine.set_caller(None);
+                c
+            } else {
+                None
+            };
+            if st.engine.has_output() {
+                self.take_output(st, &mut out, &mut wakes);
             }
             // Store only a change: spinning threads read this line.
             let t = st.engine.poll_timeout();
             if self.next_timer.load(Ordering::Relaxed) != t {
                 self.next_timer.store(t, Ordering::Release);
             }
-            r
+            (r, mine)
         };
         if let Some(tr) = &self.tracer {
             for t in &out {
@@ -307,6 +282,50 @@ impl Shared {
             }
         });
         (r, mine)
+    }
+
+    /// Takes what the engine produced under the lock: bulk chunks are sent
+    /// now, datagrams go to `out` and waiters to signal to `wakes`, both
+    /// for after the lock is released.
+    fn take_output(
+        &self,
+        st: &mut State,
+        out: &mut Vec<vkernel_proto::engine::Transmit>,
+        wakes: &mut Vec<Arc<Waiter>>,
+    ) {
+        // Bulk chunks go out from the lent buffers, under the lock that
+        // keeps those lent (no copy into a datagram first), unless a
+        // fault injector or tracer needs whole datagrams.
+        if self.tracer.is_none() && !self.net.has_faults() {
+            st.engine
+                .send_chunks(|to, head, data| self.net.send_gathered(to, head, data));
+        }
+        while let Some(t) = st.engine.poll_transmit() {
+            out.push(t);
+        }
+        while let Some(e) = st.engine.poll_event() {
+            match e {
+                Event::Wake(p) => {
+                    if let Some(w) = st.waiters.get(&p) {
+                        // Hand the completion over now, so the woken
+                        // thread need not take the engine lock again.
+                        if let Some(c) = st.engine.take_completion(p) {
+                            w.deliver(c);
+                        }
+                        // A spinning process sees the flag; only one
+                        // blocked in the kernel needs a signal, sent
+                        // after the lock is released.
+                        if w.wake_spinning() {
+                            wakes.push(w.clone());
+                        }
+                    }
+                }
+                Event::HostIdConflict(h) => st.conflict = Some(h),
+                Event::HostReady(_) => {}
+                Event::JoinMulticast(a) => self.net.join_multicast(a),
+                Event::LeaveMulticast(a) => self.net.leave_multicast(a),
+            }
+        }
     }
 
     /// Reads and processes up to `max` queued datagrams.
@@ -410,7 +429,9 @@ impl Shared {
             }
             true
         });
-        if done {
+        // (A completion of the caller's from a timer run in the same call
+        // is returned even if no datagram was taken.)
+        if done || mine.is_some() {
             InPlace::Done(mine)
         } else {
             InPlace::No

@@ -78,6 +78,21 @@ struct Seen {
     seq: u32,
     at: Micros,
     replies: Vec<Vec<u8>>,
+    /// Which of the 64 sequence numbers below `seq` have arrived (bit
+    /// d - 1 for seq - d): a notification overtaken by a later one from
+    /// the same sender is still delivered, once.
+    older: u64,
+}
+
+/// Marks `d` (1..=64) below the newest as seen; false if it already was
+/// or is too old to tell.
+fn mark_older(older: &mut u64, d: u32) -> bool {
+    let Some(bit) = d.checked_sub(1).and_then(|k| 1u64.checked_shl(k)) else {
+        return false;
+    };
+    let fresh = *older & bit == 0;
+    *older |= bit;
+    fresh
 }
 
 /// What a local sender's latest group Send still accepts.
@@ -462,18 +477,48 @@ impl Engine {
                 return;
             }
             if super::seq_older(h.seq, s.seq) {
-                self.stats.drop(DropReason::Stale);
-                return;
+                // Several threads read the socket, so a notification (the
+                // sender does not wait, and may send the next at once) can
+                // be handled after a later one: deliver it if it is new.
+                // Any other mode's older request was given up by its sender.
+                let d = s.seq.wrapping_sub(h.seq);
+                if mode != GroupMode::NoReply || !mark_older(&mut s.older, d) {
+                    self.stats.drop(DropReason::Stale);
+                    return;
+                }
+                return self.deliver_group_copies(now, from, pkt, mode);
             }
         }
+        let older = match self.groups.seen.get(&h.src) {
+            Some(prev) => {
+                let shift = h.seq.wrapping_sub(prev.seq);
+                let mut o = prev.older.checked_shl(shift).unwrap_or(0);
+                mark_older(&mut o, shift);
+                o
+            }
+            None => 0,
+        };
         self.groups.seen.insert(
             h.src,
             Seen {
                 seq: h.seq,
                 at: now,
                 replies: Vec::new(),
+                older,
             },
         );
+        self.deliver_group_copies(now, from, pkt, mode);
+    }
+
+    /// Queues a copy of a group message for each local member.
+    fn deliver_group_copies(
+        &mut self,
+        now: Micros,
+        from: SocketAddr,
+        pkt: &Packet<'_>,
+        mode: GroupMode,
+    ) {
+        let h = pkt.header;
         let mut msg = pkt.msg;
         msg.0[7] = h.total_length;
         let members = self.group_members(h.dst);

@@ -281,6 +281,11 @@ pub struct Engine {
     /// The datagram being handled had its data received in place (see
     /// [`Engine::handle_placed`]).
     placed: bool,
+    /// The process whose own thread is calling the engine (see
+    /// [`Engine::set_caller`]), and its completion, kept for
+    /// [`Engine::take_own`] instead of being announced by an event.
+    caller: Option<Pid>,
+    own: Option<Completion>,
 }
 
 /// A bulk datagram queued with its data left in the lent buffer.
@@ -365,6 +370,8 @@ impl Engine {
             chunks: VecDeque::new(),
             head_buf: Vec::new(),
             placed: false,
+            caller: None,
+            own: None,
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -454,7 +461,37 @@ impl Engine {
 
     /// The completion of `pid`'s blocked operation, if it has completed.
     pub fn take_completion(&mut self, pid: Pid) -> Option<Completion> {
+        if self.caller == Some(pid) {
+            if let Some(c) = self.own.take() {
+                return Some(c);
+            }
+        }
         self.procs.get_mut(&pid.local())?.completion.take()
+    }
+
+    /// Says which process's own thread makes the engine calls that follow
+    /// (`None`: another thread). Its completion is then kept for
+    /// [`Engine::take_own`], with no [`Event::Wake`]: the thread that
+    /// wants it is the one calling, so the runtime need not look for it.
+    pub fn set_caller(&mut self, pid: Option<Pid>) {
+        if let (Some(c), Some(who)) = (self.own.take(), self.caller) {
+            // Not taken: hand it over the usual way.
+            if let Some(p) = self.procs.get_mut(&who.local()) {
+                p.completion = Some(c);
+                self.events.push_back(Event::Wake(who));
+            }
+        }
+        self.caller = pid;
+    }
+
+    /// The caller's completion (see [`Engine::set_caller`]), if one came.
+    pub fn take_own(&mut self) -> Option<Completion> {
+        self.own.take()
+    }
+
+    /// True if datagrams, bulk chunks or events wait to be taken.
+    pub fn has_output(&self) -> bool {
+        !self.transmits.is_empty() || !self.chunks.is_empty() || !self.events.is_empty()
     }
 
     fn arm(&mut self, t: Micros) {
@@ -480,8 +517,12 @@ impl Engine {
     }
 
     fn complete(&mut self, pid: Pid, c: Completion) {
-        if let Some(p) = self.proc_mut(pid) {
-            p.set_state(PState::Ready);
+        let own = self.caller == Some(pid);
+        let Some(p) = self.proc_mut(pid) else { return };
+        p.set_state(PState::Ready);
+        if own {
+            self.own = Some(c);
+        } else {
             p.completion = Some(c);
             self.events.push_back(Event::Wake(pid));
         }
@@ -648,6 +689,9 @@ impl Engine {
         let Some(p) = self.procs.remove(&pid.local()) else {
             return Err(IpcError::NoSuchProcess(pid));
         };
+        if self.caller == Some(pid) {
+            self.own = None;
+        }
         if let PState::GettingPid { qseq } = p.state {
             self.names.forget_query(qseq);
         }
@@ -970,6 +1014,9 @@ impl Engine {
     /// Abandons whatever `pid` is blocked in, releasing every lent buffer.
     /// Used by the runtime when it must return without a completion.
     pub fn cancel(&mut self, pid: Pid) {
+        if self.caller == Some(pid) {
+            self.own = None;
+        }
         if let Some(p) = self.proc_mut(pid) {
             let old = p.set_state(PState::Ready);
             p.completion = None;

@@ -2377,3 +2377,72 @@ fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
         "a non-idempotent request ran twice"
     );
 }
+
+#[test]
+fn notifications_handled_out_of_order_are_each_delivered_once() {
+    // A sender's 0-reply group Sends do not wait for each other, and the
+    // receiving host's reader threads may take them in either order.
+    let g = Pid::well_known_group(9);
+    let mut n = Net::new(2);
+    let p = n.e[0].create_process().unwrap();
+    n.e[0].join_group(g, p, p).unwrap();
+    let s = n.e[1].create_process().unwrap();
+    n.filter = Some(Box::new(|from, _, d| {
+        !(from == 1 && d[2] == PacketType::RemoteSend as u8)
+    }));
+    let mark = n.sent.len();
+    for code in [1, 2, 3] {
+        let mut m = Message::with_code(code);
+        m.set_group_mode(GroupMode::NoReply);
+        let now = n.now;
+        n.e[1].send(now, s, g, m, None).unwrap();
+        n.run();
+        assert!(completed(&n.e[1], s), "a notification does not block");
+    }
+    let sends: Vec<Vec<u8>> = n.sent[mark..]
+        .iter()
+        .filter(|x| x.to == 0 && x.ptype() == PacketType::RemoteSend)
+        .map(|x| x.data.clone())
+        .collect();
+    assert_eq!(sends.len(), 3);
+    for k in [2, 0, 1, 0, 2] {
+        n.inject(0, 1, &sends[k]);
+    }
+    let mut codes = Vec::new();
+    while let Ok(Some(r)) = n.e[0].receive(n.now, p, None, None) {
+        codes.push(r.msg.code());
+    }
+    assert_eq!(codes, vec![3, 1, 2], "each once, in the order handled");
+    assert_eq!(n.e[0].stats().duplicates, 1, "the newest again");
+    assert_eq!(
+        n.e[0].stats().drops_of(DropReason::Stale),
+        1,
+        "an older one again"
+    );
+}
+
+#[test]
+fn the_callers_own_completion_is_kept_for_it_without_a_wake() {
+    let mut n = Net::new(1);
+    let e = &mut n.e[0];
+    let s = e.create_process().unwrap();
+    let c = e.create_process().unwrap();
+    assert_eq!(e.receive(0, s, None, None).unwrap(), None);
+    events(e);
+    // The receiver's own thread makes the call that completes it.
+    e.set_caller(Some(s));
+    e.send(0, c, s, Message::with_code(3), None).unwrap();
+    assert!(!woke(e, s), "no wake for the caller");
+    match e.take_own() {
+        Some(Completion::Receive(Ok(r))) => assert_eq!(r.msg.code(), 3),
+        other => panic!("{other:?}"),
+    }
+    e.set_caller(None);
+    // Not taken before the caller changes: handed over the usual way.
+    e.set_caller(Some(c));
+    e.reply(0, s, c, Message::with_code(4), None).unwrap();
+    e.set_caller(None);
+    assert!(woke(e, c));
+    assert_eq!(reply_of(e, c).msg.code(), 4);
+    assert_eq!(e.take_own(), None);
+}
