@@ -11,7 +11,7 @@ use crate::pid::Pid;
 /// First byte of every vkernel datagram ('V').
 pub const MAGIC: u8 = 0x56;
 /// Wire format version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes before the message.
 pub const HEADER_BYTES: usize = 44;
 /// Header plus message: the smallest valid datagram.
@@ -159,6 +159,11 @@ pub struct Header {
     pub local_addr: u32,
     /// Offset of the data in the destination segment.
     pub remote_addr: u32,
+    /// The port of the sending host's main socket, when the datagram left
+    /// from another of its sockets (0: the source port is that port).
+    /// Answers go there. Set by the runtime on the way out, never by the
+    /// engine.
+    pub reply_port: u16,
 }
 
 impl Header {
@@ -177,6 +182,7 @@ impl Header {
             total_length: 0,
             local_addr: 0,
             remote_addr: 0,
+            reply_port: 0,
         }
     }
 }
@@ -249,9 +255,6 @@ pub fn decode_fixed(buf: &[u8]) -> Result<(Header, Message, usize), DecodeError>
         return Err(DecodeError::BadVersion);
     }
     let ptype = PacketType::from_u8(buf[2]).ok_or(DecodeError::BadType)?;
-    if buf[6] != 0 || buf[7] != 0 {
-        return Err(DecodeError::BadVersion);
-    }
     let length = be32(buf, 28) as usize;
     if length > MAX_DATAGRAM - FIXED_BYTES {
         return Err(DecodeError::BadLength);
@@ -269,6 +272,7 @@ pub fn decode_fixed(buf: &[u8]) -> Result<(Header, Message, usize), DecodeError>
         total_length: be32(buf, 32),
         local_addr: be32(buf, 36),
         remote_addr: be32(buf, 40),
+        reply_port: u16::from_be_bytes([buf[6], buf[7]]),
     };
     let mut mb = [0u8; MSG_BYTES];
     mb.copy_from_slice(&buf[HEADER_BYTES..FIXED_BYTES]);
@@ -294,9 +298,8 @@ pub fn encode_head(h: &Header, msg: &Message, data_len: usize, out: &mut Vec<u8>
         h.flags,
         h.status as u8,
         h.key_id,
-        0,
-        0,
     ]);
+    out.extend_from_slice(&h.reply_port.to_be_bytes());
     for w in [
         h.seq,
         h.src.0,
@@ -339,6 +342,7 @@ mod tests {
             total_length: 3,
             local_addr: 0,
             remote_addr: 9,
+            reply_port: 0x1234,
         }
     }
 
@@ -346,7 +350,7 @@ mod tests {
     fn byte_layout_is_as_documented() {
         let b = encode(&sample(), &Message([0xa0, 0, 0, 0, 0, 0, 0, 3]), b"xyz");
         assert_eq!(b.len(), FIXED_BYTES + 3);
-        assert_eq!(&b[0..8], &[0x56, 1, 3, 1, 0, 0, 0, 0]);
+        assert_eq!(&b[0..8], &[0x56, 2, 3, 1, 0, 0, 0x12, 0x34]);
         assert_eq!(&b[8..12], &[1, 2, 3, 4]);
         assert_eq!(&b[12..16], &[0, 1, 0, 2]);
         assert_eq!(&b[28..32], &[0, 0, 0, 3]);
@@ -362,7 +366,7 @@ mod tests {
         b[0] = 0;
         assert_eq!(decode(&b), Err(DecodeError::BadMagic));
         let mut b = good.clone();
-        b[1] = 2;
+        b[1] = 1;
         assert_eq!(decode(&b), Err(DecodeError::BadVersion));
         let mut b = good.clone();
         b[2] = 99;
@@ -378,10 +382,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn roundtrip(seq: u32, src: u32, dst: u32, fw: u32, user: u32, tl: u32, la: u32, ra: u32,
+        fn roundtrip(seq: u32, src: u32, dst: u32, fw: u32, user: u32, tl: u32, la: u32, ra: u32, rp: u16,
                      t in 1u8..=13, flags: u8, words: [u32; 8], data in proptest::collection::vec(any::<u8>(), 0..300)) {
             let h = Header { ptype: PacketType::from_u8(t).unwrap(), flags, status: Status::Ok, key_id: 0,
-                seq, src: Pid(src), dst: Pid(dst), forwarder: Pid(fw), user, total_length: tl, local_addr: la, remote_addr: ra };
+                seq, src: Pid(src), dst: Pid(dst), forwarder: Pid(fw), user, total_length: tl, local_addr: la, remote_addr: ra, reply_port: rp };
             let b = encode(&h, &Message(words), &data);
             let p = decode(&b).unwrap();
             prop_assert_eq!(p.header, h);

@@ -96,7 +96,7 @@ pub fn poll3(a: RawFd, b: Option<RawFd>, c: Option<RawFd>, timeout: Duration) ->
     fds.map(|f| f.revents & libc::POLLIN != 0)
 }
 
-fn setsockopt_int(fd: RawFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+pub(crate) fn setsockopt_int(fd: RawFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: passes a pointer to a live c_int and its exact size.
     let r = unsafe {
         libc::setsockopt(

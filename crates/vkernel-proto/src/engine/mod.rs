@@ -1539,6 +1539,12 @@ impl Engine {
 
     fn handle_packet(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let pkt = *pkt;
+        // Answers go to the sender's main socket, which need not be the
+        // socket this datagram left from (see `Header::reply_port`).
+        let from = match pkt.header.reply_port {
+            0 => from,
+            port => SocketAddr::new(from.ip(), port),
+        };
         let len = wire::FIXED_BYTES + pkt.data.len();
         self.stats.rx_type(pkt.header.ptype, len);
         let h = pkt.header;

@@ -2446,3 +2446,30 @@ fn the_callers_own_completion_is_kept_for_it_without_a_wake() {
     assert_eq!(reply_of(e, c).msg.code(), 4);
     assert_eq!(e.take_own(), None);
 }
+
+#[test]
+fn answers_go_to_the_reply_port_a_datagram_names() {
+    // A datagram that left from a host's side socket names its main
+    // socket's port: the answer goes there, and the location is learned so.
+    let mut n = Net::new(2);
+    let s = n.e[0].create_process().unwrap();
+    assert_eq!(n.e[0].receive(0, s, None, None).unwrap(), None);
+    let client = Pid::new(n.e[1].host_id().unwrap(), 0x1234);
+    let mut h = Header::new(PacketType::RemoteSend);
+    (h.seq, h.src, h.dst, h.forwarder, h.reply_port) = (77, client, s, client, 4321);
+    let side = SocketAddr::from(([127, 0, 0, 1], 40000));
+    let main = SocketAddr::from(([127, 0, 0, 1], 4321));
+    n.e[0].handle_datagram(1, side, &encode(&h, &Message::with_code(5), &[]));
+    assert_eq!(received(&mut n.e[0], s).msg.code(), 5);
+    assert_eq!(n.e[0].location_of(client.host()), Some(main));
+    n.e[0]
+        .reply(2, s, client, Message::with_code(6), None)
+        .unwrap();
+    let t = n.e[0].poll_transmit().expect("the reply");
+    assert_eq!(t.to, main);
+    let p = decode(&t.data).unwrap();
+    assert_eq!(
+        (p.header.ptype, p.header.reply_port),
+        (PacketType::RemoteReply, 0)
+    );
+}
