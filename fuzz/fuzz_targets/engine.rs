@@ -39,10 +39,8 @@ fuzz_target!(|data: &[u8]| {
         let mut pkt = rest[4..4 + len].to_vec();
         // Often aim at our host so handlers, not just the decoder, run.
         if pkt.len() >= 20 && rest[2] & 1 == 1 {
-            pkt[0] = 0x56;
-            pkt[1] = 1;
-            pkt[6] = 0;
-            pkt[7] = 0;
+            pkt[0] = vkernel_proto::wire::MAGIC;
+            pkt[1] = vkernel_proto::wire::VERSION;
             pkt[16..18].copy_from_slice(&1u16.to_be_bytes());
             let l = (pkt.len().saturating_sub(76)) as u32;
             if pkt.len() >= 32 {
