@@ -662,6 +662,18 @@ mod tests {
         assert_eq!(net.counters.send_errors.load(Ordering::Relaxed), 0);
     }
 
+    /// What `poll` returns once a datagram has arrived (2 s at most).
+    fn arrived<T>(mut poll: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if let Some(r) = poll() {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "datagram never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn a_datagram_is_peeked_then_received_scattered() {
         let net = Net::bind("127.0.0.1:0".parse().unwrap(), FaultConfig::default(), 0).unwrap();
@@ -669,14 +681,7 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         tx.send_to(&[1, 2, 3, 4, 5, 6, 7, 8, 9], to).unwrap();
         let mut head = [0u8; 4];
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let (k, from) = loop {
-            if let Some(r) = net.peek(&mut head) {
-                break r;
-            }
-            assert!(Instant::now() < deadline, "datagram never arrived");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let (k, from) = arrived(|| net.peek(&mut head));
         assert_eq!((k, head), (4, [1, 2, 3, 4]));
         assert_eq!(from, tx.local_addr().unwrap());
         let (mut h, mut d, mut r) = ([0u8; 2], [0u8; 3], [0u8; 10]);
@@ -700,14 +705,7 @@ mod tests {
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         peer.send_to(b"hello", to).unwrap();
         let mut b = [0u8; 64];
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let (n, from) = loop {
-            if let Some(r) = net.try_recv(&mut b) {
-                break r;
-            }
-            assert!(Instant::now() < deadline, "datagram never arrived");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let (n, from) = arrived(|| net.try_recv(&mut b));
         assert_eq!((&b[..n], from), (&b"hello"[..], peer.local_addr().unwrap()));
         assert!(net.send(from, b"world".to_vec()).is_some());
         let (n, from) = peer.recv_from(&mut b).unwrap();
