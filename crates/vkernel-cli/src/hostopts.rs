@@ -65,6 +65,12 @@ pub struct HostOpts {
     /// `vkernel trace report`.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
+    /// Send everything from the host's one socket. By default small
+    /// datagrams leave from a socket connected to their peer (faster),
+    /// naming the main socket's port for answers: turn that off where a
+    /// NAT or port mapping sits between hosts and would not map that port.
+    #[arg(long)]
+    pub no_side_sockets: bool,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {
@@ -128,6 +134,7 @@ impl HostOpts {
                     .then(|| self.trust_hosts.iter().map(|&h| HostId(h)).collect()),
                 refuse_remote_joins: self.refuse_remote_joins,
             },
+            side_sockets: !self.no_side_sockets,
             ..KernelConfig::default()
         }
     }

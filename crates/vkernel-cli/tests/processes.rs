@@ -78,6 +78,21 @@ fn ping_finds_echo_by_name_ipv4_and_ipv6() {
         ]);
         assert!(ok, "{out}\n{err}");
         assert_eq!(failures(&out), 0, "{out}");
+        // A host sending only from its main socket and one using side
+        // sockets talk as well.
+        let (ok, out, err) = ping(&[
+            "--peer",
+            &addr,
+            "--bind",
+            bind,
+            "--name",
+            "svc",
+            "-n",
+            "100",
+            "--no-side-sockets",
+        ]);
+        assert!(ok, "{out}\n{err}");
+        assert_eq!(failures(&out), 0, "{out}");
     }
 }
 
