@@ -60,6 +60,10 @@ pub struct Config {
     /// Authenticate (and optionally encrypt) every datagram with a cluster
     /// key; `None` accepts unauthenticated datagrams only.
     pub auth: Option<crate::auth::AuthConfig>,
+    /// The port of the host's main socket, named in every datagram
+    /// (`Header::reply_port`) so that the runtime may send it from another
+    /// socket; 0: not named (answers go to the source port).
+    pub reply_port: u16,
 }
 
 /// Membership control for process groups. Without it anyone could join a
@@ -114,6 +118,7 @@ impl Default for Config {
             group_copies: 1024,
             auth: None,
             metrics: true,
+            reply_port: 0,
         }
     }
 }

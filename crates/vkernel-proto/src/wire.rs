@@ -159,10 +159,10 @@ pub struct Header {
     pub local_addr: u32,
     /// Offset of the data in the destination segment.
     pub remote_addr: u32,
-    /// The port of the sending host's main socket, when the datagram left
-    /// from another of its sockets (0: the source port is that port).
-    /// Answers go there. Set by the runtime on the way out, never by the
-    /// engine.
+    /// The port of the sending host's main socket, named so that the
+    /// datagram may leave from another of its sockets (0: the source port
+    /// is that port). Answers go there. Written by the engine as it hands
+    /// the datagram out (`Config::reply_port`), not in each header made.
     pub reply_port: u16,
 }
 

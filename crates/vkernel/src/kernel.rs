@@ -72,8 +72,8 @@ pub struct KernelConfig {
     /// counters are always kept.
     pub metrics: bool,
     /// Send small datagrams from a socket connected to their peer (faster;
-    /// the datagram names the main socket's port for answers). Ignored
-    /// with cluster keys or fault injection.
+    /// every datagram names the main socket's port for answers). Not with
+    /// fault injection, which sends from the main socket.
     pub side_sockets: bool,
 }
 
@@ -620,9 +620,7 @@ impl Kernel {
         if let Some(port) = cfg.multicast_port {
             net.bind_multicast(port)?;
         }
-        if cfg.side_sockets && cfg.keys.is_empty() {
-            net.use_side_sockets()?;
-        }
+        let side = cfg.side_sockets && net.use_side_sockets()?;
         let me = net.local_addr()?;
         let seed = cfg.seed.unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
@@ -661,6 +659,9 @@ impl Kernel {
             group_policy: cfg.group_policy.clone(),
             auth,
             metrics: cfg.metrics,
+            // Named in every datagram, so that small ones may leave from a
+            // side socket (see `Net::send`).
+            reply_port: if side { me.port() } else { 0 },
             ..Config::default()
         };
         let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);

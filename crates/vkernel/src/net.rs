@@ -325,14 +325,15 @@ impl Net {
     }
 
     /// Sends small datagrams to peers from sockets connected to them (see
-    /// [`Net::send`]). Not with a cluster key: the port written into each
-    /// datagram is under its MAC. Not with a fault injector, which sends
-    /// from the main socket.
-    pub fn use_side_sockets(&mut self) -> io::Result<()> {
-        if self.faults.is_none() {
-            self.side = Some(SideSockets::new(self.sock.local_addr()?));
+    /// [`Net::send`]); the engine must name the main socket's port in each
+    /// (`Config::reply_port`). Not with a fault injector, which sends from
+    /// the main socket. True if enabled.
+    pub fn use_side_sockets(&mut self) -> io::Result<bool> {
+        if self.faults.is_some() {
+            return Ok(false);
         }
-        Ok(())
+        self.side = Some(SideSockets::new(self.sock.local_addr()?));
+        Ok(true)
     }
 
     /// The bound address.
@@ -509,14 +510,13 @@ impl Net {
 
     /// Sends a datagram, through the fault injector if one is configured.
     /// Returns the buffer unless the injector kept it (to reuse).
-    pub fn send(&self, to: SocketAddr, mut data: Vec<u8>) -> Option<Vec<u8>> {
+    pub fn send(&self, to: SocketAddr, data: Vec<u8>) -> Option<Vec<u8>> {
         let Some(f) = &self.faults else {
-            // An unkeyed datagram from the engine (port field still 0) may
-            // leave from the peer's side socket, carrying the main port.
-            if let (Some(side), Some(&[0, 0])) = (&self.side, data.get(6..8)) {
-                if data.get(5) == Some(&0) {
+            // A datagram naming the main socket's port for answers may
+            // leave from the peer's side socket.
+            if let Some(side) = &self.side {
+                if data.get(6..8) == Some(&side.main.port().to_be_bytes()[..]) {
                     if let Some(s) = side.socket_for(to) {
-                        data[6..8].copy_from_slice(&side.main.port().to_be_bytes());
                         self.retrying(|| {
                             rustix::net::send(s, &data, rustix::net::SendFlags::empty())
                         });
@@ -628,37 +628,34 @@ mod tests {
     }
 
     #[test]
-    fn small_datagrams_leave_from_a_side_socket_naming_the_main_port() {
+    fn datagrams_naming_the_main_port_leave_from_a_side_socket() {
         let mut net = Net::bind("127.0.0.1:0".parse().unwrap(), FaultConfig::default(), 0).unwrap();
-        net.use_side_sockets().unwrap();
+        assert!(net.use_side_sockets().unwrap());
         let main = net.local_addr().unwrap();
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let to = peer.local_addr().unwrap();
-        // As the engine encodes them: key id 0, port field 0.
-        let dgram = |key: u8| {
-            let mut d = vec![0x56, 2, 3, 0, 0, key, 0, 0];
+        let dgram = |port: u16| {
+            let mut d = vec![0x56, 2, 3, 0, 0, 0];
+            d.extend_from_slice(&port.to_be_bytes());
             d.extend_from_slice(&[9u8; 80]);
             d
         };
         let mut b = [0u8; 256];
         let mut sources = Vec::new();
         for _ in 0..2 {
-            net.send(to, dgram(0));
+            net.send(to, dgram(main.port()));
             let (n, from) = peer.recv_from(&mut b).unwrap();
-            assert_eq!(n, 88);
-            assert_eq!(b[6..8], main.port().to_be_bytes(), "names the main port");
-            assert_eq!(b[8..n], [9u8; 80]);
+            assert_eq!(b[..n], dgram(main.port())[..], "sent as it was");
             assert_ne!(from, main, "left from a side socket");
             assert_eq!(from.ip(), main.ip());
             sources.push(from);
         }
         assert_eq!(sources[0], sources[1], "one side socket per peer");
-        // A keyed datagram (its MAC covers the port field) is left alone
-        // and leaves from the main socket.
-        net.send(to, dgram(1));
+        // One that does not name the main port leaves from the main socket.
+        net.send(to, dgram(0));
         let (_, from) = peer.recv_from(&mut b).unwrap();
-        assert_eq!((from, [b[6], b[7]]), (main, [0, 0]));
+        assert_eq!(from, main);
         assert_eq!(net.counters.send_errors.load(Ordering::Relaxed), 0);
     }
 

@@ -418,6 +418,12 @@ impl Engine {
             self.encode_chunks();
         }
         let mut t = self.transmits.pop_front()?;
+        // Named before sealing: the port is under the MAC.
+        if self.cfg.reply_port != 0 {
+            if let Some(b) = t.data.get_mut(6..8) {
+                b.copy_from_slice(&self.cfg.reply_port.to_be_bytes());
+            }
+        }
         if self.cfg.metrics && t.data.len() >= wire::FIXED_BYTES {
             let d = &t.data;
             if let Some(pt) = PacketType::from_u8(d[2]) {

@@ -2473,3 +2473,37 @@ fn answers_go_to_the_reply_port_a_datagram_names() {
         (PacketType::RemoteReply, 0)
     );
 }
+
+#[test]
+fn every_datagram_names_the_reply_port_under_the_mac() {
+    // The runtime may send from a side socket: the engine names its main
+    // port in every datagram, before sealing, so keyed hosts still talk.
+    for auth in [false, true] {
+        let mut n = Net::with(2, |i, c| {
+            c.reply_port = addr(i).port();
+            if auth {
+                c.auth = Some(keyed(1, 0x11, false));
+            }
+        });
+        let s = n.e[0].create_process().unwrap();
+        let c = n.e[1].create_process().unwrap();
+        assert_eq!(n.e[0].receive(n.now, s, None, None).unwrap(), None);
+        let mark = n.sent.len();
+        n.e[1]
+            .send(n.now, c, s, Message::with_code(3), None)
+            .unwrap();
+        n.run();
+        let r = received(&mut n.e[0], s);
+        n.e[0]
+            .reply(n.now, s, r.from, Message::with_code(4), None)
+            .unwrap();
+        n.run();
+        assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 4, "auth {auth}");
+        let named: Vec<u16> = n.sent[mark..]
+            .iter()
+            .map(|x| u16::from_be_bytes([x.data[6], x.data[7]]))
+            .collect();
+        assert_eq!(named, vec![addr(1).port(), addr(0).port()], "auth {auth}");
+        assert_eq!(n.e[0].stats().auth_rejects.iter().sum::<u64>(), 0);
+    }
+}
