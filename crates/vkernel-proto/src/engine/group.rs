@@ -79,8 +79,8 @@ struct Seen {
     at: Micros,
     replies: Vec<Vec<u8>>,
     /// Which of the 64 sequence numbers below `seq` have arrived (bit
-    /// d - 1 for seq - d): a notification overtaken by a later one from
-    /// the same sender is still delivered, once.
+    /// d - 1 for seq - d): a message overtaken by a later one from the
+    /// same sender is still delivered, once.
     older: u64,
 }
 
@@ -477,12 +477,14 @@ impl Engine {
                 return;
             }
             if super::seq_older(h.seq, s.seq) {
-                // Several threads read the socket, so a notification (the
-                // sender does not wait, and may send the next at once) can
-                // be handled after a later one: deliver it if it is new.
-                // Any other mode's older request was given up by its sender.
+                // Several threads read the socket, so a group message can be
+                // handled after a later one from the same sender: a
+                // notification (the sender does not wait for it), or a
+                // Send answered by another host first. Deliver it if it is
+                // new; a reply to it reaches the sender late and is dropped
+                // there.
                 let d = s.seq.wrapping_sub(h.seq);
-                if mode != GroupMode::NoReply || !mark_older(&mut s.older, d) {
+                if !mark_older(&mut s.older, d) {
                     self.stats.drop(DropReason::Stale);
                     return;
                 }

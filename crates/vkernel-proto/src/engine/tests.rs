@@ -2379,46 +2379,61 @@ fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
 }
 
 #[test]
-fn notifications_handled_out_of_order_are_each_delivered_once() {
-    // A sender's 0-reply group Sends do not wait for each other, and the
-    // receiving host's reader threads may take them in either order.
-    let g = Pid::well_known_group(9);
-    let mut n = Net::new(2);
-    let p = n.e[0].create_process().unwrap();
-    n.e[0].join_group(g, p, p).unwrap();
-    let s = n.e[1].create_process().unwrap();
-    n.filter = Some(Box::new(|from, _, d| {
-        !(from == 1 && d[2] == PacketType::RemoteSend as u8)
-    }));
-    let mark = n.sent.len();
-    for code in [1, 2, 3] {
-        let mut m = Message::with_code(code);
-        m.set_group_mode(GroupMode::NoReply);
-        let now = n.now;
-        n.e[1].send(now, s, g, m, None).unwrap();
-        n.run();
-        assert!(completed(&n.e[1], s), "a notification does not block");
+fn group_messages_handled_out_of_order_are_each_delivered_once() {
+    // The receiving host's reader threads may take a sender's group
+    // messages in either order: 0-reply ones (the sender does not wait),
+    // or a 1-reply Send answered first by another host.
+    for mode in [GroupMode::NoReply, GroupMode::One] {
+        let g = Pid::well_known_group(9);
+        let mut n = Net::new(2);
+        let p = n.e[0].create_process().unwrap();
+        n.e[0].join_group(g, p, p).unwrap();
+        let s = n.e[1].create_process().unwrap();
+        n.filter = Some(Box::new(|from, _, d| {
+            !(from == 1 && d[2] == PacketType::RemoteSend as u8)
+        }));
+        let mark = n.sent.len();
+        for code in [1, 2, 3] {
+            let mut m = Message::with_code(code);
+            m.set_group_mode(mode);
+            let now = n.now;
+            n.e[1].send(now, s, g, m, None).unwrap();
+            n.run();
+            // (As if another host had answered the 1-reply Send.)
+            n.e[1].cancel(s);
+        }
+        let sends: Vec<Vec<u8>> = n.sent[mark..]
+            .iter()
+            .filter(|x| x.to == 0 && x.ptype() == PacketType::RemoteSend)
+            .map(|x| x.data.clone())
+            .collect();
+        let sends: Vec<&Vec<u8>> = sends.iter().fold(Vec::new(), |mut v, d| {
+            if !v.contains(&d) {
+                v.push(d);
+            }
+            v
+        });
+        assert_eq!(sends.len(), 3, "{mode:?}");
+        for k in [2, 0, 1, 0, 2] {
+            n.inject(0, 1, sends[k]);
+        }
+        let mut codes = Vec::new();
+        while let Ok(Some(r)) = n.e[0].receive(n.now, p, None, None) {
+            codes.push(r.msg.code());
+            let _ = n.e[0].reply(n.now, p, r.from, Message::zero(), None);
+        }
+        assert_eq!(
+            codes,
+            vec![3, 1, 2],
+            "{mode:?}: each once, in the order handled"
+        );
+        assert_eq!(n.e[0].stats().duplicates, 1, "{mode:?}: the newest again");
+        assert_eq!(
+            n.e[0].stats().drops_of(DropReason::Stale),
+            1,
+            "{mode:?}: an older one again"
+        );
     }
-    let sends: Vec<Vec<u8>> = n.sent[mark..]
-        .iter()
-        .filter(|x| x.to == 0 && x.ptype() == PacketType::RemoteSend)
-        .map(|x| x.data.clone())
-        .collect();
-    assert_eq!(sends.len(), 3);
-    for k in [2, 0, 1, 0, 2] {
-        n.inject(0, 1, &sends[k]);
-    }
-    let mut codes = Vec::new();
-    while let Ok(Some(r)) = n.e[0].receive(n.now, p, None, None) {
-        codes.push(r.msg.code());
-    }
-    assert_eq!(codes, vec![3, 1, 2], "each once, in the order handled");
-    assert_eq!(n.e[0].stats().duplicates, 1, "the newest again");
-    assert_eq!(
-        n.e[0].stats().drops_of(DropReason::Stale),
-        1,
-        "an older one again"
-    );
 }
 
 #[test]
