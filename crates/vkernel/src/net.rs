@@ -191,10 +191,11 @@ pub struct Net {
     rcvbuf: usize,
 }
 
-/// Per-peer sockets, each connected to one peer, that small datagrams are
-/// sent from: a send on a connected UDP socket skips the route lookup an
-/// unconnected `sendto` makes every time (~40 ns a datagram here). They
-/// only send. A datagram leaving one carries the main socket's port
+/// Per-peer sockets, each connected to one peer, that the engine's
+/// datagrams are sent from (all but bulk chunks sent gathered from a lent
+/// buffer): a send on a connected UDP socket skips the route lookup an
+/// unconnected `sendto` makes every time (~0.1 µs a datagram here). They
+/// only send, with the main socket's send buffer size. A datagram leaving one carries the main socket's port
 /// (`Header::reply_port`, bytes 6–7), so the peer answers the main socket
 /// and learns it as this host's location. (Connected sockets bound to the
 /// main port itself would take the peer's datagrams away from it.)
@@ -205,8 +206,10 @@ struct SideSockets {
     slots: Box<[std::sync::OnceLock<SideEntry>]>,
     /// Serialises opening.
     open: Mutex<()>,
-    /// The main socket's address (its port goes into every datagram).
+    /// The main socket's address (its port is named in every datagram).
     main: SocketAddr,
+    /// The main socket's send buffer (bytes, as the kernel reports it).
+    sndbuf: libc::c_int,
 }
 
 /// A peer's address and its side socket (`None`: use the main socket).
@@ -217,13 +220,14 @@ type SideEntry = (SocketAddr, Option<UdpSocket>);
 const SIDE_SOCKETS: usize = 64;
 
 impl SideSockets {
-    fn new(main: SocketAddr) -> SideSockets {
+    fn new(main: SocketAddr, sndbuf: libc::c_int) -> SideSockets {
         SideSockets {
             slots: (0..SIDE_SOCKETS)
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
             open: Mutex::new(()),
             main,
+            sndbuf,
         }
     }
 
@@ -274,19 +278,24 @@ impl SideSockets {
         let slot = (0..SIDE_SOCKETS)
             .map(|k| &self.slots[(s + k) % SIDE_SOCKETS])
             .find(|e| e.get().is_none())?;
-        let sock = open_side(self.main, to).ok();
+        let sock = open_side(self.main, self.sndbuf, to).ok();
         slot.set((to, sock)).ok()?;
         slot.get()?.1.as_ref()
     }
 }
 
 /// A socket on the main socket's address (any port), connected to `to`.
-fn open_side(main: SocketAddr, to: SocketAddr) -> io::Result<UdpSocket> {
+fn open_side(main: SocketAddr, sndbuf: libc::c_int, to: SocketAddr) -> io::Result<UdpSocket> {
     let s = UdpSocket::bind(SocketAddr::new(main.ip(), 0))?;
     s.connect(to)?;
     s.set_nonblocking(true)?;
-    // It only sends: a minimal receive buffer.
-    let _ = crate::sys::setsockopt_int(s.as_raw_fd(), libc::SO_RCVBUF, 1);
+    let fd = s.as_raw_fd();
+    // It only sends: a minimal receive buffer, and room for a burst as
+    // large as the main socket's (the kernel reports twice what is set).
+    let _ = crate::sys::setsockopt_int(fd, libc::SO_RCVBUF, 1);
+    if crate::sys::setsockopt_int(fd, libc::SO_SNDBUFFORCE, sndbuf / 2).is_err() {
+        let _ = crate::sys::setsockopt_int(fd, libc::SO_SNDBUF, sndbuf / 2);
+    }
     Ok(s)
 }
 
@@ -332,7 +341,8 @@ impl Net {
         if self.faults.is_some() {
             return Ok(false);
         }
-        self.side = Some(SideSockets::new(self.sock.local_addr()?));
+        let sndbuf = crate::sys::getsockopt_int(self.sock.as_raw_fd(), libc::SO_SNDBUF)?;
+        self.side = Some(SideSockets::new(self.sock.local_addr()?, sndbuf));
         Ok(true)
     }
 
@@ -629,7 +639,12 @@ mod tests {
 
     #[test]
     fn datagrams_naming_the_main_port_leave_from_a_side_socket() {
-        let mut net = Net::bind("127.0.0.1:0".parse().unwrap(), FaultConfig::default(), 0).unwrap();
+        let mut net = Net::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            FaultConfig::default(),
+            1 << 20,
+        )
+        .unwrap();
         assert!(net.use_side_sockets().unwrap());
         let main = net.local_addr().unwrap();
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -652,6 +667,17 @@ mod tests {
             sources.push(from);
         }
         assert_eq!(sources[0], sources[1], "one side socket per peer");
+        let side = net
+            .side
+            .as_ref()
+            .and_then(|t| t.find(&to))
+            .and_then(|e| e.1.as_ref());
+        let snd = |fd| crate::sys::getsockopt_int(fd, libc::SO_SNDBUF).unwrap();
+        assert_eq!(
+            snd(side.expect("side socket").as_raw_fd()),
+            snd(net.sock.as_raw_fd()),
+            "the main socket's send buffer"
+        );
         // One that does not name the main port leaves from the main socket.
         net.send(to, dgram(0));
         let (_, from) = peer.recv_from(&mut b).unwrap();

@@ -113,7 +113,7 @@ pub(crate) fn setsockopt_int(fd: RawFd, opt: libc::c_int, v: libc::c_int) -> io:
     Ok(())
 }
 
-fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
+pub(crate) fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `v` and `len` are live and sized for a c_int option.
