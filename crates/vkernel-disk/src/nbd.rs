@@ -707,6 +707,41 @@ fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Re
     Ok(())
 }
 
+/// Writes the replies of a READ run (see [`Replies::Run`]): each header
+/// and its part of `data`, in one vectored write where the socket takes
+/// it.
+fn write_run(w: &mut impl Write, each: &[(u64, usize)], data: &[u8]) -> io::Result<()> {
+    let heads: Vec<[u8; 16]> = each
+        .iter()
+        .map(|&(cookie, _)| {
+            let mut h = [0u8; 16];
+            h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+            h[8..16].copy_from_slice(&cookie.to_be_bytes());
+            h
+        })
+        .collect();
+    let mut parts = Vec::with_capacity(2 * each.len());
+    let mut at = 0;
+    for (h, &(_, len)) in heads.iter().zip(each) {
+        let Some(d) = data.get(at..at + len) else {
+            return Err(io::ErrorKind::InvalidInput.into());
+        };
+        parts.push(io::IoSlice::new(h));
+        parts.push(io::IoSlice::new(d));
+        at += len;
+    }
+    let mut rest = &mut parts[..];
+    while !rest.is_empty() {
+        match w.write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Requests read together: each with its write payload.
 type Batch = Vec<(Request, Vec<u8>)>;
 
@@ -821,15 +856,101 @@ fn buffered_request(b: &[u8]) -> Option<usize> {
     }
 }
 
+/// Contiguous large READs (or WRITEs) queued together go to the device as
+/// one of at most this many bytes (a block layer's request merging): one
+/// IPdisk exchange for up to four of a sequential client's requests.
+pub const MERGE_BYTES: usize = 1 << 20;
+
+/// The header at the start of `b`, if wholly there.
+fn peek_request(b: &[u8]) -> Option<Request> {
+    let mut hdr = [0u8; 28];
+    hdr.copy_from_slice(b.get(..28)?);
+    parse_request(&hdr)
+}
+
+/// True if `r` continues `run` (large requests of one type, contiguous,
+/// WRITEs with the same FUA flag) within [`MERGE_BYTES`].
+fn joins_run(r: &Request, run: &[(Request, Vec<u8>)]) -> bool {
+    let Some((last, _)) = run.last() else {
+        return false;
+    };
+    let total: usize = run.iter().map(|(q, _)| q.length as usize).sum();
+    matches!(r.ty, cmd::READ | cmd::WRITE)
+        && r.ty == last.ty
+        && r.length > BATCH_IO_MAX
+        && (r.flags & cmd::FLAG_FUA) == (last.flags & cmd::FLAG_FUA)
+        && Some(r.offset) == last.offset.checked_add(u64::from(last.length))
+        && total + r.length as usize <= MERGE_BYTES
+}
+
+/// A batch of contiguous large requests of type `ty` (see
+/// [`MERGE_BYTES`]; a WRITE run's payloads are all in the first entry).
+fn is_run(batch: &[(Request, Vec<u8>)], ty: u16) -> bool {
+    batch.len() > 1
+        && batch
+            .iter()
+            .all(|(r, _)| r.ty == ty && r.length > BATCH_IO_MAX)
+        && batch
+            .windows(2)
+            .all(|w| Some(w[1].0.offset) == w[0].0.offset.checked_add(u64::from(w[0].0.length)))
+}
+
+/// Reads the payloads of WRITEs that continue the large WRITE in
+/// `batch[0]` into its payload, while their headers are here already (or
+/// readable now: the client has sent them). `Ok(false)`: the stream ended
+/// in a payload.
+fn extend_write_run<R: Read + Ready>(
+    r: &mut io::BufReader<R>,
+    batch: &mut Batch,
+) -> Result<bool, NbdError> {
+    loop {
+        if r.buffer().is_empty() && r.get_ref().ready() >= 28 {
+            r.fill_buf()?;
+        }
+        let Some(q) = peek_request(r.buffer()) else {
+            return Ok(true);
+        };
+        if !joins_run(&q, batch) {
+            return Ok(true);
+        }
+        r.consume(28);
+        let payload = &mut batch[0].1;
+        let at = payload.len();
+        payload.resize(at + q.length as usize, 0);
+        if let Err(e) = read_payload(r, &mut payload[at..]) {
+            payload.truncate(at);
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                return Ok(false); // the client left mid-request
+            }
+            return Err(e.into());
+        }
+        batch.push((q, Vec::new()));
+    }
+}
+
 /// Reads one request (waiting for it), then every further request
-/// already buffered, up to the batch limits. `Ok(None)`: no more requests.
-fn read_batch<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<Batch>, NbdError> {
+/// already buffered, up to the batch limits: small reads and writes, or
+/// large READs that continue a large READ. `Ok(None)`: no more requests.
+fn read_batch<R: Read + Ready>(r: &mut io::BufReader<R>) -> Result<Option<Batch>, NbdError> {
     let Some(first) = read_one(r)? else {
         return Ok(None);
     };
     let mut bytes = data_len(&first.0);
     let alone = bytes > BATCH_IO_MAX as usize;
     let mut batch = vec![first];
+    if alone && batch[0].0.ty == cmd::WRITE {
+        // (A stream that ends in a payload still runs what came whole;
+        // the next read sees the end.)
+        extend_write_run(r, &mut batch)?;
+    }
+    while alone
+        && peek_request(r.buffer()).is_some_and(|q| q.ty == cmd::READ && joins_run(&q, &batch))
+    {
+        match read_one(r)? {
+            Some(q) => batch.push(q),
+            None => break,
+        }
+    }
     // A large request goes alone, so large requests of one connection
     // run on as many pumps as there are.
     while !alone && batch.len() < BATCH_REQUESTS {
@@ -858,10 +979,72 @@ fn batchable(e: &Export, r: &Request) -> bool {
     matches!(r.ty, cmd::READ | cmd::WRITE) && r.length <= BATCH_IO_MAX && validate(e, r).is_none()
 }
 
-/// Executes a batch: runs of reads and writes go to the device together,
-/// anything else on its own, in order. Returns (cookie, error, data) per
-/// request, in request order.
-fn execute_batch(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
+/// What a batch's requests get back.
+enum Replies {
+    /// (cookie, error, data) per request, in request order.
+    Each(Vec<(u64, u32, Vec<u8>)>),
+    /// Contiguous READs read as one: (cookie, length) per request in order,
+    /// and their data back to back, or one error for all.
+    Run(Vec<(u64, usize)>, Result<Vec<u8>, u32>),
+}
+
+/// Executes a batch: runs of small reads and writes go to the device
+/// together, a run of contiguous large READs as one read, anything else
+/// on its own, in order.
+fn execute_batch(e: &Export, mut batch: Batch) -> Replies {
+    if is_run(&batch, cmd::WRITE) {
+        let data = std::mem::take(&mut batch[0].1);
+        let fua = batch[0].0.flags & cmd::FLAG_FUA != 0;
+        let res = if batch.iter().all(|(r, _)| validate(e, r).is_none()) {
+            let x = e
+                .dev
+                .write(batch[0].0.offset, &data, fua)
+                .err()
+                .unwrap_or(0);
+            batch
+                .iter()
+                .map(|(r, _)| (r.cookie, x, Vec::new()))
+                .collect()
+        } else {
+            // One is refused: the others go on their own.
+            let mut at = 0;
+            batch
+                .iter()
+                .map(|(r, _)| {
+                    let part = data.get(at..at + r.length as usize).unwrap_or_default();
+                    at += r.length as usize;
+                    let x = match validate(e, r) {
+                        Some(x) => x,
+                        None => e.dev.write(r.offset, part, fua).err().unwrap_or(0),
+                    };
+                    (r.cookie, x, Vec::new())
+                })
+                .collect()
+        };
+        return Replies::Each(res);
+    }
+    if is_run(&batch, cmd::READ) && batch.iter().all(|(r, _)| validate(e, r).is_none()) {
+        let total = batch.iter().map(|(r, _)| r.length as usize).sum();
+        let mut buf = read_buf(total);
+        let res = match e.dev.read(batch[0].0.offset, &mut buf) {
+            Ok(()) => Ok(buf),
+            Err(x) => {
+                give_back(buf);
+                Err(x)
+            }
+        };
+        let each = batch
+            .iter()
+            .map(|(r, _)| (r.cookie, r.length as usize))
+            .collect();
+        return Replies::Run(each, res);
+    }
+    Replies::Each(execute_each(e, batch))
+}
+
+/// [`execute_batch`] request by request (small reads and writes as one
+/// device batch). Returns (cookie, error, data) per request, in order.
+fn execute_each(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
     let mut out = Vec::with_capacity(batch.len());
     let mut run: Vec<(Request, Vec<u8>)> = Vec::new();
     let flush_run = |run: &mut Vec<(Request, Vec<u8>)>, out: &mut Vec<(u64, u32, Vec<u8>)>| {
@@ -935,7 +1118,7 @@ pub fn transmission<R, W>(
     workers: usize,
 ) -> Result<(), NbdError>
 where
-    R: Read + Send,
+    R: Read + Ready + Send,
     W: Write + Send,
 {
     let reader = Mutex::new(Reader {
@@ -1002,17 +1185,29 @@ where
                 }
             }
         };
-        set_large(batch.len() == 1 && data_len(&batch[0].0) > BATCH_IO_MAX as usize);
+        set_large(data_len(&batch[0].0) > BATCH_IO_MAX as usize);
         let replies = execute_batch(export, batch);
         let res = (|| -> io::Result<()> {
             let mut g = lock(&w);
-            for (cookie, err, data) in &replies {
-                write_reply(&mut *g, *cookie, *err, data)?;
+            match &replies {
+                Replies::Each(each) => {
+                    for (cookie, err, data) in each {
+                        write_reply(&mut *g, *cookie, *err, data)?;
+                    }
+                }
+                Replies::Run(each, Ok(data)) => write_run(&mut *g, each, data)?,
+                Replies::Run(each, Err(err)) => {
+                    for &(cookie, _) in each {
+                        write_reply(&mut *g, cookie, *err, &[])?;
+                    }
+                }
             }
             g.flush()
         })();
-        for (_, _, data) in replies {
-            give_back(data);
+        match replies {
+            Replies::Each(each) => each.into_iter().for_each(|(_, _, d)| give_back(d)),
+            Replies::Run(_, Ok(d)) => give_back(d),
+            Replies::Run(_, Err(_)) => {}
         }
         if let Err(e) = res {
             lock(&reader).done = true;
@@ -1301,9 +1496,33 @@ fn accept_loop(
     }
 }
 
+/// A stream that can tell how many bytes it has ready to read.
+pub trait Ready {
+    /// Bytes readable now without waiting (0 if unknown).
+    fn ready(&self) -> usize;
+}
+
+impl Ready for TcpStream {
+    fn ready(&self) -> usize {
+        rustix::io::ioctl_fionread(self).map_or(0, |n| n as usize)
+    }
+}
+
+impl Ready for UnixStream {
+    fn ready(&self) -> usize {
+        rustix::io::ioctl_fionread(self).map_or(0, |n| n as usize)
+    }
+}
+
 /// A stream readable and writable (TCP or Unix).
-pub trait ReadWrite: Read + Write + Send {}
-impl<T: Read + Write + Send> ReadWrite for T {}
+pub trait ReadWrite: Read + Write + Ready + Send {}
+impl<T: Read + Write + Ready + Send> ReadWrite for T {}
+
+impl Ready for Box<dyn ReadWrite> {
+    fn ready(&self) -> usize {
+        (**self).ready()
+    }
+}
 
 fn serve_conn(
     mut rs: Box<dyn ReadWrite>,
@@ -1329,6 +1548,12 @@ struct FuzzStream<'a> {
 impl Read for FuzzStream<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.input.read(buf)
+    }
+}
+
+impl Ready for FuzzStream<'_> {
+    fn ready(&self) -> usize {
+        self.input.len()
     }
 }
 

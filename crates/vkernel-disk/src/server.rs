@@ -530,15 +530,14 @@ impl Req<'_> {
         self.p.reply(r, self.from)
     }
 
-    /// Delivers `data` into the sender's write segment and replies.
+    /// Delivers `data` into the sender's write segment and replies (a
+    /// large READ's data goes ahead of the reply, with no wait for an
+    /// acknowledgement: READs are idempotent).
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         if data.is_empty() {
             self.p.reply(r, self.from)
-        } else if data.len() <= MAX_APPEND {
-            self.p.reply_with_segment(r, self.from, 0, data)
         } else {
-            self.p.move_to(self.from, 0, data)?;
-            self.p.reply(r, self.from)
+            self.p.reply_with_segment(r, self.from, 0, data)
         }
     }
 

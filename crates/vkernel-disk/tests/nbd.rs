@@ -794,3 +794,125 @@ fn large_pipelined_requests_come_back_whole_and_the_connection_still_ends() {
     let end = c.s.read_to_end(&mut rest);
     assert!(end.is_ok(), "connection left open: {end:?}");
 }
+
+/// One request's bytes (header and payload).
+fn request_bytes(ty: u16, flags: u16, cookie: u64, off: u64, data_or_len: (&[u8], u32)) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&nbd::REQUEST_MAGIC.to_be_bytes());
+    b.extend_from_slice(&flags.to_be_bytes());
+    b.extend_from_slice(&ty.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&off.to_be_bytes());
+    b.extend_from_slice(&data_or_len.1.to_be_bytes());
+    b.extend_from_slice(data_or_len.0);
+    b
+}
+
+#[test]
+fn contiguous_large_requests_are_merged_and_each_answered() {
+    const K: usize = 256 << 10;
+    const DISK: usize = 8 << 20;
+    let r = tcp_rig(DISK as u64);
+    let mut c = Raw::connect(tcp_addr(&r), 1);
+    c.go("disk", &[]);
+    let commands = || {
+        r.srv
+            .stats()
+            .commands
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let data: Vec<u8> = (0..DISK as u32).map(|i| (i * 13 % 251) as u8).collect();
+    // Twelve contiguous WRITEs sent at once, the last four with FUA (a run
+    // never mixes the two), and three crossing the end of the disk (the
+    // last is refused; the two before it still land).
+    let mut out = Vec::new();
+    for k in 0..12u64 {
+        let at = k as usize * K;
+        let fua = if k >= 8 { cmd::FLAG_FUA } else { 0 };
+        out.extend(request_bytes(
+            cmd::WRITE,
+            fua,
+            100 + k,
+            at as u64,
+            (&data[at..at + K], K as u32),
+        ));
+    }
+    for k in 0..3u64 {
+        let at = DISK - 2 * K + k as usize * K;
+        let part = &data[(k as usize * K)..(k as usize + 1) * K];
+        out.extend(request_bytes(
+            cmd::WRITE,
+            0,
+            200 + k,
+            at as u64,
+            (part, K as u32),
+        ));
+    }
+    let before = commands();
+    let mut w = c.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&out).unwrap());
+    let mut errs = std::collections::BTreeMap::new();
+    for _ in 0..15 {
+        let (e, ck) = c.simple();
+        errs.insert(ck, e);
+    }
+    writer.join().unwrap();
+    let wrote = commands() - before;
+    eprintln!("{wrote} commands for 14 writes");
+    for ck in (100..112).chain(200..202) {
+        assert_eq!(errs[&ck], 0, "write {ck}");
+    }
+    assert_ne!(errs[&202], 0, "a write past the end is refused");
+    // (The refused one never reaches the disk.)
+    assert!(
+        wrote < 14,
+        "{wrote} commands for 14 contiguous writes: none merged"
+    );
+    // Eight contiguous READs sent in one write: two runs of four, each
+    // one device read; then the two that landed near the end, and one past.
+    let mut out = Vec::new();
+    for k in 0..8u64 {
+        out.extend(request_bytes(
+            cmd::READ,
+            0,
+            300 + k,
+            k * K as u64,
+            (&[], K as u32),
+        ));
+    }
+    let before = commands();
+    c.s.write_all(&out).unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    for _ in 0..8 {
+        let (e, ck) = c.simple();
+        assert_eq!(e, 0, "read {ck}");
+        let mut d = vec![0u8; K];
+        c.s.read_exact(&mut d).unwrap();
+        got.insert(ck, d);
+    }
+    assert_eq!(commands() - before, 2, "eight reads in two merged runs");
+    for k in 0..8usize {
+        assert!(
+            got[&(300 + k as u64)] == data[k * K..(k + 1) * K],
+            "read {k}"
+        );
+    }
+    let mut out = Vec::new();
+    for k in 0..3u64 {
+        let at = (DISK - 2 * K) as u64 + k * K as u64;
+        out.extend(request_bytes(cmd::READ, 0, 400 + k, at, (&[], K as u32)));
+    }
+    c.s.write_all(&out).unwrap();
+    for _ in 0..3 {
+        let (e, ck) = c.simple();
+        if ck == 402 {
+            assert_ne!(e, 0, "a read past the end is refused");
+            continue;
+        }
+        assert_eq!(e, 0, "read {ck}");
+        let mut d = vec![0u8; K];
+        c.s.read_exact(&mut d).unwrap();
+        let k = (ck - 400) as usize;
+        assert!(d == data[k * K..(k + 1) * K], "read {ck} near the end");
+    }
+}

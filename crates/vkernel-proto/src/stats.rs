@@ -129,6 +129,9 @@ pub enum DropReason {
     /// A reply to a group Send that came too late (sender moved on, or
     /// 1-reply mode already satisfied).
     LateReply,
+    /// A reply whose segment data was sent ahead of it in chunks, and
+    /// some never arrived: the request is retransmitted at once.
+    ReplyDataMissing,
 }
 
 /// Per-host protocol counters.
@@ -145,7 +148,7 @@ pub struct Stats {
     /// Decode failures: truncated, magic, version, type, length, oversized.
     pub decode_errors: [u64; 6],
     /// Drops after decoding, by [`DropReason`] (index order of the enum).
-    pub drops: [u64; 10],
+    pub drops: [u64; 11],
     /// RemoteSend retransmissions.
     pub retransmits: u64,
     /// Bulk-data chunks retransmitted.

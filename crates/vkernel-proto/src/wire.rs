@@ -11,7 +11,7 @@ use crate::pid::Pid;
 /// First byte of every vkernel datagram ('V').
 pub const MAGIC: u8 = 0x56;
 /// Wire format version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes before the message.
 pub const HEADER_BYTES: usize = 44;
 /// Header plus message: the smallest valid datagram.
@@ -24,6 +24,12 @@ pub const F_RETRANSMIT: u8 = 1 << 0;
 /// Header flag (bulk data): this chunk is the last of the current burst; the
 /// receiver should acknowledge now.
 pub const F_ACK_NOW: u8 = 1 << 1;
+/// Header flag: reply data. On a MoveToRequest: a chunk of a reply's
+/// segment data that the RemoteReply follows (never acknowledged). On a
+/// RemoteReply: its first `local_addr` bytes of segment data came ahead
+/// as such chunks. On a RemoteSend: do not send reply data ahead (some
+/// went missing before); move it.
+pub const F_REPLY_DATA: u8 = 1 << 2;
 
 /// Packet types: the thesis's thirteen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -350,7 +356,7 @@ mod tests {
     fn byte_layout_is_as_documented() {
         let b = encode(&sample(), &Message([0xa0, 0, 0, 0, 0, 0, 0, 3]), b"xyz");
         assert_eq!(b.len(), FIXED_BYTES + 3);
-        assert_eq!(&b[0..8], &[0x56, 2, 3, 1, 0, 0, 0x12, 0x34]);
+        assert_eq!(&b[0..8], &[0x56, 3, 3, 1, 0, 0, 0x12, 0x34]);
         assert_eq!(&b[8..12], &[1, 2, 3, 4]);
         assert_eq!(&b[12..16], &[0, 1, 0, 2]);
         assert_eq!(&b[28..32], &[0, 0, 0, 3]);

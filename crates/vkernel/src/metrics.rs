@@ -29,7 +29,7 @@ pub struct Gauges {
     pub uptime_us: u64,
 }
 
-const DROP_REASONS: [(DropReason, &str); 10] = [
+const DROP_REASONS: [(DropReason, &str); 11] = [
     (DropReason::Malformed, "malformed"),
     (DropReason::NotForUs, "not_for_us"),
     (DropReason::Stale, "stale"),
@@ -40,6 +40,7 @@ const DROP_REASONS: [(DropReason, &str); 10] = [
     (DropReason::NotReady, "not_ready"),
     (DropReason::Untrusted, "untrusted"),
     (DropReason::LateReply, "late_reply"),
+    (DropReason::ReplyDataMissing, "reply_data_missing"),
 ];
 
 const REJECTS: [(Reject, &str); 5] = [

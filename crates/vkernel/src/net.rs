@@ -651,7 +651,7 @@ mod tests {
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let to = peer.local_addr().unwrap();
         let dgram = |port: u16| {
-            let mut d = vec![0x56, 2, 3, 0, 0, 0];
+            let mut d = vec![0x56, vkernel_proto::wire::VERSION, 3, 0, 0, 0];
             d.extend_from_slice(&port.to_be_bytes());
             d.extend_from_slice(&[9u8; 80]);
             d

@@ -196,7 +196,8 @@ pub enum Segment<'a> {
 pub struct Reply {
     /// The process that replied.
     pub from: Pid,
-    /// Bytes the replier wrote into the segment with its reply.
+    /// Bytes the replier wrote into the segment with its reply (in the
+    /// reply datagram or sent ahead of it; not bytes moved by MoveTo).
     pub seg_bytes: usize,
 }
 
@@ -644,7 +645,12 @@ impl Process {
     }
 
     /// Reply-with-segment: also writes `data` at `offset` in `to`'s
-    /// write-granted segment, in the same datagram as the reply.
+    /// write-granted segment. Up to one datagram's worth travels in the
+    /// reply. More goes ahead of the reply in bulk chunks when the request
+    /// is idempotent (nothing waits for an acknowledgement; a lost chunk
+    /// makes the request run again), and otherwise by MoveTo before the
+    /// reply (blocking until acknowledged; the sender's
+    /// [`Reply::seg_bytes`] then does not count them).
     pub fn reply_with_segment(
         &self,
         msg: &Message,
@@ -654,8 +660,26 @@ impl Process {
     ) -> Result<(), IpcError> {
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
-        self.shared
-            .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, data))))
+        if data.len() <= vkernel_proto::MAX_APPEND {
+            return self
+                .shared
+                .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, data))));
+        }
+        let (lease, lent) = Lease::shared(data);
+        // The engine's hold on `lent` ends before this returns: its chunks
+        // are sent (or encoded) under the same lock.
+        let r = self
+            .shared
+            .with_engine(|e, now| e.reply_ahead(now, self.pid, to, m, offset, lent));
+        lease.release();
+        match r {
+            Err(IpcError::SegmentTooLarge { .. }) => {
+                self.move_to(to, offset, data)?;
+                self.shared
+                    .with_engine(|e, now| e.reply(now, self.pid, to, m, None))
+            }
+            r => r,
+        }
     }
 
     /// Forward: passes `from`'s request (as `msg`) to `to` as if `from` had

@@ -16,7 +16,7 @@ use crate::message::Message;
 use crate::pid::Pid;
 use crate::segment::Seg;
 use crate::stats::DropReason;
-use crate::wire::{Header, Packet, PacketType, Status, F_ACK_NOW, F_RETRANSMIT};
+use crate::wire::{Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT};
 
 /// Largest bitmap carried in one acknowledgement, in chunks.
 const MAX_ACK_SPAN: usize = 8192 * 8;
@@ -64,10 +64,16 @@ pub(crate) struct MoveOp {
 
 /// A MoveTo arriving into a local process's segment (owner side).
 pub(crate) struct InBulk {
-    mover: Pid,
+    pub(super) mover: Pid,
     xfer: u32,
-    got: BitSet,
+    pub(super) got: BitSet,
     highest: usize,
+    /// Data of a reply that follows ([`F_REPLY_DATA`]): never
+    /// acknowledged; the reply checks it is whole.
+    pub(super) ahead: bool,
+    /// Where the transfer starts in the segment, and its length.
+    pub(super) base: usize,
+    pub(super) total: usize,
 }
 
 fn status_error(s: Status, peer: Pid) -> IpcError {
@@ -261,6 +267,101 @@ impl Engine {
         Ok(None)
     }
 
+    /// Reply-with-segment for data of any size. Up to one datagram it is
+    /// [`Engine::reply`]. More, to a remote sender of an idempotent
+    /// request, goes *ahead* of the reply: MoveToRequest chunks flagged
+    /// [`F_REPLY_DATA`], never acknowledged, then the RemoteReply with the
+    /// last piece. Nothing is kept and nobody waits: if a chunk is lost the
+    /// sender's kernel drops the reply and retransmits the request, which
+    /// runs again (idempotent), its data then moved by MoveTo. `data` stays lent until the runtime has
+    /// sent or encoded the queued chunks (the same engine borrow).
+    ///
+    /// `SegmentTooLarge` where this does not apply (a non-idempotent
+    /// request, more than one window of data, or a sender whose kernel
+    /// asks for moved data because data sent ahead went missing before):
+    /// the caller moves the data by MoveTo first, then replies.
+    pub fn reply_ahead(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        msg: Message,
+        off: u32,
+        data: Seg,
+    ) -> Result<(), IpcError> {
+        let n = data.len();
+        if n <= MAX_APPEND || self.is_local(to) {
+            return self.reply(now, replier, to, msg, Some((off, data.bytes())));
+        }
+        self.check_ready_caller(replier)?;
+        let too_large = IpcError::SegmentTooLarge { max: MAX_APPEND };
+        let Ok(i) = self.received_alien(to, replier) else {
+            return Err(too_large);
+        };
+        let Some(a) = self.slots[i].alien.as_ref() else {
+            return Err(too_large);
+        };
+        let chunk = self.cfg.chunk_bytes();
+        if !a.idempotent || a.no_ahead || n > self.cfg.window.max(chunk) {
+            return Err(too_large);
+        }
+        if !a.access.write {
+            return Err(IpcError::AccessDenied(to));
+        }
+        if off as u64 + n as u64 > a.seg_total as u64 {
+            return Err(IpcError::OutOfBounds(to));
+        }
+        let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
+        // Chunks queued earlier name `reply_src` too: out with them first.
+        if !self.chunks.is_empty() {
+            self.encode_chunks();
+        }
+        let lead = (n - 1) / chunk * chunk;
+        let xfer = self.random_u32();
+        let m = Message([xfer, off, chunk as u32, 0, 0, 0, 0, 0]);
+        for start in (0..lead).step_by(chunk) {
+            let mut h = Header::new(PacketType::MoveToRequest);
+            h.seq = seq;
+            h.src = replier;
+            h.dst = src;
+            h.forwarder = on_behalf;
+            h.flags = F_REPLY_DATA;
+            h.total_length = lead as u32;
+            h.local_addr = start as u32;
+            h.remote_addr = off.wrapping_add(start as u32);
+            self.chunks.push_back(Chunk {
+                to: addr,
+                header: h,
+                msg: m,
+                from: ChunkSrc::Reply,
+                start,
+                end: (start + chunk).min(lead),
+            });
+        }
+        let mut h = Header::new(PacketType::RemoteReply);
+        h.seq = seq;
+        h.src = replier;
+        h.dst = src;
+        h.forwarder = replier;
+        h.flags = F_REPLY_DATA;
+        h.local_addr = lead as u32;
+        h.remote_addr = off.wrapping_add(lead as u32);
+        h.total_length = (n - lead) as u32;
+        // The reply is queued behind its chunks, so it leaves after them.
+        self.chunks.push_back(Chunk {
+            to: addr,
+            header: h,
+            msg,
+            from: ChunkSrc::Reply,
+            start: lead,
+            end: n,
+        });
+        self.reply_src = Some(data);
+        self.stats.bulk_bytes += lead as u64;
+        self.free_alien(i);
+        Ok(())
+    }
+
     fn move_op(&mut self, pid: Pid) -> Option<&mut MoveOp> {
         match &mut self.proc_mut(pid)?.state {
             PState::Moving(op) => Some(op),
@@ -445,8 +546,14 @@ impl Engine {
     pub(super) fn on_move_to_request(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let h = pkt.header;
         let msg = pkt.msg;
+        // Reply data is never answered, not even refused: its sender
+        // keeps no state to match an answer to.
+        let ahead = h.flags & F_REPLY_DATA != 0;
         let st = self.validate_owner(now, &h, &msg, true);
         if st != Status::Ok {
+            if ahead {
+                return self.stats.drop(DropReason::SegmentViolation);
+            }
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, st);
         }
         let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
@@ -455,8 +562,15 @@ impl Engine {
         let nc = nchunks(total, chunk);
         let idx = off / chunk;
         let want = chunk.min(total.saturating_sub(off));
+        let bad = |e: &mut Self| {
+            if ahead {
+                e.stats.drop(DropReason::Malformed);
+            } else {
+                e.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
+            }
+        };
         if !off.is_multiple_of(chunk) || idx >= nc || pkt.data.len() != want {
-            return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
+            return bad(self);
         }
         let placed = self.placed;
         let Some(o) = self.outgoing_mut(h.dst) else {
@@ -469,6 +583,10 @@ impl Engine {
         {
             Some(p) => p,
             None => {
+                if ahead {
+                    // A request run again sends its reply's data anew.
+                    o.inbound.retain(|b| !(b.ahead && b.mover == h.src));
+                }
                 if o.inbound.len() >= MAX_INBOUND {
                     o.inbound.remove(0);
                 }
@@ -477,12 +595,16 @@ impl Engine {
                     xfer,
                     got: BitSet::new(nc),
                     highest: 0,
+                    ahead,
+                    base,
+                    total,
                 });
                 o.inbound.len() - 1
             }
         };
-        if o.inbound[pos].got.len() != nc {
-            return self.refuse(from, PacketType::MoveToReply, &h, &msg, Status::BadRequest);
+        let b = &o.inbound[pos];
+        if b.got.len() != nc || b.ahead != ahead || b.base != base || b.total != total {
+            return bad(self);
         }
         let fresh = o.inbound[pos].got.set(idx);
         if fresh && !placed {
@@ -493,7 +615,7 @@ impl Engine {
         let b = &mut o.inbound[pos];
         b.highest = b.highest.max(idx + 1);
         let full = b.got.full();
-        if !(h.flags & F_ACK_NOW != 0 || (full && fresh)) {
+        if ahead || !(h.flags & F_ACK_NOW != 0 || (full && fresh)) {
             return;
         }
         let cum = b.got.first_clear_from(0);
@@ -740,6 +862,7 @@ impl Engine {
                 _ => return None,
             },
             ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
+            ChunkSrc::Reply => self.reply_src.as_ref()?,
         };
         seg.bytes().get(c.start..c.end)
     }
@@ -755,6 +878,8 @@ impl Engine {
             crate::wire::encode_into(&c.header, &c.msg, data, &mut b);
             self.emit_raw(c.to, c.header.ptype, b);
         }
+        // Its chunks are out: the reply's data is no longer needed.
+        self.reply_src = None;
     }
 
     /// Hands each queued bulk chunk to `send` as a header and the data
@@ -785,6 +910,7 @@ impl Engine {
             }
         }
         self.head_buf = head;
+        self.reply_src = None;
     }
 
     pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {

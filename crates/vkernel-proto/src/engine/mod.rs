@@ -132,6 +132,8 @@ struct Outgoing {
     remote: Option<Retx>,
     /// MoveTo transfers arriving into our segment from remote movers.
     inbound: Vec<InBulk>,
+    /// Reply data sent ahead went missing once: ask for it to be moved.
+    no_ahead: bool,
 }
 
 enum PState {
@@ -210,6 +212,8 @@ struct Alien {
     access: SegAccess,
     seg_total: u32,
     idempotent: bool,
+    /// The sender asks that reply data not be sent ahead.
+    no_ahead: bool,
     state: AlienState,
     last_heard: Micros,
     addr: SocketAddr,
@@ -278,6 +282,9 @@ pub struct Engine {
     chunks: VecDeque<Chunk>,
     /// A gathered send's header.
     head_buf: Vec<u8>,
+    /// The data of a reply sent ahead in chunks ([`Engine::reply_ahead`]),
+    /// lent until those chunks are sent or encoded.
+    reply_src: Option<Seg>,
     /// The datagram being handled had its data received in place (see
     /// [`Engine::handle_placed`]).
     placed: bool,
@@ -306,6 +313,8 @@ enum ChunkSrc {
     Moving(Pid),
     /// A sender's segment, in the exchange with this sequence number.
     Lent(Pid, u32),
+    /// The data of the reply being sent ([`Engine::reply_ahead`]).
+    Reply,
 }
 
 /// Buffers kept for reuse, and the largest kept: a bulk datagram (with
@@ -369,6 +378,7 @@ impl Engine {
             spare: Vec::new(),
             chunks: VecDeque::new(),
             head_buf: Vec::new(),
+            reply_src: None,
             placed: false,
             caller: None,
             own: None,
@@ -824,6 +834,7 @@ impl Engine {
             received: false,
             remote: None,
             inbound: Vec::new(),
+            no_ahead: false,
         };
         self.group_new_send(src);
         if dst.is_group() {
@@ -960,7 +971,8 @@ impl Engine {
         h.dst = dst;
         h.forwarder = o.forwarder;
         h.user = o.principal;
-        h.flags = if retransmission { F_RETRANSMIT } else { 0 };
+        h.flags = if retransmission { F_RETRANSMIT } else { 0 }
+            | if o.no_ahead { wire::F_REPLY_DATA } else { 0 };
         let msg = o.msg;
         let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
         let (data, total): (&[u8], u32) = match (&o.seg, append) {
@@ -1208,10 +1220,10 @@ impl Engine {
         seg: Option<(u32, &[u8])>,
     ) -> Result<(), IpcError> {
         self.check_ready_caller(replier)?;
-        if let Some((_, d)) = seg {
-            if d.len() > MAX_APPEND {
-                return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
-            }
+        // More than one datagram: `reply_ahead` (a local sender's segment
+        // takes any size, by copy).
+        if seg.is_some_and(|(_, d)| d.len() > MAX_APPEND) && !self.is_local(to) {
+            return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
         }
         // A remote sender's alien, looked up once for both uses below.
         let alien = if self.is_local(to) {
@@ -1638,6 +1650,7 @@ impl Engine {
                 if let Some(a) = self.slots[i].alien.as_mut() {
                     a.last_heard = now;
                     a.addr = from;
+                    a.no_ahead |= h.flags & wire::F_REPLY_DATA != 0;
                 }
                 self.reply_pending(from, h.src, h.dst, h.seq);
                 return;
@@ -1718,6 +1731,7 @@ impl Engine {
             access,
             seg_total: h.total_length,
             idempotent: pkt.msg.idempotent(),
+            no_ahead: h.flags & wire::F_REPLY_DATA != 0,
             state: AlienState::Queued,
             last_heard: now,
             addr: from,
@@ -1762,7 +1776,33 @@ impl Engine {
             self.stats.drop(DropReason::NoMatch);
             return;
         };
-        let mut n = 0;
+        // Segment data sent ahead of the reply must all be here; if not,
+        // ask again at once (the request is idempotent, it runs again).
+        let ahead = if h.flags & wire::F_REPLY_DATA != 0 {
+            h.local_addr as usize
+        } else {
+            0
+        };
+        if ahead > 0 {
+            let base = (h.remote_addr as usize).checked_sub(ahead);
+            let whole = o.inbound.iter().any(|b| {
+                b.ahead
+                    && b.mover == h.src
+                    && Some(b.base) == base
+                    && b.total == ahead
+                    && b.got.full()
+            });
+            if !whole {
+                // Once: the request goes again, asking for the data to be
+                // moved (MoveTo retransmits selectively; sending ahead
+                // again could lose a piece every time on a lossy path).
+                o.no_ahead = true;
+                self.stats.drop(DropReason::ReplyDataMissing);
+                self.transmit_send(now, h.dst, true);
+                return;
+            }
+        }
+        let mut n = ahead;
         let mut violation = false;
         if !pkt.data.is_empty() {
             let off = h.remote_addr as usize;
@@ -1774,7 +1814,7 @@ impl Engine {
                             .is_some_and(|end| end <= s.len()) =>
                 {
                     s.bytes_mut()[off..off + pkt.data.len()].copy_from_slice(pkt.data);
-                    n = pkt.data.len();
+                    n += pkt.data.len();
                 }
                 _ => violation = true,
             }

@@ -116,7 +116,7 @@ impl Net {
                 }
                 for t in out {
                     any = true;
-                    let j = (t.to.port() - 5000) as usize;
+                    let j = usize::from(t.to.port()).wrapping_sub(5000);
                     let mut deliver = j < self.e.len();
                     if self.drop_next > 0 {
                         self.drop_next -= 1;
@@ -605,9 +605,16 @@ fn reply_with_segment_writes_into_the_sender_and_checks_rights() {
                 "off {off} len {len}"
             );
         }
+        // More than a datagram: `reply_ahead`'s job, unless the sender is
+        // local (then only its segment bounds it).
+        let err = if h == 0 {
+            IpcError::OutOfBounds(c)
+        } else {
+            IpcError::SegmentTooLarge { max: MAX_APPEND }
+        };
         assert_eq!(
             n.e[0].reply(n.now, s, c, Message::zero(), Some((0, &big))),
-            Err(IpcError::SegmentTooLarge { max: MAX_APPEND })
+            Err(err)
         );
         n.run();
         assert_eq!(
@@ -2521,4 +2528,208 @@ fn every_datagram_names_the_reply_port_under_the_mac() {
         assert_eq!(named, vec![addr(1).port(), addr(0).port()], "auth {auth}");
         assert_eq!(n.e[0].stats().auth_rejects.iter().sum::<u64>(), 0);
     }
+}
+
+// ------------------------------------------------- reply data sent ahead
+
+/// Two hosts whose window fits a 100 KB reply; a client on host 2 has an
+/// idempotent request with a write segment of `seg` bytes received by a
+/// server on host 1. Returns (net, server, client, segment).
+fn awaiting_large_reply(seg: usize, idempotent: bool) -> (Net, Pid, Pid, SharedBuf) {
+    let mut n = Net::with(2, |_, c| c.window = 128 * CHUNK);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let dst = SharedBuf::new(vec![0; seg]);
+    let mut m = seg_msg(1, SegAccess::WRITE);
+    m.set_flag(IDEMPOTENT, idempotent);
+    n.e[1].send(n.now, c, s, m, Some(dst.lend())).unwrap();
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    (n, s, c, dst)
+}
+
+#[test]
+fn a_large_idempotent_reply_goes_ahead_in_chunks_with_no_acknowledgement() {
+    for gather in [false, true] {
+        let (len, off) = (100_001, 7);
+        let (mut n, s, c, dst) = awaiting_large_reply(len + off + 20, true);
+        n.gather = gather;
+        n.place = gather;
+        let data = pattern(5, len);
+        let mark = n.sent.len();
+        let mut r = Message::zero();
+        r.0[1] = 0xfeed;
+        n.e[0]
+            .reply_ahead(
+                n.now,
+                s,
+                c,
+                r,
+                off as u32,
+                SharedBuf::new(data.clone()).lend(),
+            )
+            .unwrap();
+        n.run();
+        let got = reply_of(&mut n.e[1], c);
+        assert_eq!((got.seg_bytes, got.msg.0[1]), (len, 0xfeed));
+        let seg = dst.snapshot();
+        same_bytes(&seg[off..off + len], &data, "reply data");
+        assert!(seg[..off].iter().all(|&b| b == 0) && seg[off + len..].iter().all(|&b| b == 0));
+        // Chunks, then the reply with the last piece; nothing comes back.
+        let types = n.types_since(mark);
+        assert_eq!(types.len(), len.div_ceil(CHUNK), "{types:?}");
+        let (last, chunks) = types.split_last().unwrap();
+        assert_eq!(*last, PacketType::RemoteReply);
+        assert!(chunks.iter().all(|&t| t == PacketType::MoveToRequest));
+        assert_eq!(n.gathered > 0, gather);
+        assert_eq!(n.placed > 0, gather);
+        // Nothing was kept: the server's alien is free for the next request.
+        n.e[1].send(n.now, c, s, Message::zero(), None).unwrap();
+        n.run();
+        assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_some());
+    }
+}
+
+#[test]
+fn a_reply_missing_data_sent_ahead_is_dropped_and_the_request_runs_again() {
+    let len = 90_000;
+    let (mut n, s, c, dst) = awaiting_large_reply(len, true);
+    let mut k = 0;
+    n.filter = Some(Box::new(move |_, _, d| {
+        if decode(d).unwrap().header.ptype == PacketType::MoveToRequest {
+            k += 1;
+            return k != 3;
+        }
+        true
+    }));
+    let first = pattern(1, len);
+    n.e[0]
+        .reply_ahead(
+            n.now,
+            s,
+            c,
+            Message::zero(),
+            0,
+            SharedBuf::new(first).lend(),
+        )
+        .unwrap();
+    n.run();
+    assert!(!completed(&n.e[1], c), "a reply with a hole is not taken");
+    let st = n.e[1].stats();
+    assert_eq!(st.drops_of(DropReason::ReplyDataMissing), 1);
+    assert_eq!(st.retransmits, 1, "the request goes again at once");
+    assert_eq!(n.e[0].stats().tx_of(PacketType::MoveToReply), 0);
+    // The retransmission reached the server, which runs it again; this
+    // time its data must be moved (selective retransmission), not sent
+    // ahead, which on a lossy path could miss a piece every time.
+    let again = n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    assert_eq!(again.from, c);
+    let second = SharedBuf::new(pattern(2, len));
+    assert_eq!(
+        n.e[0].reply_ahead(n.now, s, c, Message::zero(), 0, second.lend()),
+        Err(IpcError::SegmentTooLarge { max: MAX_APPEND })
+    );
+    n.e[0].move_to(n.now, s, c, 0, second.lend()).unwrap();
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    assert_eq!(moved(&mut n.e[0], s), Ok(len));
+    n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+    n.run();
+    reply_of(&mut n.e[1], c);
+    same_bytes(&dst.snapshot(), &second.snapshot(), "the second run's data");
+}
+
+#[test]
+fn reply_data_ahead_applies_to_idempotent_remote_requests_within_a_window() {
+    // Not idempotent: the caller must MoveTo first (nothing is refused
+    // on the way, the exchange is intact).
+    let len = 70_000;
+    let (mut n, s, c, dst) = awaiting_large_reply(len, false);
+    let data = pattern(3, len);
+    let big = SharedBuf::new(data.clone());
+    assert_eq!(
+        n.e[0].reply_ahead(n.now, s, c, Message::zero(), 0, big.lend()),
+        Err(IpcError::SegmentTooLarge { max: MAX_APPEND })
+    );
+    assert_eq!(n.e[0].move_to(n.now, s, c, 0, big.lend()), Ok(None));
+    n.run();
+    assert_eq!(moved(&mut n.e[0], s), Ok(len));
+    n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+    n.run();
+    reply_of(&mut n.e[1], c);
+    same_bytes(&dst.snapshot(), &data, "moved");
+    // More than a window, or past the segment's end.
+    let (mut n, s, c, _) = awaiting_large_reply(200_000, true);
+    let over = SharedBuf::new(vec![1; 128 * CHUNK + 1]);
+    assert_eq!(
+        n.e[0].reply_ahead(n.now, s, c, Message::zero(), 0, over.lend()),
+        Err(IpcError::SegmentTooLarge { max: MAX_APPEND })
+    );
+    let past = SharedBuf::new(vec![1; 70_000]);
+    assert_eq!(
+        n.e[0].reply_ahead(n.now, s, c, Message::zero(), 130_001, past.lend()),
+        Err(IpcError::OutOfBounds(c))
+    );
+    // A local sender's segment takes any size, by copy.
+    let l = n.e[0].create_process().unwrap();
+    let seg = SharedBuf::new(vec![0; 100_000]);
+    n.e[0]
+        .send(n.now, l, s, seg_msg(1, SegAccess::WRITE), Some(seg.lend()))
+        .unwrap();
+    n.e[0].receive(n.now, s, Some(l), None).unwrap().unwrap();
+    let data = pattern(4, 100_000);
+    n.e[0]
+        .reply_ahead(
+            n.now,
+            s,
+            l,
+            Message::zero(),
+            0,
+            SharedBuf::new(data.clone()).lend(),
+        )
+        .unwrap();
+    assert_eq!(reply_of(&mut n.e[0], l).seg_bytes, 100_000);
+    same_bytes(&seg.snapshot(), &data, "local");
+}
+
+#[test]
+fn stray_reply_data_is_dropped_without_an_answer() {
+    let (mut n, s, c, _) = awaiting_large_reply(80_000, true);
+    // Reply data for an exchange that is over: counted, never answered.
+    n.e[0]
+        .reply_ahead(
+            n.now,
+            s,
+            c,
+            Message::zero(),
+            0,
+            SharedBuf::new(vec![5; 80_000]).lend(),
+        )
+        .unwrap();
+    let chunks: Vec<Vec<u8>> = {
+        let mut v = Vec::new();
+        while let Some(t) = n.e[0].poll_transmit() {
+            v.push(t.data);
+        }
+        v
+    };
+    for d in &chunks {
+        n.inject(1, 0, d);
+    }
+    reply_of(&mut n.e[1], c);
+    let before = n.e[1].stats().drops_of(DropReason::SegmentViolation);
+    let mark = n.e[1].stats().tx.iter().sum::<u64>();
+    for d in &chunks[..chunks.len() - 1] {
+        n.inject(1, 0, d);
+    }
+    let st = n.e[1].stats();
+    assert_eq!(
+        st.drops_of(DropReason::SegmentViolation) - before,
+        chunks.len() as u64 - 1
+    );
+    assert_eq!(
+        st.tx.iter().sum::<u64>(),
+        mark,
+        "no refusal, no acknowledgement"
+    );
 }
