@@ -659,7 +659,11 @@ fn execute(e: &Export, r: &Request, payload: Vec<u8>) -> (u32, Vec<u8>) {
                 }
             };
         }
-        cmd::WRITE => dev.write(r.offset, &payload, fua),
+        cmd::WRITE => {
+            let res = dev.write(r.offset, data_of(r, &payload), fua);
+            give_back(payload);
+            res
+        }
         cmd::FLUSH => dev.flush(),
         cmd::TRIM => {
             dev.trim(r.offset, u64::from(r.length))
@@ -742,7 +746,8 @@ fn write_run(w: &mut impl Write, each: &[(u64, usize)], data: &[u8]) -> io::Resu
     Ok(())
 }
 
-/// Requests read together: each with its write payload.
+/// Requests read together: each with its write payload, which may be
+/// longer than the request's data (see [`data_of`]).
 type Batch = Vec<(Request, Vec<u8>)>;
 
 /// Requests of one connection gathered into one batch at most.
@@ -790,8 +795,14 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
         }
         let len = req.length as usize;
         if len <= PREALLOC_PAYLOAD {
-            payload.resize(len, 0);
-            if let Err(e) = read_payload(r, &mut payload) {
+            // A pump's buffers are reused unzeroed; a large WRITE's has
+            // room for the run it may head (see `extend_write_run`).
+            payload = read_buf(if len > BATCH_IO_MAX as usize {
+                len.max(MERGE_BYTES)
+            } else {
+                len
+            });
+            if let Err(e) = read_payload(r, &mut payload[..len]) {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     return Ok(None); // the client left mid-request
                 }
@@ -807,6 +818,12 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
         }
     }
     Ok(Some((req, payload)))
+}
+
+/// A WRITE's data: the first `length` bytes of its payload buffer (a
+/// reused buffer may be longer).
+fn data_of<'a>(r: &Request, payload: &'a [u8]) -> &'a [u8] {
+    &payload[..(r.length as usize).min(payload.len())]
 }
 
 /// Fills `buf` from `r`: what is buffered first, then a large remainder
@@ -904,21 +921,34 @@ fn extend_write_run<R: Read + Ready>(
     batch: &mut Batch,
 ) -> Result<bool, NbdError> {
     loop {
-        if r.buffer().is_empty() && r.get_ref().ready() >= 28 {
-            r.fill_buf()?;
-        }
-        let Some(q) = peek_request(r.buffer()) else {
+        // The next header: buffered, or peeked at in the socket (reading
+        // it into the buffer would pull the payload behind it through the
+        // buffer too: a copy more).
+        let mut hdr = [0u8; 28];
+        let direct = r.buffer().is_empty();
+        let q = if direct {
+            if r.get_ref().ready() < 28 || r.get_ref().peek(&mut hdr) < 28 {
+                return Ok(true);
+            }
+            peek_request(&hdr)
+        } else {
+            peek_request(r.buffer())
+        };
+        let Some(q) = q.filter(|q| joins_run(q, batch)) else {
             return Ok(true);
         };
-        if !joins_run(&q, batch) {
-            return Ok(true);
+        if direct {
+            r.get_mut().read_exact(&mut hdr)?;
+        } else {
+            r.consume(28);
         }
-        r.consume(28);
+        let at: usize = batch.iter().map(|(q, _)| q.length as usize).sum();
+        let end = at + q.length as usize;
         let payload = &mut batch[0].1;
-        let at = payload.len();
-        payload.resize(at + q.length as usize, 0);
-        if let Err(e) = read_payload(r, &mut payload[at..]) {
-            payload.truncate(at);
+        if payload.len() < end {
+            payload.resize(end, 0);
+        }
+        if let Err(e) = read_payload(r, &mut payload[at..end]) {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 return Ok(false); // the client left mid-request
             }
@@ -993,14 +1023,12 @@ enum Replies {
 /// on its own, in order.
 fn execute_batch(e: &Export, mut batch: Batch) -> Replies {
     if is_run(&batch, cmd::WRITE) {
-        let data = std::mem::take(&mut batch[0].1);
+        let payload = std::mem::take(&mut batch[0].1);
+        let total = batch.iter().map(|(r, _)| r.length as usize).sum();
+        let data = payload.get(..total).unwrap_or_default();
         let fua = batch[0].0.flags & cmd::FLAG_FUA != 0;
         let res = if batch.iter().all(|(r, _)| validate(e, r).is_none()) {
-            let x = e
-                .dev
-                .write(batch[0].0.offset, &data, fua)
-                .err()
-                .unwrap_or(0);
+            let x = e.dev.write(batch[0].0.offset, data, fua).err().unwrap_or(0);
             batch
                 .iter()
                 .map(|(r, _)| (r.cookie, x, Vec::new()))
@@ -1021,6 +1049,7 @@ fn execute_batch(e: &Export, mut batch: Batch) -> Replies {
                 })
                 .collect()
         };
+        give_back(payload);
         return Replies::Each(res);
     }
     if is_run(&batch, cmd::READ) && batch.iter().all(|(r, _)| validate(e, r).is_none()) {
@@ -1068,14 +1097,15 @@ fn execute_each(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
                 let io = if r.ty == cmd::READ {
                     BatchIo::Read(b.as_mut_slice())
                 } else {
-                    BatchIo::Write(payload.as_slice(), r.flags & cmd::FLAG_FUA != 0)
+                    BatchIo::Write(data_of(r, payload), r.flags & cmd::FLAG_FUA != 0)
                 };
                 (r.offset, io)
             })
             .collect();
         let res = e.dev.batch(&mut ios);
         drop(ios);
-        for (k, ((r, _), b)) in run.drain(..).zip(bufs).enumerate() {
+        for (k, ((r, payload), b)) in run.drain(..).zip(bufs).enumerate() {
+            give_back(payload);
             match res.get(k).copied().unwrap_or(Err(errno::EIO)) {
                 Ok(()) => out.push((r.cookie, 0, if r.ty == cmd::READ { b } else { Vec::new() })),
                 Err(x) => {
@@ -1496,21 +1526,39 @@ fn accept_loop(
     }
 }
 
-/// A stream that can tell how many bytes it has ready to read.
+/// A stream that can tell what it has ready to read, without waiting.
 pub trait Ready {
-    /// Bytes readable now without waiting (0 if unknown).
+    /// Bytes readable now (0 if unknown).
     fn ready(&self) -> usize;
+    /// Copies the next bytes into `buf` without consuming them; how many
+    /// (0 if none are ready).
+    fn peek(&self, buf: &mut [u8]) -> usize;
+}
+
+fn fionread(fd: impl std::os::fd::AsFd) -> usize {
+    rustix::io::ioctl_fionread(fd).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+fn peek_now(fd: impl std::os::fd::AsFd, buf: &mut [u8]) -> usize {
+    use rustix::net::RecvFlags;
+    rustix::net::recv(fd, buf, RecvFlags::PEEK | RecvFlags::DONTWAIT).map_or(0, |(n, _)| n)
 }
 
 impl Ready for TcpStream {
     fn ready(&self) -> usize {
-        rustix::io::ioctl_fionread(self).map_or(0, |n| n as usize)
+        fionread(self)
+    }
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        peek_now(self, buf)
     }
 }
 
 impl Ready for UnixStream {
     fn ready(&self) -> usize {
-        rustix::io::ioctl_fionread(self).map_or(0, |n| n as usize)
+        fionread(self)
+    }
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        peek_now(self, buf)
     }
 }
 
@@ -1521,6 +1569,9 @@ impl<T: Read + Write + Ready + Send> ReadWrite for T {}
 impl Ready for Box<dyn ReadWrite> {
     fn ready(&self) -> usize {
         (**self).ready()
+    }
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        (**self).peek(buf)
     }
 }
 
@@ -1554,6 +1605,11 @@ impl Read for FuzzStream<'_> {
 impl Ready for FuzzStream<'_> {
     fn ready(&self) -> usize {
         self.input.len()
+    }
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        let n = buf.len().min(self.input.len());
+        buf[..n].copy_from_slice(&self.input[..n]);
+        n
     }
 }
 

@@ -280,7 +280,11 @@ fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
     let mut appended = vec![0u8; MAX_APPEND];
     let mut bufs = Bufs::default();
     loop {
-        let i = match p.receive_with_segment(&mut m, &mut appended) {
+        // The first part of a segment too large to run here is not copied:
+        // the worker it goes to receives it again. (A local sender's larger
+        // command that runs here gathers its data straight from the
+        // sender's segment instead: the same one copy.)
+        let i = match p.receive_with_segment_upto(&mut m, &mut appended, INLINE_BYTES) {
             Ok(i) => i,
             Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
             Err(e) => {

@@ -565,7 +565,7 @@ impl Process {
 
     /// Receive: blocks until a message arrives (first come, first served).
     pub fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
-        self.receive_inner(msg, None, None)
+        self.receive_inner(msg, None, None, usize::MAX)
     }
 
     /// Receive-with-segment: also copies the first part of a read-granted
@@ -575,7 +575,20 @@ impl Process {
         msg: &mut Message,
         buf: &mut [u8],
     ) -> Result<Incoming, IpcError> {
-        self.receive_inner(msg, None, Some(buf))
+        self.receive_inner(msg, None, Some(buf), usize::MAX)
+    }
+
+    /// [`Process::receive_with_segment`] that copies only from a segment
+    /// at most `upto` bytes long (`Incoming::seg_bytes` is 0 otherwise): a
+    /// dispatcher that hands large requests to workers, which receive them
+    /// again, need not copy their first part.
+    pub fn receive_with_segment_upto(
+        &self,
+        msg: &mut Message,
+        buf: &mut [u8],
+        upto: usize,
+    ) -> Result<Incoming, IpcError> {
+        self.receive_inner(msg, None, Some(buf), upto)
     }
 
     /// ReceiveSpecific: waits for a message from `from` only. Returns
@@ -588,7 +601,7 @@ impl Process {
         if from.host() != self.shared.host && from.is_process() && !self.process_exists(from)? {
             return Ok(None);
         }
-        match self.receive_inner(msg, Some(from), None) {
+        match self.receive_inner(msg, Some(from), None, usize::MAX) {
             Ok(i) => Ok(Some(i)),
             Err(IpcError::NoSuchProcess(_)) => Ok(None),
             Err(e) => Err(e),
@@ -600,6 +613,7 @@ impl Process {
         msg: &mut Message,
         from: Option<Pid>,
         buf: Option<&mut [u8]>,
+        upto: usize,
     ) -> Result<Incoming, IpcError> {
         let (lease, lent) = match buf {
             Some(b) => {
@@ -610,7 +624,7 @@ impl Process {
         };
         let r = self
             .shared
-            .with_engine(|e, now| e.receive(now, self.pid, from, lent));
+            .with_engine(|e, now| e.receive_upto(now, self.pid, from, lent, upto));
         let r = match r {
             Ok(Some(rcv)) => Ok(rcv),
             Ok(None) => match self.wait(Expect::Receive) {

@@ -138,10 +138,17 @@ struct Outgoing {
 
 enum PState {
     Ready,
-    Receiving { from: Option<Pid>, buf: Option<Seg> },
+    Receiving {
+        from: Option<Pid>,
+        buf: Option<Seg>,
+        /// Copy into `buf` only from segments at most this long.
+        upto: usize,
+    },
     Sending(Box<Outgoing>),
     Moving(Box<MoveOp>),
-    GettingPid { qseq: u32 },
+    GettingPid {
+        qseq: u32,
+    },
 }
 
 /// A message queued for a receiver.
@@ -1077,16 +1084,24 @@ impl Engine {
         let Some(pend) = chosen else {
             return false;
         };
-        let PState::Receiving { buf, .. } = std::mem::replace(&mut p.state, PState::Ready) else {
+        let PState::Receiving { buf, upto, .. } = std::mem::replace(&mut p.state, PState::Ready)
+        else {
             return false;
         };
-        let r = self.deliver(pid, pend, buf);
+        let r = self.deliver(pid, pend, buf, upto);
         self.complete(pid, Completion::Receive(Ok(r)));
         true
     }
 
-    /// Hands a queued message to `receiver`, copying the segment's first part.
-    fn deliver(&mut self, receiver: Pid, pend: Pending, mut buf: Option<Seg>) -> Received {
+    /// Hands a queued message to `receiver`, copying the segment's first
+    /// part (of a segment at most `upto` bytes long).
+    fn deliver(
+        &mut self,
+        receiver: Pid,
+        pend: Pending,
+        mut buf: Option<Seg>,
+        upto: usize,
+    ) -> Received {
         match pend {
             Pending::Local(s) => {
                 let Some(o) = self.outgoing_mut(s) else {
@@ -1101,7 +1116,8 @@ impl Engine {
                 o.received = true;
                 let mut n = 0;
                 let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
-                if let (Some(b), Some(seg), true) = (buf.as_mut(), o.seg.as_ref(), append) {
+                let seg = o.seg.as_ref().filter(|s| s.len() <= upto);
+                if let (Some(b), Some(seg), true) = (buf.as_mut(), seg, append) {
                     n = b.len().min(seg.len()).min(o.append);
                     b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
                 }
@@ -1150,7 +1166,7 @@ impl Engine {
                 };
                 a.state = AlienState::Received;
                 let mut n = 0;
-                if let Some(b) = buf.as_mut() {
+                if let Some(b) = buf.as_mut().filter(|_| a.seg_total as usize <= upto) {
                     n = b.len().min(slot.data.len());
                     b.bytes_mut()[..n].copy_from_slice(&slot.data[..n]);
                 }
@@ -1178,13 +1194,27 @@ impl Engine {
         from: Option<Pid>,
         buf: Option<Seg>,
     ) -> Result<Option<Received>, IpcError> {
+        self.receive_upto(now, pid, from, buf, usize::MAX)
+    }
+
+    /// [`Engine::receive`] that copies into `buf` only from a segment at
+    /// most `upto` bytes long (a dispatcher that hands large requests on
+    /// need not copy their first part).
+    pub fn receive_upto(
+        &mut self,
+        now: Micros,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<Seg>,
+        upto: usize,
+    ) -> Result<Option<Received>, IpcError> {
         self.check_ready_caller(pid)?;
         if let Some(f) = from {
             if !f.is_process() || (self.is_local(f) && !self.process_exists(f)) {
                 return Err(IpcError::NoSuchProcess(f));
             }
         }
-        self.set_state(pid, PState::Receiving { from, buf });
+        self.set_state(pid, PState::Receiving { from, buf, upto });
         if self.try_deliver(now, pid) {
             if let Some(Completion::Receive(r)) = self.take_completion(pid) {
                 // Delivered synchronously: no wake needed.

@@ -2733,3 +2733,56 @@ fn stray_reply_data_is_dropped_without_an_answer() {
         "no refusal, no acknowledgement"
     );
 }
+
+#[test]
+fn receive_upto_copies_only_from_segments_within_the_limit() {
+    let mut n = Net::new(2);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let local = n.e[0].create_process().unwrap();
+    let remote = n.e[1].create_process().unwrap();
+    for (len, upto, copied) in [(1000usize, 999usize, false), (1000, 1000, true)] {
+        let data = pattern(len as u32, len);
+        n.e[0]
+            .send(
+                n.now,
+                local,
+                s,
+                seg_msg(1, SegAccess::READ),
+                Some(SharedBuf::new(data.clone()).lend()),
+            )
+            .unwrap();
+        n.e[1]
+            .send(
+                n.now,
+                remote,
+                s,
+                seg_msg(1, SegAccess::READ),
+                Some(SharedBuf::new(data.clone()).lend()),
+            )
+            .unwrap();
+        n.run();
+        for from in [local, remote] {
+            let buf = SharedBuf::new(vec![0; 2000]);
+            let r = n.e[0]
+                .receive_upto(n.now, s, Some(from), Some(buf.lend()), upto)
+                .unwrap()
+                .unwrap();
+            let want = if copied { len } else { 0 };
+            assert_eq!(r.seg_bytes, want, "{from}, segment {len}, upto {upto}");
+            same_bytes(&buf.snapshot()[..want], &data[..want], "copied part");
+            // The whole segment is still there to MoveFrom.
+            let back = SharedBuf::new(vec![0; len]);
+            let got = n.e[0].move_from(n.now, s, from, 0, back.lend()).unwrap();
+            if got.is_none() {
+                n.run();
+                assert_eq!(moved(&mut n.e[0], s), Ok(len));
+            }
+            same_bytes(&back.snapshot(), &data, "moved");
+            n.e[0].reply(n.now, s, from, Message::zero(), None).unwrap();
+            n.run();
+        }
+        reply_of(&mut n.e[0], local);
+        reply_of(&mut n.e[1], remote);
+    }
+}
