@@ -687,19 +687,29 @@ fn lock<W>(w: &Mutex<W>) -> std::sync::MutexGuard<'_, W> {
     }
 }
 
-fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Result<()> {
+/// A simple reply's header.
+fn reply_head(cookie: u64, err: u32) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     h[4..8].copy_from_slice(&err.to_be_bytes());
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h
+}
+
+fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Result<()> {
+    let h = reply_head(cookie, err);
     if data.is_empty() || err != 0 {
         return w.write_all(&h);
     }
     // Header and data in one vectored write: a buffered writer passes a
     // large reply straight to the socket (one syscall, no copy into its
     // buffer) and gathers small ones.
-    let mut parts = [io::IoSlice::new(&h), io::IoSlice::new(data)];
-    let mut rest = &mut parts[..];
+    write_parts(w, &mut [io::IoSlice::new(&h), io::IoSlice::new(data)])
+}
+
+/// Writes all of `parts`, vectored.
+fn write_parts(w: &mut impl Write, parts: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+    let mut rest = parts;
     while !rest.is_empty() {
         match w.write_vectored(rest) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -717,12 +727,7 @@ fn write_reply(w: &mut impl Write, cookie: u64, err: u32, data: &[u8]) -> io::Re
 fn write_run(w: &mut impl Write, each: &[(u64, usize)], data: &[u8]) -> io::Result<()> {
     let heads: Vec<[u8; 16]> = each
         .iter()
-        .map(|&(cookie, _)| {
-            let mut h = [0u8; 16];
-            h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
-            h[8..16].copy_from_slice(&cookie.to_be_bytes());
-            h
-        })
+        .map(|&(cookie, _)| reply_head(cookie, 0))
         .collect();
     let mut parts = Vec::with_capacity(2 * each.len());
     let mut at = 0;
@@ -734,16 +739,7 @@ fn write_run(w: &mut impl Write, each: &[(u64, usize)], data: &[u8]) -> io::Resu
         parts.push(io::IoSlice::new(d));
         at += len;
     }
-    let mut rest = &mut parts[..];
-    while !rest.is_empty() {
-        match w.write_vectored(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    write_parts(w, &mut parts)
 }
 
 /// Requests read together: each with its write payload, which may be
@@ -927,7 +923,7 @@ fn extend_write_run<R: Read + Ready>(
         let mut hdr = [0u8; 28];
         let direct = r.buffer().is_empty();
         let q = if direct {
-            if r.get_ref().ready() < 28 || r.get_ref().peek(&mut hdr) < 28 {
+            if r.get_ref().peek(&mut hdr) < 28 {
                 return Ok(true);
             }
             peek_request(&hdr)
@@ -1526,17 +1522,11 @@ fn accept_loop(
     }
 }
 
-/// A stream that can tell what it has ready to read, without waiting.
+/// A stream whose next bytes can be looked at without waiting.
 pub trait Ready {
-    /// Bytes readable now (0 if unknown).
-    fn ready(&self) -> usize;
-    /// Copies the next bytes into `buf` without consuming them; how many
-    /// (0 if none are ready).
+    /// Copies the next bytes into `buf` without consuming them, if they
+    /// have arrived; how many (0 if none have).
     fn peek(&self, buf: &mut [u8]) -> usize;
-}
-
-fn fionread(fd: impl std::os::fd::AsFd) -> usize {
-    rustix::io::ioctl_fionread(fd).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 fn peek_now(fd: impl std::os::fd::AsFd, buf: &mut [u8]) -> usize {
@@ -1545,18 +1535,12 @@ fn peek_now(fd: impl std::os::fd::AsFd, buf: &mut [u8]) -> usize {
 }
 
 impl Ready for TcpStream {
-    fn ready(&self) -> usize {
-        fionread(self)
-    }
     fn peek(&self, buf: &mut [u8]) -> usize {
         peek_now(self, buf)
     }
 }
 
 impl Ready for UnixStream {
-    fn ready(&self) -> usize {
-        fionread(self)
-    }
     fn peek(&self, buf: &mut [u8]) -> usize {
         peek_now(self, buf)
     }
@@ -1567,9 +1551,6 @@ pub trait ReadWrite: Read + Write + Ready + Send {}
 impl<T: Read + Write + Ready + Send> ReadWrite for T {}
 
 impl Ready for Box<dyn ReadWrite> {
-    fn ready(&self) -> usize {
-        (**self).ready()
-    }
     fn peek(&self, buf: &mut [u8]) -> usize {
         (**self).peek(buf)
     }
@@ -1603,9 +1584,6 @@ impl Read for FuzzStream<'_> {
 }
 
 impl Ready for FuzzStream<'_> {
-    fn ready(&self) -> usize {
-        self.input.len()
-    }
     fn peek(&self, buf: &mut [u8]) -> usize {
         let n = buf.len().min(self.input.len());
         buf[..n].copy_from_slice(&self.input[..n]);
