@@ -538,7 +538,10 @@ fn lossy_network_gives_no_corruption() {
     // Large READs sent their data ahead of the reply; some lost a piece
     // and were run again with the data moved (docs/PROTOCOL.md §3a).
     let missing = b.stats().drops_of(vkernel::DropReason::ReplyDataMissing);
-    assert!(missing > 0, "no READ data sent ahead went missing at 5 % loss");
+    assert!(
+        missing > 0,
+        "no READ data sent ahead went missing at 5 % loss"
+    );
 }
 
 /// The server's dispatcher and workers also serve a client on the same

@@ -507,8 +507,18 @@ fn kill_group(pgid: u32, sig: i32) {
 
 /// Waits for the program, killing its group if the client goes away.
 fn supervise(child: &mut std::process::Child, p: &Process, client: Pid, check: Duration) -> Exit {
+    use std::os::fd::AsRawFd;
     let mut last = Instant::now();
     let mut killed = false;
+    // A pidfd becomes readable when the program exits: the reply goes out
+    // at once (polling every 5 ms added 2.5 ms on average). Kernels without
+    // pidfds (before 5.3) fall back to polling.
+    let pidfd = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .and_then(|pid| {
+            rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+        });
     loop {
         match child.try_wait() {
             Ok(Some(st)) => {
@@ -546,7 +556,14 @@ fn supervise(child: &mut std::process::Child, p: &Process, client: Pid, check: D
                 killed = true;
             }
         }
-        std::thread::sleep(Duration::from_millis(5));
+        match &pidfd {
+            // Until the exit, or the next look at the client.
+            Some(fd) => {
+                let wait = check.saturating_sub(last.elapsed());
+                vkernel::sys::poll2(fd.as_raw_fd(), None, wait.max(Duration::from_millis(1)));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
     }
 }
 
