@@ -47,6 +47,11 @@ fn serve(p: Process) {
             let _ = p.reply(&m, i.from);
             return;
         }
+        if m.code() == 2 {
+            // A read: the data goes ahead of the reply (idempotent).
+            let _ = p.reply_with_segment(&m, i.from, 0, &pattern(m.seg_len() as usize, 3));
+            continue;
+        }
         let n = m.seg_len() as usize;
         if n > 0 {
             let mut b = vec![0u8; n];
@@ -85,6 +90,15 @@ fn keyed_hosts_exchange_in_mac_and_aead_modes() {
             exchange(&c, s, 100).unwrap();
         }
         exchange(&c, s, 3 << 20).unwrap();
+        // Reply data sent ahead is sealed (and opened) like any datagram.
+        let mut read = Message::with_code(2);
+        read.set_flag(vkernel_proto::message::IDEMPOTENT, true);
+        let mut buf = vec![0u8; 300_000];
+        let r = c
+            .send_with_segment(&mut read, s, Segment::Write(&mut buf))
+            .unwrap();
+        assert_eq!(r.seg_bytes, buf.len(), "sent ahead, not moved");
+        assert!(buf == pattern(300_000, 3), "reply data intact");
         let mut stop = Message::with_code(9);
         c.send(&mut stop, s).unwrap();
         h.join().unwrap();
