@@ -31,8 +31,10 @@ pub struct FileServerArgs {
     /// Worker processes (requests executed at once).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Largest MoveTo/MoveFrom of a read or write, e.g. 4K, 64K, 1M.
-    #[arg(long, default_value = "64K", value_parser = size)]
+    /// Largest MoveTo/MoveFrom of a read or write, e.g. 64K, 1M; a read
+    /// answer up to this size comes with the reply (sent ahead of it when
+    /// larger than a datagram).
+    #[arg(long, default_value = "1M", value_parser = size)]
     transfer_unit: u64,
     /// Read-ahead window per file (0 = off).
     #[arg(long, default_value = "256K", value_parser = size)]

@@ -111,7 +111,8 @@ pub struct ServerConfig {
     /// Worker processes (requests executed at once).
     pub workers: usize,
     /// Largest single MoveTo/MoveFrom of a READ or WRITE; answers up to
-    /// this size (and the appended-segment limit) ride in the reply.
+    /// this size come with the reply (sent ahead of it when larger than a
+    /// datagram and the request is idempotent; docs/PROTOCOL.md §3a).
     pub transfer_unit: usize,
     /// Read-ahead window per file in bytes (0 = off).
     pub read_ahead: usize,
@@ -132,7 +133,7 @@ impl Default for ServerConfig {
             access: AccessPolicy::default(),
             logical_id: None,
             workers: 8,
-            transfer_unit: 64 << 10,
+            transfer_unit: 1 << 20,
             read_ahead: 256 << 10,
             read_ahead_budget: 64 << 20,
             write_behind: true,
@@ -543,13 +544,15 @@ impl Req<'_> {
         self.m.seg_access().write && self.seg_len() >= n
     }
 
-    /// Sends `data` into the client's segment at 0 and the reply: appended
-    /// to the reply when it fits, else MoveTo in transfer units first.
+    /// Sends `data` into the client's segment at 0 and the reply: with the
+    /// reply up to one transfer unit (sent ahead of it when larger than a
+    /// datagram and the request is idempotent), else MoveTo in transfer
+    /// units first.
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         let unit = self.sh.cfg.transfer_unit.max(1024);
         if data.is_empty() {
             self.p.reply(r, self.from)
-        } else if data.len() <= MAX_APPEND.min(unit.max(ATTR_LEN)) {
+        } else if data.len() <= unit.max(ATTR_LEN) {
             self.p.reply_with_segment(r, self.from, 0, data)
         } else {
             let mut at = 0;
