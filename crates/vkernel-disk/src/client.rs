@@ -257,6 +257,13 @@ impl Client {
         if idempotent {
             m.set_flag(IDEMPOTENT, true);
         }
+        // Data-out larger than one datagram travels only by the server's
+        // MoveFrom, which lands it straight in place: a first part
+        // appended to the request would be copied four times more on the
+        // way (into the datagram, the alien, the worker's buffer, the store).
+        if matches!(data, Data::Out(b) if b.len() > vkernel_proto::MAX_APPEND) {
+            m.set_flag(vkernel_proto::message::NO_APPEND, true);
+        }
         let seg = match data {
             Data::None => None,
             Data::In([]) | Data::Out([]) => None,
