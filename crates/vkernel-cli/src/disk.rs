@@ -55,6 +55,18 @@ pub struct DiskArgs {
     /// on another host is `vkernel nbd`.
     #[arg(long, value_name = "ADDR")]
     nbd: Option<ListenAddr>,
+    /// --nbd's memory budget: request data held (read, not yet answered)
+    /// over all connections; at the limit the gateway stops reading
+    /// requests until replies drain.
+    #[arg(long, value_parser = crate::nbd::parse_memory, default_value = "256M")]
+    nbd_memory: usize,
+    /// --nbd's connection limit; one more is closed at once (logged).
+    #[arg(long, default_value_t = vkernel_disk::nbd::DEFAULT_MAX_CONNECTIONS)]
+    nbd_max_connections: usize,
+    /// --nbd's handshake timeout: a connection that has not finished
+    /// negotiating after this long is closed.
+    #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "10s")]
+    nbd_handshake_timeout: Duration,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -129,7 +141,9 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
                 description: format!("vkernel IPdisk {} (pid {})", a.name, srv.pid()),
                 dev: Arc::new(c),
             };
-            let gw = Gateway::start(addr, vec![export])
+            let lim =
+                crate::nbd::limits(a.nbd_memory, a.nbd_max_connections, a.nbd_handshake_timeout);
+            let gw = Gateway::start_with(addr, vec![export], lim)
                 .map_err(|e| format!("--nbd: cannot listen on {addr}: {e}"))?;
             println!("vkernel disk: NBD export \"{}\" on {}", a.name, gw.addr());
             Some(gw)
@@ -332,7 +346,33 @@ pub fn run_cli(a: DiskCliArgs) -> Result<(), String> {
             }
         }
         DiskOp::DvdSet { spec } => {
-            let id = c.set_dvd(&spec).map_err(e)?;
+            // The owner's view is the whole device: a range past its end
+            // is named here, not left to the server's bare refusal.
+            let g = c.geometry();
+            let device = g.blocks;
+            if g.owner
+                && spec
+                    .base
+                    .checked_add(spec.blocks)
+                    .is_none_or(|end| end > device)
+            {
+                return Err(format!(
+                    "dvd-set: {}",
+                    vkernel_disk::dvd::DvdError::Range {
+                        base: spec.base,
+                        blocks: spec.blocks,
+                        device
+                    }
+                ));
+            }
+            let id = c.set_dvd(&spec).map_err(|x| match x {
+                vkernel_disk::client::ClientError::Refused(
+                    vkernel_disk::msg::Response::Malformed,
+                ) => format!(
+                    "dvd-set: the disk refused `{spec}` (a range outside the device's {device} blocks, or a malformed DVD)"
+                ),
+                x => x.to_string(),
+            })?;
             println!("DVD {id} set");
         }
         DiskOp::DvdRevoke { id } => {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vkernel::Kernel;
-use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
+use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
 use crate::disk::{connect, parse_key};
 use crate::hostopts::HostOpts;
@@ -38,9 +38,40 @@ pub struct NbdArgs {
     /// IPdisk commands in flight at most, over all connections.
     #[arg(long, default_value_t = 32)]
     depth: usize,
+    /// Memory budget: request data held (read, not yet answered) over
+    /// all connections; at the limit the gateway stops reading requests
+    /// until replies drain (e.g. 64M, 1G).
+    #[arg(long, value_parser = parse_memory, default_value = "256M")]
+    memory: usize,
+    /// Connections open at once; one more is closed at once (logged).
+    #[arg(long, default_value_t = vkernel_disk::nbd::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// A connection that has not finished negotiating after this long is
+    /// closed.
+    #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "10s")]
+    handshake_timeout: Duration,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
+}
+
+/// Parses a memory size (`256M`, `1G`, bytes).
+pub fn parse_memory(s: &str) -> Result<usize, String> {
+    let n = vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())?;
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("memory `{s}`: give a size above zero")),
+    }
+}
+
+/// The gateway's limits from the command line.
+pub fn limits(memory: usize, max_connections: usize, handshake: Duration) -> Limits {
+    Limits {
+        memory,
+        max_connections: max_connections.max(1),
+        handshake_timeout: handshake,
+        ..Limits::default()
+    }
 }
 
 /// Runs `vkernel nbd`.
@@ -53,7 +84,8 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         description: format!("vkernel IPdisk {} via pid {}", a.disk, c.server()),
         dev: Arc::new(c),
     };
-    let mut gw = Gateway::start(&a.listen, vec![export])
+    let lim = limits(a.memory, a.max_connections, a.handshake_timeout);
+    let mut gw = Gateway::start_with(&a.listen, vec![export], lim)
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
     println!(
         "vkernel nbd: export \"{}\" ({} blocks of {} bytes{}) of {} on {}",
@@ -71,11 +103,17 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(200));
         if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
             let s = gw.stats();
+            let ld =
+                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
             println!(
-                "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors",
+                "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",
                 start.elapsed().as_secs_f64(),
-                s.connections.load(std::sync::atomic::Ordering::Relaxed),
-                s.errors.load(std::sync::atomic::Ordering::Relaxed)
+                ld(&s.connections),
+                ld(&s.errors),
+                ld(&s.refused),
+                ld(&s.handshake_timeouts),
+                ld(&s.memory_peak),
+                ld(&s.memory_waits)
             );
             gw.stop();
             return Ok(());

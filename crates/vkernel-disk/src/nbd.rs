@@ -407,12 +407,13 @@ fn find<'a>(exports: &'a [Export], name: &[u8]) -> Option<&'a Export> {
 
 /// Runs the fixed newstyle handshake on a stream.
 pub fn handshake<S: Read + Write>(s: &mut S, exports: &[Export]) -> Result<Negotiated, NbdError> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    s.write_all(&hello)?;
+    s.write_all(&hello())?;
     s.flush()?;
+    negotiate(s, exports)
+}
+
+/// The handshake after the server's hello: the client's flags and options.
+fn negotiate<S: Read + Write>(s: &mut S, exports: &[Export]) -> Result<Negotiated, NbdError> {
     let cflags = read_u32(s)?;
     if cflags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return violation(format!("unknown client flags {cflags:#x}"));
@@ -592,33 +593,36 @@ fn validate(e: &Export, r: &Request) -> Option<u32> {
     }
     match r.offset.checked_add(u64::from(r.length)) {
         Some(end) if end <= e.size() => None,
-        _ => Some(errno::ENOSPC),
+        // The spec: a write (of data or zeros) past the end is ENOSPC, a
+        // read or trim past it EINVAL.
+        _ if matches!(r.ty, cmd::WRITE | cmd::WRITE_ZEROES) => Some(errno::ENOSPC),
+        _ => Some(errno::EINVAL),
     }
 }
 
-thread_local! {
-    /// READ buffers a pump has sent and may reuse (see [`read_buf`]).
-    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
+/// READ and WRITE buffers whose replies have been written, reused by
+/// every connection (see [`read_buf`]). One pool for the gateway, so its
+/// size does not grow with the connections or their pumps.
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-/// Spare buffers a pump keeps: enough for a batch of small reads and a few
-/// large ones, at most `SPARE_BYTES` in all.
-const SPARE_COUNT: usize = 40;
-const SPARE_BYTES: usize = 16 << 20;
+/// Spare buffers kept: enough for batches of small reads and a few large
+/// ones, at most `SPARE_BYTES` in all (outside the memory budget, see
+/// [`Limits::memory`]).
+const SPARE_COUNT: usize = 64;
+const SPARE_BYTES: usize = 32 << 20;
 
-/// A buffer of `len` bytes for a READ's data, reused from this pump's
-/// earlier replies when one is big enough. Not zeroed when reused: a READ
-/// that succeeds overwrites every byte, and a failed one sends none.
+/// A buffer of `len` bytes for a READ's data, reused from earlier replies
+/// when one is big enough. Not zeroed when reused: a READ that succeeds
+/// overwrites every byte, and a failed one sends none.
 fn read_buf(len: usize) -> Vec<u8> {
-    let reused = SPARE.with(|s| {
-        let mut s = s.borrow_mut();
+    let reused = {
+        let mut s = lock(&SPARE);
         // One already that long needs no zeroing; else one with the room.
-        let i = s
-            .iter()
+        s.iter()
             .position(|b| b.len() >= len)
-            .or_else(|| s.iter().position(|b| b.capacity() >= len))?;
-        Some(s.swap_remove(i))
-    });
+            .or_else(|| s.iter().position(|b| b.capacity() >= len))
+            .map(|i| s.swap_remove(i))
+    };
     let mut b = reused.unwrap_or_default();
     if b.len() < len {
         b.resize(len, 0);
@@ -629,16 +633,14 @@ fn read_buf(len: usize) -> Vec<u8> {
 
 /// Returns a READ buffer whose reply has been written.
 fn give_back(b: Vec<u8>) {
-    if b.capacity() == 0 || b.capacity() > SPARE_BYTES / 2 {
+    if b.capacity() == 0 || b.capacity() > SPARE_BYTES / 4 {
         return;
     }
-    SPARE.with(|s| {
-        let mut s = s.borrow_mut();
-        let held: usize = s.iter().map(Vec::capacity).sum();
-        if s.len() < SPARE_COUNT && held + b.capacity() <= SPARE_BYTES {
-            s.push(b);
-        }
-    });
+    let mut s = lock(&SPARE);
+    let held: usize = s.iter().map(Vec::capacity).sum();
+    if s.len() < SPARE_COUNT && held + b.capacity() <= SPARE_BYTES {
+        s.push(b);
+    }
 }
 
 /// Executes a validated request; the error value (0 = success) and the read data.
@@ -767,9 +769,26 @@ struct Reader<R> {
     done: bool,
 }
 
-/// Reads the next request (header and write payload). `Ok(None)` at DISC
-/// or end of stream.
-fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8>)>, NbdError> {
+/// Payload bytes the gateway holds for a request until its reply is
+/// written (a READ past [`MAX_PAYLOAD`] is refused without any).
+fn cost(r: &Request) -> usize {
+    if r.length > MAX_PAYLOAD {
+        0
+    } else {
+        data_len(r)
+    }
+}
+
+/// Reads the next request (header and write payload), its payload bytes
+/// taken from the budget into `lease`: waiting for them if `pre` is
+/// `None`, else `pre` holds them already. `Ok(None)` at DISC or end of
+/// stream.
+fn read_one<R: Read>(
+    r: &mut io::BufReader<R>,
+    budget: &Arc<Budget>,
+    lease: &mut Lease,
+    pre: Option<Lease>,
+) -> Result<Option<(Request, Vec<u8>)>, NbdError> {
     let mut hdr = [0u8; 28];
     if let Err(e) = r.read_exact(&mut hdr) {
         // A client that leaves without DISC: a hard disconnect.
@@ -784,6 +803,9 @@ fn read_one<R: Read>(r: &mut io::BufReader<R>) -> Result<Option<(Request, Vec<u8
     if req.ty == cmd::DISC {
         return Ok(None);
     }
+    // Back-pressure: this connection reads nothing more (the reader is
+    // held) until the gateway has room for this request's data.
+    lease.join(pre.unwrap_or_else(|| budget.take(cost(&req))));
     let mut payload = Vec::new();
     if req.ty == cmd::WRITE {
         if req.length > MAX_PAYLOAD {
@@ -915,6 +937,8 @@ fn is_run(batch: &[(Request, Vec<u8>)], ty: u16) -> bool {
 fn extend_write_run<R: Read + Ready>(
     r: &mut io::BufReader<R>,
     batch: &mut Batch,
+    budget: &Arc<Budget>,
+    lease: &mut Lease,
 ) -> Result<bool, NbdError> {
     loop {
         // The next header: buffered, or peeked at in the socket (reading
@@ -933,6 +957,11 @@ fn extend_write_run<R: Read + Ready>(
         let Some(q) = q.filter(|q| joins_run(q, batch)) else {
             return Ok(true);
         };
+        // Only with room to spare: the run ends, the request waits.
+        let Some(more) = budget.try_take(cost(&q)) else {
+            return Ok(true);
+        };
+        lease.join(more);
         if direct {
             r.get_mut().read_exact(&mut hdr)?;
         } else {
@@ -957,8 +986,15 @@ fn extend_write_run<R: Read + Ready>(
 /// Reads one request (waiting for it), then every further request
 /// already buffered, up to the batch limits: small reads and writes, or
 /// large READs that continue a large READ. `Ok(None)`: no more requests.
-fn read_batch<R: Read + Ready>(r: &mut io::BufReader<R>) -> Result<Option<Batch>, NbdError> {
-    let Some(first) = read_one(r)? else {
+///
+/// The batch's payload bytes are taken from `budget` into `lease`: the
+/// first request waits for them; the others join only if there is room.
+fn read_batch<R: Read + Ready>(
+    r: &mut io::BufReader<R>,
+    budget: &Arc<Budget>,
+    lease: &mut Lease,
+) -> Result<Option<Batch>, NbdError> {
+    let Some(first) = read_one(r, budget, lease, None)? else {
         return Ok(None);
     };
     let mut bytes = data_len(&first.0);
@@ -967,12 +1003,18 @@ fn read_batch<R: Read + Ready>(r: &mut io::BufReader<R>) -> Result<Option<Batch>
     if alone && batch[0].0.ty == cmd::WRITE {
         // (A stream that ends in a payload still runs what came whole;
         // the next read sees the end.)
-        extend_write_run(r, &mut batch)?;
+        extend_write_run(r, &mut batch, budget, lease)?;
     }
-    while alone
-        && peek_request(r.buffer()).is_some_and(|q| q.ty == cmd::READ && joins_run(&q, &batch))
-    {
-        match read_one(r)? {
+    while alone {
+        let Some(q) =
+            peek_request(r.buffer()).filter(|q| q.ty == cmd::READ && joins_run(q, &batch))
+        else {
+            break;
+        };
+        let Some(more) = budget.try_take(cost(&q)) else {
+            break;
+        };
+        match read_one(r, budget, lease, Some(more))? {
             Some(q) => batch.push(q),
             None => break,
         }
@@ -980,11 +1022,14 @@ fn read_batch<R: Read + Ready>(r: &mut io::BufReader<R>) -> Result<Option<Batch>
     // A large request goes alone, so large requests of one connection
     // run on as many pumps as there are.
     while !alone && batch.len() < BATCH_REQUESTS {
-        match buffered_request(r.buffer()) {
-            Some(n) if bytes + n <= BATCH_BYTES => {}
+        let more = match buffered_request(r.buffer()) {
+            Some(n) if bytes + n <= BATCH_BYTES => budget.try_take(n),
             _ => break,
-        }
-        match read_one(r)? {
+        };
+        let Some(more) = more else {
+            break;
+        };
+        match read_one(r, budget, lease, Some(more))? {
             Some(q) => {
                 bytes += data_len(&q.0);
                 batch.push(q);
@@ -1128,6 +1173,154 @@ fn execute_each(e: &Export, batch: Batch) -> Vec<(u64, u32, Vec<u8>)> {
     out
 }
 
+/// The gateway's memory budget: payload bytes of requests read and not yet
+/// answered (WRITE data, READ buffers), over every connection. A request
+/// waits for its bytes before its payload is read, in arrival order; one
+/// larger than the whole budget waits for all of it (so it still runs,
+/// alone).
+pub struct Budget {
+    total: usize,
+    state: Mutex<BudgetState>,
+    freed: std::sync::Condvar,
+    stats: Arc<GatewayStats>,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    used: usize,
+    /// Tickets: waiters get their bytes in the order they asked.
+    next: u64,
+    serving: u64,
+}
+
+impl Budget {
+    /// A budget of `total` bytes counted into `stats`.
+    pub fn new(total: usize, stats: Arc<GatewayStats>) -> Arc<Budget> {
+        Arc::new(Budget {
+            total: total.max(1),
+            state: Mutex::new(BudgetState::default()),
+            freed: std::sync::Condvar::new(),
+            stats,
+        })
+    }
+
+    fn grant(self: &Arc<Self>, st: &mut BudgetState, n: usize) -> Lease {
+        st.used += n;
+        self.stats
+            .memory_peak
+            .fetch_max(st.used as u64, Ordering::Relaxed);
+        Lease {
+            budget: Some(self.clone()),
+            n,
+        }
+    }
+
+    /// Takes `n` bytes (at most the whole budget), waiting for them.
+    fn take(self: &Arc<Self>, n: usize) -> Lease {
+        if n == 0 {
+            return Lease::none();
+        }
+        let n = n.min(self.total);
+        let mut st = lock(&self.state);
+        let me = st.next;
+        st.next += 1;
+        if st.serving != me || st.used + n > self.total {
+            self.stats.memory_waits.fetch_add(1, Ordering::Relaxed);
+            while st.serving != me || st.used + n > self.total {
+                st = match self.freed.wait(st) {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+            }
+        }
+        st.serving += 1;
+        let l = self.grant(&mut st, n);
+        drop(st);
+        // The next ticket may fit too.
+        self.freed.notify_all();
+        l
+    }
+
+    /// Takes `n` bytes if they are free and nobody waits.
+    fn try_take(self: &Arc<Self>, n: usize) -> Option<Lease> {
+        if n == 0 {
+            return Some(Lease::none());
+        }
+        let mut st = lock(&self.state);
+        if st.serving != st.next || st.used + n > self.total {
+            return None;
+        }
+        Some(self.grant(&mut st, n))
+    }
+}
+
+/// Bytes held from a [`Budget`], given back on drop.
+struct Lease {
+    budget: Option<Arc<Budget>>,
+    n: usize,
+}
+
+impl Lease {
+    fn none() -> Lease {
+        Lease { budget: None, n: 0 }
+    }
+
+    /// Adds `other`'s bytes to this lease (both from one budget).
+    fn join(&mut self, mut other: Lease) {
+        if other.n == 0 {
+            return;
+        }
+        if self.budget.is_none() {
+            self.budget = other.budget.take();
+        }
+        self.n += std::mem::take(&mut other.n);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let (Some(b), true) = (&self.budget, self.n > 0) {
+            lock(&b.state).used -= self.n;
+            b.freed.notify_all();
+        }
+    }
+}
+
+/// Limits of a gateway (see docs/IPDISK.md, "Limits").
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Payload bytes held for requests not yet answered, over every
+    /// connection; at the limit the gateway stops reading requests until
+    /// replies drain.
+    pub memory: usize,
+    /// Connections open at once; one more is closed at once (logged).
+    pub max_connections: usize,
+    /// A connection that has not finished negotiating after this long is
+    /// closed.
+    pub handshake_timeout: Duration,
+    /// A connection with no request for this long gives back its threads
+    /// (it waits on the gateway's poller).
+    pub idle_after: Duration,
+}
+
+/// Default memory budget: 256 MiB (eight maximum-size requests).
+pub const DEFAULT_MEMORY: usize = 256 << 20;
+/// Default connection limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default handshake timeout (qemu-nbd's `--handshake-limit` default).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory: DEFAULT_MEMORY,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            idle_after: Duration::from_millis(500),
+        }
+    }
+}
+
 /// Runs the transmission phase until DISC or the connection ends.
 ///
 /// `workers` *pumps* share the connection: a pump takes the reading half,
@@ -1147,10 +1340,39 @@ where
     R: Read + Ready + Send,
     W: Write + Send,
 {
+    let budget = Budget::new(usize::MAX, Arc::default());
+    transmit(r, w, export, workers, &budget, false).map(|_| ())
+}
+
+/// How a run of [`transmit`] ended without error.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// DISC or end of stream.
+    Done,
+    /// No request came for a while (the stream's read timeout, at a
+    /// request boundary); every request read has been answered.
+    Idle,
+}
+
+/// [`transmission`] with a memory budget; with `idle`, it also returns
+/// (as [`Ended::Idle`]) once a read at a request boundary times out.
+fn transmit<R, W>(
+    r: R,
+    w: Arc<Mutex<W>>,
+    export: &Export,
+    workers: usize,
+    budget: &Arc<Budget>,
+    idle: bool,
+) -> Result<Ended, NbdError>
+where
+    R: Read + Ready + Send,
+    W: Write + Send,
+{
     let reader = Mutex::new(Reader {
         r: io::BufReader::with_capacity(256 << 10, r),
         done: false,
     });
+    let went_idle = AtomicBool::new(false);
     let first_error: Mutex<Option<NbdError>> = Mutex::new(None);
     // Whether the client is sending large requests: the extra pumps (see
     // [`LARGE_PUMPS`]) take part only then.
@@ -1189,12 +1411,31 @@ where
                 return;
             }
         }
+        let mut lease = Lease::none();
         let batch = {
             let mut g = lock(&reader);
             if g.done {
                 return;
             }
-            match read_batch(&mut g.r) {
+            if idle && g.r.buffer().is_empty() {
+                // At a request boundary: a read that times out here means
+                // an idle client (a timeout inside a request is retried).
+                g.r.get_mut().boundary(true);
+                let res = g.r.fill_buf().map(|b| b.is_empty());
+                g.r.get_mut().boundary(false);
+                match res {
+                    Err(e) if is_timeout(&e) => {
+                        g.done = true;
+                        drop(g);
+                        went_idle.store(true, Ordering::Release);
+                        finish();
+                        return;
+                    }
+                    // Data, end of stream, or an error: the read below sees it.
+                    _ => {}
+                }
+            }
+            match read_batch(&mut g.r, budget, &mut lease) {
                 Ok(Some(b)) => b,
                 Ok(None) => {
                     g.done = true;
@@ -1235,6 +1476,8 @@ where
             Replies::Run(_, Ok(d)) => give_back(d),
             Replies::Run(_, Err(_)) => {}
         }
+        // The replies are out (or failed): their bytes are free again.
+        drop(lease);
         if let Err(e) = res {
             lock(&reader).done = true;
             lock(&first_error).get_or_insert(NbdError::Io(e));
@@ -1262,12 +1505,20 @@ where
             }
         });
     }
-    // DISC or end: every pump has finished its batch and replied.
+    // DISC, end or idle: every pump has finished its batch and replied.
     let e = lock(&first_error).take();
     match e {
         Some(e) => Err(e),
-        None => Ok(()),
+        None if went_idle.load(Ordering::Acquire) => Ok(Ended::Idle),
+        None => Ok(Ended::Done),
     }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// Where the gateway listens: a TCP address or `unix:PATH`.
@@ -1309,11 +1560,31 @@ enum Listener {
 }
 
 impl Listener {
-    fn fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
         match self {
-            Listener::Tcp(l) => l.as_raw_fd(),
-            Listener::Unix(l) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        }
+    }
+
+    /// Accepts one connection: its reading half, its writing half, a
+    /// handle to close it.
+    fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                let w = s.try_clone()?;
+                let c = s.try_clone()?;
+                Ok((Box::new(s) as _, Box::new(w) as _, Conn::Tcp(c)))
+            }),
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                let w = s.try_clone()?;
+                let c = s.try_clone()?;
+                Ok((Box::new(s) as _, Box::new(w) as _, Conn::Unix(c)))
+            }),
         }
     }
 }
@@ -1339,17 +1610,198 @@ pub struct GatewayStats {
     pub connections: AtomicU64,
     /// Connections closed for a protocol violation or I/O error.
     pub errors: AtomicU64,
+    /// Connections refused (closed at once) over the connection limit.
+    pub refused: AtomicU64,
+    /// Connections closed for not finishing the handshake in time.
+    pub handshake_timeouts: AtomicU64,
+    /// Times a connection's reading stopped until the memory budget had
+    /// room for its next request.
+    pub memory_waits: AtomicU64,
+    /// Most budget bytes held at once (see [`Limits::memory`]).
+    pub memory_peak: AtomicU64,
+    /// Times an idle connection gave back its threads.
+    pub parked: AtomicU64,
+}
+
+/// A connection the gateway tracks (for stop, the limit and the
+/// handshake deadline).
+struct Tracked {
+    conn: Conn,
+    /// Negotiation is over (the deadline no longer applies).
+    negotiated: bool,
+    /// Closed for its deadline (once).
+    expired: bool,
+    deadline: std::time::Instant,
+}
+
+/// A connection no thread serves: waiting on the poller for its client.
+struct Idle {
+    id: u64,
+    rs: Box<dyn ReadWrite>,
+    ws: Box<dyn Write + Send>,
+    /// The export once negotiated; before that, the hello has been sent.
+    export: Option<Export>,
+}
+
+/// What the poller and the connections' workers share.
+struct Shared {
+    exports: Vec<Export>,
+    limits: Limits,
+    budget: Arc<Budget>,
+    stats: Arc<GatewayStats>,
+    stop: AtomicBool,
+    /// Wakes the poller to see `stop`.
+    wake: vkernel::sys::EventFd,
+    epoll: std::os::fd::OwnedFd,
+    conns: Mutex<std::collections::HashMap<u64, Tracked>>,
+    idle: Mutex<std::collections::HashMap<u64, Idle>>,
+}
+
+/// Epoll keys: the listener, the wake eventfd, then connection ids.
+const KEY_LISTENER: u64 = 0;
+const KEY_WAKE: u64 = 1;
+
+impl Shared {
+    /// Hands a connection to the poller until its client sends something.
+    fn park(&self, c: Idle) {
+        use rustix::event::epoll;
+        if self.stop.load(Ordering::Acquire) {
+            self.close(c.id);
+            return;
+        }
+        let id = c.id;
+        let added = epoll::add(
+            &self.epoll,
+            &c.rs,
+            epoll::EventData::new_u64(id),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
+        );
+        // In the map before the poller can see the event (it waits on the
+        // map's lock).
+        let mut idle = lock(&self.idle);
+        match added {
+            Ok(()) => {
+                idle.insert(id, c);
+            }
+            Err(e) => {
+                drop(idle);
+                tracing::warn!("nbd: cannot watch a connection: {e}");
+                self.close(id);
+            }
+        }
+    }
+
+    /// Closes a tracked connection for its client.
+    fn close(&self, id: u64) {
+        if let Some(t) = lock(&self.conns).remove(&id) {
+            t.conn.shutdown();
+        }
+    }
+
+    /// Serves a connection whose client has sent something, on a new
+    /// thread, until it is idle again or ends.
+    fn serve(self: &Arc<Self>, c: Idle) {
+        let sh = self.clone();
+        let id = c.id;
+        let spawned = std::thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || {
+                let id = c.id;
+                match sh.serve_some(c) {
+                    Ok(Some(c)) => return sh.park(c),
+                    Ok(None) => {}
+                    Err(e) => {
+                        sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("nbd: connection closed: {e}");
+                    }
+                }
+                sh.close(id);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("nbd: cannot start a connection thread: {e}");
+            self.close(id);
+        }
+    }
+
+    /// Negotiates (if not yet) and transmits until idle (`Some`: park it)
+    /// or the end (`None`).
+    fn serve_some(&self, mut c: Idle) -> Result<Option<Idle>, NbdError> {
+        if c.export.is_none() {
+            let e = match negotiate(&mut c.rs, &self.exports)? {
+                Negotiated::Go(e) => e,
+                Negotiated::Aborted => return Ok(None),
+            };
+            {
+                let mut conns = lock(&self.conns);
+                match conns.get_mut(&c.id) {
+                    Some(t) if !t.expired => t.negotiated = true,
+                    _ => return Ok(None),
+                }
+            }
+            // From now on a read that waits this long at a request
+            // boundary lets the connection go idle.
+            rustix::net::sockopt::set_socket_timeout(
+                &c.rs,
+                rustix::net::sockopt::Timeout::Recv,
+                Some(self.limits.idle_after.max(Duration::from_millis(1))),
+            )
+            .map_err(io::Error::from)?;
+            c.export = Some(e);
+        }
+        let Idle { rs, ws, export, .. } = &mut c;
+        let Some(e) = export.as_ref() else {
+            return Ok(None);
+        };
+        // A batch of small replies (fio: 32 × 4 KiB) goes out in one write;
+        // replies as large as the buffer bypass it (see `write_reply`).
+        let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(256 << 10, ws)));
+        let r = Timed {
+            s: rs,
+            boundary: false,
+        };
+        match transmit(r, w, e, WORKERS_PER_CONN, &self.budget, true)? {
+            Ended::Done => Ok(None),
+            Ended::Idle => {
+                self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(c))
+            }
+        }
+    }
+}
+
+/// A connection's reading half with a read timeout set (see
+/// [`Limits::idle_after`]): a read that times out is retried, except at a
+/// request boundary, where it reports the idle connection.
+struct Timed<'a> {
+    s: &'a mut Box<dyn ReadWrite>,
+    boundary: bool,
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.s.read(buf) {
+                Err(e) if is_timeout(&e) && !self.boundary => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Ready for Timed<'_> {
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        self.s.peek(buf)
+    }
+    fn boundary(&mut self, on: bool) {
+        self.boundary = on;
+    }
 }
 
 /// A running NBD gateway.
 pub struct Gateway {
     addr: ListenAddr,
-    stop: Arc<AtomicBool>,
-    /// Wakes the accept loop to see `stop`.
-    wake: Arc<vkernel::sys::EventFd>,
-    conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
-    accept: Option<JoinHandle<()>>,
-    stats: Arc<GatewayStats>,
+    shared: Arc<Shared>,
+    poller: Option<JoinHandle<()>>,
 }
 
 /// Pumps per connection. Two keep a batch in flight while the next is
@@ -1367,8 +1819,20 @@ pub const WORKERS_PER_CONN: usize = 2;
 pub const LARGE_PUMPS: usize = 2;
 
 impl Gateway {
-    /// Binds `addr` and serves `exports` on a background thread.
+    /// Binds `addr` and serves `exports` with the default [`Limits`].
     pub fn start(addr: &ListenAddr, exports: Vec<Export>) -> io::Result<Gateway> {
+        Gateway::start_with(addr, exports, Limits::default())
+    }
+
+    /// Binds `addr` and serves `exports` within `limits`: one poller
+    /// thread accepts connections and watches idle ones; a connection
+    /// with requests to serve gets threads until it is idle again.
+    pub fn start_with(
+        addr: &ListenAddr,
+        exports: Vec<Export>,
+        limits: Limits,
+    ) -> io::Result<Gateway> {
+        use rustix::event::epoll;
         let (listener, bound) = match addr {
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
@@ -1389,27 +1853,40 @@ impl Gateway {
                 (Listener::Unix(l), addr.clone())
             }
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(vkernel::sys::EventFd::new()?);
-        let conns = Arc::new(Mutex::new(std::collections::HashMap::new()));
         let stats = Arc::new(GatewayStats::default());
-        let exports = Arc::new(exports);
-        let accept = {
-            let stop = stop.clone();
-            let wake = wake.clone();
-            let conns = conns.clone();
-            let stats = stats.clone();
+        let shared = Arc::new(Shared {
+            exports,
+            budget: Budget::new(limits.memory, stats.clone()),
+            limits,
+            stats,
+            stop: AtomicBool::new(false),
+            wake: vkernel::sys::EventFd::new()?,
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            conns: Mutex::new(std::collections::HashMap::new()),
+            idle: Mutex::new(std::collections::HashMap::new()),
+        });
+        epoll::add(
+            &shared.epoll,
+            listener.as_fd(),
+            epoll::EventData::new_u64(KEY_LISTENER),
+            epoll::EventFlags::IN,
+        )?;
+        epoll::add(
+            &shared.epoll,
+            shared.wake.as_fd(),
+            epoll::EventData::new_u64(KEY_WAKE),
+            epoll::EventFlags::IN,
+        )?;
+        let poller = {
+            let sh = shared.clone();
             std::thread::Builder::new()
-                .name("nbd-accept".into())
-                .spawn(move || accept_loop(listener, exports, (stop, wake), conns, stats))?
+                .name("nbd-poll".into())
+                .spawn(move || poll_loop(listener, sh))?
         };
         Ok(Gateway {
             addr: bound,
-            stop,
-            wake,
-            conns,
-            accept: Some(accept),
-            stats,
+            shared,
+            poller: Some(poller),
         })
     }
 
@@ -1420,17 +1897,25 @@ impl Gateway {
 
     /// Counters.
     pub fn stats(&self) -> &GatewayStats {
-        &self.stats
+        &self.shared.stats
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        lock(&self.shared.conns).len()
     }
 
     /// Stops accepting and closes every connection.
     pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.wake.signal();
-        if let Some(h) = self.accept.take() {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.signal();
+        if let Some(h) = self.poller.take() {
             let _ = h.join();
         }
-        lock(&self.conns).values().for_each(Conn::shutdown);
+        lock(&self.shared.idle).clear();
+        lock(&self.shared.conns)
+            .values()
+            .for_each(|t| t.conn.shutdown());
         if let ListenAddr::Unix(p) = &self.addr {
             let _ = std::fs::remove_file(p);
         }
@@ -1446,78 +1931,127 @@ impl Drop for Gateway {
 /// A new connection: its reading half, its writing half, a handle to close it.
 type Accepted = (Box<dyn ReadWrite>, Box<dyn Write + Send>, Conn);
 
-/// The accept loop's stop flag and the eventfd that wakes it to look.
-type StopSignal = (Arc<AtomicBool>, Arc<vkernel::sys::EventFd>);
+/// The hello that opens the fixed newstyle handshake.
+fn hello() -> [u8; 18] {
+    let mut h = [0u8; 18];
+    h[..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+    h[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+    h[16..].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    h
+}
 
-fn accept_loop(
-    l: Listener,
-    exports: Arc<Vec<Export>>,
-    (stop, wake): StopSignal,
-    conns: Arc<Mutex<std::collections::HashMap<u64, Conn>>>,
-    stats: Arc<GatewayStats>,
-) {
-    let mut next_id = 0u64;
-    while !stop.load(Ordering::Acquire) {
-        let accepted: io::Result<Accepted> = match &l {
-            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
-                s.set_nonblocking(false)?;
-                s.set_nodelay(true)?;
-                let w = s.try_clone()?;
-                let c = s.try_clone()?;
-                Ok((
-                    Box::new(s) as Box<dyn ReadWrite>,
-                    Box::new(w) as _,
-                    Conn::Tcp(c),
-                ))
-            }),
-            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
-                s.set_nonblocking(false)?;
-                let w = s.try_clone()?;
-                let c = s.try_clone()?;
-                Ok((
-                    Box::new(s) as Box<dyn ReadWrite>,
-                    Box::new(w) as _,
-                    Conn::Unix(c),
-                ))
-            }),
-        };
-        match accepted {
-            Ok((rs, ws, c)) => {
-                stats.connections.fetch_add(1, Ordering::Relaxed);
-                next_id += 1;
-                let id = next_id;
-                lock(&conns).insert(id, c);
-                let ex = exports.clone();
-                let st = stats.clone();
-                let cs = conns.clone();
-                let spawned =
-                    std::thread::Builder::new()
-                        .name("nbd-conn".into())
-                        .spawn(move || {
-                            if let Err(e) = serve_conn(rs, ws, &ex) {
-                                st.errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!("nbd: connection closed: {e}");
-                            }
-                            // Close the socket for the client now (the clone
-                            // kept for stop() would otherwise hold it open).
-                            if let Some(c) = lock(&cs).remove(&id) {
-                                c.shutdown();
-                            }
-                        });
-                if let Err(e) = spawned {
-                    tracing::warn!("nbd: cannot start a connection thread: {e}");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Sleep until a client connects or stop() signals: a
-                // client must not wait out a polling interval (nbdcopy
-                // opens four connections before it moves a byte).
-                vkernel::sys::poll2(l.fd(), Some(wake.fd()), Duration::from_secs(1));
-            }
-            Err(e) => {
-                tracing::warn!("nbd: accept: {e}");
+/// The gateway's one thread that waits: accepts connections, hands idle
+/// ones whose client sent something to a worker, and closes those whose
+/// handshake is late.
+fn poll_loop(l: Listener, sh: Arc<Shared>) {
+    use rustix::event::epoll;
+    let mut next_id = KEY_WAKE + 1;
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
+    let tick = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    while !sh.stop.load(Ordering::Acquire) {
+        events.clear();
+        if let Err(e) = epoll::wait(
+            &sh.epoll,
+            rustix::buffer::spare_capacity(&mut events),
+            Some(&tick),
+        ) {
+            if e != rustix::io::Errno::INTR {
+                tracing::warn!("nbd: epoll: {e}");
                 std::thread::sleep(Duration::from_millis(50));
             }
+        }
+        for ev in &events {
+            match ev.data.u64() {
+                KEY_LISTENER => accept_all(&l, &sh, &mut next_id),
+                KEY_WAKE => sh.wake.drain(),
+                id => {
+                    let c = lock(&sh.idle).remove(&id);
+                    if let Some(c) = c {
+                        let _ = epoll::delete(&sh.epoll, &c.rs);
+                        sh.serve(c);
+                    }
+                }
+            }
+        }
+        expire_handshakes(&sh);
+    }
+}
+
+/// Accepts every pending connection, refusing those over the limit.
+fn accept_all(l: &Listener, sh: &Arc<Shared>, next_id: &mut u64) {
+    loop {
+        let (mut rs, ws, conn) = match l.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                // Out of descriptors, say: the connection waits in the
+                // backlog for a later turn.
+                tracing::warn!("nbd: accept: {e}");
+                return;
+            }
+        };
+        let open = lock(&sh.conns).len();
+        if open >= sh.limits.max_connections {
+            sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("nbd: connection refused: {open} open, the limit");
+            conn.shutdown();
+            continue;
+        }
+        sh.stats.connections.fetch_add(1, Ordering::Relaxed);
+        // The server speaks first; 18 bytes fit any new socket's buffer.
+        if let Err(e) = rs.write_all(&hello()) {
+            tracing::info!("nbd: connection closed: {e}");
+            continue;
+        }
+        let id = *next_id;
+        *next_id += 1;
+        lock(&sh.conns).insert(
+            id,
+            Tracked {
+                conn,
+                negotiated: false,
+                expired: false,
+                deadline: std::time::Instant::now() + sh.limits.handshake_timeout,
+            },
+        );
+        sh.park(Idle {
+            id,
+            rs,
+            ws,
+            export: None,
+        });
+    }
+}
+
+/// Closes connections whose handshake outlived its deadline: an idle one
+/// here, one in negotiation by shutting its socket (its worker then ends).
+fn expire_handshakes(sh: &Shared) {
+    let now = std::time::Instant::now();
+    let late: Vec<u64> = {
+        let mut conns = lock(&sh.conns);
+        conns
+            .iter_mut()
+            .filter(|(_, t)| !t.negotiated && !t.expired && now >= t.deadline)
+            .map(|(&id, t)| {
+                t.expired = true;
+                t.conn.shutdown();
+                id
+            })
+            .collect()
+    };
+    for id in late {
+        sh.stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            "nbd: connection closed: no handshake within {:?}",
+            sh.limits.handshake_timeout
+        );
+        let c = lock(&sh.idle).remove(&id);
+        if let Some(c) = c {
+            let _ = rustix::event::epoll::delete(&sh.epoll, &c.rs);
+            sh.close(id);
         }
     }
 }
@@ -1527,6 +2061,10 @@ pub trait Ready {
     /// Copies the next bytes into `buf` without consuming them, if they
     /// have arrived; how many (0 if none have).
     fn peek(&self, buf: &mut [u8]) -> usize;
+    /// Marks reads from now on as at a request boundary (`on`) or inside
+    /// a request: a stream with a read timeout reports a timeout only at a
+    /// boundary (see [`Limits::idle_after`]).
+    fn boundary(&mut self, _on: bool) {}
 }
 
 fn peek_now(fd: impl std::os::fd::AsFd, buf: &mut [u8]) -> usize {
@@ -1546,29 +2084,14 @@ impl Ready for UnixStream {
     }
 }
 
-/// A stream readable and writable (TCP or Unix).
-pub trait ReadWrite: Read + Write + Ready + Send {}
-impl<T: Read + Write + Ready + Send> ReadWrite for T {}
+/// A socket readable and writable (TCP or Unix).
+pub trait ReadWrite: Read + Write + Ready + Send + std::os::fd::AsFd {}
+impl<T: Read + Write + Ready + Send + std::os::fd::AsFd> ReadWrite for T {}
 
 impl Ready for Box<dyn ReadWrite> {
     fn peek(&self, buf: &mut [u8]) -> usize {
         (**self).peek(buf)
     }
-}
-
-fn serve_conn(
-    mut rs: Box<dyn ReadWrite>,
-    ws: Box<dyn Write + Send>,
-    exports: &[Export],
-) -> Result<(), NbdError> {
-    let e = match handshake(&mut rs, exports)? {
-        Negotiated::Go(e) => e,
-        Negotiated::Aborted => return Ok(()),
-    };
-    // A batch of small replies (fio: 32 × 4 KiB) goes out in one write;
-    // replies as large as the buffer bypass it (see `write_reply`).
-    let w = Arc::new(Mutex::new(io::BufWriter::with_capacity(256 << 10, ws)));
-    transmission(rs, w, &e, WORKERS_PER_CONN)
 }
 
 /// An in-memory duplex stream for fuzzing: reads come from a byte slice,
