@@ -1005,15 +1005,11 @@ fn read_batch<R: Read + Ready>(
         // the next read sees the end.)
         extend_write_run(r, &mut batch, budget, lease)?;
     }
-    while alone {
-        let Some(q) =
-            peek_request(r.buffer()).filter(|q| q.ty == cmd::READ && joins_run(q, &batch))
-        else {
-            break;
-        };
-        let Some(more) = budget.try_take(cost(&q)) else {
-            break;
-        };
+    // Contiguous READs join a large READ while the budget has room.
+    while let Some(more) = peek_request(r.buffer())
+        .filter(|q| alone && q.ty == cmd::READ && joins_run(q, &batch))
+        .and_then(|q| budget.try_take(cost(&q)))
+    {
         match read_one(r, budget, lease, Some(more))? {
             Some(q) => batch.push(q),
             None => break,
@@ -1191,6 +1187,8 @@ struct BudgetState {
     /// Tickets: waiters get their bytes in the order they asked.
     next: u64,
     serving: u64,
+    /// Threads waiting (a release wakes them only if there are any).
+    waiting: usize,
 }
 
 impl Budget {
@@ -1226,18 +1224,23 @@ impl Budget {
         st.next += 1;
         if st.serving != me || st.used + n > self.total {
             self.stats.memory_waits.fetch_add(1, Ordering::Relaxed);
+            st.waiting += 1;
             while st.serving != me || st.used + n > self.total {
                 st = match self.freed.wait(st) {
                     Ok(g) => g,
                     Err(p) => p.into_inner(),
                 };
             }
+            st.waiting -= 1;
         }
         st.serving += 1;
         let l = self.grant(&mut st, n);
+        let others = st.waiting > 0;
         drop(st);
-        // The next ticket may fit too.
-        self.freed.notify_all();
+        if others {
+            // The next ticket may fit too.
+            self.freed.notify_all();
+        }
         l
     }
 
@@ -1280,8 +1283,12 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let (Some(b), true) = (&self.budget, self.n > 0) {
-            lock(&b.state).used -= self.n;
-            b.freed.notify_all();
+            let mut st = lock(&b.state);
+            st.used -= self.n;
+            if st.waiting > 0 {
+                drop(st);
+                b.freed.notify_all();
+            }
         }
     }
 }
@@ -1670,15 +1677,15 @@ impl Shared {
             return;
         }
         let id = c.id;
+        // Locked first: the poller, woken at once by a client that has
+        // sent already, waits here until the connection is in the map.
+        let mut idle = lock(&self.idle);
         let added = epoll::add(
             &self.epoll,
             &c.rs,
             epoll::EventData::new_u64(id),
             epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
         );
-        // In the map before the poller can see the event (it waits on the
-        // map's lock).
-        let mut idle = lock(&self.idle);
         match added {
             Ok(()) => {
                 idle.insert(id, c);
