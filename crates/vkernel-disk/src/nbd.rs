@@ -1323,7 +1323,7 @@ impl Default for Limits {
             memory: DEFAULT_MEMORY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            idle_after: Duration::from_millis(500),
+            idle_after: Duration::from_secs(2),
         }
     }
 }
@@ -1496,7 +1496,9 @@ where
         pump(false);
     } else {
         std::thread::scope(|s| {
-            for i in 0..workers + LARGE_PUMPS {
+            // Pump 0 is this thread (one thread fewer to start when an
+            // idle connection wakes).
+            for i in 1..workers + LARGE_PUMPS {
                 let extra = i >= workers;
                 let spawned = std::thread::Builder::new()
                     .name(format!("nbd-pump{i}"))
@@ -1504,12 +1506,10 @@ where
                 if let Err(e) = spawned {
                     // Fewer pumps still serve the connection.
                     tracing::warn!("nbd: cannot start a pump: {e}");
-                    if i == 0 {
-                        pump(false);
-                    }
                     break;
                 }
             }
+            pump(false);
         });
     }
     // DISC, end or idle: every pump has finished its batch and replied.
