@@ -9,9 +9,12 @@
 //! FUA), DISC, FLUSH, TRIM, WRITE_ZEROES (with NO_HOLE). Requests of one
 //! connection are read in batches (everything already buffered) by two
 //! pumps, sent to an IPdisk as one command batch, and may complete out of
-//! order; any number of connections (CAN_MULTI_CONN: a flush on
-//! one covers writes completed on all). A client that breaks the protocol
-//! loses its connection; nothing it sends can take the gateway down.
+//! order; several connections (CAN_MULTI_CONN: a flush on one covers
+//! writes completed on all), up to [`Limits::max_connections`]. One
+//! poller thread holds idle connections; a memory budget over all
+//! connections stops reading requests while replies do not drain (see
+//! [`Limits`]). A client that breaks the protocol loses its connection;
+//! nothing it sends can take the gateway down.
 
 use std::io::{self, BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
