@@ -176,6 +176,13 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
     }
 }
 
+/// The logical id of a disk named by service name (`NAME[:DVD]`); `None`
+/// for a disk given by pid.
+pub fn named_logical_id(target: &str) -> Option<u32> {
+    let who = target.rsplit_once(':').map_or(target, |(w, _)| w);
+    (!who.starts_with("0x")).then(|| logical_id(who))
+}
+
 /// Finds a disk (`NAME_OR_PID[:DVD]`) and opens it from `k`.
 pub fn connect(k: &Kernel, target: &str, key: u64, depth: usize) -> Result<Client, String> {
     let (who, dvd) = match target.rsplit_once(':') {

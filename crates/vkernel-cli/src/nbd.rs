@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vkernel::Kernel;
+use vkernel_disk::client::Rediscover;
 use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
 use crate::disk::{connect, parse_key};
@@ -50,6 +51,11 @@ pub struct NbdArgs {
     /// closed.
     #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "10s")]
     handshake_timeout: Duration,
+    /// When the disk (named, not a pid) goes away, look for it again by
+    /// name this long (reopening the view, re-sending the command) before
+    /// failing the command with EIO; 0 = fail at once.
+    #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "30s")]
+    rediscover: Duration,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -77,7 +83,15 @@ pub fn limits(memory: usize, max_connections: usize, handshake: Duration) -> Lim
 /// Runs `vkernel nbd`.
 pub fn run(a: NbdArgs) -> Result<(), String> {
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
-    let c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
+    let mut c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
+    if let Some(logical_id) = crate::disk::named_logical_id(&a.disk) {
+        if !a.rediscover.is_zero() {
+            c.set_rediscover(Rediscover {
+                logical_id,
+                budget: a.rediscover,
+            });
+        }
+    }
     let g = c.geometry();
     let export = Export {
         name: a.export.clone(),

@@ -552,3 +552,120 @@ fn dvd_set_with_a_range_outside_the_device_says_so() {
     let (ok, out, err) = vk(&[&peer[..], &["dvd-set", "base=100,len=100,ro,allow=any"]].concat());
     assert!(ok && out.contains("set"), "{out}{err}");
 }
+
+// ------------------------------------------- a disk that restarts
+
+#[test]
+fn nbd_gateway_finds_a_restarted_disk_and_the_workload_finishes_intact() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let dir = tmp("restart");
+    let backing = format!("file:{}:8M", dir.join("disk.img").display());
+    let disk = |bind: &str| {
+        start(
+            &[
+                "disk",
+                "--bind",
+                bind,
+                "--backing",
+                &backing,
+                "--owner-key",
+                "0x99",
+                "--exit-after",
+                "120s",
+            ],
+            1,
+        )
+    };
+    let (mut first, lines) = disk("127.0.0.1:0");
+    let disk_addr = after(&lines[0], "on");
+    let (_gw, glines) = start(
+        &[
+            "nbd",
+            "--peer",
+            &disk_addr,
+            "--disk-key",
+            "0x99",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-after",
+            "120s",
+        ],
+        1,
+    );
+    let nbd = after(&glines[0], "on");
+
+    // A writer fills the disk with 128 blocks of 64 KiB, one request at a
+    // time, while the disk is killed and started again under it.
+    const BLOCKS: u64 = 128;
+    const BLOCK: usize = 64 << 10;
+    let block = |i: u64| -> Vec<u8> {
+        (0..BLOCK)
+            .map(|j| (i as usize * 31 + j * 7 % 253) as u8)
+            .collect()
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let done = done.clone();
+        let nbd = nbd.clone();
+        std::thread::spawn(move || {
+            let mut s = raw::connect(&nbd).expect("hello");
+            raw::go(&mut s, "ipdisk");
+            for i in 0..BLOCKS {
+                raw::request(
+                    &mut s,
+                    raw::WRITE,
+                    i,
+                    i * BLOCK as u64,
+                    BLOCK as u32,
+                    &block(i),
+                );
+                let r = raw::reply(&mut s);
+                if r != (0, i) {
+                    return Err(format!("write {i}: {r:?}"));
+                }
+                done.store(i + 1, Ordering::Release);
+                // Pace the writes so the restart falls in the middle.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(s)
+        })
+    };
+    let t = Instant::now();
+    while done.load(Ordering::Acquire) < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no writes got through"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.0.kill().expect("kill the disk");
+    let _ = first.0.wait();
+    let at_kill = done.load(Ordering::Acquire);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_second, _) = disk(&disk_addr);
+
+    let mut s = writer
+        .join()
+        .expect("writer")
+        .expect("every write answered");
+    assert!(at_kill < BLOCKS, "the restart fell after the workload");
+    // Every block reads back as written.
+    for i in 0..BLOCKS {
+        raw::request(
+            &mut s,
+            raw::READ,
+            1000 + i,
+            i * BLOCK as u64,
+            BLOCK as u32,
+            &[],
+        );
+        assert_eq!(raw::reply(&mut s), (0, 1000 + i), "read {i}");
+        let mut got = vec![0u8; BLOCK];
+        std::io::Read::read_exact(&mut s, &mut got).expect("read data");
+        assert!(got == block(i), "block {i} differs after the restart");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,9 +6,11 @@
 //! client (up to the pool's depth). The caller's buffer is lent to the
 //! server as the command's segment: no copy on this side.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
 use vkernel_proto::message::IDEMPOTENT;
 
 use crate::dvd::{self, Dvd};
@@ -36,6 +38,15 @@ pub enum ClientError {
     /// An answer could not be decoded.
     #[error("malformed answer: {0}")]
     Malformed(String),
+    /// The server went away and was not found again within the
+    /// rediscovery budget (see [`Client::set_rediscover`]).
+    #[error("the disk server is gone ({cause}) and was not found again within {budget:?}")]
+    Gone {
+        /// What showed it was gone.
+        cause: Box<ClientError>,
+        /// How long it was looked for.
+        budget: Duration,
+    },
 }
 
 impl ClientError {
@@ -120,19 +131,50 @@ impl Pool {
     }
 }
 
+/// How a client finds its server again after the server restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rediscover {
+    /// The disk service's logical id, looked up with GetPid (any scope).
+    pub logical_id: u32,
+    /// Give up (and fail the command) after looking this long.
+    pub budget: Duration,
+}
+
+/// What reopening needs, kept from [`Client::open_as`].
+struct Reopen {
+    find: Rediscover,
+    dvd: u32,
+    key: u64,
+    /// Serializes rediscovery: one thread looks, the others then retry.
+    lock: Mutex<()>,
+}
+
+/// The server's pid (high 32 bits) and the handle it gave (low 32), in
+/// one word so a command reads a consistent pair without a lock.
+fn pack(server: Pid, handle: u32) -> u64 {
+    (u64::from(server.0) << 32) | u64::from(handle)
+}
+
+fn unpack(s: u64) -> (Pid, u32) {
+    (Pid((s >> 32) as u32), s as u32)
+}
+
 /// A handle on an IPdisk view, usable from many threads at once.
 pub struct Client {
-    server: Pid,
-    handle: u32,
+    session: AtomicU64,
     geo: Geometry,
     max_transfer: u64,
     pool: Pool,
+    reopen: Option<Reopen>,
+    dvd: u32,
+    key: u64,
+    reconnects: AtomicU64,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("server", &self.server)
+            .field("server", &self.server())
             .field("geometry", &self.geo)
             .finish()
     }
@@ -173,30 +215,9 @@ impl Client {
             }
             procs.push(p);
         }
-        let mut m = Message::with_code(msg::OPEN);
-        m.0[1] = (key >> 32) as u32;
-        m.0[2] = key as u32;
-        m.0[3] = dvd;
-        procs[0].send(&mut m, server)?;
-        let (resp, _) = msg::split_word0(m.0[0]);
-        if resp != Response::Complete {
-            return Err(ClientError::Refused(resp));
-        }
-        let geo = Geometry {
-            blocks: (u64::from(m.0[2]) << 32) | u64::from(m.0[3]),
-            block_size: m.0[4],
-            read_only: m.0[5] & msg::FLAG_READ_ONLY != 0,
-            owner: m.0[5] & msg::FLAG_OWNER != 0,
-        };
-        if !geo.block_size.is_power_of_two() || geo.block_size < 512 {
-            return Err(ClientError::Malformed(format!(
-                "block size {}",
-                geo.block_size
-            )));
-        }
+        let (handle, geo) = open_handle(&procs[0], server, dvd, key)?;
         let mut c = Client {
-            server,
-            handle: m.0[1],
+            session: AtomicU64::new(pack(server, handle)),
             geo,
             max_transfer: 1 << 20,
             pool: Pool {
@@ -204,6 +225,10 @@ impl Client {
                 cv: Condvar::new(),
                 bufs: Mutex::new(Vec::new()),
             },
+            reopen: None,
+            dvd,
+            key,
+            reconnects: AtomicU64::new(0),
         };
         // The transfer limit from the Block Limits VPD page.
         let mut b0 = [0u8; 64];
@@ -225,9 +250,103 @@ impl Client {
         self.geo.blocks * u64::from(self.geo.block_size)
     }
 
-    /// The server's pid.
+    /// The server's pid (the one found last, after a restart).
     pub fn server(&self) -> Pid {
-        self.server
+        unpack(self.session.load(Ordering::Acquire)).0
+    }
+
+    /// Finds the server again by name when it goes away (its pid no
+    /// longer exists, its host stops answering, or it no longer knows the
+    /// handle): the view is reopened with the same DVD and key and the
+    /// command re-sent. Block commands are idempotent (a READ, or a WRITE
+    /// of the same data to the same blocks, may run twice with the same
+    /// result), so every command is retried; after `find.budget` without
+    /// finding it the command fails with [`ClientError::Gone`].
+    pub fn set_rediscover(&mut self, find: Rediscover) {
+        self.reopen = Some(Reopen {
+            find,
+            dvd: self.dvd,
+            key: self.key,
+            lock: Mutex::new(()),
+        });
+    }
+
+    /// How many times the server was found again after going away.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Does this failure of an exchange with `server` mean the server
+    /// went away (as opposed to refusing the command)?
+    fn gone(e: &IpcError, server: Pid) -> bool {
+        matches!(e, IpcError::NoSuchProcess(p) if *p == server) || matches!(e, IpcError::Timeout(_))
+    }
+
+    /// Looks for the server until it answers OPEN again or the budget is
+    /// spent. Returns at once if another thread already replaced `old`.
+    fn rediscover(&self, old: u64, cause: ClientError) -> Result<(), ClientError> {
+        let Some(r) = &self.reopen else {
+            return Err(cause);
+        };
+        let _one = match r.lock.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if self.session.load(Ordering::Acquire) != old {
+            return Ok(());
+        }
+        tracing::warn!(
+            "disk server {} is gone ({cause}); looking for it again",
+            unpack(old).0
+        );
+        let t0 = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let p = self.pool.take();
+        let found = loop {
+            let attempt = p
+                .get_pid(r.find.logical_id, Scope::Any)
+                .map_err(ClientError::from)
+                .and_then(|pid| {
+                    if pid.is_none() {
+                        return Err(ClientError::Ipc(IpcError::NoSuchProcess(pid)));
+                    }
+                    open_handle(&p, pid, r.dvd, r.key).map(|(h, g)| (pid, h, g))
+                });
+            match attempt {
+                Ok((pid, h, g))
+                    if g.blocks == self.geo.blocks && g.block_size == self.geo.block_size =>
+                {
+                    break Ok((pid, h))
+                }
+                Ok((pid, _, g)) => {
+                    break Err(ClientError::Malformed(format!(
+                        "the disk found again as {pid} has {} blocks of {} bytes, not {} of {}",
+                        g.blocks, g.block_size, self.geo.blocks, self.geo.block_size
+                    )))
+                }
+                // Found but refused: the policy changed; looking on won't help.
+                Err(e @ ClientError::Refused(_)) => break Err(e),
+                Err(_) if t0.elapsed() < r.find.budget => {
+                    std::thread::sleep(pause.min(r.find.budget.saturating_sub(t0.elapsed())));
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(_) => {
+                    break Err(ClientError::Gone {
+                        cause: Box::new(cause),
+                        budget: r.find.budget,
+                    })
+                }
+            }
+        };
+        self.pool.give(p);
+        let (pid, h) = found?;
+        self.session.store(pack(pid, h), Ordering::Release);
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            "disk server found again as {pid} after {:.0} ms; retrying",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
     }
 
     /// Largest transfer of one command in bytes.
@@ -235,20 +354,50 @@ impl Client {
         self.max_transfer
     }
 
-    fn exchange(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<(), ClientError> {
-        let p = self.pool.take();
-        let r = match seg {
-            Some(s) => p.send_with_segment(m, self.server, s),
-            None => p.send(m, self.server),
-        };
-        self.pool.give(p);
-        r?;
-        Ok(())
+    /// Sends `m` (whose word 5 is set to the handle) to the server with
+    /// `seg` (the first `append` bytes travelling with it if given),
+    /// finding the server again and re-sending if it went away.
+    fn exchange(
+        &self,
+        m: &mut Message,
+        mut seg: Option<Segment<'_>>,
+        append: Option<usize>,
+    ) -> Result<(), ClientError> {
+        let request = *m;
+        loop {
+            let s = self.session.load(Ordering::Acquire);
+            let (server, handle) = unpack(s);
+            *m = request;
+            m.0[5] = handle;
+            let p = self.pool.take();
+            let r = match (&mut seg, append) {
+                (Some(sg), Some(n)) => p.send_with_segment_append(m, server, reborrow(sg), n),
+                (Some(sg), None) => p.send_with_segment(m, server, reborrow(sg)),
+                (None, _) => p.send(m, server),
+            };
+            self.pool.give(p);
+            let bad_handle = r.is_ok()
+                && msg::split_word0(m.0[0]).0 == Response::BadHandle
+                && self.reopen.is_some();
+            match r {
+                Err(e) if self.reopen.is_some() && Self::gone(&e, server) => {
+                    self.rediscover(s, e.into())?
+                }
+                // A server restarted under the same pid knows no handles.
+                Ok(_) if bad_handle => {
+                    self.rediscover(s, ClientError::Refused(Response::BadHandle))?
+                }
+                r => {
+                    r?;
+                    return Ok(());
+                }
+            }
+        }
     }
 
     /// Executes one SCSI command (CDB of at most 16 bytes).
     pub fn command(&self, cdb: &[u8], data: Data<'_>) -> Result<Done, ClientError> {
-        let mut m = msg::scsi_request(cdb, self.handle);
+        let mut m = msg::scsi_request(cdb, 0);
         let idempotent = !matches!(data, Data::Out(_))
             && !matches!(
                 cdb.first(),
@@ -270,7 +419,7 @@ impl Client {
             Data::In(b) => Some(Segment::Write(b)),
             Data::Out(b) => Some(Segment::Read(b)),
         };
-        self.exchange(&mut m, seg)?;
+        self.exchange(&mut m, seg, None)?;
         let (resp, status) = msg::split_word0(m.0[0]);
         if resp != Response::Complete {
             return Err(ClientError::Refused(resp));
@@ -403,17 +552,13 @@ impl Client {
         let mut m = Message::with_code(msg::SCSI_BATCH);
         m.0[1] = n as u32;
         m.0[2] = din_at as u32;
-        m.0[5] = self.handle;
         if idempotent {
             m.set_flag(IDEMPOTENT, true);
         }
-        let p = self.pool.take();
-        let r =
-            p.send_with_segment_append(&mut m, self.server, Segment::ReadWrite(&mut seg), din_at);
-        self.pool.give(p);
+        let r = self.exchange(&mut m, Some(Segment::ReadWrite(&mut seg)), Some(din_at));
         if let Err(e) = r {
             self.give_buf(seg);
-            return Err(e.into());
+            return Err(e);
         }
         let (resp, _) = msg::split_word0(m.0[0]);
         if resp != Response::Complete {
@@ -595,8 +740,7 @@ impl Client {
     }
 
     fn manage(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<(), ClientError> {
-        m.0[5] = self.handle;
-        self.exchange(m, seg)?;
+        self.exchange(m, seg, None)?;
         match msg::split_word0(m.0[0]).0 {
             Response::Complete => Ok(()),
             r => Err(ClientError::Refused(r)),
@@ -642,4 +786,44 @@ impl Client {
         let mut m = Message::with_code(msg::CLOSE);
         self.manage(&mut m, None)
     }
+}
+
+/// A shorter-lived view of a segment, for a re-send.
+fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
+    match s {
+        Segment::Read(b) => Segment::Read(b),
+        Segment::Write(b) => Segment::Write(b),
+        Segment::ReadWrite(b) => Segment::ReadWrite(b),
+    }
+}
+
+/// OPEN: the handle and geometry of DVD `dvd` of `server`.
+fn open_handle(
+    p: &Process,
+    server: Pid,
+    dvd: u32,
+    key: u64,
+) -> Result<(u32, Geometry), ClientError> {
+    let mut m = Message::with_code(msg::OPEN);
+    m.0[1] = (key >> 32) as u32;
+    m.0[2] = key as u32;
+    m.0[3] = dvd;
+    p.send(&mut m, server)?;
+    let (resp, _) = msg::split_word0(m.0[0]);
+    if resp != Response::Complete {
+        return Err(ClientError::Refused(resp));
+    }
+    let geo = Geometry {
+        blocks: (u64::from(m.0[2]) << 32) | u64::from(m.0[3]),
+        block_size: m.0[4],
+        read_only: m.0[5] & msg::FLAG_READ_ONLY != 0,
+        owner: m.0[5] & msg::FLAG_OWNER != 0,
+    };
+    if !geo.block_size.is_power_of_two() || geo.block_size < 512 {
+        return Err(ClientError::Malformed(format!(
+            "block size {}",
+            geo.block_size
+        )));
+    }
+    Ok((m.0[1], geo))
 }
