@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vkernel::{Kernel, Pid, Scope};
-use vkernel_fs::client::Client;
+use vkernel_fs::client::{Client, Rediscover};
 use vkernel_fs::fuse::{self, FuseOptions};
 
 use crate::hostopts::{logical_id, HostOpts};
@@ -32,6 +32,11 @@ pub struct MountArgs {
     /// Let other users access the mount.
     #[arg(long)]
     allow_other: bool,
+    /// When the server (named, not a pid) goes away, look for it again
+    /// by name this long, reopening the mount's open files, before
+    /// failing operations with ENOTCONN; 0 = fail at once.
+    #[arg(long, default_value = "30s", value_parser = vkernel::net::parse_duration)]
+    rediscover: Duration,
 }
 
 const MOUNT_HELP: &str = "\
@@ -46,10 +51,27 @@ The mount stays until SIGINT (Ctrl-C) or SIGTERM, which unmount it cleanly
 (lazily if it is busy), or until `fusermount3 -u MOUNTPOINT`. Needs /dev/fuse
 and fusermount3 (Debian package fuse3). If the server becomes unreachable,
 operations fail with ENOTCONN after --host-timeout instead of hanging.
+A server that restarts (found again by name within --rediscover) is used
+again: open files are reopened by path and idempotent operations re-sent; an
+operation whose outcome is unknown (create, rename, unlink in flight) and a
+file written since its last fsync fail with EIO.
 
 Example:
   vkernel fileserver --root /srv/export --bind 127.0.0.1:7200 &
   vkernel mount 127.0.0.1:7200 /mnt/v";
+
+/// The logical id a SERVER argument names (`None` for a pid).
+pub(crate) fn service_logical_id(server: &str, default: &str) -> Option<u32> {
+    if server.starts_with("0x") {
+        return None;
+    }
+    let name = match server.rsplit_once('@') {
+        Some((n, _)) => n,
+        None if server.parse::<SocketAddr>().is_ok() => default,
+        None => server,
+    };
+    Some(logical_id(name))
+}
 
 /// Finds the server's pid from SERVER.
 fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> {
@@ -105,8 +127,16 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
     }
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
     let server = locate(&k, &mut a.host, &a.server)?;
-    let client = Client::connect(&k, server, a.threads.max(1) + 2)
+    let mut client = Client::connect(&k, server, a.threads.max(1) + 2)
         .map_err(|e| format!("file server {server}: {e}"))?;
+    if let Some(logical_id) = service_logical_id(&a.server, "fileserver") {
+        if !a.rediscover.is_zero() {
+            client.set_rediscover(Rediscover {
+                logical_id,
+                budget: a.rediscover,
+            });
+        }
+    }
     let opts = FuseOptions {
         ttl: a.ttl,
         threads: a.threads.max(1),

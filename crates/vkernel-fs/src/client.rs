@@ -13,9 +13,12 @@
 //! A server that is gone, or a host that stops answering, ends a call with
 //! [`ClientError::Ipc`] after the kernel's host timeout — never a hang.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
 
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN};
 
@@ -132,17 +135,82 @@ pub struct ProgramImage {
     pub image: Vec<u8>,
 }
 
+/// How a client finds its file server again after the server restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rediscover {
+    /// The file service's logical id, looked up with GetPid (any scope).
+    pub logical_id: u32,
+    /// Give up (the call fails with `ENOTCONN`) after looking this long.
+    pub budget: Duration,
+}
+
+/// A handle as the client gave it out, with what reopening it needs.
+struct Opened {
+    /// The handle at the current server.
+    server_fh: u32,
+    path: Vec<u8>,
+    /// Open flags without `O_CREAT`, `O_TRUNC` and `O_EXCL`.
+    flags: i32,
+    dir: bool,
+    /// Written since its last fsync: write-behind data may have died
+    /// with the server.
+    dirty: bool,
+    /// Could not be reopened, or lost unsynced writes: fails with EIO.
+    broken: bool,
+}
+
+/// Handles given out while rediscovery is on: the client's own numbers,
+/// stable across server restarts.
+#[derive(Default)]
+struct Handles {
+    next: u32,
+    open: HashMap<u32, Opened>,
+}
+
+/// Rediscovery state (see [`Client::set_rediscover`]).
+struct Reopen {
+    find: Rediscover,
+    handles: Mutex<Handles>,
+    /// Serializes the search: one thread looks, the others then retry.
+    lock: Mutex<()>,
+    /// The last search found nothing: look once, not for the whole
+    /// budget, until the server is found again.
+    gave_up: std::sync::atomic::AtomicBool,
+}
+
 /// A connection to a file server, usable from many threads at once.
 pub struct Client {
-    server: Pid,
+    server: AtomicU32,
     max_request: usize,
     pool: Pool,
+    reopen: Option<Reopen>,
+}
+
+/// Requests whose word 1 is a handle.
+fn carries_handle(code: u32) -> bool {
+    matches!(
+        code,
+        vio::CLOSE
+            | vio::READ
+            | vio::WRITE
+            | vio::FSTAT
+            | vio::READDIR
+            | vio::FTRUNCATE
+            | vio::FSYNC
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("server", &self.server)
+            .field("server", &self.server())
             .finish()
     }
 }
@@ -172,12 +240,13 @@ impl Client {
             procs.push(p);
         }
         let c = Client {
-            server,
+            server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
             pool: Pool {
                 free: Mutex::new(procs),
                 cv: Condvar::new(),
             },
+            reopen: None,
         };
         c.statfs()?;
         Ok(c)
@@ -188,18 +257,131 @@ impl Client {
         self.max_request = bytes.clamp(4096, vio::MAX_IO as usize);
     }
 
-    /// The server's pid.
+    /// The server's pid (the one found last, after a restart).
     pub fn server(&self) -> Pid {
-        self.server
+        Pid(self.server.load(Ordering::Acquire))
+    }
+
+    /// Finds the server again by name when it goes away (its pid no
+    /// longer exists or its host stops answering): open handles are
+    /// reopened by path, and the request is re-sent if it is idempotent
+    /// (reads, stats, listings, and writes at an offset); any other
+    /// request in flight fails with `EIO`, its outcome unknown. A file
+    /// written since its last fsync may have lost write-behind data with
+    /// the server: its handle fails with `EIO` from then on. Handles are
+    /// the client's own numbers from this call on; call it before any
+    /// open.
+    pub fn set_rediscover(&mut self, find: Rediscover) {
+        self.reopen = Some(Reopen {
+            find,
+            handles: Mutex::new(Handles {
+                next: 1,
+                open: HashMap::new(),
+            }),
+            lock: Mutex::new(()),
+            gave_up: std::sync::atomic::AtomicBool::new(false),
+        });
+    }
+
+    /// Records a handle the server gave for `path`; returns the client's.
+    fn track(&self, server_fh: u32, path: &[u8], flags: i32, dir: bool) -> Fh {
+        let Some(r) = &self.reopen else {
+            return Fh(server_fh);
+        };
+        let mut h = lock(&r.handles);
+        let mut id = h.next;
+        while id == 0 || h.open.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        h.next = id.wrapping_add(1);
+        h.open.insert(
+            id,
+            Opened {
+                server_fh,
+                path: path.to_vec(),
+                flags: flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL),
+                dir,
+                dirty: false,
+                broken: false,
+            },
+        );
+        Fh(id)
     }
 
     /// One exchange: `m` is the request and becomes the reply; the status
-    /// is checked.
-    fn exchange(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<usize, ClientError> {
+    /// is checked. With rediscovery on, handles are translated and a
+    /// server that went away is looked for again.
+    fn exchange(
+        &self,
+        m: &mut Message,
+        mut seg: Option<Segment<'_>>,
+    ) -> Result<usize, ClientError> {
+        let Some(r) = &self.reopen else {
+            return self.exchange_once(m, seg, self.server());
+        };
+        let request = *m;
+        let code = request.0[0] & vkernel_proto::message::CODE_MASK;
+        let retry = Request::decode(&request).is_ok_and(|q| q.idempotent()) || code == vio::WRITE;
+        loop {
+            let server = self.server();
+            *m = request;
+            if carries_handle(code) {
+                let h = lock(&r.handles);
+                match h.open.get(&request.0[1]) {
+                    Some(o) if o.broken && code != vio::CLOSE => {
+                        return Err(ClientError::Server(Errno::EIO))
+                    }
+                    Some(o) => m.0[1] = o.server_fh,
+                    None => return Err(ClientError::Server(Errno::EBADF)),
+                }
+            }
+            let res = self.exchange_once(m, seg.as_mut().map(reborrow), server);
+            match res {
+                Err(ClientError::Ipc(e)) if gone(&e, server) => {
+                    self.rediscover(server, e)?;
+                    if !retry {
+                        tracing::warn!(
+                            "file server restarted with a request in flight (code {code:#x}); its outcome is unknown: EIO"
+                        );
+                        return Err(ClientError::Server(Errno::EIO));
+                    }
+                }
+                res => {
+                    if res.is_ok() || code == vio::CLOSE {
+                        let mut h = lock(&r.handles);
+                        match code {
+                            vio::CLOSE => {
+                                h.open.remove(&request.0[1]);
+                            }
+                            vio::WRITE | vio::FTRUNCATE => {
+                                if let Some(o) = h.open.get_mut(&request.0[1]) {
+                                    o.dirty = true;
+                                }
+                            }
+                            vio::FSYNC => {
+                                if let Some(o) = h.open.get_mut(&request.0[1]) {
+                                    o.dirty = false;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    return res;
+                }
+            }
+        }
+    }
+
+    fn exchange_once(
+        &self,
+        m: &mut Message,
+        seg: Option<Segment<'_>>,
+        server: Pid,
+    ) -> Result<usize, ClientError> {
         let p = self.pool.take();
         let r = match seg {
-            Some(s) => p.send_with_segment(m, self.server, s),
-            None => p.send(m, self.server),
+            Some(s) => p.send_with_segment(m, server, s),
+            None => p.send(m, server),
         };
         self.pool.give(p);
         let r = r?;
@@ -207,6 +389,98 @@ impl Client {
             Errno::OK => Ok(r.seg_bytes),
             e => Err(ClientError::Server(e)),
         }
+    }
+
+    /// Looks for the server until it answers again or the budget is
+    /// spent, then reopens every tracked handle. Returns at once if
+    /// another thread already found it.
+    fn rediscover(&self, old: Pid, cause: IpcError) -> Result<(), ClientError> {
+        let Some(r) = &self.reopen else {
+            return Err(cause.into());
+        };
+        let _one = lock(&r.lock);
+        if self.server() != old {
+            return Ok(());
+        }
+        tracing::warn!("file server {old} is gone ({cause}); looking for it again");
+        let t0 = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let budget = if r.gave_up.load(Ordering::Relaxed) {
+            Duration::ZERO
+        } else {
+            r.find.budget
+        };
+        let p = self.pool.take();
+        let found = loop {
+            match p.get_pid(r.find.logical_id, Scope::Any) {
+                Ok(pid) if !pid.is_none() && pid != old => break Some(pid),
+                _ if t0.elapsed() < budget => {
+                    std::thread::sleep(pause.min(budget.saturating_sub(t0.elapsed())));
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                _ => break None,
+            }
+        };
+        let Some(pid) = found else {
+            self.pool.give(p);
+            if !r.gave_up.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "file server not found again within {budget:?}; calls fail with ENOTCONN (each looks once more)"
+                );
+            }
+            return Err(cause.into());
+        };
+        r.gave_up.store(false, Ordering::Relaxed);
+        // Reopen what was open, by path, at the new server.
+        let mut h = lock(&r.handles);
+        let (mut reopened, mut broken) = (0, 0);
+        for o in h.open.values_mut() {
+            if o.broken {
+                continue;
+            }
+            let len = o.path.len() as u32;
+            let req = if o.dir {
+                Request::Opendir { path_len: len }
+            } else {
+                Request::Open {
+                    path_len: len,
+                    flags: o.flags as u32,
+                    mode: 0,
+                }
+            };
+            let mut m = req.encode();
+            let mut out = vec![0u8; ATTR_LEN];
+            let mut seg = [o.path.as_slice(), &out].concat();
+            let sent = p.send_with_segment(&mut m, pid, Segment::ReadWrite(&mut seg));
+            out.clear();
+            match sent {
+                Ok(_) if vio::status(&m) == Errno::OK && !o.dirty => {
+                    o.server_fh = m.0[1];
+                    reopened += 1;
+                }
+                _ => {
+                    tracing::warn!(
+                        "after the file server's restart, {:?} {}: EIO from now on",
+                        String::from_utf8_lossy(&o.path),
+                        if o.dirty {
+                            "had writes since its last fsync that may be lost"
+                        } else {
+                            "could not be reopened"
+                        }
+                    );
+                    o.broken = true;
+                    broken += 1;
+                }
+            }
+        }
+        drop(h);
+        self.pool.give(p);
+        self.server.store(pid.0, Ordering::Release);
+        tracing::warn!(
+            "file server found again as {pid} after {:.0} ms; {reopened} handles reopened, {broken} failed",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
     }
 
     /// A request whose segment holds `input` and receives `out_len` bytes
@@ -257,7 +531,8 @@ impl Client {
             mode,
         };
         let (m, out) = self.call(req, p, ATTR_LEN)?;
-        Ok((Fh(m.0[1]), Self::attr_of(&out)?))
+        let attr = Self::attr_of(&out)?;
+        Ok((self.track(m.0[1], p, flags, false), attr))
     }
 
     /// Creates (or truncates) `path` for writing with `mode`.
@@ -359,7 +634,7 @@ impl Client {
             path_len: Self::len32(p)?,
         };
         let (m, _) = self.call(req, p, 0)?;
-        Ok((Fh(m.0[1]), m.0[2]))
+        Ok((self.track(m.0[1], p, 0, true), m.0[2]))
     }
 
     /// Entries of an open listing from `index` on (as many as fit one reply).
@@ -477,6 +752,18 @@ impl Client {
     /// Waits for the server's deferred writes to the file and reports
     /// their errors, without forcing the data to disk (close-time flush).
     pub fn flush(&self, fh: Fh) -> Result<(), ClientError> {
+        // A handle never written has no deferred writes to wait for: no
+        // exchange (a close of a read-only file then costs nothing, and
+        // does not wait for a server that went away).
+        if let Some(r) = &self.reopen {
+            if lock(&r.handles)
+                .open
+                .get(&fh.0)
+                .is_some_and(|o| !o.dirty && !o.broken)
+            {
+                return Ok(());
+            }
+        }
         let req = Request::Fsync {
             handle: fh.0,
             datasync: false,
@@ -650,5 +937,19 @@ impl Client {
         let c = self.close(fh);
         r?;
         c
+    }
+}
+
+/// Does this failure of an exchange with `server` mean it went away?
+fn gone(e: &IpcError, server: Pid) -> bool {
+    matches!(e, IpcError::NoSuchProcess(p) if *p == server) || matches!(e, IpcError::Timeout(_))
+}
+
+/// A shorter-lived view of a segment, for a re-send.
+fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
+    match s {
+        Segment::Read(b) => Segment::Read(b),
+        Segment::Write(b) => Segment::Write(b),
+        Segment::ReadWrite(b) => Segment::ReadWrite(b),
     }
 }
