@@ -28,9 +28,14 @@ pub fn serve(p: Process) {
         };
         let access = m.seg_access();
         if m.code() == ECHO_BULK {
-            let r = bulk(&p, &mut m, i.from);
-            if let Err(e) = r.and_then(|()| p.reply(&m, i.from)) {
+            // A failed move still gets an answer (word 1 = u32::MAX): an
+            // unanswered Send would wait on replyPending forever.
+            if let Err(e) = bulk(&p, &mut m, i.from) {
                 tracing::debug!("bulk echo for {}: {e}", i.from);
+                m.0[1] = u32::MAX;
+            }
+            if let Err(e) = p.reply(&m, i.from) {
+                tracing::debug!("bulk echo reply to {}: {e}", i.from);
             }
             continue;
         }

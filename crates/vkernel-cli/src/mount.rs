@@ -37,6 +37,10 @@ pub struct MountArgs {
     /// failing operations with ENOTCONN; 0 = fail at once.
     #[arg(long, default_value = "30s", value_parser = vkernel::net::parse_duration)]
     rediscover: Duration,
+    /// A request to the server not answered within this long fails
+    /// (ENOTCONN) instead of blocking its caller; 0 = no deadline.
+    #[arg(long, default_value = "60s", value_parser = vkernel::net::parse_duration)]
+    deadline: Duration,
 }
 
 const MOUNT_HELP: &str = "\
@@ -125,7 +129,9 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
     if !a.mountpoint.is_dir() {
         return Err(format!("{}: not a directory", a.mountpoint.display()));
     }
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let mut cfg = a.host.config();
+    cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
+    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
     let server = locate(&k, &mut a.host, &a.server)?;
     let mut client = Client::connect(&k, server, a.threads.max(1) + 2)
         .map_err(|e| format!("file server {server}: {e}"))?;

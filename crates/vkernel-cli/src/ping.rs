@@ -40,6 +40,10 @@ pub struct PingArgs {
     /// how long the failing exchange took).
     #[arg(long)]
     stop_on_error: bool,
+    /// Each exchange fails if not replied to within this long (a server
+    /// that never answers costs an error, not a hang); 0 = no deadline.
+    #[arg(long, default_value = "30s", value_parser = vkernel::net::parse_duration)]
+    deadline: std::time::Duration,
 }
 
 fn parse_pid(s: &str) -> Result<Pid, String> {
@@ -66,6 +70,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
     }
     let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
     let p = k.create_process().map_err(|e| e.to_string())?;
+    p.set_send_deadline((!a.deadline.is_zero()).then_some(a.deadline));
     let t = Instant::now();
     let server = match a.pid {
         Some(pid) => pid,
@@ -116,6 +121,12 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         };
         let dt = t0.elapsed();
         let ok = match r {
+            Ok(_) if a.bulk.is_some() && m.0[1] == u32::MAX && a.stop_on_error => {
+                return Err(format!(
+                    "exchange {i} failed after {:.0} ms: the server's move failed",
+                    dt.as_secs_f64() * 1e3
+                ));
+            }
             Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
             Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
             Err(e) => {

@@ -107,6 +107,12 @@ pub struct RunArgs {
     /// cluster key the principal is authenticated).
     #[arg(long, default_value_t = 0, value_name = "N")]
     principal: u32,
+    /// Every request (to the team, file and pipe servers) fails if not
+    /// answered within this long. Off (0) by default: waiting for the
+    /// program's exit and reading its output are answered only when the
+    /// program ends or writes, so a deadline also bounds its run time.
+    #[arg(long, default_value = "0", value_parser = vkernel::net::parse_duration)]
+    deadline: Duration,
     /// The program's path on the file server, then its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<std::ffi::OsString>,
@@ -138,6 +144,7 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
         Some(h) => h.rsplit_once('@').map_or(h, |(_, ad)| ad).parse().ok(),
     };
     let mut cfg = a.host.config();
+    cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
     let later = std::mem::take(&mut a.host.peers);
     if let Some(ad) = on_addr {
         cfg.peers = vec![ad];

@@ -53,6 +53,10 @@ pub enum IpcError {
     /// The peer kernel refused a request as malformed.
     #[error("the kernel of process {0} refused the request as malformed")]
     Refused(Pid),
+    /// No reply came within the Send's deadline: the exchange was
+    /// abandoned (a late reply is discarded).
+    #[error("no reply from process {0} within the deadline")]
+    Deadline(Pid),
     /// The kernel is shutting down.
     #[error("kernel shut down")]
     Shutdown,

@@ -161,6 +161,8 @@ pub struct Stats {
     pub saved_replies_evicted: u64,
     /// Exchanges, transfers and queries that timed out.
     pub timeouts: u64,
+    /// Sends that failed at their deadline (`IpcError::Deadline`).
+    pub deadlines: u64,
     /// Local exchanges completed.
     pub local_exchanges: u64,
     /// Remote exchanges completed (as sender).

@@ -44,6 +44,11 @@ pub struct KernelConfig {
     pub host_timeout: Duration,
     /// Busy-poll this long before blocking when waiting.
     pub spin: Duration,
+    /// Default deadline of every Send of this host's processes: a Send not
+    /// replied to within it fails with `IpcError::Deadline`. `None` waits
+    /// as long as the server's host answers. Per process:
+    /// `Process::set_send_deadline`; per call: `Process::send_within`.
+    pub send_deadline: Option<Duration>,
     /// Fault injection on outgoing datagrams.
     pub faults: FaultConfig,
     /// Requested socket buffer size (receive and send).
@@ -87,6 +92,7 @@ impl Default for KernelConfig {
             window: 1 << 20,
             host_timeout: Duration::from_secs(3),
             spin: Duration::from_micros(50),
+            send_deadline: None,
             faults: FaultConfig::default(),
             socket_buffer: 8 << 20,
             alien_pool: 256,
@@ -149,6 +155,7 @@ pub(crate) struct Shared {
     /// next is peeked at to receive its data in place.
     bulk_rx: AtomicBool,
     pub(crate) spin: Duration,
+    pub(crate) send_deadline: Option<Duration>,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
 }
@@ -681,6 +688,7 @@ impl Kernel {
             stop: AtomicBool::new(false),
             bulk_rx: AtomicBool::new(false),
             spin: cfg.spin,
+            send_deadline: cfg.send_deadline,
             host: HostId(0),
             tracer: match &cfg.trace {
                 Some(p) => Some(crate::trace::Tracer::create(p)?),

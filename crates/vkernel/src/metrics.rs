@@ -263,6 +263,11 @@ pub fn to_prometheus(s: &Stats, g: &Gauges) -> String {
             s.timeouts,
         ),
         (
+            "vkernel_send_deadlines_total",
+            "Sends that failed at their deadline.",
+            s.deadlines,
+        ),
+        (
             "vkernel_local_exchanges_total",
             "Local exchanges completed.",
             s.local_exchanges,

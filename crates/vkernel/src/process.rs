@@ -249,6 +249,7 @@ pub struct Process {
     pid: Pid,
     waiter: Arc<Waiter>,
     spin: std::cell::Cell<Duration>,
+    send_deadline: std::cell::Cell<Option<Duration>>,
     socket_reader: std::cell::Cell<bool>,
     /// The last message received came from another host.
     last_from_remote: std::cell::Cell<bool>,
@@ -271,11 +272,13 @@ impl Process {
         let waiter = Arc::new(waiter);
         shared.register(pid, waiter.clone());
         let spin = std::cell::Cell::new(shared.spin);
+        let send_deadline = std::cell::Cell::new(shared.send_deadline);
         Ok(Process {
             shared,
             pid,
             waiter,
             spin,
+            send_deadline,
             socket_reader: std::cell::Cell::new(true),
             last_from_remote: std::cell::Cell::new(true),
             _not_sync: PhantomData,
@@ -476,11 +479,39 @@ impl Process {
     /// Send: delivers `msg` to `to` and blocks until it is received and
     /// replied to; the reply overwrites `msg`.
     pub fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
+        self.send_within(msg, to, self.send_deadline.get())
+    }
+
+    /// Sets the deadline of this process's Sends (the host's
+    /// `KernelConfig::send_deadline` by default): a Send not replied to
+    /// within it fails with [`IpcError::Deadline`] and its exchange is
+    /// abandoned. `None` waits as long as the server's host answers.
+    pub fn set_send_deadline(&self, d: Option<Duration>) {
+        self.send_deadline.set(d);
+    }
+
+    /// The deadline of this process's Sends.
+    pub fn send_deadline(&self) -> Option<Duration> {
+        self.send_deadline.get()
+    }
+
+    /// [`Process::send`] with this call's own deadline (`None`: none).
+    pub fn send_within(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, IpcError> {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
-        self.shared
-            .with_engine(|e, now| e.send(now, self.pid, to, m, None))?;
+        self.shared.with_engine(|e, now| {
+            e.send(now, self.pid, to, m, None)?;
+            if let Some(d) = deadline {
+                e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
+            }
+            Ok(())
+        })?;
         self.finish_send(msg, to)
     }
 
@@ -507,6 +538,19 @@ impl Process {
         seg: Segment<'_>,
         append: usize,
     ) -> Result<Reply, IpcError> {
+        self.send_with_segment_within(msg, to, seg, append, self.send_deadline.get())
+    }
+
+    /// [`Process::send_with_segment_append`] with this call's own deadline
+    /// (`None`: none); see [`Process::set_send_deadline`].
+    pub fn send_with_segment_within(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        seg: Segment<'_>,
+        append: usize,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, IpcError> {
         let (lease, lent, access) = match seg {
             Segment::Read(b) => {
                 let (l, s) = Lease::shared(b);
@@ -524,9 +568,13 @@ impl Process {
         msg.set_segment(access, vkernel_proto::SegMem::len(&*lent) as u32);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
-        let r = self
-            .shared
-            .with_engine(|e, now| e.send_append(now, self.pid, to, m, Some(lent), append));
+        let r = self.shared.with_engine(|e, now| {
+            e.send_append(now, self.pid, to, m, Some(lent), append)?;
+            if let Some(d) = deadline {
+                e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
+            }
+            Ok(())
+        });
         let r = r.and_then(|()| self.finish_send(msg, to));
         lease.release();
         r
@@ -929,4 +977,9 @@ impl Drop for Process {
         }
         self.shared.unregister(pid);
     }
+}
+
+/// `d` in engine time (µs), saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

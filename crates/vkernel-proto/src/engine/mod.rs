@@ -134,6 +134,8 @@ struct Outgoing {
     inbound: Vec<InBulk>,
     /// Reply data sent ahead went missing once: ask for it to be moved.
     no_ahead: bool,
+    /// The Send fails with [`IpcError::Deadline`] if not replied to by then.
+    deadline: Option<Micros>,
 }
 
 enum PState {
@@ -842,6 +844,7 @@ impl Engine {
             remote: None,
             inbound: Vec::new(),
             no_ahead: false,
+            deadline: None,
         };
         self.group_new_send(src);
         if dst.is_group() {
@@ -876,6 +879,17 @@ impl Engine {
             self.transmit_send(now, src, false);
         }
         Ok(())
+    }
+
+    /// Bounds `pid`'s current Send: unless replied to by `at`, it
+    /// completes with [`IpcError::Deadline`] and the exchange is abandoned
+    /// (segment released, inbound bulk dropped, a late reply discarded).
+    /// No effect if `pid` is not blocked in a Send.
+    pub fn set_send_deadline(&mut self, pid: Pid, at: Micros) {
+        if let Some(o) = self.outgoing_mut(pid) {
+            o.deadline = Some(at);
+            self.arm(at);
+        }
     }
 
     fn check_ready_caller(&self, pid: Pid) -> Result<(), IpcError> {
@@ -1961,10 +1975,18 @@ impl Engine {
         // Remote sends.
         let mut retx = Vec::new();
         let mut dead = Vec::new();
+        let mut late = Vec::new();
         let host = self.host_id();
         for (&l, p) in &self.procs {
             let Some(h) = host else { break };
             if let PState::Sending(o) = &p.state {
+                if let Some(d) = o.deadline {
+                    if now >= d {
+                        late.push((Pid::new(h, l), o.dst));
+                        continue;
+                    }
+                    next = next.min(d);
+                }
                 if let Some(r) = &o.remote {
                     if now >= r.deadline {
                         dead.push((Pid::new(h, l), o.dst));
@@ -1979,6 +2001,10 @@ impl Engine {
         for (pid, dst) in dead {
             self.stats.timeouts += 1;
             self.complete(pid, Completion::Send(Err(IpcError::Timeout(dst))));
+        }
+        for (pid, dst) in late {
+            self.stats.deadlines += 1;
+            self.complete(pid, Completion::Send(Err(IpcError::Deadline(dst))));
         }
         for pid in retx {
             self.transmit_send(now, pid, true);
