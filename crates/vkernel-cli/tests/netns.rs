@@ -553,3 +553,85 @@ fn remote_execution_between_namespaces() {
         "it ran in 1 host(s) with 192.0.2.1\n"
     );
 }
+
+/// Issue 19 item 1: a bulk move that fails on the server (the client's
+/// datagrams to it are blackholed longer than the server's host timeout,
+/// shorter than forever) must end the client's exchange. On 59f2330 the
+/// echo server never replied after the failed move, its kernel answered
+/// every retransmission with replyPending, and ping never returned.
+#[test]
+fn a_failed_bulk_move_ends_the_client_exchange() {
+    let Some(n) = Pair::create("d") else { return };
+    let mut echo = n.spawn(
+        &n.a,
+        &["echo", "--bind", "192.0.2.1:7000", "--exit-after", "180s"],
+    );
+    wait_banner(&mut echo);
+    let mut ping = n.spawn(
+        &n.b,
+        &[
+            "ping",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7000",
+            "--bulk",
+            "67108864",
+            "-n",
+            "50",
+            "--warmup",
+            "0",
+            "--stop-on-error",
+        ],
+    );
+    let out = ping.0.stdout.take().expect("stdout");
+    let mut out = BufReader::new(out);
+    let mut banner = String::new();
+    out.read_line(&mut banner).expect("ping banner");
+    assert!(banner.contains("found in"), "{banner}");
+    // Well inside a 64 MiB exchange: cut b → a for 4 s (the server's move
+    // fails after its 3 s host timeout), then restore the route.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ping.0.try_wait().unwrap().is_none(), "ping ended too soon");
+    let cut = Instant::now();
+    assert!(ip(&[
+        "-n",
+        &n.b,
+        "route",
+        "add",
+        "blackhole",
+        "192.0.2.1/32"
+    ]));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(ip(&[
+        "-n",
+        &n.b,
+        "route",
+        "del",
+        "blackhole",
+        "192.0.2.1/32"
+    ]));
+    // Bounded wait: 50 more exchanges at a slow 1 s each, or the default
+    // 30 s deadline of one exchange, fit well within it.
+    let healed = Instant::now();
+    let status = loop {
+        if let Some(s) = ping.0.try_wait().unwrap() {
+            break s;
+        }
+        if healed.elapsed() > Duration::from_secs(90) {
+            let _ = ping.0.kill();
+            panic!("ping still blocked 90 s after the route came back");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = cut.elapsed();
+    let mut rest = String::new();
+    let _ = out.read_to_string(&mut rest);
+    let mut err = String::new();
+    let _ = ping.0.stderr.take().unwrap().read_to_string(&mut err);
+    eprintln!("ping ended {took:?} after the cut ({status}): {rest}{err}");
+    if !status.success() {
+        // A clear error naming the failed exchange.
+        assert!(err.contains("exchange ") && err.contains("failed"), "{err}");
+    }
+}
