@@ -635,3 +635,99 @@ fn a_failed_bulk_move_ends_the_client_exchange() {
         assert!(err.contains("exchange ") && err.contains("failed"), "{err}");
     }
 }
+
+/// A shell and everything it starts, in a process group killed on drop.
+struct Group(std::process::Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory preconditions; the group is our child's.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 19 item 1 through the file server: a `dd` writing through a FUSE
+/// mount whose WRITE's MoveFrom fails on the server (b → a blackholed for
+/// 4 s) ends with an error instead of blocking in the kernel for good. The
+/// mount runs without a Send deadline, so only the server's answer can
+/// end it; on 59f2330 the worker returned without replying.
+#[test]
+fn a_failed_move_in_the_file_server_fails_the_write() {
+    use std::os::unix::process::CommandExt;
+    let Some(n) = Pair::create("f") else { return };
+    let dir = std::env::temp_dir().join(format!("vkernel-netns-fsmove-{}", std::process::id()));
+    let (root, mnt) = (dir.join("root"), dir.join("mnt"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut fs = n.spawn(
+        &n.a,
+        &[
+            "fileserver",
+            "--bind",
+            "192.0.2.1:7200",
+            "--root",
+            &root.to_string_lossy(),
+            "--exit-after",
+            "180s",
+        ],
+    );
+    wait_banner(&mut fs);
+    // Mount and dd in one mount namespace (`ip netns exec` makes one).
+    let script = format!(
+        "{BIN} mount --bind 192.0.2.2:0 --deadline 0 192.0.2.1:7200 {m} >/dev/null 2>&1 &\n\
+         M=$!\n\
+         for i in $(seq 100); do mountpoint -q {m} && break; sleep 0.1; done\n\
+         mountpoint -q {m} || {{ echo nomount; exit 9; }}\n\
+         echo mounted\n\
+         dd if=/dev/zero of={m}/f bs=1M count=4000 conv=fsync 2>&1 | tail -n 3\n\
+         echo dd-done\n\
+         kill $M; wait $M\n",
+        m = mnt.display()
+    );
+    let mut sh = Command::new("ip");
+    sh.args(["netns", "exec", &n.b, "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut g = Group(sh.spawn().expect("spawn sh"));
+    let out = g.0.stdout.take().unwrap();
+    let mut out = BufReader::new(out);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "mounted");
+    std::thread::sleep(Duration::from_secs(2));
+    let route = ["-n", &n.b, "route", "add", "blackhole", "192.0.2.1/32"];
+    assert!(ip(&route));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(ip(&["-n", &n.b, "route", "del", "blackhole", "192.0.2.1/32"]));
+    let healed = Instant::now();
+    // dd ends (with an error, or done) — read on a thread so a hang
+    // cannot block the test past its bound.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        for l in out.lines().map_while(Result::ok) {
+            rest.push_str(&l);
+            rest.push('\n');
+            if l == "dd-done" {
+                break;
+            }
+        }
+        let _ = tx.send(rest);
+    });
+    let rest = match rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(r) => r,
+        Err(_) => {
+            drop(g);
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("dd still blocked 90 s after the route came back");
+        }
+    };
+    eprintln!("dd ended {:?} after the route came back: {rest}", healed.elapsed());
+    drop(g);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(rest.contains("dd-done"), "{rest}");
+    // The cut made a write fail (the server's EIO, or a client timeout).
+    assert!(rest.contains("error"), "{rest}");
+}
