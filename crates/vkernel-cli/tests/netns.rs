@@ -731,3 +731,80 @@ fn a_failed_move_in_the_file_server_fails_the_write() {
     // The cut made a write fail (the server's EIO, or a client timeout).
     assert!(rest.contains("error"), "{rest}");
 }
+
+/// Issue 19 item 1 through the IPdisk: a large write whose MoveFrom fails
+/// on the disk (b → a blackholed for 4 s) ends `disk-cli write` with an
+/// error instead of blocking it for good. On 59f2330 the request executor
+/// returned on the failed move without replying.
+#[test]
+fn a_failed_move_in_the_disk_fails_the_write() {
+    let Some(n) = Pair::create("k") else { return };
+    let mut disk = n.spawn(
+        &n.a,
+        &[
+            "disk",
+            "--bind",
+            "192.0.2.1:7400",
+            "--backing",
+            "ram:512M",
+            "--owner-key",
+            "7",
+            "--exit-after",
+            "180s",
+        ],
+    );
+    wait_banner(&mut disk);
+    let mut cli = n.spawn(
+        &n.b,
+        &[
+            "disk-cli",
+            "--bind",
+            "192.0.2.2:0",
+            "--peer",
+            "192.0.2.1:7400",
+            "--disk-key",
+            "7",
+            "write",
+            "--pattern",
+            "0x5a",
+            "--length",
+            "512M",
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(cli.0.try_wait().unwrap().is_none(), "write ended too soon");
+    assert!(ip(&[
+        "-n",
+        &n.b,
+        "route",
+        "add",
+        "blackhole",
+        "192.0.2.1/32"
+    ]));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(ip(&[
+        "-n",
+        &n.b,
+        "route",
+        "del",
+        "blackhole",
+        "192.0.2.1/32"
+    ]));
+    let healed = Instant::now();
+    let status = loop {
+        if let Some(s) = cli.0.try_wait().unwrap() {
+            break s;
+        }
+        if healed.elapsed() > Duration::from_secs(90) {
+            let _ = cli.0.kill();
+            panic!("disk-cli write still blocked 90 s after the route came back");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    let _ = cli.0.stderr.take().unwrap().read_to_string(&mut err);
+    eprintln!(
+        "disk-cli ended {:?} after the route came back ({status}): {err}",
+        healed.elapsed()
+    );
+}
