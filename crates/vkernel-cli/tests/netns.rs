@@ -680,7 +680,7 @@ fn a_failed_move_in_the_file_server_fails_the_write() {
          for i in $(seq 100); do mountpoint -q {m} && break; sleep 0.1; done\n\
          mountpoint -q {m} || {{ echo nomount; exit 9; }}\n\
          echo mounted\n\
-         dd if=/dev/zero of={m}/f bs=1M count=4000 conv=fsync 2>&1 | tail -n 3\n\
+         dd if=/dev/zero of={m}/f bs=1M count=4000 conv=fsync 2>&1\n\
          echo dd-done\n\
          kill $M; wait $M\n",
         m = mnt.display()
@@ -700,7 +700,14 @@ fn a_failed_move_in_the_file_server_fails_the_write() {
     let route = ["-n", &n.b, "route", "add", "blackhole", "192.0.2.1/32"];
     assert!(ip(&route));
     std::thread::sleep(Duration::from_secs(4));
-    assert!(ip(&["-n", &n.b, "route", "del", "blackhole", "192.0.2.1/32"]));
+    assert!(ip(&[
+        "-n",
+        &n.b,
+        "route",
+        "del",
+        "blackhole",
+        "192.0.2.1/32"
+    ]));
     let healed = Instant::now();
     // dd ends (with an error, or done) — read on a thread so a hang
     // cannot block the test past its bound.
@@ -724,7 +731,10 @@ fn a_failed_move_in_the_file_server_fails_the_write() {
             panic!("dd still blocked 90 s after the route came back");
         }
     };
-    eprintln!("dd ended {:?} after the route came back: {rest}", healed.elapsed());
+    eprintln!(
+        "dd ended {:?} after the route came back: {rest}",
+        healed.elapsed()
+    );
     drop(g);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(rest.contains("dd-done"), "{rest}");
