@@ -30,9 +30,13 @@ pub fn serve(p: Process) {
         if m.code() == ECHO_BULK {
             // A failed move still gets an answer (word 1 = u32::MAX): an
             // unanswered Send would wait on replyPending forever.
-            if let Err(e) = bulk(&p, &mut m, i.from) {
-                tracing::debug!("bulk echo for {}: {e}", i.from);
-                m.0[1] = u32::MAX;
+            match bulk(&p, &mut m, i.from) {
+                Ok(()) => {}
+                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+                Err(e) => {
+                    tracing::debug!("bulk echo for {}: {e}", i.from);
+                    m.0[1] = u32::MAX;
+                }
             }
             if let Err(e) = p.reply(&m, i.from) {
                 tracing::debug!("bulk echo reply to {}: {e}", i.from);

@@ -447,13 +447,19 @@ fn execute(p: &Process, sh: &Shared, m: Message, i: &Incoming, appended: &[u8], 
     sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
     let r = req.handle(bufs);
     sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
-    if let Err(e) = r {
-        // A failed move (or reply) left the client unanswered: answer
-        // Failed so its Send ends (harmless if the client is gone).
-        tracing::debug!("ipdisk: request from {}: {e}", i.from);
-        let mut f = Message::zero();
-        f.0[0] = msg::reply_word0(Response::Failed, 0);
-        let _ = p.reply(&f, i.from);
+    match r {
+        Ok(()) => {}
+        // The host is going away: the client sees it go (timeout or no
+        // such process) and may find a restarted disk.
+        Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => {}
+        Err(e) => {
+            // A failed move (or reply) left the client unanswered: answer
+            // Failed so its Send ends (harmless if the client is gone).
+            tracing::debug!("ipdisk: request from {}: {e}", i.from);
+            let mut f = Message::zero();
+            f.0[0] = msg::reply_word0(Response::Failed, 0);
+            let _ = p.reply(&f, i.from);
+        }
     }
     bufs.trim();
 }

@@ -475,12 +475,18 @@ fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
             appended: &appended[..i.seg_bytes.min(appended.len())],
         };
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = req.handle(&mut scratch) {
-            // A failed move (or reply) left the client unanswered: answer
-            // EIO so its Send ends (harmless if the client is gone).
-            tracing::debug!("vio: request {:#x} from {}: {e}", m.code(), i.from);
-            sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-            error_reply(&p, i.from, Errno::EIO);
+        match req.handle(&mut scratch) {
+            Ok(()) => {}
+            // The host is going away: the client sees it go (timeout or
+            // no such process) and may find a restarted server.
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) => {
+                // A failed move (or reply) left the client unanswered:
+                // answer EIO so its Send ends (harmless if it is gone).
+                tracing::debug!("vio: request {:#x} from {}: {e}", m.code(), i.from);
+                sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                error_reply(&p, i.from, Errno::EIO);
+            }
         }
         if scratch.capacity() > (32 << 20) {
             scratch = Vec::new();
