@@ -11,7 +11,7 @@ use vkernel_disk::dvd::Dvd;
 use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
 use vkernel_disk::server::{DiskServer, ServerConfig};
 
-use crate::hostopts::{logical_id, HostOpts};
+use crate::hostopts::{auth_hint, logical_id, HostOpts};
 
 /// Arguments of `vkernel disk`.
 ///
@@ -201,17 +201,19 @@ pub fn connect(k: &Kernel, target: &str, key: u64, depth: usize) -> Result<Clien
         None => {
             let pid = p
                 .get_pid(logical_id(who), Scope::Any)
-                .map_err(|e| format!("GetPid(\"{who}\"): {e}"))?;
+                .map_err(|e| format!("GetPid(\"{who}\"): {e}{}", auth_hint(k)))?;
             if pid.is_none() {
                 return Err(format!(
-                    "no host found a process registered as \"{who}\" (give --peer ADDR of the disk's host)"
+                    "no host found a process registered as \"{who}\" (give --peer ADDR of the disk's host){}",
+                    auth_hint(k)
                 ));
             }
             pid
         }
     };
     drop(p);
-    Client::open(k, server, dvd, key, depth).map_err(|e| format!("opening {target}: {e}"))
+    Client::open(k, server, dvd, key, depth)
+        .map_err(|e| format!("opening {target}: {e}{}", auth_hint(k)))
 }
 
 /// Arguments of `vkernel disk-cli`.

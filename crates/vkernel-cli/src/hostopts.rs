@@ -155,3 +155,27 @@ pub fn logical_id(name: &str) -> u32 {
 pub fn service_group(name: &str) -> Pid {
     Pid::well_known_group(logical_id(name) as u16)
 }
+
+/// What to add to a "nobody answered" error when datagrams this host
+/// received failed authentication: how many, and the likely cause (keys
+/// that differ, or one side without a key). Empty when none failed.
+pub fn auth_hint(k: &vkernel::Kernel) -> String {
+    use vkernel_proto::auth::Reject;
+    let st = k.stats();
+    let bad: u64 = [
+        Reject::Truncated,
+        Reject::NoKey,
+        Reject::UnknownKey,
+        Reject::BadTag,
+    ]
+    .into_iter()
+    .map(|r| st.auth_rejects_of(r))
+    .sum();
+    if bad == 0 {
+        return String::new();
+    }
+    format!(
+        "; {bad} datagram{} received here failed authentication: the peers use another cluster key (or none) — check --key/--key-file on both sides",
+        if bad == 1 { "" } else { "s" }
+    )
+}

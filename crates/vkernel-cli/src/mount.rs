@@ -9,7 +9,7 @@ use vkernel::{Kernel, Pid, Scope};
 use vkernel_fs::client::{Client, Rediscover};
 use vkernel_fs::fuse::{self, FuseOptions};
 
-use crate::hostopts::{logical_id, HostOpts};
+use crate::hostopts::{auth_hint, logical_id, HostOpts};
 
 /// Arguments of `vkernel mount`: mounts a file server (`vkernel
 /// fileserver`) at MOUNTPOINT with FUSE so unmodified programs use its
@@ -114,11 +114,12 @@ pub(crate) fn locate_service(
     let p = k.create_process().map_err(|e| e.to_string())?;
     let pid = p
         .get_pid(logical_id(name), Scope::Any)
-        .map_err(|e| format!("GetPid(\"{name}\"): {e}"))?;
+        .map_err(|e| format!("GetPid(\"{name}\"): {e}{}", auth_hint(k)))?;
     if pid.is_none() {
         return Err(format!(
-            "no host among {:?} has {what} registered as \"{name}\"",
-            host.peers
+            "no host among {:?} has {what} registered as \"{name}\"{}",
+            host.peers,
+            auth_hint(k)
         ));
     }
     Ok(pid)

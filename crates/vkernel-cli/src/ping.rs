@@ -5,7 +5,7 @@ use std::time::Instant;
 use vkernel::{Kernel, Message, Pid, Scope, Segment};
 
 use crate::echo::{ECHO, ECHO_BULK, MAX_BULK};
-use crate::hostopts::{logical_id, HostOpts};
+use crate::hostopts::{auth_hint, logical_id, HostOpts};
 use crate::stats::Summary;
 
 /// Arguments of `vkernel ping`.
@@ -77,11 +77,13 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         None => {
             let pid = p
                 .get_pid(logical_id(&a.name), Scope::Remote)
-                .map_err(|e| format!("GetPid(\"{}\"): {e}", a.name))?;
+                .map_err(|e| format!("GetPid(\"{}\"): {e}{}", a.name, auth_hint(&k)))?;
             if pid.is_none() {
                 return Err(format!(
-                    "no host among {:?} has a process registered as \"{}\"",
-                    a.host.peers, a.name
+                    "no host among {:?} has a process registered as \"{}\"{}",
+                    a.host.peers,
+                    a.name,
+                    auth_hint(&k)
                 ));
             }
             pid
@@ -132,8 +134,9 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             Err(e) => {
                 if a.stop_on_error {
                     return Err(format!(
-                        "exchange {i} failed after {:.0} ms: {e}",
-                        dt.as_secs_f64() * 1e3
+                        "exchange {i} failed after {:.0} ms: {e}{}",
+                        dt.as_secs_f64() * 1e3,
+                        auth_hint(&k)
                     ));
                 }
                 last_err = Some(e);
@@ -154,7 +157,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
     if a.json {
         let j = serde_json::json!({
             "server": server.to_string(), "size": a.size, "summary": s, "failures": failures,
-            "retransmits": st.retransmits, "spin_us": a.host.spin.as_micros() as u64,
+            "retransmits": st.retransmits, "bulk_retransmits": st.bulk_retransmits, "spin_us": a.host.spin.as_micros() as u64,
         });
         println!("{j}");
     } else {
@@ -173,14 +176,16 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             ),
         }
         println!(
-            "  {:.0} exchanges/s; retransmissions {}; wait: spin {:?} then block",
+            "  {:.0} exchanges/s; retransmissions {} ({} requests, {} bulk chunks); wait: spin {:?} then block",
             (a.warmup + a.count) as f64 / elapsed.as_secs_f64().max(1e-9),
+            st.retransmits + st.bulk_retransmits,
             st.retransmits,
+            st.bulk_retransmits,
             a.host.spin
         );
     }
     if let Some(e) = last_err {
-        eprintln!("last error: {e}");
+        eprintln!("last error: {e}{}", auth_hint(&k));
     }
     if failures == a.count && a.count > 0 {
         return Err("every exchange failed".into());

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vkernel::{HostId, Kernel};
 
-use crate::hostopts::HostOpts;
+use crate::hostopts::{auth_hint, HostOpts};
 
 /// Arguments of `vkernel stats`.
 #[derive(clap::Args, Debug)]
@@ -52,7 +52,7 @@ pub fn run(a: StatsArgs) -> Result<(), String> {
     let hosts: Vec<HostId> = if a.hosts.is_empty() {
         let mut hs: Vec<HostId> = p
             .select_hosts(256, Duration::from_millis(300), f64::NEG_INFINITY)
-            .map_err(|e| format!("no host answered: {e}"))?
+            .map_err(|e| format!("no host answered: {e}{}", auth_hint(&k)))?
             .iter()
             .map(|h| h.kernel_server.host())
             .filter(|&h| h != k.host_id())
@@ -129,7 +129,7 @@ pub fn run(a: StatsArgs) -> Result<(), String> {
                 tx_s,
                 rate("remote_exchanges", n(&v, "remote_exchanges")),
                 rate("local_exchanges", n(&v, "local_exchanges")),
-                n(&v, "retransmits"),
+                n(&v, "retransmits") + n(&v, "bulk_retransmits"),
                 n(&v, "duplicates"),
                 sum(&v["drops"]) + sum(&v["auth_rejects"]),
                 n(&v["remote_latency_us"], "p50"),

@@ -41,6 +41,10 @@ pub enum IpcError {
     /// No local id is free.
     #[error("process table full")]
     TableFull,
+    /// The runtime could not get the file descriptors a process needs
+    /// (EMFILE/ENFILE).
+    #[error("out of file descriptors: each process holds 2 (raise `ulimit -n`)")]
+    OutOfDescriptors,
     /// The remote kernel refused the request for lack of resources.
     #[error("remote kernel has no resources")]
     NoResources,

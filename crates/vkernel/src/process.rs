@@ -267,7 +267,7 @@ impl Process {
         let Some(waiter) = Waiter::new() else {
             // Out of file descriptors: undo the creation.
             let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
-            return Err(IpcError::TableFull);
+            return Err(IpcError::OutOfDescriptors);
         };
         let waiter = Arc::new(waiter);
         shared.register(pid, waiter.clone());
