@@ -171,11 +171,22 @@ pub fn auth_hint(k: &vkernel::Kernel) -> String {
     .into_iter()
     .map(|r| st.auth_rejects_of(r))
     .sum();
-    if bad == 0 {
-        return String::new();
+    let refused = st.auth_refused_by_peer;
+    let mut out = String::new();
+    if refused > 0 {
+        out += &format!(
+            "; peers said {refused} time{} that datagrams from here failed authentication",
+            if refused == 1 { "" } else { "s" }
+        );
     }
-    format!(
-        "; {bad} datagram{} received here failed authentication: the peers use another cluster key (or none) — check --key/--key-file on both sides",
-        if bad == 1 { "" } else { "s" }
-    )
+    if bad > 0 {
+        out += &format!(
+            "; {bad} datagram{} received here failed authentication",
+            if bad == 1 { "" } else { "s" }
+        );
+    }
+    if !out.is_empty() {
+        out += " (the hosts use different cluster keys, or one has none: check --key/--key-file on both sides)";
+    }
+    out
 }

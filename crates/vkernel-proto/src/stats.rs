@@ -151,6 +151,9 @@ pub struct Stats {
     pub drops: [u64; 11],
     /// RemoteSend retransmissions.
     pub retransmits: u64,
+    /// Notices from peers that datagrams from here failed authentication
+    /// there (unauthenticated hints, only counted).
+    pub auth_refused_by_peer: u64,
     /// Bulk-data chunks retransmitted.
     pub bulk_retransmits: u64,
     /// Duplicate requests filtered (answered with replyPending or a saved reply).

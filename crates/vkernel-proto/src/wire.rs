@@ -121,6 +121,9 @@ pub enum Status {
     Busy = 5,
     /// Malformed request.
     BadRequest = 6,
+    /// In an unauthenticated NAck from a keyed host (or to one): a datagram
+    /// from the addressee failed authentication here. Only ever counted.
+    AuthFailed = 7,
 }
 
 impl Status {
@@ -133,6 +136,7 @@ impl Status {
             3 => Status::AccessDenied,
             4 => Status::OutOfBounds,
             5 => Status::Busy,
+            7 => Status::AuthFailed,
             _ => Status::BadRequest,
         }
     }

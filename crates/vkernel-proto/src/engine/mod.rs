@@ -302,7 +302,16 @@ pub struct Engine {
     /// [`Engine::take_own`] instead of being announced by an event.
     caller: Option<Pid>,
     own: Option<Completion>,
+    /// Unauthenticated notices to send as they are (never sealed): "your
+    /// datagram failed authentication here" ([`Status::AuthFailed`]).
+    notices: VecDeque<Transmit>,
+    /// When the last notice was queued (at most one per
+    /// [`NOTICE_GAP`]).
+    last_notice: Option<Micros>,
 }
+
+/// Least time between two authentication-failure notices.
+const NOTICE_GAP: Micros = 10_000;
 
 /// A bulk datagram queued with its data left in the lent buffer.
 struct Chunk {
@@ -391,6 +400,8 @@ impl Engine {
             placed: false,
             caller: None,
             own: None,
+            notices: VecDeque::new(),
+            last_notice: None,
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.events.push_back(Event::HostReady(id));
@@ -433,6 +444,9 @@ impl Engine {
 
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if let Some(t) = self.notices.pop_front() {
+            return Some(t);
+        }
         if !self.chunks.is_empty() {
             self.encode_chunks();
         }
@@ -516,7 +530,10 @@ impl Engine {
 
     /// True if datagrams, bulk chunks or events wait to be taken.
     pub fn has_output(&self) -> bool {
-        !self.transmits.is_empty() || !self.chunks.is_empty() || !self.events.is_empty()
+        !self.transmits.is_empty()
+            || !self.chunks.is_empty()
+            || !self.events.is_empty()
+            || !self.notices.is_empty()
     }
 
     fn arm(&mut self, t: Micros) {
@@ -1539,6 +1556,11 @@ impl Engine {
             // A keyed datagram at a host without keys: we cannot check it.
             if buf.len() > 5 && buf[0] == wire::MAGIC && buf[5] != 0 {
                 self.stats.auth_rejects[crate::auth::Reject::UnknownKey as usize] += 1;
+                self.notify_auth_failed(now, from, buf);
+                return;
+            }
+            if Self::is_auth_notice(buf) {
+                self.stats.auth_refused_by_peer += 1;
                 return;
             }
             return self.handle_plain(now, from, buf);
@@ -1549,12 +1571,54 @@ impl Engine {
                 self.auth = Some(auth);
                 self.handle_plain(now, from, inner);
             }
+            Err(crate::auth::Reject::NoKey) if Self::is_auth_notice(buf) => {
+                self.auth = Some(auth);
+                self.stats.auth_refused_by_peer += 1;
+            }
             Err(r) => {
                 self.auth = Some(auth);
                 self.stats.auth_rejects[r as usize] += 1;
+                if r != crate::auth::Reject::Replay {
+                    self.notify_auth_failed(now, from, buf);
+                }
             }
         }
         self.open_buf = scratch;
+    }
+
+    /// Is this an unauthenticated NAck saying our datagram failed
+    /// authentication at its sender?
+    fn is_auth_notice(buf: &[u8]) -> bool {
+        wire::decode(buf).is_ok_and(|p| {
+            p.header.ptype == PacketType::NAck && p.header.status == Status::AuthFailed
+        })
+    }
+
+    /// Tells `to` (unauthenticated, rate-limited) that a datagram from it
+    /// failed authentication here, so its user learns the keys differ
+    /// instead of seeing silence. The receiver only counts it.
+    fn notify_auth_failed(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
+        // To the port the datagram names for answers (it may have left
+        // from a send-only side socket); unverified, but a notice is
+        // only counted, and goes to the sender's own address.
+        let mut to = from;
+        if let Some(&[a, b]) = buf.get(6..8) {
+            let port = u16::from_be_bytes([a, b]);
+            if port != 0 {
+                to.set_port(port);
+            }
+        }
+        if self
+            .last_notice
+            .is_some_and(|t| now.saturating_sub(t) < NOTICE_GAP)
+        {
+            return;
+        }
+        self.last_notice = Some(now);
+        let mut h = Header::new(PacketType::NAck);
+        h.status = Status::AuthFailed;
+        let data = wire::encode(&h, &Message::zero(), &[]);
+        self.notices.push_back(Transmit { to, data });
     }
 
     fn handle_plain(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {

@@ -2192,7 +2192,9 @@ fn busy_net() -> (Net, Vec<Pid>) {
 fn check_counted(n: &Net, before: &[(u64, u64)], injected: &[u64]) {
     for (i, e) in n.e.iter().enumerate() {
         let st = e.stats();
-        let rx: u64 = st.rx.iter().sum::<u64>() + st.auth_rejects.iter().sum::<u64>();
+        let rx: u64 = st.rx.iter().sum::<u64>()
+            + st.auth_rejects.iter().sum::<u64>()
+            + st.auth_refused_by_peer;
         assert_eq!(
             rx + st.malformed() - (before[i].0 + before[i].1),
             injected[i],
