@@ -56,6 +56,10 @@ pub struct NbdArgs {
     /// failing the command with EIO; 0 = fail at once.
     #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "30s")]
     rediscover: Duration,
+    /// A command to the disk not answered within this long fails (EIO to
+    /// the NBD client) instead of holding the request; 0 = no deadline.
+    #[arg(long, value_parser = vkernel::net::parse_duration, default_value = "60s")]
+    deadline: Duration,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -82,7 +86,9 @@ pub fn limits(memory: usize, max_connections: usize, handshake: Duration) -> Lim
 
 /// Runs `vkernel nbd`.
 pub fn run(a: NbdArgs) -> Result<(), String> {
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let mut cfg = a.host.config();
+    cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
+    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
     let mut c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
     if let Some(logical_id) = crate::disk::named_logical_id(&a.disk) {
         if !a.rediscover.is_zero() {
