@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use crate::wire::{DecodeError, PacketType};
 
-/// At most this many peer hosts get their own traffic counters; the rest
-/// are summed in [`Stats::other_peers`].
+/// At most this many peer hosts get their own traffic counters (those
+/// this host has sent a request or reply to); the rest are summed in
+/// [`Stats::other_peers`].
 pub const MAX_PEERS: usize = 1024;
 
 /// A log2 histogram: bucket 0 counts zeros, bucket i ≥ 1 values in
@@ -235,7 +236,10 @@ impl Stats {
         let n = self.peers.len();
         match self.peers.get_mut(&peer) {
             Some(p) => p.add(tx, bytes, message),
-            None if n < MAX_PEERS => {
+            // A peer gets its own counters only once this host sends it a
+            // request or a reply (an exchange with it): datagrams alone,
+            // with any source host id they like, cannot grow the table.
+            None if tx && message && n < MAX_PEERS => {
                 let mut p = PeerTraffic::default();
                 p.add(tx, bytes, message);
                 self.peers.insert(peer, p);

@@ -262,6 +262,9 @@ impl std::fmt::Debug for Process {
     }
 }
 
+/// The largest STATS document [`Process::host_stats`] takes.
+const MAX_STATS: usize = 64 << 20;
+
 impl Process {
     pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<Process, IpcError> {
         let Some(waiter) = Waiter::new() else {
@@ -868,22 +871,26 @@ impl Process {
     /// The counters of logical host `host` as JSON, read by message from
     /// its kernel server (this host's too).
     pub fn host_stats(&self, host: vkernel_proto::HostId) -> Result<String, IpcError> {
-        let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
-        let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
-        let r = self.send_with_segment(
-            &mut m,
-            Pid::new(host, KERNEL_SERVER_LOCAL_ID),
-            Segment::Write(&mut buf),
-        )?;
-        let n = (m.0[1] as usize).min(r.seg_bytes);
-        if n == 0 {
-            return Err(IpcError::SegmentTooLarge {
-                max: vkernel_proto::MAX_APPEND,
-            });
+        let ks = Pid::new(host, KERNEL_SERVER_LOCAL_ID);
+        // One datagram's worth first; a larger document says its size and
+        // is asked for again with room for it (it may have grown meanwhile).
+        let mut size = vkernel_proto::MAX_APPEND;
+        for _ in 0..4 {
+            let mut buf = vec![0u8; size];
+            let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
+            let r = self.send_with_segment(&mut m, ks, Segment::Write(&mut buf))?;
+            let n = (m.0[1] as usize).min(r.seg_bytes);
+            if n > 0 {
+                buf.truncate(n);
+                return String::from_utf8(buf).map_err(|_| IpcError::Refused(ks));
+            }
+            let need = m.0[2] as usize;
+            if need <= size || need > MAX_STATS {
+                break;
+            }
+            size = need + need / 4;
         }
-        buf.truncate(n);
-        String::from_utf8(buf)
-            .map_err(|_| IpcError::Refused(Pid::new(host, KERNEL_SERVER_LOCAL_ID)))
+        Err(IpcError::SegmentTooLarge { max: size })
     }
 
     /// Host selection (thesis §6): a multi-reply HOST_INFO query to every
