@@ -47,8 +47,19 @@ fn vk(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// PATH with the system's directories first: nbdsh runs `python3`, which
+/// must be the one with Debian's libnbd bindings, not another earlier on
+/// PATH (pyenv's, say).
+fn system_path() -> String {
+    format!(
+        "/usr/bin:/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 fn have(tool: &str) -> bool {
     let ok = Command::new(tool)
+        .env("PATH", system_path())
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -509,6 +520,7 @@ fn nbd_read_and_trim_past_the_end_are_einval() {
     if have("nbdsh") {
         let uri = format!("nbd://{addr}/ipdisk");
         let o = Command::new("nbdsh")
+            .env("PATH", system_path())
             .args(["-u", &uri, "-c", &format!("h.pread(1024, {})", end - 512)])
             .output()
             .expect("nbdsh");
