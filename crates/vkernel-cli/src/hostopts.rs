@@ -29,9 +29,13 @@ pub struct HostOpts {
     /// Fail a remote operation when the peer host is silent this long.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub host_timeout: Duration,
-    /// Busy-poll this long before blocking when waiting (0 = always block).
-    #[arg(long, default_value = "50us", value_parser = parse_duration)]
-    pub spin: Duration,
+    /// How a waiting process busy-polls before it blocks: `auto` spins at
+    /// most 1 ms and only while spinning pays (learned per process from
+    /// how long its waits take, how many threads spin, and whether it was
+    /// preempted); `auto:DURATION` sets that cap; a DURATION always spins
+    /// exactly that long (0 = always block).
+    #[arg(long, default_value = "auto", value_name = "auto|DURATION", value_parser = Spin::parse)]
+    pub spin: Spin,
     /// Inject faults into outgoing datagrams, e.g. `loss=0.05,dup=0.01,reorder=0.01,delay=0.1:5ms,seed=7`.
     #[arg(long, value_name = "SPEC", value_parser = FaultConfig::parse)]
     pub fault: Option<FaultConfig>,
@@ -126,7 +130,8 @@ impl HostOpts {
             datagram_size: self.datagram_size,
             window: self.window,
             host_timeout: self.host_timeout,
-            spin: self.spin,
+            spin: self.spin.max,
+            adaptive_spin: self.spin.adaptive,
             faults: self.fault.clone().unwrap_or_default(),
             multicast_port: self.multicast_port,
             group_policy: GroupPolicy {
@@ -189,4 +194,49 @@ pub fn auth_hint(k: &vkernel::Kernel) -> String {
         out += " (the hosts use different cluster keys, or one has none: check --key/--key-file on both sides)";
     }
     out
+}
+
+/// The `--spin` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spin {
+    /// Spin only while it pays (up to `max`), or always `max`.
+    pub adaptive: bool,
+    /// The longest spin.
+    pub max: Duration,
+}
+
+impl Spin {
+    fn parse(s: &str) -> Result<Spin, String> {
+        let s = s.trim();
+        if s == "auto" {
+            return Ok(Spin {
+                adaptive: true,
+                max: vkernel::AUTO_SPIN_CAP,
+            });
+        }
+        if let Some(cap) = s.strip_prefix("auto:") {
+            return Ok(Spin {
+                adaptive: true,
+                max: parse_duration(cap)?,
+            });
+        }
+        parse_duration(s)
+            .map(|max| Spin {
+                adaptive: false,
+                max,
+            })
+            .map_err(|e| format!("{e} (or `auto`, `auto:DURATION`)"))
+    }
+}
+
+impl std::fmt::Display for Spin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.adaptive {
+            write!(f, "adaptive spin up to {:?} then block", self.max)
+        } else if self.max.is_zero() {
+            write!(f, "block")
+        } else {
+            write!(f, "spin {:?} then block", self.max)
+        }
+    }
 }

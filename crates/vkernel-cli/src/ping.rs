@@ -154,10 +154,12 @@ pub fn run(a: PingArgs) -> Result<(), String> {
     let elapsed = started.elapsed();
     let s = Summary::of(&mut samples);
     let st = k.stats();
+    let waits = p.wait_counts();
     if a.json {
         let j = serde_json::json!({
             "server": server.to_string(), "size": a.size, "summary": s, "failures": failures,
-            "retransmits": st.retransmits, "bulk_retransmits": st.bulk_retransmits, "spin_us": a.host.spin.as_micros() as u64,
+            "retransmits": st.retransmits, "bulk_retransmits": st.bulk_retransmits, "spin_us": a.host.spin.max.as_micros() as u64, "adaptive_spin": a.host.spin.adaptive,
+            "waits_unblocked": waits.unblocked, "waits_blocked": waits.blocked,
         });
         println!("{j}");
     } else {
@@ -176,12 +178,14 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             ),
         }
         println!(
-            "  {:.0} exchanges/s; retransmissions {} ({} requests, {} bulk chunks); wait: spin {:?} then block",
+            "  {:.0} exchanges/s; retransmissions {} ({} requests, {} bulk chunks); wait: {} ({} waits blocked, {} did not)",
             (a.warmup + a.count) as f64 / elapsed.as_secs_f64().max(1e-9),
             st.retransmits + st.bulk_retransmits,
             st.retransmits,
             st.bulk_retransmits,
-            a.host.spin
+            a.host.spin,
+            waits.blocked,
+            waits.unblocked
         );
     }
     if let Some(e) = last_err {

@@ -42,8 +42,13 @@ pub struct KernelConfig {
     pub window: usize,
     /// A remote operation fails when the peer host is silent this long.
     pub host_timeout: Duration,
-    /// Busy-poll this long before blocking when waiting.
+    /// The longest a waiting process busy-polls before it blocks (zero:
+    /// always block).
     pub spin: Duration,
+    /// Spin only as long as spinning pays, learned per process from its
+    /// waits (hits vs misses, spinners vs CPUs, preemption), up to `spin`;
+    /// `false` always spins all of `spin`. See `spin.rs`.
+    pub adaptive_spin: bool,
     /// Default deadline of every Send of this host's processes: a Send not
     /// replied to within it fails with `IpcError::Deadline`. `None` waits
     /// as long as the server's host answers. Per process:
@@ -91,7 +96,8 @@ impl Default for KernelConfig {
             datagram_size: None,
             window: 1 << 20,
             host_timeout: Duration::from_secs(3),
-            spin: Duration::from_micros(50),
+            spin: crate::spin::AUTO_SPIN_CAP,
+            adaptive_spin: true,
             send_deadline: None,
             faults: FaultConfig::default(),
             socket_buffer: 8 << 20,
@@ -154,7 +160,12 @@ pub(crate) struct Shared {
     /// The last datagram read was a bulk chunk: more are likely, so the
     /// next is peeked at to receive its data in place.
     bulk_rx: AtomicBool,
-    pub(crate) spin: Duration,
+    /// Every new process's waiting strategy.
+    pub(crate) spin: crate::spin::SpinPolicy,
+    /// Online CPUs (spinners beyond them only take time from others).
+    pub(crate) cpus: u64,
+    /// Whether the machine has more runnable threads than CPUs.
+    pub(crate) run_queue: crate::spin::RunQueue,
     pub(crate) send_deadline: Option<Duration>,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
@@ -687,7 +698,13 @@ impl Kernel {
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             bulk_rx: AtomicBool::new(false),
-            spin: cfg.spin,
+            spin: if cfg.adaptive_spin {
+                crate::spin::SpinPolicy::adaptive(cfg.spin)
+            } else {
+                crate::spin::SpinPolicy::fixed(cfg.spin)
+            },
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            run_queue: crate::spin::RunQueue::new(),
             send_deadline: cfg.send_deadline,
             host: HostId(0),
             tracer: match &cfg.trace {

@@ -32,12 +32,14 @@ mod lent;
 pub mod metrics;
 pub mod net;
 mod process;
+mod spin;
 pub mod sys;
 mod trace;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
-pub use process::{HostLoad, Incoming, Process, Reply, Segment};
+pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};
+pub use spin::AUTO_SPIN_CAP;
 pub use vkernel_proto::{
     message, DropReason, GroupMode, GroupPolicy, HostId, IpcError, Message, Pid, Scope, SegAccess,
     Stats,

@@ -22,6 +22,7 @@ use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
 use crate::kernel::{destroy_local, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
+use crate::spin::SpinPolicy;
 use crate::sys::{poll2, EventFd};
 use crate::trace::Phase;
 
@@ -180,6 +181,17 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// How a process's waits (for a reply, a message, a move) ended: the
+/// answer was there, or came while the process busy-polled, or the process
+/// had to block and be woken (which costs tens of µs across CPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitCounts {
+    /// Waits that ended without blocking.
+    pub unblocked: u64,
+    /// Waits that blocked.
+    pub blocked: u64,
+}
+
 /// A segment lent with a Send: the receiver may read and/or write it while
 /// the sender awaits its reply.
 pub enum Segment<'a> {
@@ -248,7 +260,8 @@ pub struct Process {
     shared: Arc<Shared>,
     pid: Pid,
     waiter: Arc<Waiter>,
-    spin: std::cell::Cell<Duration>,
+    spin: std::cell::Cell<SpinPolicy>,
+    waits: std::cell::Cell<WaitCounts>,
     send_deadline: std::cell::Cell<Option<Duration>>,
     socket_reader: std::cell::Cell<bool>,
     /// The last message received came from another host.
@@ -281,6 +294,7 @@ impl Process {
             pid,
             waiter,
             spin,
+            waits: std::cell::Cell::new(WaitCounts::default()),
             send_deadline,
             socket_reader: std::cell::Cell::new(true),
             last_from_remote: std::cell::Cell::new(true),
@@ -292,10 +306,22 @@ impl Process {
         &self.shared
     }
 
-    /// Sets how long this process busy-polls before blocking when it waits
-    /// (the host's `KernelConfig::spin` by default). Zero always blocks.
+    /// Makes this process busy-poll exactly `d` before it blocks when it
+    /// waits, whatever happens (zero: always block). By default it follows
+    /// the host's `KernelConfig::spin` and `adaptive_spin`.
     pub fn set_spin(&self, d: Duration) {
-        self.spin.set(d);
+        self.spin.set(SpinPolicy::fixed(d));
+    }
+
+    /// Makes this process busy-poll at most `cap` before it blocks, and
+    /// only as long as spinning pays (see `KernelConfig::adaptive_spin`).
+    pub fn set_spin_auto(&self, cap: Duration) {
+        self.spin.set(SpinPolicy::adaptive(cap));
+    }
+
+    /// How this process's waits have ended so far.
+    pub fn wait_counts(&self) -> WaitCounts {
+        self.waits.get()
     }
 
     /// Sets the principal this process runs as (the thesis's
@@ -328,13 +354,45 @@ impl Process {
         self.pid
     }
 
-    /// Waits for the completion of the operation just started.
+    /// Waits for the completion of the operation just started, spinning
+    /// as long as the process's [`SpinPolicy`] says, and teaches the policy
+    /// how long the wait took.
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
         let sh = &self.shared;
-        let w = &self.waiter;
         let start = sh.now();
-        let spin = self.spin.get();
-        let spin_us = spin.as_micros().min(u128::from(u64::MAX)) as u64;
+        let mut policy = self.spin.get();
+        let spin_us = if policy.wants_to_spin() {
+            let crowded = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
+            policy.budget_us(sh.spinning(), sh.cpus, crowded)
+        } else {
+            0
+        };
+        let mut blocked = false;
+        let r = self.wait_spin_then_block(expect, start, spin_us, &mut blocked);
+        let mut n = self.waits.get();
+        if blocked {
+            n.blocked += 1;
+        } else {
+            n.unblocked += 1;
+        }
+        self.waits.set(n);
+        if policy.is_adaptive() {
+            policy.record(sh.now().saturating_sub(start));
+            self.spin.set(policy);
+        }
+        r
+    }
+
+    fn wait_spin_then_block(
+        &self,
+        expect: Expect,
+        start: u64,
+        spin_us: u64,
+        blocked: &mut bool,
+    ) -> Result<Completion, IpcError> {
+        let sh = &self.shared;
+        let w = &self.waiter;
+        let spin = Duration::from_micros(spin_us);
         // Microseconds between socket polls while spinning: none when a
         // datagram is expected; when a local hand-over is, polls are rare,
         // since a recv syscall in progress delays seeing the hand-over.
@@ -421,6 +479,7 @@ impl Process {
                 spinning = false;
                 counted = None;
             }
+            *blocked = true;
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
                 w.parked.store(false, Ordering::SeqCst);

@@ -1,0 +1,312 @@
+//! How long a waiting process busy-polls before it blocks.
+//!
+//! Spinning pays when the answer comes sooner than a blocked thread can be
+//! woken (tens of µs across CPUs in a VM) and a CPU is free to spin on; it
+//! costs when waits are long or when the spinner takes the CPU that the
+//! work it waits for needs. A fixed budget gets one of those wrong: 50 µs
+//! halves a loaded NBD gateway's throughput, and two hosts that each spin
+//! a little less than a wake-up takes fall into lockstep where every
+//! exchange pays two wake-ups (after one lost datagram, for good).
+//!
+//! The adaptive policy ([`SpinPolicy::adaptive`]) decides per process from
+//! what it saw (all deterministic, unit-tested below):
+//! - **hits vs misses**: a score rises with each wait that ended within
+//!   the cap (spinning would have caught it) and falls with each that did
+//!   not; below a threshold the process blocks at once;
+//! - **how long to spin**: twice a decaying maximum of recent waits,
+//!   between a floor and the cap, so after a long wait (a loss, an idle
+//!   gap) it spins the whole cap for a while and two processes that fell
+//!   out of step catch each other again;
+//! - **CPUs**: no more spinners on a host than CPUs, and none while the
+//!   machine has more runnable threads than CPUs ([`RunQueue`]): then a
+//!   spinner only takes a CPU from a thread with work to do.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The cap `--spin auto` uses.
+pub const AUTO_SPIN_CAP: Duration = Duration::from_micros(1000);
+
+/// The least an adaptive spin lasts once it spins at all: about a wake-up.
+const FLOOR_US: u64 = 50;
+/// Score bounds: spinning is on at or above `SCORE_ON`.
+const SCORE_MAX: u8 = 32;
+const SCORE_ON: u8 = 16;
+/// What a wait longer than the cap takes off the score.
+const LONG_WAIT_PENALTY: u8 = 4;
+
+/// A process's waiting strategy and what it has learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SpinPolicy {
+    adaptive: bool,
+    /// Fixed budget, or the adaptive cap, in µs.
+    cap_us: u64,
+    /// Decaying maximum of recent waits (µs, at most 4 × cap).
+    est_us: u64,
+    score: u8,
+}
+
+impl SpinPolicy {
+    /// Always spin `d` (zero: always block).
+    pub(crate) fn fixed(d: Duration) -> SpinPolicy {
+        SpinPolicy {
+            adaptive: false,
+            cap_us: micros(d),
+            est_us: 0,
+            score: 0,
+        }
+    }
+
+    /// Spin at most `cap`, as long as spinning pays.
+    pub(crate) fn adaptive(cap: Duration) -> SpinPolicy {
+        let cap_us = micros(cap);
+        SpinPolicy {
+            adaptive: true,
+            cap_us,
+            // Start as a fixed spin would: spinning, a floor's worth.
+            est_us: FLOOR_US / 2,
+            score: SCORE_MAX,
+        }
+    }
+
+    /// Is the budget learned (rather than fixed)?
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+
+    /// Would the next wait spin, CPUs allowing? (Asked before
+    /// [`SpinPolicy::budget_us`] to skip sampling the run queue.)
+    pub(crate) fn wants_to_spin(&self) -> bool {
+        self.cap_us > 0 && (!self.adaptive || self.score >= SCORE_ON)
+    }
+
+    /// How long the next wait may spin (µs), given how many threads of
+    /// the host already spin, how many CPUs there are, and whether more
+    /// threads are runnable than CPUs.
+    pub(crate) fn budget_us(&self, spinners: u64, cpus: u64, contended: bool) -> u64 {
+        if !self.adaptive {
+            return self.cap_us;
+        }
+        if self.score < SCORE_ON || spinners >= cpus || contended {
+            return 0;
+        }
+        self.est_us
+            .saturating_mul(2)
+            .clamp(FLOOR_US.min(self.cap_us), self.cap_us)
+    }
+
+    /// Learns from a finished wait: how long it lasted.
+    pub(crate) fn record(&mut self, waited_us: u64) {
+        if !self.adaptive {
+            return;
+        }
+        let w = waited_us.min(self.cap_us.saturating_mul(4));
+        self.est_us = w.max(self.est_us - self.est_us / 8);
+        self.score = if waited_us <= self.cap_us {
+            (self.score + 1).min(SCORE_MAX)
+        } else {
+            self.score.saturating_sub(LONG_WAIT_PENALTY)
+        };
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX / 8)) as u64
+}
+
+/// Samples how many threads the machine has runnable (the `R` of
+/// `/proc/loadavg`'s `R/T` field), at most once per [`SAMPLE_GAP_US`],
+/// smoothed: more runnable threads than CPUs means a spinner takes a CPU
+/// that another thread is waiting for.
+pub(crate) struct RunQueue {
+    file: Option<std::fs::File>,
+    next_sample: AtomicU64,
+    /// Exponentially weighted mean of the samples, × 16.
+    mean_x16: AtomicU64,
+}
+
+/// Least time between two samples of the run queue (µs).
+pub(crate) const SAMPLE_GAP_US: u64 = 1000;
+
+impl RunQueue {
+    pub(crate) fn new() -> RunQueue {
+        RunQueue {
+            file: std::fs::File::open("/proc/loadavg").ok(),
+            next_sample: AtomicU64::new(0),
+            mean_x16: AtomicU64::new(0),
+        }
+    }
+
+    /// Are more threads runnable than there are CPUs (on average, lately)?
+    /// `now` is in µs; one caller per gap reads the file, the rest use the
+    /// last mean. Without `/proc` it never says so.
+    pub(crate) fn contended(&self, now: u64, cpus: u64) -> bool {
+        let next = self.next_sample.load(Ordering::Relaxed);
+        if now >= next
+            && self
+                .next_sample
+                .compare_exchange(
+                    next,
+                    now + SAMPLE_GAP_US,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            if let Some(r) = self.read() {
+                let m = self.mean_x16.load(Ordering::Relaxed);
+                self.mean_x16.store(smooth(m, r), Ordering::Relaxed);
+            }
+        }
+        over(self.mean_x16.load(Ordering::Relaxed), cpus)
+    }
+
+    fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        running(std::str::from_utf8(&buf[..n]).ok()?)
+    }
+}
+
+/// The runnable count of a `/proc/loadavg` line (`0.5 0.3 0.1 2/81 123`).
+fn running(line: &str) -> Option<u64> {
+    line.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The mean (× 16) after one more sample: an eighth of the way to it.
+fn smooth(mean_x16: u64, sample: u64) -> u64 {
+    (mean_x16 * 7 + sample.min(1 << 20) * 16) / 8
+}
+
+/// Do the other runnable threads (the sample counts the thread taking it,
+/// which is about to wait) keep every CPU busy on average? Then a spinner
+/// takes a CPU from a thread with work. (A client and the server it just
+/// woke make two; a loaded gateway on two CPUs samples four.)
+fn over(mean_x16: u64, cpus: u64) -> bool {
+    mean_x16 >= (cpus + 1) * 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAP: Duration = Duration::from_micros(1000);
+
+    #[test]
+    fn fixed_spins_its_budget_whatever_happens() {
+        let mut p = SpinPolicy::fixed(Duration::from_micros(50));
+        for _ in 0..100 {
+            p.record(1_000_000);
+        }
+        assert_eq!(p.budget_us(5, 2, false), 50);
+        assert_eq!(SpinPolicy::fixed(Duration::ZERO).budget_us(0, 2, false), 0);
+    }
+
+    #[test]
+    fn short_waits_keep_a_floor_spin() {
+        let mut p = SpinPolicy::adaptive(CAP);
+        assert_eq!(p.budget_us(0, 2, false), FLOOR_US);
+        for _ in 0..100 {
+            p.record(8);
+        }
+        assert_eq!(p.budget_us(0, 2, false), FLOOR_US);
+    }
+
+    #[test]
+    fn after_a_long_wait_it_spins_the_whole_cap_then_settles() {
+        let mut p = SpinPolicy::adaptive(CAP);
+        for _ in 0..50 {
+            p.record(8);
+        }
+        // A lost datagram: the wait lasted a retransmission timeout.
+        p.record(6_000);
+        assert_eq!(p.budget_us(0, 2, false), 1000, "catch the peer up");
+        // Two peers out of step: each wait is about two wake-ups.
+        for _ in 0..3 {
+            p.record(150);
+            assert_eq!(p.budget_us(0, 2, false), 1000);
+        }
+        // Back in step: the budget decays to the floor again.
+        for _ in 0..60 {
+            p.record(8);
+        }
+        assert_eq!(p.budget_us(0, 2, false), FLOOR_US);
+    }
+
+    #[test]
+    fn mostly_long_waits_stop_the_spinning_and_short_ones_restart_it() {
+        let mut p = SpinPolicy::adaptive(CAP);
+        // An idle server: requests seconds apart.
+        let mut n = 0;
+        while p.budget_us(0, 2, false) > 0 {
+            p.record(2_000_000);
+            n += 1;
+            assert!(n < 100);
+        }
+        assert_eq!(n, 5, "(32 - 16) / 4 + 1 long waits");
+        for _ in 0..10 {
+            p.record(2_000_000);
+        }
+        // Back to a busy client: spinning resumes after SCORE_ON short waits.
+        let mut k = 0;
+        while p.budget_us(0, 2, false) == 0 {
+            p.record(20);
+            k += 1;
+            assert!(k < 100);
+        }
+        assert_eq!(k, 16);
+    }
+
+    #[test]
+    fn a_crowded_machine_stops_the_spinning() {
+        let p = SpinPolicy::adaptive(CAP);
+        assert!(p.budget_us(0, 2, false) > 0);
+        assert_eq!(p.budget_us(0, 2, true), 0);
+        // A fixed spin is the user's explicit choice.
+        assert_eq!(SpinPolicy::fixed(CAP).budget_us(0, 2, true), 1000);
+    }
+
+    #[test]
+    fn no_more_spinners_than_cpus() {
+        let p = SpinPolicy::adaptive(CAP);
+        assert!(p.budget_us(1, 2, false) > 0);
+        assert_eq!(p.budget_us(2, 2, false), 0);
+        assert_eq!(p.budget_us(1, 1, false), 0);
+    }
+
+    #[test]
+    fn a_cap_below_the_floor_is_the_budget() {
+        let p = SpinPolicy::adaptive(Duration::from_micros(10));
+        assert_eq!(p.budget_us(0, 2, false), 10);
+    }
+
+    #[test]
+    fn the_run_queue_is_read_from_loadavg_and_smoothed() {
+        assert_eq!(running("1.76 0.84 0.44 3/81 5551\n"), Some(3));
+        assert_eq!(running("garbage"), None);
+        assert_eq!(running("1 2 3 x/4 5"), None);
+        // Two CPUs: the sampler and its peer, with a third thread half the
+        // time, is not crowded; four runnable (a loaded gateway) is.
+        let mut m = 0;
+        for i in 0..200 {
+            m = smooth(m, 2 + i % 2);
+            assert!(!over(m, 2));
+        }
+        m = smooth(m, 6);
+        assert!(!over(m, 2), "one sample is noise");
+        for _ in 0..20 {
+            m = smooth(m, 4);
+        }
+        assert!(over(m, 2));
+        // The live file parses (this runs on Linux).
+        let q = RunQueue::new();
+        assert!(q.read().is_some_and(|r| r >= 1), "this thread is runnable");
+        let _ = q.contended(0, 2);
+    }
+}
