@@ -68,6 +68,8 @@ impl Placement {
 fn kcfg(pl: Placement) -> KernelConfig {
     KernelConfig {
         spin: pl.spin_budget(),
+        // A placement is a fixed waiting strategy, not a learned one.
+        adaptive_spin: false,
         ..KernelConfig::default()
     }
 }

@@ -20,18 +20,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .parse()?;
     let size = parse_size(args.get(2).map_or("64M", String::as_str))?;
     let secs: u64 = args.get(3).map_or(Ok(60), |s| s.parse())?;
-    // VK_SPIN_US: busy-poll before blocking (default: the kernel's 50 us).
+    // VK_SPIN_US: a fixed busy-poll before blocking (default: adaptive).
     let spin = std::env::var("VK_SPIN_US")
         .ok()
         .and_then(|s| s.parse().ok())
-        .map_or(KernelConfig::default().spin, Duration::from_micros);
+        .map(Duration::from_micros);
     let a = Kernel::start(KernelConfig {
-        spin,
+        spin: spin.unwrap_or(KernelConfig::default().spin),
+        adaptive_spin: spin.is_none(),
         ..Default::default()
     })?;
     let b = Kernel::start(KernelConfig {
         peers: vec![a.local_addr()],
-        spin,
+        spin: spin.unwrap_or(KernelConfig::default().spin),
+        adaptive_spin: spin.is_none(),
         ..Default::default()
     })?;
     a.add_peer(b.local_addr());

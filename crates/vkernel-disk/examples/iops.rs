@@ -22,6 +22,7 @@ fn main() {
     let kc = |peers| KernelConfig {
         peers,
         spin: Duration::from_micros(spin),
+        adaptive_spin: false,
         ..Default::default()
     };
     let a = Kernel::start(kc(vec![])).expect("host a");

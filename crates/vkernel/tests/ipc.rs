@@ -449,6 +449,7 @@ fn operations_after_shutdown_fail_cleanly_with_lent_buffers() {
         // some see it while the engine is being shut down.
         let mut k = Kernel::start(KernelConfig {
             spin: std::time::Duration::from_secs(1),
+            adaptive_spin: false,
             ..Default::default()
         })
         .unwrap();
