@@ -59,6 +59,14 @@ pub struct HostOpts {
     /// A file of cluster keys, one `ID:HEX64` per line (# comments allowed).
     #[arg(long, value_name = "PATH", value_parser = read_key_file)]
     pub key_file: Option<KeyFile>,
+    /// With a key: how far another host's clock may be behind this one's.
+    /// A datagram stamped (by its sender's clock) earlier than this host's
+    /// start minus this is refused as stale, so datagrams captured before
+    /// a restart cannot be replayed after it; one captured less than this
+    /// before the restart still can, once. A peer whose clock is further
+    /// behind is refused for that long after this host starts.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub max_clock_skew: Duration,
     /// Id of the key to send with (default: the last key given).
     #[arg(long, value_name = "ID")]
     pub send_key: Option<u8>,
@@ -123,6 +131,7 @@ impl HostOpts {
             keys,
             trace: self.trace.clone(),
             send_key: self.send_key,
+            max_clock_skew: self.max_clock_skew,
             encrypt: self.encrypt,
             bind: self.bind,
             peers: self.peers.clone(),
@@ -177,7 +186,14 @@ pub fn auth_hint(k: &vkernel::Kernel) -> String {
     .map(|r| st.auth_rejects_of(r))
     .sum();
     let refused = st.auth_refused_by_peer;
+    let stale = st.auth_rejects_of(Reject::Stale);
     let mut out = String::new();
+    if stale > 0 {
+        out += &format!(
+            "; {stale} authentic datagram{} received here bore counters from before this host started (replayed, or the sender's clock is behind by more than --max-clock-skew)",
+            if stale == 1 { "" } else { "s" }
+        );
+    }
     if refused > 0 {
         out += &format!(
             "; peers said {refused} time{} that datagrams from here failed authentication",

@@ -2,9 +2,9 @@
 //!
 //! With a cluster key configured, every datagram leaving a host carries a
 //! 28-byte trailer: a per-host random `salt` (4 bytes), a packet `counter`
-//! (8 bytes, strictly increasing per host, started from the wall clock so a
-//! restarted host continues above its old values) and a 16-byte tag. The
-//! header's `key_id` byte names the key. The tag is
+//! (8 bytes, strictly increasing per host, and never more than
+//! [`COUNTER_LAG`] behind the sender's wall clock in µs) and a 16-byte tag.
+//! The header's `key_id` byte names the key. The tag is
 //!
 //! - MAC mode: BLAKE3 keyed hash of the whole datagram (fixed part, data,
 //!   salt, counter), truncated to 16 bytes;
@@ -13,9 +13,12 @@
 //!   and nonce = salt ‖ counter.
 //!
 //! A receiver accepts a datagram only if its key id is one it holds, the tag
-//! verifies, and the counter is new for the sending host (a 128-packet
-//! sliding window per host id, as in IPsec). Anything else is dropped and
-//! counted by reason before the protocol engine sees it. Two keys may be
+//! verifies, the counter is not older than the receiver's own start minus
+//! `max_skew` (so nothing captured well before a restart is accepted
+//! again: a restarted host has no memory of what it saw), and the counter
+//! is new for the sending host (a 128-packet sliding window per host id,
+//! as in IPsec). Anything else is dropped and counted by reason before
+//! the protocol engine sees it. Two keys may be
 //! held at once, so keys rotate without a restart: install the new key
 //! everywhere, switch the send key, then retire the old one.
 
@@ -81,8 +84,12 @@ pub struct AuthConfig {
     pub send_key: u8,
     /// Encrypt message and data (AEAD) instead of only authenticating.
     pub encrypt: bool,
-    /// First packet counter (the runtime passes wall-clock µs).
+    /// The host's start in wall-clock µs (the runtime reads the clock):
+    /// the first packet counter, and the base of the receive floor.
     pub counter_start: u64,
+    /// Clock difference allowed between hosts (µs): a receiver refuses
+    /// counters older than its own start minus this ([`Reject::Stale`]).
+    pub max_skew: u64,
     /// Per-host random salt (the runtime passes a random value).
     pub salt: u32,
 }
@@ -100,16 +107,21 @@ pub enum Reject {
     BadTag,
     /// The counter was already seen or is too old (replay).
     Replay,
+    /// The counter is from before this host started (minus the allowed
+    /// clock skew): a datagram captured before a restart and replayed, or
+    /// a sender whose clock is behind by more than the skew.
+    Stale,
 }
 
 impl Reject {
     /// All reasons, in counter order.
-    pub const ALL: [Reject; 5] = [
+    pub const ALL: [Reject; 6] = [
         Reject::Truncated,
         Reject::NoKey,
         Reject::UnknownKey,
         Reject::BadTag,
         Reject::Replay,
+        Reject::Stale,
     ];
 }
 
@@ -143,20 +155,56 @@ impl Window {
     }
 }
 
+/// How far a sender's counter may fall behind its wall clock (µs) before
+/// it jumps up to it. A jump puts everything sent before it out of a
+/// receiver's 128-packet window, so jumps are kept rare (at most one per
+/// this long); the lag is part of the bound a receiver's floor gives.
+pub const COUNTER_LAG: u64 = 100_000;
+
 /// Seals outgoing and opens incoming datagrams for one host.
 pub(crate) struct Auth {
     cfg: AuthConfig,
     counter: u64,
     windows: HashMap<u16, Window>,
+    /// Engine time at the start, and the latest engine time seen: the
+    /// wall clock is `counter_start + (now - started)`.
+    started: u64,
+    now: u64,
+    /// Counters below this are refused ([`Reject::Stale`]).
+    floor: u64,
 }
 
 impl Auth {
-    pub(crate) fn new(cfg: AuthConfig) -> Auth {
+    pub(crate) fn new(cfg: AuthConfig, now: u64) -> Auth {
         Auth {
             counter: cfg.counter_start,
+            floor: cfg.counter_start.saturating_sub(cfg.max_skew),
             cfg,
             windows: HashMap::new(),
+            started: now,
+            now,
         }
+    }
+
+    /// Tells the sealer the time (engine µs), so counters follow the clock.
+    pub(crate) fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    /// The next counter: one more than the last, or the wall clock if the
+    /// counter has fallen more than [`COUNTER_LAG`] behind it (a host that
+    /// sends little), so a peer that restarted since still accepts it.
+    fn next_counter(&mut self) -> u64 {
+        let wall = self
+            .cfg
+            .counter_start
+            .saturating_add(self.now.saturating_sub(self.started));
+        self.counter = if self.counter.saturating_add(1 + COUNTER_LAG) < wall {
+            wall
+        } else {
+            self.counter + 1
+        };
+        self.counter
     }
 
     fn key(&self, id: u8) -> Option<&Key> {
@@ -172,10 +220,9 @@ impl Auth {
         let Some(key) = self.key(self.cfg.send_key).cloned() else {
             return;
         };
-        self.counter += 1;
+        let ctr = self.next_counter().to_be_bytes();
         d[5] = key.id;
         let salt = self.cfg.salt.to_be_bytes();
-        let ctr = self.counter.to_be_bytes();
         if self.cfg.encrypt {
             let mut aad = [0u8; HEADER_BYTES + 12];
             aad[..HEADER_BYTES].copy_from_slice(&d[..HEADER_BYTES]);
@@ -244,6 +291,9 @@ impl Auth {
             &d[..n]
         };
         // Only an authentic datagram may move the window.
+        if counter < self.floor {
+            return Err(Reject::Stale);
+        }
         if !self.windows.entry(host).or_default().accept(counter) {
             return Err(Reject::Replay);
         }
@@ -285,6 +335,7 @@ mod tests {
             send_key: send,
             encrypt,
             counter_start: 1000,
+            max_skew: 1_000_000,
             salt: 7,
         }
     }
@@ -299,7 +350,10 @@ mod tests {
     #[test]
     fn seal_then_open_round_trips_in_both_modes() {
         for enc in [false, true] {
-            let (mut a, mut b) = (Auth::new(cfg(enc, &[1], 1)), Auth::new(cfg(enc, &[1], 1)));
+            let (mut a, mut b) = (
+                Auth::new(cfg(enc, &[1], 1), 0),
+                Auth::new(cfg(enc, &[1], 1), 0),
+            );
             let plain = datagram();
             let mut d = plain.clone();
             a.seal(&mut d);
@@ -319,8 +373,8 @@ mod tests {
     #[test]
     fn forged_flipped_truncated_and_wrong_key_datagrams_are_rejected() {
         for enc in [false, true] {
-            let mut a = Auth::new(cfg(enc, &[1], 1));
-            let mut b = Auth::new(cfg(enc, &[1], 1));
+            let mut a = Auth::new(cfg(enc, &[1], 1), 0);
+            let mut b = Auth::new(cfg(enc, &[1], 1), 0);
             let mut d = datagram();
             a.seal(&mut d);
             let mut s = Vec::new();
@@ -331,14 +385,14 @@ mod tests {
             }
             assert_eq!(b.open(&d[..FIXED_BYTES], &mut s), Err(Reject::Truncated));
             assert_eq!(b.open(&datagram(), &mut s).err(), Some(Reject::NoKey));
-            let mut other = Auth::new(cfg(enc, &[2], 2));
+            let mut other = Auth::new(cfg(enc, &[2], 2), 0);
             let mut w = datagram();
             other.seal(&mut w);
             assert_eq!(b.open(&w, &mut s), Err(Reject::UnknownKey));
             // Same id, different secret: the tag fails.
             let mut c = cfg(enc, &[1], 1);
             c.keys[0].secret = [9; 32];
-            let mut imposter = Auth::new(c);
+            let mut imposter = Auth::new(c, 0);
             let mut x = datagram();
             imposter.seal(&mut x);
             assert_eq!(b.open(&x, &mut s), Err(Reject::BadTag));
@@ -349,9 +403,9 @@ mod tests {
 
     #[test]
     fn rotation_accepts_both_keys_during_the_switch() {
-        let mut old = Auth::new(cfg(false, &[1, 2], 1));
-        let mut new = Auth::new(cfg(false, &[1, 2], 2));
-        let mut after = Auth::new(cfg(false, &[2], 2));
+        let mut old = Auth::new(cfg(false, &[1, 2], 1), 0);
+        let mut new = Auth::new(cfg(false, &[1, 2], 2), 0);
+        let mut after = Auth::new(cfg(false, &[2], 2), 0);
         let (mut d1, mut d2) = (datagram(), datagram());
         old.seal(&mut d1);
         new.seal(&mut d2);
@@ -372,6 +426,67 @@ mod tests {
         assert!(!w.accept(12), "fell out of the window");
         assert!(w.accept(100));
         assert!(!w.accept(200));
+    }
+
+    /// A sender that started at wall-clock `t0` µs (engine time 0).
+    fn started_at(t0: u64) -> Auth {
+        let mut c = cfg(false, &[1], 1);
+        c.counter_start = t0;
+        Auth::new(c, 0)
+    }
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    #[test]
+    fn a_restarted_receiver_refuses_what_was_captured_before_it_started() {
+        let mut a = started_at(T0);
+        let mut b = started_at(T0);
+        let mut s = Vec::new();
+        let mut captured = datagram();
+        a.seal(&mut captured);
+        assert!(b.open(&captured, &mut s).is_ok());
+        // b restarts 5 s later with an empty window: the capture is stale.
+        let mut b2 = started_at(T0 + 5_000_000);
+        assert_eq!(b2.open(&captured, &mut s), Err(Reject::Stale));
+        // a has been running all along: what it sends now is accepted,
+        // although it sent only one datagram in those 5 s.
+        a.tick(5_000_000);
+        let mut fresh = datagram();
+        a.seal(&mut fresh);
+        assert!(b2.open(&fresh, &mut s).is_ok());
+        // Within the skew (another host, its clock 0.5 s behind) is still
+        // accepted.
+        let mut behind = started_at(T0 + 4_500_000);
+        let mut h = crate::wire::Header::new(crate::wire::PacketType::RemoteSend);
+        h.src = crate::Pid(0x0013_0005);
+        h.dst = crate::Pid(0x0034_0006);
+        let mut d = crate::wire::encode(&h, &crate::Message::zero(), b"");
+        behind.seal(&mut d);
+        assert!(b2.open(&d, &mut s).is_ok());
+    }
+
+    #[test]
+    fn counters_follow_the_clock_but_jump_at_most_once_per_lag() {
+        let mut a = started_at(T0);
+        let ctr = |a: &mut Auth| {
+            let mut d = datagram();
+            a.seal(&mut d);
+            let n = d.len() - TRAILER_BYTES + 4;
+            u64::from_be_bytes(d[n..n + 8].try_into().unwrap())
+        };
+        assert_eq!(ctr(&mut a), T0 + 1);
+        // Within the lag: plain increments, however much time passed.
+        a.tick(COUNTER_LAG / 2);
+        assert_eq!(ctr(&mut a), T0 + 2);
+        a.tick(COUNTER_LAG);
+        assert_eq!(ctr(&mut a), T0 + 3);
+        // Idle 10 s: the next counter is the wall clock.
+        a.tick(10_000_000);
+        assert_eq!(ctr(&mut a), T0 + 10_000_000);
+        assert_eq!(ctr(&mut a), T0 + 10_000_001);
+        // Time never runs backwards for the sealer.
+        a.tick(5);
+        assert_eq!(ctr(&mut a), T0 + 10_000_002);
     }
 
     #[test]

@@ -202,8 +202,8 @@ pub struct Stats {
     pub bulk_moves: u64,
     /// Datagrams rejected by authentication, by
     /// [`Reject`](crate::auth::Reject) (truncated, no key, unknown key, bad
-    /// tag, replay). They never reach the protocol.
-    pub auth_rejects: [u64; 5],
+    /// tag, replay, stale). They never reach the protocol.
+    pub auth_rejects: [u64; 6],
 }
 
 impl Stats {

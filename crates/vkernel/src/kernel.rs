@@ -73,6 +73,11 @@ pub struct KernelConfig {
     pub keys: Vec<vkernel_proto::auth::Key>,
     /// Id of the key to send with (default: the last of `keys`).
     pub send_key: Option<u8>,
+    /// With keys: a datagram whose counter (its sender's wall clock, µs)
+    /// is older than this host's start minus this is refused as stale, so
+    /// nothing captured before a restart is accepted after it (see
+    /// `docs/SECURITY.md`).
+    pub max_clock_skew: Duration,
     /// Also encrypt message and data (ChaCha20-Poly1305).
     pub encrypt: bool,
     /// Record every datagram and exchange phase in this file (JSON lines;
@@ -107,6 +112,7 @@ impl Default for KernelConfig {
             group_policy: vkernel_proto::GroupPolicy::default(),
             keys: Vec::new(),
             send_key: None,
+            max_clock_skew: Duration::from_secs(1),
             encrypt: false,
             trace: None,
             metrics: true,
@@ -615,8 +621,10 @@ fn auth_config(
         keys: cfg.keys.clone(),
         send_key,
         encrypt: cfg.encrypt,
-        // Above any counter this host id used before a restart.
+        // Above any counter this host id used before a restart, and the
+        // base of the floor below which counters are refused.
         counter_start: now,
+        max_skew: cfg.max_clock_skew.as_micros().min(u128::from(u64::MAX)) as u64,
         salt: (seed ^ (seed >> 32)) as u32 ^ now as u32,
     }))
 }

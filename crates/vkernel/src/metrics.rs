@@ -43,12 +43,13 @@ const DROP_REASONS: [(DropReason, &str); 11] = [
     (DropReason::ReplyDataMissing, "reply_data_missing"),
 ];
 
-const REJECTS: [(Reject, &str); 5] = [
+const REJECTS: [(Reject, &str); 6] = [
     (Reject::Truncated, "truncated"),
     (Reject::NoKey, "no_key"),
     (Reject::UnknownKey, "unknown_key"),
     (Reject::BadTag, "bad_tag"),
     (Reject::Replay, "replay"),
+    (Reject::Stale, "stale"),
 ];
 
 fn type_name(t: PacketType) -> String {

@@ -108,6 +108,7 @@ impl Engine {
         dest_off: u32,
         src: Seg,
     ) -> Result<Option<usize>, IpcError> {
+        self.tick(now);
         self.check_ready_caller(mover)?;
         let n = src.len();
         if self.is_local(target) {
@@ -192,6 +193,7 @@ impl Engine {
         src_off: u32,
         mut dest: Seg,
     ) -> Result<Option<usize>, IpcError> {
+        self.tick(now);
         self.check_ready_caller(mover)?;
         let n = dest.len();
         let off = src_off as usize;
@@ -289,6 +291,7 @@ impl Engine {
         off: u32,
         data: Seg,
     ) -> Result<(), IpcError> {
+        self.tick(now);
         let n = data.len();
         if n <= MAX_APPEND || self.is_local(to) {
             return self.reply(now, replier, to, msg, Some((off, data.bytes())));

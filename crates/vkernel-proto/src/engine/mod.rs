@@ -391,7 +391,7 @@ impl Engine {
             next_timer: now,
             next_sweep: now,
             stats: Stats::default(),
-            auth: cfg_auth.map(crate::auth::Auth::new),
+            auth: cfg_auth.map(|a| crate::auth::Auth::new(a, now)),
             open_buf: Vec::new(),
             spare: Vec::new(),
             chunks: VecDeque::new(),
@@ -440,6 +440,14 @@ impl Engine {
     /// Messages queued for local receivers (not yet received).
     pub fn queued_messages(&self) -> usize {
         self.procs.values().map(|p| p.queue.len()).sum()
+    }
+
+    /// The latest time an entry point was given: datagrams sealed later
+    /// carry counters that follow it (see `auth::COUNTER_LAG`).
+    fn tick(&mut self, now: Micros) {
+        if let Some(a) = self.auth.as_mut() {
+            a.tick(now);
+        }
     }
 
     /// Next datagram to send, if any.
@@ -725,6 +733,7 @@ impl Engine {
     /// Destroys a local process: its blocked operation fails, senders waiting
     /// on it get `NoSuchProcess`, and remote senders are nAcked.
     pub fn destroy_process(&mut self, now: Micros, pid: Pid) -> Result<(), IpcError> {
+        self.tick(now);
         if !self.process_exists(pid) {
             return Err(IpcError::NoSuchProcess(pid));
         }
@@ -819,6 +828,7 @@ impl Engine {
         msg: Message,
         seg: Option<Seg>,
     ) -> Result<(), IpcError> {
+        self.tick(now);
         self.send_append(now, src, dst, msg, seg, usize::MAX)
     }
 
@@ -835,6 +845,7 @@ impl Engine {
         seg: Option<Seg>,
         append: usize,
     ) -> Result<(), IpcError> {
+        self.tick(now);
         self.check_ready_caller(src)?;
         if !dst.is_process() && !dst.is_group() {
             return Err(IpcError::InvalidPid(dst));
@@ -1280,6 +1291,7 @@ impl Engine {
         msg: Message,
         seg: Option<(u32, &[u8])>,
     ) -> Result<(), IpcError> {
+        self.tick(now);
         self.check_ready_caller(replier)?;
         // More than one datagram: `reply_ahead` (a local sender's segment
         // takes any size, by copy).
@@ -1465,6 +1477,7 @@ impl Engine {
         to: Pid,
         msg: Message,
     ) -> Result<(), IpcError> {
+        self.tick(now);
         self.check_ready_caller(forwarder)?;
         if !to.is_process() {
             return Err(IpcError::InvalidPid(to));
@@ -1552,6 +1565,7 @@ impl Engine {
     /// Processes one received datagram. Malformed or unexpected datagrams are
     /// counted and dropped; this never panics.
     pub fn handle_datagram(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
+        self.tick(now);
         let Some(mut auth) = self.auth.take() else {
             // A keyed datagram at a host without keys: we cannot check it.
             if buf.len() > 5 && buf[0] == wire::MAGIC && buf[5] != 0 {
@@ -1578,7 +1592,7 @@ impl Engine {
             Err(r) => {
                 self.auth = Some(auth);
                 self.stats.auth_rejects[r as usize] += 1;
-                if r != crate::auth::Reject::Replay {
+                if !matches!(r, crate::auth::Reject::Replay | crate::auth::Reject::Stale) {
                     self.notify_auth_failed(now, from, buf);
                 }
             }
@@ -1649,6 +1663,7 @@ impl Engine {
     /// Handles a bulk datagram whose data the runtime received straight
     /// into the place [`Engine::placement`] gave for its fixed part `head`.
     pub fn handle_placed(&mut self, now: Micros, from: SocketAddr, head: &[u8]) {
+        self.tick(now);
         let Ok((header, msg, len)) = wire::decode_fixed(head) else {
             return;
         };
@@ -2034,6 +2049,7 @@ impl Engine {
 
     /// Runs every timer due at `now`: retransmissions, timeouts, alien expiry.
     pub fn handle_timeout(&mut self, now: Micros) {
+        self.tick(now);
         let mut next = Micros::MAX;
         self.host_alloc_timer(now, &mut next);
         // Remote sends.

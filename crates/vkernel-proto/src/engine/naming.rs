@@ -99,6 +99,7 @@ impl Engine {
         logical: u32,
         scope: Scope,
     ) -> Result<Option<Pid>, IpcError> {
+        self.tick(now);
         self.check_ready_caller(caller)?;
         if scope != Scope::Remote {
             if let Some(p) = self.local_lookup(logical, false) {

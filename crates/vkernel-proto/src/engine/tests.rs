@@ -2017,6 +2017,7 @@ fn keyed(id: u8, secret: u8, encrypt: bool) -> crate::auth::AuthConfig {
         send_key: id,
         encrypt,
         counter_start: 1 << 40,
+        max_skew: 1_000_000,
         salt: secret as u32,
     }
 }
