@@ -518,3 +518,85 @@ fn mount_finds_a_restarted_server_and_carries_on() {
     drop(f);
     m.unmount();
 }
+
+/// Issue 19 item 4 with an unmodified program: `cp -r` of a tree out of
+/// the mount while the file server is killed with SIGKILL and started
+/// again. cp finishes (exit 0) and the copy is identical.
+#[test]
+fn cp_out_of_the_mount_finishes_across_a_server_restart() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("cp-restart");
+    let root = work.path().join("export");
+    let mnt = work.path().join("mnt");
+    let copy = work.path().join("copy");
+    std::fs::create_dir_all(root.join("tree")).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    // 400 files of 128 KiB: long enough for the restart to land inside.
+    for i in 0..400usize {
+        let d: Vec<u8> = (0..128usize << 10)
+            .map(|j| (i * 7 + j * 13) as u8)
+            .collect();
+        std::fs::write(root.join("tree").join(format!("f{i:03}")), d).unwrap();
+    }
+    let (server, addr) = fileserver(&root, "127.0.0.1:0");
+    let mut m = Mount {
+        mnt: mnt.clone(),
+        mount: None,
+        server: Some(server),
+    };
+    // The README's mount command, with its defaults.
+    let (mount, _) = start(
+        "mount",
+        &["mount", &addr, mnt.to_str().unwrap()],
+        "mounted at",
+    );
+    m.mount = Some(mount);
+    let mut cp = Command::new("cp")
+        .arg("-r")
+        .arg(mnt.join("tree"))
+        .arg(&copy)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cp");
+    // Kill the server once cp is under way.
+    let t = Instant::now();
+    while std::fs::read_dir(&copy).map_or(0, |d| d.count()) < 20 {
+        assert!(t.elapsed() < Duration::from_secs(30), "cp made no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if let Some(mut s) = m.server.take() {
+        s.signal(libc::SIGKILL);
+        let _ = s.wait_for(Duration::from_secs(5));
+    }
+    let copied_at_kill = std::fs::read_dir(&copy).map_or(0, |d| d.count());
+    std::thread::sleep(Duration::from_millis(300));
+    m.server = Some(fileserver(&root, &addr).0);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = cp.try_wait().expect("cp status") {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = cp.kill();
+            panic!("cp did not finish within 60 s of the restart");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = cp.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(status.success(), "cp failed across the restart: {err}");
+    assert!(copied_at_kill < 400, "the restart fell after the copy");
+    for i in 0..400usize {
+        let name = format!("f{i:03}");
+        assert!(
+            std::fs::read(copy.join(&name)).ok()
+                == std::fs::read(root.join("tree").join(&name)).ok(),
+            "{name} differs after the restart"
+        );
+    }
+    m.unmount();
+}

@@ -321,7 +321,7 @@ impl Client {
         };
         let request = *m;
         let code = request.0[0] & vkernel_proto::message::CODE_MASK;
-        let retry = Request::decode(&request).is_ok_and(|q| q.idempotent()) || code == vio::WRITE;
+        let retry = Request::decode(&request).is_ok_and(|q| safe_to_resend(&q));
         loop {
             let server = self.server();
             *m = request;
@@ -951,5 +951,24 @@ fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
         Segment::Read(b) => Segment::Read(b),
         Segment::Write(b) => Segment::Write(b),
         Segment::ReadWrite(b) => Segment::ReadWrite(b),
+    }
+}
+
+/// May `q` be sent again to a restarted server when its first sending's
+/// outcome is unknown? Yes if doing it twice leaves the same result as
+/// once: reads and lookups, a WRITE (same bytes, same place), setting
+/// absolute attributes or sizes, and opening (the old server's handle died
+/// with it) unless the open must create the file (`O_EXCL`). Not mkdir,
+/// unlink, rename, link or symlink: the second would fail where the first
+/// succeeded.
+fn safe_to_resend(q: &Request) -> bool {
+    match q {
+        Request::Open { flags, .. } => *flags as i32 & libc::O_EXCL == 0,
+        Request::Opendir { .. }
+        | Request::Write { .. }
+        | Request::Setattr { .. }
+        | Request::Truncate { .. }
+        | Request::Ftruncate { .. } => true,
+        q => q.idempotent(),
     }
 }
