@@ -289,6 +289,21 @@ fn section_kernel_ops(c: &mut Ctx) -> Result<Value, String> {
         ],
     )?;
     let base = null.clone();
+    // The same exchange as a user gets it from the README's commands,
+    // beside the placement's row (same run).
+    let mut d = vkbench::default_exchanges(c.n, c.warm)?;
+    let d = Summary::of(&mut d);
+    let placed = null["remote"]["median_us"].as_f64().unwrap_or(0.0);
+    println!(
+        "    {:<24} {:>8} {:>8.2}   p99 {:.2} µs; {:.2}× the row above ({})",
+        "  defaults, unpinned",
+        "",
+        d.median_us,
+        d.p99_us,
+        d.median_us / placed.max(1e-9),
+        vkbench::default_waiting()
+    );
+    rows.push(json!({"op": "Send-Receive-Reply, defaults", "remote": d, "waiting": vkbench::default_waiting()}));
     rows.push(null);
     rows.push(op_row(
         c,
@@ -997,6 +1012,27 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
     let (_gw1, gw1_uri) = gateway(std::sync::Arc::new(
         vkernel_disk::client::Client::open(&a, srv.pid(), 0, 7, 32).map_err(|e| e.to_string())?,
     ))?;
+    // The same two-host gateway as a user gets it from the README's
+    // commands: `KernelConfig::default()` waiting (adaptive spin) on both.
+    let da = Kernel::start(vkernel::KernelConfig::default()).map_err(|e| e.to_string())?;
+    let db = Kernel::start(vkernel::KernelConfig {
+        peers: vec![da.local_addr()],
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    da.add_peer(db.local_addr());
+    let dsrv = vkernel_disk::server::DiskServer::start(
+        &da,
+        Backing::open(&BackingSpec::Ram(size as u64)).map_err(|e| e.to_string())?,
+        vkernel_disk::server::ServerConfig {
+            owner_key: Some(7),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let (_gwd, gwd_uri) = gateway(std::sync::Arc::new(
+        vkernel_disk::client::Client::open(&db, dsrv.pid(), 0, 7, 32).map_err(|e| e.to_string())?,
+    ))?;
     // nbdkit's memory plugin on a free port, stopped with the section.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -1031,13 +1067,24 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
     let img = dir.join("src.img");
     std::fs::write(&img, &data).map_err(|e| e.to_string())?;
     println!(
-        "  {:<34} {:>15} {:>15} {:>15} {:>7} {:>7}",
-        "client tool", "gateway 2 hosts", "gateway 1 host", "nbdkit memory", "ratio", "ratio"
+        "  {:<34} {:>15} {:>15} {:>15} {:>15} {:>7} {:>7} {:>7}",
+        "client tool",
+        "gateway 2 hosts",
+        "gateway 1 host",
+        "2 hosts default",
+        "nbdkit memory",
+        "ratio",
+        "ratio",
+        "ratio"
     );
-    let targets: Vec<(&str, String)> = [("gateway", gw_uri.clone()), ("gateway1", gw1_uri)]
-        .into_iter()
-        .chain(nbdkit.as_ref().map(|_| ("nbdkit", kit_uri.clone())))
-        .collect();
+    let targets: Vec<(&str, String)> = [
+        ("gateway", gw_uri.clone()),
+        ("gateway1", gw1_uri),
+        ("gateway-defaults", gwd_uri),
+    ]
+    .into_iter()
+    .chain(nbdkit.as_ref().map(|_| ("nbdkit", kit_uri.clone())))
+    .collect();
     // The targets take turns, `rounds` times, and each row is the median
     // of its target's runs: a slow spell of the machine then falls on all
     // of them rather than on whichever ran during it.
@@ -1074,21 +1121,24 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
             .collect();
         let g = vals.first().copied().flatten();
         let g1 = vals.get(1).copied().flatten();
-        let k = vals.get(2).copied().flatten();
+        let gd = vals.get(2).copied().flatten();
+        let k = vals.get(3).copied().flatten();
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
         let ratio = |g: Option<f64>| match (g, k) {
             (Some(g), Some(k)) if k > 0.0 => format!("{:.2}×", g / k),
             _ => "-".into(),
         };
         println!(
-            "  {label:<34} {:>15} {:>15} {:>15} {:>7} {:>7}",
+            "  {label:<34} {:>15} {:>15} {:>15} {:>15} {:>7} {:>7} {:>7}",
             fmt(g),
             fmt(g1),
+            fmt(gd),
             fmt(k),
             ratio(g),
-            ratio(g1)
+            ratio(g1),
+            ratio(gd)
         );
-        rows.push(json!({"test": label, "gateway": g, "gateway_same_host": g1, "nbdkit": k, "unit": unit}));
+        rows.push(json!({"test": label, "gateway": g, "gateway_same_host": g1, "gateway_defaults": gd, "nbdkit": k, "unit": unit}));
     };
     let mb = size as f64 / 1e6;
     let img_s = img.to_string_lossy().into_owned();
@@ -1123,7 +1173,7 @@ fn section_disk(c: &mut Ctx) -> Result<Value, String> {
         let _ = ch.wait();
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!("  (sequential rows: the three targets take turns, five rounds, median of each; \"2 hosts\": disk and gateway on two logical hosts of this process, the V hop over UDP; \"1 host\": the gateway in the disk's logical host, as `vkernel disk --nbd`; blocking waits; ratios against nbdkit)");
+    println!("  (sequential rows: the targets take turns, five rounds, median of each; \"2 hosts\": disk and gateway on two logical hosts of this process, the V hop over UDP; \"1 host\": the gateway in the disk's logical host, as `vkernel disk --nbd`; both with blocking waits; \"2 hosts default\": as \"2 hosts\" with the waiting a user gets without flags, {}; ratios against nbdkit)", vkbench::default_waiting());
     Ok(json!({
         "native": {"write_mbps": w, "read_mbps": r, "raw_blast_mbps": blast.mbps, "bytes": size},
         "tools": rows,

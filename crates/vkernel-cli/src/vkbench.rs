@@ -525,3 +525,61 @@ pub fn group_sends(
         Ok((first, all))
     })
 }
+
+/// The waiting strategy a host gets without any setting (the README's
+/// commands), in words.
+pub fn default_waiting() -> String {
+    let d = KernelConfig::default();
+    if d.spin.is_zero() {
+        "blocking waits".into()
+    } else if d.adaptive_spin {
+        format!("adaptive spin ≤ {:?} (--spin auto)", d.spin)
+    } else {
+        format!("spin {:?} then block", d.spin)
+    }
+}
+
+/// Remote null exchanges between two hosts configured as a user gets them
+/// by default (`KernelConfig::default()`: no spin or placement set, threads
+/// unpinned): what the README's `vkernel echo` + `vkernel ping` measure.
+pub fn default_exchanges(iters: usize, warmup: usize) -> Result<Vec<Duration>, String> {
+    let a = Kernel::start(KernelConfig::default()).map_err(|e| e.to_string())?;
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        ..KernelConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    a.add_peer(b.local_addr());
+    let s = a.create_process().map_err(|e| e.to_string())?;
+    let server = s.pid();
+    let srv = thread::spawn(move || {
+        let mut m = Message::zero();
+        while let Ok(i) = s.receive(&mut m) {
+            if m.code() == STOP {
+                let _ = s.reply(&m, i.from);
+                break;
+            }
+            let _ = s.reply(&m, i.from);
+        }
+    });
+    let c = b.create_process().map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(iters);
+    let mut err = None;
+    for i in 0..warmup + iters {
+        let mut m = Message::with_code(1);
+        let t = Instant::now();
+        if let Err(e) = c.send(&mut m, server) {
+            err = Some(e.to_string());
+            break;
+        }
+        if i >= warmup {
+            out.push(t.elapsed());
+        }
+    }
+    let _ = c.send(&mut Message::with_code(STOP), server);
+    let _ = srv.join();
+    match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
