@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{pattern, two_hosts_with};
-use vkernel::{FaultConfig, Message, Process, Segment};
+use vkernel::{FaultConfig, Kernel, Message, Process, Segment};
 
 const PULL_PUSH: u32 = 1;
 
@@ -29,7 +30,7 @@ fn bulk_server(p: Process) {
 }
 
 fn run(faults: FaultConfig, size: usize, rounds: usize) {
-    let (a, b) = two_hosts_with(faults, Duration::from_secs(5));
+    let (a, b) = two_hosts_with(faults.clone(), Duration::from_secs(5));
     let (spid, h) = a.spawn("bulk", bulk_server).unwrap();
     let c = b.create_process().unwrap();
     for r in 0..rounds {
@@ -47,11 +48,41 @@ fn run(faults: FaultConfig, size: usize, rounds: usize) {
     let mut m = Message::with_code(0);
     c.send(&mut m, spid).unwrap();
     h.join().unwrap();
-    let s = b.stats();
-    eprintln!(
-        "client stats: retransmits {} bulk_retransmits {}",
-        s.retransmits, s.bulk_retransmits
-    );
+    assert_faults_happened(&faults, &[&a, &b]);
+}
+
+/// The injected faults did happen, and lost datagrams were recovered by
+/// retransmission (else the test proved nothing about faults).
+fn assert_faults_happened(faults: &FaultConfig, hosts: &[&Kernel]) {
+    let sum = |f: &dyn Fn(&Kernel) -> u64| hosts.iter().map(|k| f(k)).sum::<u64>();
+    let injected = |f: fn(&vkernel::net::NetCounters) -> &AtomicU64| {
+        sum(&|k: &Kernel| f(k.net_counters()).load(Ordering::Relaxed))
+    };
+    let lost = injected(|c| &c.injected_loss);
+    let recovered = sum(&|k: &Kernel| {
+        let s = k.stats();
+        s.retransmits + s.bulk_retransmits + s.drops_of(vkernel::DropReason::ReplyDataMissing)
+    });
+    eprintln!("injected loss {lost}; recovered by retransmission {recovered}");
+    if faults.loss > 0.0 {
+        assert!(lost > 0, "loss was injected");
+        assert!(recovered > 0, "losses were recovered by retransmission");
+    }
+    if faults.duplicate > 0.0 {
+        assert!(
+            injected(|c| &c.injected_dup) > 0,
+            "duplicates were injected"
+        );
+    }
+    if faults.reorder > 0.0 {
+        assert!(
+            injected(|c| &c.injected_reorder) > 0,
+            "reordering was injected"
+        );
+    }
+    if faults.delay_rate > 0.0 {
+        assert!(injected(|c| &c.injected_delay) > 0, "delays were injected");
+    }
 }
 
 #[test]
@@ -144,7 +175,7 @@ fn large_replies_with_segment_are_exact_on_any_network() {
     };
     for faults in [FaultConfig::default(), lossy] {
         let clean = faults.loss == 0.0;
-        let (a, b) = two_hosts_with(faults, Duration::from_secs(5));
+        let (a, b) = two_hosts_with(faults.clone(), Duration::from_secs(5));
         let (spid, h) = a.spawn("reads", read_server).unwrap();
         let c = b.create_process().unwrap();
         for r in 0..24u32 {
@@ -176,11 +207,6 @@ fn large_replies_with_segment_are_exact_on_any_network() {
         let mut m = Message::with_code(0);
         c.send(&mut m, spid).unwrap();
         h.join().unwrap();
-        let s = b.stats();
-        eprintln!(
-            "clean {clean}: retransmits {} reply data missing {}",
-            s.retransmits,
-            s.drops_of(vkernel::DropReason::ReplyDataMissing)
-        );
+        assert_faults_happened(&faults, &[&a, &b]);
     }
 }
