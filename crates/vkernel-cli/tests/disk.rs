@@ -571,7 +571,7 @@ fn dvd_set_with_a_range_outside_the_device_says_so() {
 fn nbd_gateway_finds_a_restarted_disk_and_the_workload_finishes_intact() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let dir = tmp("restart");
     let backing = format!("file:{}:8M", dir.join("disk.img").display());
@@ -645,14 +645,9 @@ fn nbd_gateway_finds_a_restarted_disk_and_the_workload_finishes_intact() {
             Ok(s)
         })
     };
-    let t = Instant::now();
-    while done.load(Ordering::Acquire) < 20 {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no writes got through"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_for(Duration::from_secs(30), "no writes got through", || {
+        (done.load(Ordering::Acquire) >= 20).then_some(())
+    });
     first.0.kill().expect("kill the disk");
     let _ = first.0.wait();
     let at_kill = done.load(Ordering::Acquire);
@@ -688,7 +683,7 @@ fn nbd_gateway_finds_a_restarted_disk_and_the_workload_finishes_intact() {
 /// finishes without an I/O error and every block verifies.
 #[test]
 fn fio_through_the_gateway_survives_a_disk_restart() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     if Command::new("fio").arg("--version").output().is_err() {
         panic!("fio is not installed (bash .ci/deps installs it)");
@@ -758,17 +753,11 @@ fn fio_through_the_gateway_survives_a_disk_restart() {
     let _ = first.0.wait();
     std::thread::sleep(Duration::from_millis(300));
     let (_second, _) = disk(&disk_addr);
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = fio.0.try_wait().expect("fio status") {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "fio did not finish within 60 s of the restart"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = common::wait_for(
+        Duration::from_secs(60),
+        "fio did not finish after the restart",
+        || fio.0.try_wait().expect("fio status"),
+    );
     let out = std::fs::read_to_string(&log).unwrap_or_default();
     let mut err = String::new();
     if let Some(mut e) = fio.0.stderr.take() {

@@ -8,6 +8,8 @@
 //! (as in CI) makes that a failure. Every command runs under a deadline,
 //! and the mount and server processes are stopped and unmounted on drop.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -561,11 +563,9 @@ fn cp_out_of_the_mount_finishes_across_a_server_restart() {
         .spawn()
         .expect("spawn cp");
     // Kill the server once cp is under way.
-    let t = Instant::now();
-    while std::fs::read_dir(&copy).map_or(0, |d| d.count()) < 20 {
-        assert!(t.elapsed() < Duration::from_secs(30), "cp made no progress");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_for(Duration::from_secs(30), "cp made no progress", || {
+        (std::fs::read_dir(&copy).map_or(0, |d| d.count()) >= 20).then_some(())
+    });
     if let Some(mut s) = m.server.take() {
         s.signal(libc::SIGKILL);
         let _ = s.wait_for(Duration::from_secs(5));
