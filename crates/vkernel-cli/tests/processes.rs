@@ -288,8 +288,16 @@ fn demo_and_bench_run_and_report() {
             "{k}: {s}"
         );
     }
-    let srr = &s["section2"]["rows"][1];
-    assert_eq!(srr["op"], "Send-Receive-Reply");
+    let rows = s["section2"]["rows"].as_array().unwrap();
+    let srr = rows
+        .iter()
+        .find(|r| r["op"] == "Send-Receive-Reply")
+        .expect("a Send-Receive-Reply row");
+    let d = rows
+        .iter()
+        .find(|r| r["op"] == "Send-Receive-Reply, defaults")
+        .expect("the defaults row");
+    assert!(pos(&d["remote"]["median_us"]), "{d}");
     assert!(pos(&srr["remote"]["median_us"]) && pos(&srr["remote"]["p99_us"]));
     assert!(srr["remote"]["n"].as_u64().unwrap() >= 500);
     assert!(pos(&srr["client_cpu_us"]) && pos(&srr["server_cpu_us"]));
