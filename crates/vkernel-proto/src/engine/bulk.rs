@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 
 use super::bitset::{packed_get, BitSet};
+use super::rights::{self, Need};
 use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState};
 use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
@@ -118,17 +119,9 @@ impl Engine {
             if o.dst != mover || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(target));
             }
-            if !o.access.write {
-                return Err(IpcError::AccessDenied(target));
-            }
-            let Some(seg) = o.seg.as_mut() else {
-                return Err(IpcError::AccessDenied(target));
-            };
-            let off = dest_off as usize;
-            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
-                return Err(IpcError::OutOfBounds(target));
-            }
-            seg.bytes_mut()[off..off + n].copy_from_slice(src.bytes());
+            rights::write(o.access, o.seg.as_mut(), dest_off as usize, n)
+                .map_err(|e| e.error(target))?
+                .copy_from_slice(src.bytes());
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
@@ -137,12 +130,14 @@ impl Engine {
         let Some(a) = self.slots[i].alien.as_ref() else {
             return Err(IpcError::NotAwaitingReply(target));
         };
-        if !a.access.write {
-            return Err(IpcError::AccessDenied(target));
-        }
-        if dest_off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(target));
-        }
+        rights::check(
+            a.access,
+            Some(a.seg_total as usize),
+            Need::Write,
+            dest_off as usize,
+            n,
+        )
+        .map_err(|e| e.error(target))?;
         if n == 0 {
             return Ok(Some(0));
         }
@@ -204,16 +199,9 @@ impl Engine {
             if o.dst != mover || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(source));
             }
-            if !o.access.read {
-                return Err(IpcError::AccessDenied(source));
-            }
-            let Some(seg) = o.seg.as_ref() else {
-                return Err(IpcError::AccessDenied(source));
-            };
-            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
-                return Err(IpcError::OutOfBounds(source));
-            }
-            dest.bytes_mut().copy_from_slice(&seg.bytes()[off..off + n]);
+            let from =
+                rights::read(o.access, o.seg.as_ref(), off, n).map_err(|e| e.error(source))?;
+            dest.bytes_mut().copy_from_slice(from);
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
@@ -222,12 +210,8 @@ impl Engine {
         let Some(a) = self.slots[i].alien.as_ref() else {
             return Err(IpcError::NotAwaitingReply(source));
         };
-        if !a.access.read {
-            return Err(IpcError::AccessDenied(source));
-        }
-        if off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(source));
-        }
+        rights::check(a.access, Some(a.seg_total as usize), Need::Read, off, n)
+            .map_err(|e| e.error(source))?;
         if n == 0 {
             return Ok(Some(0));
         }
@@ -308,12 +292,14 @@ impl Engine {
         if !a.idempotent || a.no_ahead || n > self.cfg.window.max(chunk) {
             return Err(too_large);
         }
-        if !a.access.write {
-            return Err(IpcError::AccessDenied(to));
-        }
-        if off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(to));
-        }
+        rights::check(
+            a.access,
+            Some(a.seg_total as usize),
+            Need::Write,
+            off as usize,
+            n,
+        )
+        .map_err(|e| e.error(to))?;
         let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
         // Chunks queued earlier name `reply_src` too: out with them first.
         if !self.chunks.is_empty() {
@@ -531,14 +517,10 @@ impl Engine {
         if let Some(r) = o.remote.as_mut() {
             r.deadline = now + host_timeout;
         }
-        if (write && !o.access.write) || (!write && !o.access.read) {
-            return Status::AccessDenied;
-        }
-        let Some(seg) = o.seg.as_ref() else {
-            return Status::AccessDenied;
-        };
-        if base.checked_add(total).is_none_or(|e| e > seg.len()) {
-            return Status::OutOfBounds;
+        let need = if write { Need::Write } else { Need::Read };
+        let seg_len = o.seg.as_ref().map(|s| s.len());
+        if let Err(d) = rights::check(o.access, seg_len, need, base, total) {
+            return d.status();
         }
         if chunk == 0 || chunk > MAX_APPEND {
             return Status::BadRequest;
@@ -669,7 +651,7 @@ impl Engine {
                 let o = self.outgoing_mut(h.dst)?;
                 let awaited =
                     o.dst == h.src || (o.dst == h.forwarder && o.dst.host() == h.src.host());
-                if !awaited || o.seq != h.seq || o.remote.is_none() || !o.access.write {
+                if !awaited || o.seq != h.seq || o.remote.is_none() {
                     return None;
                 }
                 let have = o
@@ -680,11 +662,8 @@ impl Engine {
                 if have {
                     return None;
                 }
-                let seg = o.seg.as_mut()?;
-                if base.checked_add(total).is_none_or(|e| e > seg.len()) {
-                    return None;
-                }
-                seg.bytes_mut().get_mut(base + off..base + off + len)
+                let whole = rights::write(o.access, o.seg.as_mut(), base, total).ok()?;
+                whole.get_mut(off..off + len)
             }
             PacketType::MoveFromReply => {
                 if h.status != Status::Ok {
@@ -834,7 +813,7 @@ impl Engine {
         r.total_length = h.total_length;
         let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
         let seq = match self.outgoing(h.dst) {
-            Some(o) if o.seg.as_ref().is_some_and(|s| base + total <= s.len()) => o.seq,
+            Some(o) if rights::read(o.access, o.seg.as_ref(), base, total).is_ok() => o.seq,
             _ => return,
         };
         for (j, &i) in todo.iter().enumerate() {

@@ -33,10 +33,11 @@ use std::net::SocketAddr;
 use rand::Rng;
 
 use super::idmap::{new_map, IdMap};
+use super::rights;
 use super::{Completion, Engine, Event, PState, Pending, ReplyInfo};
 use crate::config::{multicast_addr, Micros, MAX_APPEND};
 use crate::error::IpcError;
-use crate::message::{GroupMode, Message, NO_APPEND};
+use crate::message::{GroupMode, Message};
 use crate::pid::Pid;
 use crate::segment::Seg;
 use crate::stats::DropReason;
@@ -361,7 +362,7 @@ impl Engine {
             },
         );
         // Local members get their copies without the network.
-        let append = msg.seg_access().read && !msg.has(NO_APPEND);
+        let append = rights::appends(msg.seg_access(), &msg);
         let data: &[u8] = match seg {
             Some(s) if append => {
                 let b = s.bytes();
@@ -661,16 +662,12 @@ impl Engine {
         let sample = match self.proc_mut(sender).map(|p| &mut p.state) {
             Some(PState::Sending(o)) if o.seq == seq => {
                 if !data.is_empty() {
-                    let off = off as usize;
-                    match o.seg.as_mut() {
-                        Some(sg)
-                            if o.access.write
-                                && off.checked_add(data.len()).is_some_and(|e| e <= sg.len()) =>
-                        {
-                            sg.bytes_mut()[off..off + data.len()].copy_from_slice(data);
+                    match rights::write(o.access, o.seg.as_mut(), off as usize, data.len()) {
+                        Ok(place) => {
+                            place.copy_from_slice(data);
                             n = data.len();
                         }
-                        _ => self.stats.drop(DropReason::SegmentViolation),
+                        Err(_) => self.stats.drop(DropReason::SegmentViolation),
                     }
                 }
                 true

@@ -13,6 +13,7 @@ mod bulk;
 mod group;
 mod idmap;
 mod naming;
+mod rights;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
 use bulk::{InBulk, MoveOp};
 use idmap::{new_map, IdMap};
+use rights::Need;
 
 /// Local id reserved for the kernel-server process of every logical host.
 pub const KERNEL_SERVER_LOCAL_ID: u16 = 1;
@@ -850,13 +852,7 @@ impl Engine {
         if !dst.is_process() && !dst.is_group() {
             return Err(IpcError::InvalidPid(dst));
         }
-        let access = if seg.is_some() {
-            msg.seg_access()
-        } else {
-            SegAccess::NONE
-        };
-        let seg_len = seg.as_ref().map_or(0, |s| s.len());
-        msg.set_segment(access, seg_len as u32);
+        let (access, seg) = rights::grant(&mut msg, seg);
         let principal = self.principal_of(src);
         let out = Outgoing {
             principal,
@@ -864,7 +860,7 @@ impl Engine {
             dst,
             seq: self.new_seq(),
             msg,
-            seg: if access.any() { seg } else { None },
+            seg,
             access,
             append,
             forwarder: src,
@@ -1023,7 +1019,7 @@ impl Engine {
         h.flags = if retransmission { F_RETRANSMIT } else { 0 }
             | if o.no_ahead { wire::F_REPLY_DATA } else { 0 };
         let msg = o.msg;
-        let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
+        let append = rights::appends(o.access, &o.msg);
         let (data, total): (&[u8], u32) = match (&o.seg, append) {
             (Some(s), true) => {
                 let b = s.bytes();
@@ -1157,7 +1153,7 @@ impl Engine {
                 };
                 o.received = true;
                 let mut n = 0;
-                let append = o.access.read && !o.msg.has(crate::message::NO_APPEND);
+                let append = rights::appends(o.access, &o.msg);
                 let seg = o.seg.as_ref().filter(|s| s.len() <= upto);
                 if let (Some(b), Some(seg), true) = (buf.as_mut(), seg, append) {
                     n = b.len().min(seg.len()).min(o.append);
@@ -1323,17 +1319,9 @@ impl Engine {
             let mut n = 0;
             if let Some((off, d)) = seg {
                 if !d.is_empty() {
-                    if !o.access.write {
-                        return Err(IpcError::AccessDenied(to));
-                    }
-                    let Some(s) = o.seg.as_mut() else {
-                        return Err(IpcError::AccessDenied(to));
-                    };
-                    let off = off as usize;
-                    if off.checked_add(d.len()).is_none_or(|end| end > s.len()) {
-                        return Err(IpcError::OutOfBounds(to));
-                    }
-                    s.bytes_mut()[off..off + d.len()].copy_from_slice(d);
+                    rights::write(o.access, o.seg.as_mut(), off as usize, d.len())
+                        .map_err(|e| e.error(to))?
+                        .copy_from_slice(d);
                     n = d.len();
                 }
             }
@@ -1371,12 +1359,9 @@ impl Engine {
         h.forwarder = replier;
         let data: &[u8] = match seg {
             Some((off, d)) if !d.is_empty() => {
-                if !access.write {
-                    return Err(IpcError::AccessDenied(to));
-                }
-                if (off as u64) + (d.len() as u64) > seg_total as u64 {
-                    return Err(IpcError::OutOfBounds(to));
-                }
+                let total = Some(seg_total as usize);
+                rights::check(access, total, Need::Write, off as usize, d.len())
+                    .map_err(|e| e.error(to))?;
                 h.remote_addr = off;
                 h.total_length = d.len() as u32;
                 d
@@ -1498,11 +1483,8 @@ impl Engine {
             if o.dst != forwarder || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(from));
             }
-            let keep = o.msg.word0() & crate::message::FLAG_MASK;
-            o.msg = msg;
-            o.msg.0[0] = (msg.word0() & !crate::message::FLAG_MASK) | keep;
-            o.msg.0[6] = 0;
-            o.msg.0[7] = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+            let seg_len = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+            o.msg = rights::carry(&o.msg, msg, seg_len);
             o.dst = to;
             o.forwarder = forwarder;
             o.received = false;
@@ -1528,11 +1510,7 @@ impl Engine {
                 let Some(a) = self.slots[i].alien.as_mut() else {
                     return Err(IpcError::NotAwaitingReply(from));
                 };
-                let keep = a.msg.word0() & crate::message::FLAG_MASK;
-                a.msg = Message(msg.0);
-                a.msg.0[0] = (msg.word0() & !crate::message::FLAG_MASK) | keep;
-                a.msg.0[6] = 0;
-                a.msg.0[7] = a.seg_total;
+                a.msg = rights::carry(&a.msg, msg, a.seg_total);
                 a.receiver = to;
                 a.forwarder = forwarder;
                 a.state = AlienState::Queued;
@@ -1841,8 +1819,8 @@ impl Engine {
         slot.data.extend_from_slice(pkt.data);
         let access = pkt.msg.seg_access();
         let mut msg = pkt.msg;
-        msg.0[6] = 0;
-        msg.0[7] = h.total_length;
+        msg.set_seg_addr(0);
+        msg.set_seg_len(h.total_length);
         slot.alien = Some(Alien {
             src: h.src,
             principal: h.user,
@@ -1929,17 +1907,12 @@ impl Engine {
         let mut violation = false;
         if !pkt.data.is_empty() {
             let off = h.remote_addr as usize;
-            match o.seg.as_mut() {
-                Some(s)
-                    if o.access.write
-                        && off
-                            .checked_add(pkt.data.len())
-                            .is_some_and(|end| end <= s.len()) =>
-                {
-                    s.bytes_mut()[off..off + pkt.data.len()].copy_from_slice(pkt.data);
+            match rights::write(o.access, o.seg.as_mut(), off, pkt.data.len()) {
+                Ok(place) => {
+                    place.copy_from_slice(pkt.data);
                     n += pkt.data.len();
                 }
-                _ => violation = true,
+                Err(_) => violation = true,
             }
         }
         let sample = o
@@ -1980,11 +1953,8 @@ impl Engine {
             self.stats.drop(DropReason::Malformed);
             return;
         }
-        let keep = o.msg.word0() & crate::message::FLAG_MASK;
-        o.msg = pkt.msg;
-        o.msg.0[0] = (pkt.msg.word0() & !crate::message::FLAG_MASK) | keep;
-        o.msg.0[6] = 0;
-        o.msg.0[7] = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+        let seg_len = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+        o.msg = rights::carry(&o.msg, pkt.msg, seg_len);
         o.dst = new_dst;
         o.forwarder = h.src;
         o.seq = seq;
