@@ -205,10 +205,12 @@ enum InPlace {
     No,
 }
 
-/// A bulk chunk's type byte: MoveTo data, or MoveFrom data coming back.
-fn is_bulk(ptype: u8) -> bool {
-    ptype == vkernel_proto::wire::PacketType::MoveToRequest as u8
-        || ptype == vkernel_proto::wire::PacketType::MoveFromReply as u8
+/// True if the datagram (or its fixed part) is a bulk chunk: MoveTo
+/// data, or MoveFrom data coming back.
+fn is_bulk(d: &[u8]) -> bool {
+    let pt = d.get(vkernel_proto::wire::field::PTYPE).copied();
+    pt.and_then(vkernel_proto::wire::PacketType::from_u8)
+        .is_some_and(|t| t.is_bulk())
 }
 
 /// A thread's reused vectors: datagrams to send, waiters to signal, and
@@ -395,7 +397,7 @@ impl Shared {
                 };
                 n += 1;
                 let data = &buf[..len];
-                let bulk = data.len() > 2 && is_bulk(data[2]);
+                let bulk = is_bulk(data);
                 if bulk != self.bulk_rx.load(Ordering::Relaxed) {
                     self.bulk_rx.store(bulk, Ordering::Relaxed);
                 }
@@ -423,7 +425,7 @@ impl Shared {
         let Some((k, _)) = self.net.peek(&mut head) else {
             return InPlace::Empty;
         };
-        if k < FIXED_BYTES || !is_bulk(head[2]) {
+        if k < FIXED_BYTES || !is_bulk(&head) {
             self.bulk_rx.store(false, Ordering::Relaxed);
             return InPlace::No;
         }

@@ -525,7 +525,8 @@ impl Net {
             // A datagram naming the main socket's port for answers may
             // leave from the peer's side socket.
             if let Some(side) = &self.side {
-                if data.get(6..8) == Some(&side.main.port().to_be_bytes()[..]) {
+                let port = data.get(vkernel_proto::wire::field::REPLY_PORT);
+                if port == Some(&side.main.port().to_be_bytes()[..]) {
                     if let Some(s) = side.socket_for(to) {
                         self.retrying(|| {
                             rustix::net::send(s, &data, rustix::net::SendFlags::empty())

@@ -909,10 +909,10 @@ impl Process {
             });
         }
         let mut m = Message::with_code(code | IDEMPOTENT);
-        m.0[1] = group.0;
-        m.0[2] = pid.0;
+        m.set_word(ks::field::GROUP, group.0);
+        m.set_word(ks::field::MEMBER, pid.0);
         self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
-        ks::error_of(m.0[0], group, pid)
+        ks::error_of(m.word(ks::field::STATUS), group, pid)
     }
 
     /// GetReply: the next queued reply to this process's latest
@@ -938,12 +938,12 @@ impl Process {
             let mut buf = vec![0u8; size];
             let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
             let r = self.send_with_segment(&mut m, ks, Segment::Write(&mut buf))?;
-            let n = (m.0[1] as usize).min(r.seg_bytes);
+            let n = (m.word(ks::field::STATS_LEN) as usize).min(r.seg_bytes);
             if n > 0 {
                 buf.truncate(n);
                 return String::from_utf8(buf).map_err(|_| IpcError::Refused(ks));
             }
-            let need = m.0[2] as usize;
+            let need = m.word(ks::field::STATS_NEED) as usize;
             if need <= size || need > MAX_STATS {
                 break;
             }
@@ -968,9 +968,9 @@ impl Process {
         let r = self.send(&mut m, vkernel_proto::engine::KERNEL_SERVER_GROUP)?;
         let load = |m: &Message, from: Pid| HostLoad {
             kernel_server: from,
-            processes: m.0[1],
-            load: m.0[2] as f64 / 100.0,
-            cpus: m.0[3],
+            processes: m.word(ks::field::PROCESSES),
+            load: f64::from(m.word(ks::field::LOAD)) / 100.0,
+            cpus: m.word(ks::field::CPUS),
             after: t.elapsed(),
         };
         let mut out = vec![load(&m, r.from)];
@@ -1006,9 +1006,9 @@ impl Process {
             return Ok(self.shared.with_engine(|e, _| e.process_exists(pid)));
         }
         let mut m = Message::with_code(ks::PROCESS_EXISTS | IDEMPOTENT);
-        m.0[1] = pid.0;
+        m.set_word(ks::field::PID, pid.0);
         match self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID)) {
-            Ok(_) => Ok(m.0[1] != 0),
+            Ok(_) => Ok(m.word(ks::field::EXISTS) != 0),
             Err(IpcError::NoSuchProcess(_)) => Ok(false),
             Err(e) => Err(e),
         }
@@ -1023,9 +1023,9 @@ impl Process {
             return destroy_local(&self.shared, pid);
         }
         let mut m = Message::with_code(ks::DESTROY_PROCESS);
-        m.0[1] = pid.0;
+        m.set_word(ks::field::PID, pid.0);
         self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
-        match m.0[0] {
+        match m.word(ks::field::STATUS) {
             ks::OK => Ok(()),
             ks::ERR_DENIED => Err(IpcError::AccessDenied(pid)),
             _ => Err(IpcError::NoSuchProcess(pid)),

@@ -2,9 +2,7 @@
 //! with one acknowledgement per half window, selective retransmission from a
 //! chunk bitmap, and a credit window for flow control.
 //!
-//! Wire use of the message words in bulk packets (see `docs/PROTOCOL.md`):
-//! w0 transfer id, w1 base offset in the lent segment, w2 chunk size,
-//! w3 first chunk (range start / cumulative ack), w4 end chunk (exclusive).
+//! The message words of bulk packets are [`BulkMsg`] (`wire::bulk_field`).
 
 use std::net::SocketAddr;
 
@@ -17,7 +15,9 @@ use crate::message::Message;
 use crate::pid::Pid;
 use crate::segment::Seg;
 use crate::stats::DropReason;
-use crate::wire::{Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT};
+use crate::wire::{
+    BulkMsg, Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT,
+};
 
 /// Largest bitmap carried in one acknowledgement, in chunks.
 const MAX_ACK_SPAN: usize = 8192 * 8;
@@ -307,7 +307,13 @@ impl Engine {
         }
         let lead = (n - 1) / chunk * chunk;
         let xfer = self.random_u32();
-        let m = Message([xfer, off, chunk as u32, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            xfer,
+            base: off,
+            chunk: chunk as u32,
+            ..BulkMsg::default()
+        }
+        .message();
         for start in (0..lead).step_by(chunk) {
             let mut h = Header::new(PacketType::MoveToRequest);
             h.seq = seq;
@@ -407,7 +413,13 @@ impl Engine {
         h.total_length = op.total as u32;
         h.local_addr = start as u32;
         h.remote_addr = op.base.wrapping_add(start as u32);
-        let msg = Message([op.xfer, op.base, op.chunk as u32, 0, 0, 0, 0, 0]);
+        let msg = BulkMsg {
+            xfer: op.xfer,
+            base: op.base,
+            chunk: op.chunk as u32,
+            ..BulkMsg::default()
+        }
+        .message();
         let addr = op.addr;
         if retx {
             op.probe = None;
@@ -437,16 +449,14 @@ impl Engine {
         h.forwarder = op.on_behalf;
         h.flags = if retx { F_RETRANSMIT } else { 0 };
         h.total_length = op.total as u32;
-        let msg = Message([
-            op.xfer,
-            op.base,
-            op.chunk as u32,
-            from as u32,
-            to as u32,
-            0,
-            0,
-            0,
-        ]);
+        let msg = BulkMsg {
+            xfer: op.xfer,
+            base: op.base,
+            chunk: op.chunk as u32,
+            first: from as u32,
+            end: to as u32,
+        }
+        .message();
         let map = if retx {
             op.done.pack(from, to)
         } else {
@@ -492,7 +502,11 @@ impl Engine {
         r.seq = h.seq;
         r.src = h.dst;
         r.dst = h.src;
-        let m = Message([msg.0[0], 0, 0, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            xfer: BulkMsg::read(msg).xfer,
+            ..BulkMsg::default()
+        }
+        .message();
         self.stats.drop(DropReason::SegmentViolation);
         self.emit(Dest::Addr(to), &r, &m, &[]);
     }
@@ -501,8 +515,8 @@ impl Engine {
     /// status, if any. Extends the owner's Send deadline (the peer is alive).
     fn validate_owner(&mut self, now: Micros, h: &Header, msg: &Message, write: bool) -> Status {
         let host_timeout = self.cfg.host_timeout;
-        let chunk = msg.0[2] as usize;
-        let base = msg.0[1] as usize;
+        let b = BulkMsg::read(msg);
+        let (base, chunk) = (b.base as usize, b.chunk as usize);
         let total = h.total_length as usize;
         let Some(o) = self.outgoing_mut(h.dst) else {
             return Status::NotAwaitingReply;
@@ -541,7 +555,8 @@ impl Engine {
             }
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, st);
         }
-        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let bm = BulkMsg::read(&msg);
+        let (xfer, base, chunk) = (bm.xfer, bm.base as usize, bm.chunk as usize);
         let total = h.total_length as usize;
         let off = h.local_addr as usize;
         let nc = nchunks(total, chunk);
@@ -611,16 +626,12 @@ impl Engine {
         r.src = h.dst;
         r.dst = h.src;
         r.total_length = h.total_length;
-        let m = Message([
-            xfer,
-            msg.0[1],
-            chunk as u32,
-            cum as u32,
-            end as u32,
-            0,
-            0,
-            0,
-        ]);
+        let m = BulkMsg {
+            first: cum as u32,
+            end: end as u32,
+            ..bm
+        }
+        .message();
         self.emit(Dest::Addr(from), &r, &m, &map);
     }
 
@@ -637,7 +648,8 @@ impl Engine {
                 if h.status != Status::Ok || !self.is_local(h.dst) {
                     return None;
                 }
-                let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+                let bm = BulkMsg::read(msg);
+                let (xfer, base, chunk) = (bm.xfer, bm.base as usize, bm.chunk as usize);
                 let total = h.total_length as usize;
                 let off = h.local_addr as usize;
                 if chunk == 0 || chunk > MAX_APPEND || !off.is_multiple_of(chunk) {
@@ -670,7 +682,7 @@ impl Engine {
                     return None;
                 }
                 let op = self.move_op(h.dst)?;
-                if op.dir != Dir::From || op.peer != h.src || op.xfer != msg.0[0] {
+                if op.dir != Dir::From || op.peer != h.src || op.xfer != BulkMsg::read(msg).xfer {
                     return None;
                 }
                 let off = h.local_addr as usize;
@@ -698,7 +710,7 @@ impl Engine {
             self.stats.drop(DropReason::NoMatch);
             return false;
         };
-        if op.dir != dir || op.peer != h.src || op.xfer != pkt.msg.0[0] {
+        if op.dir != dir || op.peer != h.src || op.xfer != BulkMsg::read(&pkt.msg).xfer {
             self.stats.drop(DropReason::NoMatch);
             return false;
         }
@@ -722,8 +734,9 @@ impl Engine {
             return;
         };
         let nc = op.done.len();
-        let cum = (pkt.msg.0[3] as usize).min(nc);
-        let end = (pkt.msg.0[4] as usize).min(nc).max(cum);
+        let bm = BulkMsg::read(&pkt.msg);
+        let cum = (bm.first as usize).min(nc);
+        let end = (bm.end as usize).min(nc).max(cum);
         let before = op.done.ones();
         for i in op.done.first_clear_from(0)..cum {
             op.done.set(i);
@@ -785,10 +798,11 @@ impl Engine {
         if st != Status::Ok {
             return self.refuse(from, PacketType::MoveFromReply, &h, &msg, st);
         }
-        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let bm = BulkMsg::read(&msg);
+        let (base, chunk) = (bm.base as usize, bm.chunk as usize);
         let total = h.total_length as usize;
         let nc = nchunks(total, chunk);
-        let (lo, hi) = (msg.0[3] as usize, msg.0[4] as usize);
+        let (lo, hi) = (bm.first as usize, bm.end as usize);
         if lo > hi || hi > nc {
             return self.refuse(
                 from,
@@ -811,7 +825,12 @@ impl Engine {
         r.src = h.dst;
         r.dst = h.src;
         r.total_length = h.total_length;
-        let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            first: 0,
+            end: 0,
+            ..bm
+        }
+        .message();
         let seq = match self.outgoing(h.dst) {
             Some(o) if rights::read(o.access, o.seg.as_ref(), base, total).is_ok() => o.seq,
             _ => return,

@@ -426,7 +426,7 @@ impl Engine {
             }
         };
         let mut m = msg;
-        m.0[6] = 0;
+        m.set_seg_addr(0);
         self.groups.copies[i] = Some(GroupCopy {
             src,
             principal,
@@ -523,7 +523,7 @@ impl Engine {
     ) {
         let h = pkt.header;
         let mut msg = pkt.msg;
-        msg.0[7] = h.total_length;
+        msg.set_seg_len(h.total_length);
         let members = self.group_members(h.dst);
         for m in members {
             self.deliver_copy(

@@ -463,16 +463,17 @@ impl Engine {
         let mut t = self.transmits.pop_front()?;
         // Named before sealing: the port is under the MAC.
         if self.cfg.reply_port != 0 {
-            if let Some(b) = t.data.get_mut(6..8) {
-                b.copy_from_slice(&self.cfg.reply_port.to_be_bytes());
+            if let Some(mut r) = wire::RawHeader::new_checked(&mut t.data[..]) {
+                r.set_reply_port(self.cfg.reply_port);
             }
         }
         if self.cfg.metrics && t.data.len() >= wire::FIXED_BYTES {
             let d = &t.data;
-            if let Some(pt) = PacketType::from_u8(d[2]) {
-                let peer = u16::from_be_bytes([d[16], d[17]]) & HostId::MAX;
+            let r = wire::RawHeader::new_checked(&d[..]);
+            if let Some((pt, dst)) = r.and_then(|r| Some((r.ptype()?, r.dst()))) {
+                let len = d.len();
                 self.stats
-                    .datagram(true, peer, pt, d.len(), d.len() - wire::FIXED_BYTES);
+                    .datagram(true, dst.host().0, pt, len, len - wire::FIXED_BYTES);
             }
         }
         // Sealed here, on the way out, so every transmission (and every
@@ -1546,7 +1547,9 @@ impl Engine {
         self.tick(now);
         let Some(mut auth) = self.auth.take() else {
             // A keyed datagram at a host without keys: we cannot check it.
-            if buf.len() > 5 && buf[0] == wire::MAGIC && buf[5] != 0 {
+            // (Read from the bytes: a datagram too short to decode counts.)
+            let keyed = buf.get(wire::field::KEY_ID).is_some_and(|&k| k != 0);
+            if keyed && buf.get(wire::field::MAGIC) == Some(&wire::MAGIC) {
                 self.stats.auth_rejects[crate::auth::Reject::UnknownKey as usize] += 1;
                 self.notify_auth_failed(now, from, buf);
                 return;
@@ -1594,7 +1597,7 @@ impl Engine {
         // from a send-only side socket); unverified, but a notice is
         // only counted, and goes to the sender's own address.
         let mut to = from;
-        if let Some(&[a, b]) = buf.get(6..8) {
+        if let Some(&[a, b]) = buf.get(wire::field::REPLY_PORT) {
             let port = u16::from_be_bytes([a, b]);
             if port != 0 {
                 to.set_port(port);
