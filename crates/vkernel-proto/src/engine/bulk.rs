@@ -126,27 +126,20 @@ impl Engine {
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let i = self.received_alien(target, mover)?;
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let i = self.aliens.received(target, mover)?;
+        let Some(a) = self.aliens.get(i) else {
             return Err(IpcError::NotAwaitingReply(target));
         };
-        rights::check(
-            a.access,
-            Some(a.seg_total as usize),
-            Need::Write,
-            dest_off as usize,
-            n,
-        )
-        .map_err(|e| e.error(target))?;
+        a.check(Need::Write, dest_off as usize, n)
+            .map_err(|e| e.error(target))?;
         if n == 0 {
             return Ok(Some(0));
         }
         let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         // The first part of the segment that came with the request answers
         // later MoveFroms without the network: keep it equal to the segment.
-        let head = &mut self.slots[i].data;
         let off = dest_off as usize;
-        if off < head.len() {
+        if let Some((_, head)) = self.aliens.with_data(i).filter(|(_, h)| off < h.len()) {
             let k = (head.len() - off).min(n);
             head[off..off + k].copy_from_slice(&src.bytes()[..k]);
         }
@@ -206,24 +199,22 @@ impl Engine {
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let i = self.received_alien(source, mover)?;
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let i = self.aliens.received(source, mover)?;
+        let Some(a) = self.aliens.get(i) else {
             return Err(IpcError::NotAwaitingReply(source));
         };
-        rights::check(a.access, Some(a.seg_total as usize), Need::Read, off, n)
-            .map_err(|e| e.error(source))?;
+        a.check(Need::Read, off, n).map_err(|e| e.error(source))?;
         if n == 0 {
             return Ok(Some(0));
         }
         // Already here with the request (receive-with-segment data)?
-        if off + n <= self.slots[i].data.len() {
-            dest.bytes_mut()
-                .copy_from_slice(&self.slots[i].data[off..off + n]);
+        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
+        if let Some(head) = self.aliens.data(i).get(off..off + n) {
+            dest.bytes_mut().copy_from_slice(head);
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         let chunk = self.cfg.chunk_bytes();
         let nc = nchunks(n, chunk);
         let first = nc.min(self.window_chunks(chunk));
@@ -282,24 +273,18 @@ impl Engine {
         }
         self.check_ready_caller(replier)?;
         let too_large = IpcError::SegmentTooLarge { max: MAX_APPEND };
-        let Ok(i) = self.received_alien(to, replier) else {
+        let Ok(i) = self.aliens.received(to, replier) else {
             return Err(too_large);
         };
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let Some(a) = self.aliens.get(i) else {
             return Err(too_large);
         };
         let chunk = self.cfg.chunk_bytes();
         if !a.idempotent || a.no_ahead || n > self.cfg.window.max(chunk) {
             return Err(too_large);
         }
-        rights::check(
-            a.access,
-            Some(a.seg_total as usize),
-            Need::Write,
-            off as usize,
-            n,
-        )
-        .map_err(|e| e.error(to))?;
+        a.check(Need::Write, off as usize, n)
+            .map_err(|e| e.error(to))?;
         let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
         // Chunks queued earlier name `reply_src` too: out with them first.
         if !self.chunks.is_empty() {

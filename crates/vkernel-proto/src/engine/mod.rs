@@ -8,6 +8,7 @@
 //! That keeps it deterministic, so a seeded simulator can drive it through
 //! loss, duplication, reordering and crashes.
 
+mod aliens;
 mod bitset;
 mod bulk;
 mod group;
@@ -33,6 +34,7 @@ use crate::segment::Seg;
 use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
+use aliens::{Alien, AlienState, Aliens, Known};
 use bulk::{InBulk, MoveOp};
 use idmap::{new_map, IdMap};
 use rights::Need;
@@ -180,62 +182,6 @@ struct Proc {
     spare: Option<Box<Outgoing>>,
 }
 
-#[derive(Debug)]
-enum AlienState {
-    Queued,
-    Received,
-}
-
-/// The answer to a finished non-idempotent exchange, kept (outside the
-/// alien pool) to answer retransmissions until the sender's next request.
-/// Kept as its parts and encoded again if asked for: a reply without data
-/// (the common case) is then saved without an allocation.
-struct Saved {
-    header: Header,
-    msg: Message,
-    data: Vec<u8>,
-    at: Micros,
-}
-
-/// What the engine keeps per remote sender process: its exchange in
-/// progress, the answer to its last finished non-idempotent one, and its
-/// newest sequence number. One table, so a request costs one lookup.
-#[derive(Default)]
-struct Sender {
-    /// Slot of the alien standing for its current request.
-    alien: Option<usize>,
-    saved: Option<Saved>,
-    /// Newest sequence number seen, and when.
-    last: Option<(u32, Micros)>,
-}
-
-/// Descriptor standing for a remote sender.
-struct Alien {
-    src: Pid,
-    principal: u32,
-    seq: u32,
-    receiver: Pid,
-    /// The receiver the sender's kernel addressed (and still believes it
-    /// awaits after local forwards, which it is not told about).
-    addressed: Pid,
-    forwarder: Pid,
-    msg: Message,
-    access: SegAccess,
-    seg_total: u32,
-    idempotent: bool,
-    /// The sender asks that reply data not be sent ahead.
-    no_ahead: bool,
-    state: AlienState,
-    last_heard: Micros,
-    addr: SocketAddr,
-}
-
-/// A preallocated alien slot; its buffer is kept across uses.
-struct AlienSlot {
-    alien: Option<Alien>,
-    data: Vec<u8>,
-}
-
 enum HostState {
     Allocating {
         candidate: HostId,
@@ -264,15 +210,7 @@ pub struct Engine {
     procs: IdMap<u16, Proc>,
     next_local: u16,
     next_seq: u32,
-    slots: Vec<AlienSlot>,
-    free_slots: Vec<usize>,
-    senders: IdMap<Pid, Sender>,
-    /// Senders with a saved answer (bounded), and the order the answers
-    /// were saved or last re-sent in (oldest first; entries whose answer
-    /// has since gone or moved are skipped): eviction without a scan.
-    saved_count: usize,
-    saved_order: VecDeque<(Pid, Micros)>,
-    aliens_per_host: IdMap<HostId, usize>,
+    aliens: Aliens,
     location: IdMap<HostId, (SocketAddr, u64)>,
     lru_clock: u64,
     rtt: IdMap<HostId, Rtt>,
@@ -364,25 +302,14 @@ impl Engine {
             },
         };
         let cfg_auth = cfg.auth.clone();
-        let slots = (0..cfg.alien_pool)
-            .map(|_| AlienSlot {
-                alien: None,
-                data: Vec::new(),
-            })
-            .collect();
         let mut e = Engine {
             next_local: rng.gen_range(2..0x8000),
             next_seq: rng.gen(),
-            free_slots: (0..cfg.alien_pool).rev().collect(),
-            slots,
+            aliens: Aliens::new(cfg.alien_pool, cfg.alien_per_host, hs),
             cfg,
             host,
             rng,
             procs: new_map(hs),
-            senders: new_map(hs),
-            saved_count: 0,
-            saved_order: VecDeque::new(),
-            aliens_per_host: new_map(hs),
             location: new_map(hs),
             lru_clock: 0,
             rtt: new_map(hs),
@@ -770,16 +697,7 @@ impl Engine {
             self.stats.local_exchanges += 1;
         }
         // Aliens it had received: nAck their senders.
-        let held: Vec<usize> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match &s.alien {
-                Some(a) if a.receiver == pid && matches!(a.state, AlienState::Received) => Some(i),
-                _ => None,
-            })
-            .collect();
-        for i in held {
+        for i in self.aliens.held_by(pid) {
             self.nack_alien(i, Status::NoSuchProcess);
         }
         Ok(())
@@ -791,7 +709,7 @@ impl Engine {
                 self.complete(s, Completion::Send(Err(IpcError::NoSuchProcess(dead))));
             }
             Pending::Alien(i, seq) => {
-                if self.alien_is(i, seq) {
+                if self.aliens.is(i, seq) {
                     self.nack_alien(i, Status::NoSuchProcess);
                 }
             }
@@ -800,12 +718,8 @@ impl Engine {
         }
     }
 
-    fn alien_is(&self, i: usize, seq: u32) -> bool {
-        matches!(self.slots.get(i).and_then(|s| s.alien.as_ref()), Some(a) if a.seq == seq)
-    }
-
     fn nack_alien(&mut self, i: usize, status: Status) {
-        let Some(a) = self.slots.get(i).and_then(|s| s.alien.as_ref()) else {
+        let Some(a) = self.aliens.get(i) else {
             return;
         };
         let mut h = Header::new(PacketType::NAck);
@@ -1063,13 +977,9 @@ impl Engine {
                 .filter(|o| o.dst == receiver && !o.received && o.remote.is_none())
                 .map(|_| s),
             Pending::Alien(i, seq) => self
-                .slots
-                .get(i)?
-                .alien
-                .as_ref()
-                .filter(|a| {
-                    a.seq == seq && a.receiver == receiver && matches!(a.state, AlienState::Queued)
-                })
+                .aliens
+                .get(i)
+                .filter(|a| a.seq == seq && a.receiver == receiver && a.state == AlienState::Queued)
                 .map(|a| a.src),
             Pending::Group(i, seq) => self.groups.pending_sender(i, seq, receiver),
         }
@@ -1193,8 +1103,7 @@ impl Engine {
                 }
             }
             Pending::Alien(i, _) => {
-                let slot = &mut self.slots[i];
-                let Some(a) = slot.alien.as_mut() else {
+                let Some((a, data)) = self.aliens.with_data(i) else {
                     return Received {
                         from: Pid::NONE,
                         msg: Message::zero(),
@@ -1206,8 +1115,8 @@ impl Engine {
                 a.state = AlienState::Received;
                 let mut n = 0;
                 if let Some(b) = buf.as_mut().filter(|_| a.seg_total as usize <= upto) {
-                    n = b.len().min(slot.data.len());
-                    b.bytes_mut()[..n].copy_from_slice(&slot.data[..n]);
+                    n = b.len().min(data.len());
+                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
                 }
                 Received {
                     from: a.src,
@@ -1299,7 +1208,7 @@ impl Engine {
         let alien = if self.is_local(to) {
             None
         } else {
-            self.received_alien(to, replier).ok()
+            self.aliens.received(to, replier).ok()
         };
         let one_to_one = match alien {
             Some(_) => true,
@@ -1345,13 +1254,17 @@ impl Engine {
         }
         let i = match alien {
             Some(i) => i,
-            None => self.received_alien(to, replier)?,
+            None => self.aliens.received(to, replier)?,
         };
-        let (src, seq, addr, access, seg_total, idem) = {
-            let Some(a) = self.slots[i].alien.as_ref() else {
+        let (src, seq, addr, idem) = {
+            let Some(a) = self.aliens.get(i) else {
                 return Err(IpcError::NotAwaitingReply(to));
             };
-            (a.src, a.seq, a.addr, a.access, a.seg_total, a.idempotent)
+            if let Some((off, d)) = seg.filter(|(_, d)| !d.is_empty()) {
+                a.check(Need::Write, off as usize, d.len())
+                    .map_err(|e| e.error(to))?;
+            }
+            (a.src, a.seq, a.addr, a.idempotent)
         };
         let mut h = Header::new(PacketType::RemoteReply);
         h.seq = seq;
@@ -1360,9 +1273,6 @@ impl Engine {
         h.forwarder = replier;
         let data: &[u8] = match seg {
             Some((off, d)) if !d.is_empty() => {
-                let total = Some(seg_total as usize);
-                rights::check(access, total, Need::Write, off as usize, d.len())
-                    .map_err(|e| e.error(to))?;
                 h.remote_addr = off;
                 h.total_length = d.len() as u32;
                 d
@@ -1384,71 +1294,15 @@ impl Engine {
             self.outgoing(to)
                 .is_some_and(|o| o.dst == replier && o.received && o.remote.is_none())
         } else {
-            self.received_alien(to, replier).is_ok()
+            self.aliens.received(to, replier).is_ok()
         }
     }
 
     /// Keeps a finished exchange's answer to re-send to retransmissions.
-    /// Bounded: past four saved answers per alien slot the oldest goes.
     fn save(&mut self, now: Micros, src: Pid, header: Header, msg: Message, data: &[u8]) {
-        let limit = 4 * self.cfg.alien_pool.max(1);
-        let has = self.senders.get(&src).is_some_and(|s| s.saved.is_some());
-        if !has && self.saved_count >= limit {
-            self.evict_oldest_saved();
-        }
-        let e = self.senders.entry(src).or_default();
-        if e.saved.is_none() {
-            self.saved_count += 1;
-        }
-        e.saved = Some(Saved {
-            header,
-            msg,
-            data: data.to_vec(),
-            at: now,
-        });
-        self.note_saved(src, now);
+        let stats = &mut self.stats;
+        self.aliens.save(now, src, header, msg, data, stats);
         self.arm(now + self.cfg.alien_timeout / 4);
-    }
-
-    /// Records that `src`'s saved answer was saved or re-sent at `at`;
-    /// drops the entries gone stale once they outnumber the live ones.
-    fn note_saved(&mut self, src: Pid, at: Micros) {
-        self.saved_order.push_back((src, at));
-        if self.saved_order.len() > 2 * self.saved_count + 64 {
-            let senders = &self.senders;
-            self.saved_order.retain(|(p, at)| {
-                senders
-                    .get(p)
-                    .and_then(|s| s.saved.as_ref())
-                    .is_some_and(|v| v.at == *at)
-            });
-        }
-    }
-
-    /// Drops the saved answer kept longest without use.
-    fn evict_oldest_saved(&mut self) {
-        while let Some((p, at)) = self.saved_order.pop_front() {
-            if let Some(s) = self.senders.get_mut(&p) {
-                if s.saved.as_ref().is_some_and(|v| v.at == at) {
-                    s.saved = None;
-                    self.saved_count -= 1;
-                    self.stats.saved_replies_evicted += 1;
-                    return;
-                }
-            }
-        }
-    }
-
-    fn received_alien(&self, sender: Pid, by: Pid) -> Result<usize, IpcError> {
-        let i = self
-            .senders
-            .get(&sender)
-            .and_then(|s| s.alien)
-            .ok_or(IpcError::NotAwaitingReply(sender))?;
-        match self.slots[i].alien.as_ref() {
-            Some(a) if a.receiver == by && matches!(a.state, AlienState::Received) => Ok(i),
-            _ => Err(IpcError::NotAwaitingReply(sender)),
-        }
     }
 
     // --------------------------------------------------------------- Forward
@@ -1498,17 +1352,17 @@ impl Engine {
             }
             return Ok(());
         }
-        let i = self.received_alien(from, forwarder)?;
+        let i = self.aliens.received(from, forwarder)?;
         if self.is_local(to) {
             if !self.process_exists(to) {
                 return Err(IpcError::NoSuchProcess(to));
             }
-            let p = self.slots[i].alien.as_ref().map_or(0, |a| a.principal);
+            let p = self.aliens.get(i).map_or(0, |a| a.principal);
             if !self.admits(to, p) {
                 return Err(IpcError::AccessDenied(to));
             }
             let seq = {
-                let Some(a) = self.slots[i].alien.as_mut() else {
+                let Some(a) = self.aliens.get_mut(i) else {
                     return Err(IpcError::NotAwaitingReply(from));
                 };
                 a.msg = rights::carry(&a.msg, msg, a.seg_total);
@@ -1522,7 +1376,7 @@ impl Engine {
         }
         // Remote to remote: ask the sender's kernel to re-send.
         let (seq, addr) = {
-            let Some(a) = self.slots[i].alien.as_ref() else {
+            let Some(a) = self.aliens.get(i) else {
                 return Err(IpcError::NotAwaitingReply(from));
             };
             (a.seq, a.addr)
@@ -1730,28 +1584,21 @@ impl Engine {
         let Some(me) = self.host_id() else { return };
         // What is known of this sender (one lookup: every remote request
         // takes this path).
-        let (had_saved, prev_alien, last) = match self.senders.get_mut(&h.src) {
-            Some(s) => {
-                // Retransmission of a finished non-idempotent exchange?
-                if let Some(sv) = s.saved.as_mut().filter(|sv| sv.header.seq == h.seq) {
-                    sv.at = now;
-                    let (t, b) = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
-                    self.stats.duplicates += 1;
-                    self.stats.saved_replies_resent += 1;
-                    self.note_saved(h.src, now);
-                    self.emit_raw(from, t, b);
-                    return;
-                }
-                (s.saved.is_some(), s.alien, s.last.map(|(seq, _)| seq))
-            }
-            None => (false, None, None),
-        };
+        let (had_saved, prev_alien, last) =
+            match self.aliens.known(h.src, h.seq, now, &mut self.stats) {
+                // Retransmission of a finished non-idempotent exchange.
+                Known::Answer(t, b) => return self.emit_raw(from, t, b),
+                Known::Sender {
+                    had_saved,
+                    alien,
+                    last,
+                } => (had_saved, alien, last),
+            };
         // Duplicate of an exchange in progress?
         if let Some(i) = prev_alien {
-            let same = matches!(&self.slots[i].alien, Some(a) if a.seq == h.seq);
-            if same {
+            if self.aliens.is(i, h.seq) {
                 self.stats.duplicates += 1;
-                if let Some(a) = self.slots[i].alien.as_mut() {
+                if let Some(a) = self.aliens.get_mut(i) {
                     a.last_heard = now;
                     a.addr = from;
                     a.no_ahead |= h.flags & wire::F_REPLY_DATA != 0;
@@ -1792,39 +1639,16 @@ impl Engine {
         }
         // A new message from this sender acknowledges its previous exchange.
         if had_saved {
-            if let Some(s) = self.senders.get_mut(&h.src) {
-                s.saved = None;
-                self.saved_count -= 1;
-            }
+            self.aliens.forget_saved(h.src);
         }
         if let Some(old) = prev_alien {
             self.free_alien(old);
         }
-        let host = h.src.host();
-        // Entries stay at zero (removed by the sweep) rather than churn.
-        let per_host = self.aliens_per_host.entry(host).or_insert(0);
-        let Some(i) = (if *per_host < self.cfg.alien_per_host {
-            self.free_slots.pop()
-        } else {
-            None
-        }) else {
-            self.stats.drop(DropReason::NoBuffers);
-            self.reply_pending(from, h.src, h.dst, h.seq);
-            return;
-        };
-        *per_host += 1;
-        self.stats.aliens_in_use += 1;
-        let snd = self.senders.entry(h.src).or_default();
-        snd.last = Some((h.seq, now));
-        snd.alien = Some(i);
-        let slot = &mut self.slots[i];
-        slot.data.clear();
-        slot.data.extend_from_slice(pkt.data);
         let access = pkt.msg.seg_access();
         let mut msg = pkt.msg;
         msg.set_seg_addr(0);
         msg.set_seg_len(h.total_length);
-        slot.alien = Some(Alien {
+        let alien = Alien {
             src: h.src,
             principal: h.user,
             seq: h.seq,
@@ -1839,30 +1663,18 @@ impl Engine {
             state: AlienState::Queued,
             last_heard: now,
             addr: from,
-        });
+        };
+        let Some(i) = self.aliens.admit(alien, pkt.data, now, &mut self.stats) else {
+            self.stats.drop(DropReason::NoBuffers);
+            self.reply_pending(from, h.src, h.dst, h.seq);
+            return;
+        };
         self.arm(now + self.cfg.alien_timeout);
         self.enqueue(now, h.dst, Pending::Alien(i, h.seq));
     }
 
     fn free_alien(&mut self, i: usize) {
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        let Some(a) = slot.alien.take() else { return };
-        if slot.data.capacity() > MAX_APPEND {
-            slot.data = Vec::new();
-        }
-        // (Unless the sender's newer request holds another slot.)
-        if let Some(s) = self.senders.get_mut(&a.src) {
-            if s.alien == Some(i) {
-                s.alien = None;
-            }
-        }
-        if let Some(c) = self.aliens_per_host.get_mut(&a.src.host()) {
-            *c = c.saturating_sub(1);
-        }
-        self.stats.aliens_in_use = self.stats.aliens_in_use.saturating_sub(1);
-        self.free_slots.push(i);
+        self.aliens.free(i, &mut self.stats);
     }
 
     /// The local process awaiting a remote reply with this sequence number.
@@ -2071,46 +1883,11 @@ impl Engine {
         // Alien expiry (sweep at most every quarter timeout).
         if now >= self.next_sweep {
             self.next_sweep = now + self.cfg.alien_timeout / 4;
-            let expired: Vec<usize> = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| match &s.alien {
-                    Some(a) if now.saturating_sub(a.last_heard) > self.cfg.alien_timeout => Some(i),
-                    _ => None,
-                })
-                .collect();
-            for i in expired {
-                self.free_alien(i);
-            }
-            let keep = self.cfg.alien_timeout;
-            let horizon = self.cfg.alien_timeout * 2;
-            let mut saved_count = 0;
-            self.senders.retain(|_, s| {
-                if s.saved
-                    .as_ref()
-                    .is_some_and(|v| now.saturating_sub(v.at) > keep)
-                {
-                    s.saved = None;
-                }
-                if s.last.is_some_and(|(_, t)| now.saturating_sub(t) > horizon) {
-                    s.last = None;
-                }
-                saved_count += usize::from(s.saved.is_some());
-                s.alien.is_some() || s.saved.is_some() || s.last.is_some()
-            });
-            self.saved_count = saved_count;
-            if saved_count == 0 {
-                self.saved_order.clear();
-            }
-            self.aliens_per_host.retain(|_, c| *c > 0);
+            let stats = &mut self.stats;
+            self.aliens.sweep(now, self.cfg.alien_timeout, stats);
             self.group_sweep(now);
         }
-        if self.stats.aliens_in_use > 0
-            || !self.senders.is_empty()
-            || !self.aliens_per_host.is_empty()
-            || self.group_busy()
-        {
+        if self.aliens.busy() || self.group_busy() {
             next = next.min(self.next_sweep);
         }
         self.next_timer = next;

@@ -1553,7 +1553,7 @@ fn full_alien_pool_answers_reply_pending_without_growing() {
     });
     n.introduce();
     let s = n.e[0].create_process().unwrap();
-    let slots = n.e[0].slots.len();
+    let slots = n.e[0].aliens.capacity();
     let mut clients: Vec<(usize, Pid)> = Vec::new();
     for h in [1, 1, 1, 1, 1, 1, 2, 2] {
         clients.push((h, n.e[h].create_process().unwrap()));
@@ -1567,7 +1567,7 @@ fn full_alien_pool_answers_reply_pending_without_growing() {
     n.run();
     // Host 2 gets its share of three, host 3 gets the fourth slot.
     assert_eq!(n.e[0].stats().aliens_in_use, 4);
-    assert_eq!(n.e[0].slots.len(), slots, "the pool never grows");
+    assert_eq!(n.e[0].aliens.capacity(), slots, "the pool never grows");
     assert_eq!(n.e[0].stats().drops_of(DropReason::NoBuffers), 4);
     let pend = n
         .types_since(mark)
@@ -1584,7 +1584,7 @@ fn full_alien_pool_answers_reply_pending_without_growing() {
         }
         n.e[0].cancel_receive(s);
         assert!(n.e[0].stats().aliens_in_use <= 4);
-        assert_eq!(n.e[0].slots.len(), slots);
+        assert_eq!(n.e[0].aliens.capacity(), slots);
         served.len() == clients.len()
     });
     assert!(done, "served {}", served.len());
@@ -2202,7 +2202,7 @@ fn check_counted(n: &Net, before: &[(u64, u64)], injected: &[u64]) {
             "engine {i}: every datagram counted once"
         );
         assert!(st.aliens_in_use <= e.cfg.alien_pool as u64);
-        assert_eq!(e.slots.len(), e.cfg.alien_pool);
+        assert_eq!(e.aliens.capacity(), e.cfg.alien_pool);
     }
 }
 
