@@ -287,7 +287,7 @@ impl Engine {
             .map_err(|e| e.error(to))?;
         let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
         // Chunks queued earlier name `reply_src` too: out with them first.
-        if !self.chunks.is_empty() {
+        if self.out.has_chunks() {
             self.encode_chunks();
         }
         let lead = (n - 1) / chunk * chunk;
@@ -309,7 +309,7 @@ impl Engine {
             h.total_length = lead as u32;
             h.local_addr = start as u32;
             h.remote_addr = off.wrapping_add(start as u32);
-            self.chunks.push_back(Chunk {
+            self.out.chunk(Chunk {
                 to: addr,
                 header: h,
                 msg: m,
@@ -328,7 +328,7 @@ impl Engine {
         h.remote_addr = off.wrapping_add(lead as u32);
         h.total_length = (n - lead) as u32;
         // The reply is queued behind its chunks, so it leaves after them.
-        self.chunks.push_back(Chunk {
+        self.out.chunk(Chunk {
             to: addr,
             header: h,
             msg,
@@ -412,7 +412,7 @@ impl Engine {
         }
         // Queued, not encoded: the runtime may send it straight from the
         // lent buffer (see `Engine::send_chunks`).
-        self.chunks.push_back(Chunk {
+        self.out.chunk(Chunk {
             to: addr,
             header: h,
             msg,
@@ -826,7 +826,7 @@ impl Engine {
             r.local_addr = start as u32;
             r.remote_addr = (base + start) as u32;
             r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
-            self.chunks.push_back(Chunk {
+            self.out.chunk(Chunk {
                 to: from,
                 header: r,
                 msg: m,
@@ -855,8 +855,8 @@ impl Engine {
 
     /// Encodes the queued chunks into ordinary datagrams (a copy each).
     pub(super) fn encode_chunks(&mut self) {
-        while let Some(c) = self.chunks.pop_front() {
-            let mut b = self.spare.pop().unwrap_or_default();
+        while let Some(c) = self.out.pop_chunk() {
+            let mut b = self.out.buffer();
             let Some(data) = self.chunk_data(&c) else {
                 self.recycle(b);
                 continue;
@@ -875,11 +875,11 @@ impl Engine {
     /// a cluster key only (a sealed datagram is made whole first);
     /// otherwise [`Engine::poll_transmit`] encodes them.
     pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
-        if self.auth.is_some() || self.chunks.is_empty() {
+        if self.auth.is_some() || !self.out.has_chunks() {
             return;
         }
-        let mut head = std::mem::take(&mut self.head_buf);
-        while let Some(c) = self.chunks.pop_front() {
+        let mut head = self.out.take_head();
+        while let Some(c) = self.out.pop_chunk() {
             let Some(data) = self.chunk_data(&c) else {
                 continue;
             };
@@ -895,7 +895,7 @@ impl Engine {
                     .datagram(true, peer, c.header.ptype, len, data_len);
             }
         }
-        self.head_buf = head;
+        self.out.put_head(head);
         self.reply_src = None;
     }
 

@@ -242,8 +242,8 @@ impl Engine {
         m.push(pid);
         if m.len() == 1 {
             if let Some(port) = self.cfg.multicast_port {
-                self.events
-                    .push_back(Event::JoinMulticast(multicast_addr(group, port)));
+                self.out
+                    .event(Event::JoinMulticast(multicast_addr(group, port)));
             }
         }
         Ok(())
@@ -276,8 +276,8 @@ impl Engine {
         if m.is_empty() {
             self.groups.members.remove(&group.0);
             if let Some(port) = self.cfg.multicast_port {
-                self.events
-                    .push_back(Event::LeaveMulticast(multicast_addr(group, port)));
+                self.out
+                    .event(Event::LeaveMulticast(multicast_addr(group, port)));
             }
         }
     }
@@ -388,9 +388,9 @@ impl Engine {
             return vec![multicast_addr(group, port)];
         }
         let mut v = self.cfg.discovery.clone();
-        for (a, _) in self.location.values() {
-            if !v.contains(a) {
-                v.push(*a);
+        for a in self.location.addrs() {
+            if !v.contains(&a) {
+                v.push(a);
             }
         }
         v

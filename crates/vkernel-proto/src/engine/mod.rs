@@ -13,8 +13,11 @@ mod bitset;
 mod bulk;
 mod group;
 mod idmap;
+mod location;
 mod naming;
+mod output;
 mod rights;
+mod timers;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -37,7 +40,9 @@ use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 use aliens::{Alien, AlienState, Aliens, Known};
 use bulk::{InBulk, MoveOp};
 use idmap::{new_map, IdMap};
+use output::{Chunk, ChunkSrc, Output};
 use rights::Need;
+use timers::Timers;
 
 /// Local id reserved for the kernel-server process of every logical host.
 pub const KERNEL_SERVER_LOCAL_ID: u16 = 1;
@@ -211,26 +216,16 @@ pub struct Engine {
     next_local: u16,
     next_seq: u32,
     aliens: Aliens,
-    location: IdMap<HostId, (SocketAddr, u64)>,
-    lru_clock: u64,
+    location: location::Locations,
     rtt: IdMap<HostId, Rtt>,
     names: naming::Names,
     groups: group::Groups,
-    transmits: VecDeque<Transmit>,
-    events: VecDeque<Event>,
-    next_timer: Micros,
-    next_sweep: Micros,
+    out: Output,
+    timers: Timers,
     stats: Stats,
     auth: Option<crate::auth::Auth>,
     /// Decryption buffer for incoming datagrams (AEAD mode).
     open_buf: Vec<u8>,
-    /// Small datagram buffers handed back by the runtime after sending,
-    /// reused by the next encodes (no allocation per message).
-    spare: Vec<Vec<u8>>,
-    /// Bulk chunks to send, not yet encoded (see [`Engine::send_chunks`]).
-    chunks: VecDeque<Chunk>,
-    /// A gathered send's header.
-    head_buf: Vec<u8>,
     /// The data of a reply sent ahead in chunks ([`Engine::reply_ahead`]),
     /// lent until those chunks are sent or encoded.
     reply_src: Option<Seg>,
@@ -242,43 +237,7 @@ pub struct Engine {
     /// [`Engine::take_own`] instead of being announced by an event.
     caller: Option<Pid>,
     own: Option<Completion>,
-    /// Unauthenticated notices to send as they are (never sealed): "your
-    /// datagram failed authentication here" ([`Status::AuthFailed`]).
-    notices: VecDeque<Transmit>,
-    /// When the last notice was queued (at most one per
-    /// [`NOTICE_GAP`]).
-    last_notice: Option<Micros>,
 }
-
-/// Least time between two authentication-failure notices.
-const NOTICE_GAP: Micros = 10_000;
-
-/// A bulk datagram queued with its data left in the lent buffer.
-struct Chunk {
-    to: SocketAddr,
-    header: Header,
-    msg: Message,
-    from: ChunkSrc,
-    /// Byte range of the lent buffer.
-    start: usize,
-    end: usize,
-}
-
-/// Whose lent buffer a chunk's data is in.
-#[derive(Clone, Copy)]
-enum ChunkSrc {
-    /// A MoveTo's source (the mover's buffer).
-    Moving(Pid),
-    /// A sender's segment, in the exchange with this sequence number.
-    Lent(Pid, u32),
-    /// The data of the reply being sent ([`Engine::reply_ahead`]).
-    Reply,
-}
-
-/// Buffers kept for reuse, and the largest kept: a bulk datagram (with
-/// room for the trailer), so a transfer's chunks reuse buffers too.
-const SPARE_BUFS: usize = 16;
-const SPARE_MAX_BYTES: usize = wire::MAX_DATAGRAM + crate::auth::TRAILER_BYTES;
 
 /// Serial-number comparison: is `a` older than `b` within a window?
 fn seq_older(a: u32, b: u32) -> bool {
@@ -306,34 +265,26 @@ impl Engine {
             next_local: rng.gen_range(2..0x8000),
             next_seq: rng.gen(),
             aliens: Aliens::new(cfg.alien_pool, cfg.alien_per_host, hs),
+            location: location::Locations::new(cfg.location_cache, hs),
             cfg,
             host,
             rng,
             procs: new_map(hs),
-            location: new_map(hs),
-            lru_clock: 0,
             rtt: new_map(hs),
             names: naming::Names::new(hs),
             groups: group::Groups::new(hs),
-            transmits: VecDeque::new(),
-            events: VecDeque::new(),
-            next_timer: now,
-            next_sweep: now,
+            out: Output::default(),
+            timers: Timers::new(now),
             stats: Stats::default(),
             auth: cfg_auth.map(|a| crate::auth::Auth::new(a, now)),
             open_buf: Vec::new(),
-            spare: Vec::new(),
-            chunks: VecDeque::new(),
-            head_buf: Vec::new(),
             reply_src: None,
             placed: false,
             caller: None,
             own: None,
-            notices: VecDeque::new(),
-            last_notice: None,
         };
         if let HostState::Ready { id, nonce } = e.host {
-            e.events.push_back(Event::HostReady(id));
+            e.out.event(Event::HostReady(id));
             e.announce(id, nonce);
         }
         e
@@ -381,13 +332,13 @@ impl Engine {
 
     /// Next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        if let Some(t) = self.notices.pop_front() {
+        if let Some(t) = self.out.pop_notice() {
             return Some(t);
         }
-        if !self.chunks.is_empty() {
+        if self.out.has_chunks() {
             self.encode_chunks();
         }
-        let mut t = self.transmits.pop_front()?;
+        let mut t = self.out.pop()?;
         // Named before sealing: the port is under the MAC.
         if self.cfg.reply_port != 0 {
             if let Some(mut r) = wire::RawHeader::new_checked(&mut t.data[..]) {
@@ -414,26 +365,28 @@ impl Engine {
     /// Hands back a sent datagram's buffer for reuse by a later message
     /// (kept only if small, and only a few).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFS && buf.capacity() <= SPARE_MAX_BYTES {
-            self.spare.push(buf);
-        }
+        self.out.recycle(buf);
     }
 
-    /// Encodes a datagram into a reused buffer if one is spare.
-    fn encode(&mut self, h: &Header, msg: &Message, data: &[u8]) -> Vec<u8> {
-        let mut b = self.spare.pop().unwrap_or_default();
-        wire::encode_into(h, msg, data, &mut b);
-        b
+    /// [`Engine::poll_transmit`] into the caller's buffer: the next
+    /// datagram replaces `buf`'s contents and its destination is returned;
+    /// `buf`'s old allocation is kept for a later datagram (the two are
+    /// swapped, nothing is copied).
+    pub fn poll_transmit_into(&mut self, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        let t = self.poll_transmit()?;
+        let old = std::mem::replace(buf, t.data);
+        self.out.recycle(old);
+        Some(t.to)
     }
 
     /// Next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        self.out.poll_event()
     }
 
     /// Earliest time at which [`Engine::handle_timeout`] has work (may be early).
     pub fn poll_timeout(&self) -> Micros {
-        self.next_timer
+        self.timers.deadline()
     }
 
     /// The completion of `pid`'s blocked operation, if it has completed.
@@ -455,7 +408,7 @@ impl Engine {
             // Not taken: hand it over the usual way.
             if let Some(p) = self.procs.get_mut(&who.local()) {
                 p.completion = Some(c);
-                self.events.push_back(Event::Wake(who));
+                self.out.event(Event::Wake(who));
             }
         }
         self.caller = pid;
@@ -468,16 +421,11 @@ impl Engine {
 
     /// True if datagrams, bulk chunks or events wait to be taken.
     pub fn has_output(&self) -> bool {
-        !self.transmits.is_empty()
-            || !self.chunks.is_empty()
-            || !self.events.is_empty()
-            || !self.notices.is_empty()
+        self.out.any()
     }
 
     fn arm(&mut self, t: Micros) {
-        if t < self.next_timer {
-            self.next_timer = t;
-        }
+        self.timers.arm(t);
     }
 
     fn new_seq(&mut self) -> u32 {
@@ -504,7 +452,7 @@ impl Engine {
             self.own = Some(c);
         } else {
             p.completion = Some(c);
-            self.events.push_back(Event::Wake(pid));
+            self.out.event(Event::Wake(pid));
         }
     }
 
@@ -536,7 +484,7 @@ impl Engine {
     fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
         // Encoded into the datagram's own buffer (with room for the
         // authentication trailer), not into a scratch buffer then copied.
-        let buf = self.encode(h, msg, data);
+        let buf = self.out.encode(h, msg, data);
         match dest {
             Dest::Addr(to) => self.emit_raw(to, h.ptype, buf),
             Dest::Discovery => {
@@ -549,38 +497,22 @@ impl Engine {
 
     fn emit_raw(&mut self, to: SocketAddr, ptype: PacketType, bytes: Vec<u8>) {
         self.stats.tx_type(ptype, bytes.len());
-        self.transmits.push_back(Transmit { to, data: bytes });
+        self.out.push(to, bytes);
     }
 
     fn lookup(&mut self, host: HostId) -> Option<SocketAddr> {
-        self.lru_clock += 1;
-        let clock = self.lru_clock;
-        let e = self.location.get_mut(&host)?;
-        e.1 = clock;
-        Some(e.0)
+        self.location.lookup(host)
     }
 
     fn learn(&mut self, host: HostId, addr: SocketAddr) {
-        if !host.is_valid() || Some(host) == self.host_id() {
-            return;
+        if host.is_valid() && Some(host) != self.host_id() {
+            self.location.learn(host, addr);
         }
-        self.lru_clock += 1;
-        let clock = self.lru_clock;
-        if let Some(e) = self.location.get_mut(&host) {
-            *e = (addr, clock);
-            return;
-        }
-        if self.location.len() >= self.cfg.location_cache.max(1) {
-            if let Some((&victim, _)) = self.location.iter().min_by_key(|(_, v)| v.1) {
-                self.location.remove(&victim);
-            }
-        }
-        self.location.insert(host, (addr, clock));
     }
 
     /// The cached address of a logical host.
     pub fn location_of(&self, host: HostId) -> Option<SocketAddr> {
-        self.location.get(&host).map(|e| e.0)
+        self.location.get(host)
     }
 
     /// Adds an address to query when a host's location is unknown.
@@ -919,7 +851,7 @@ impl Engine {
     /// The RemoteSend datagram of `src`'s current exchange, and its
     /// destination.
     pub(crate) fn encode_send(&mut self, src: Pid, retransmission: bool) -> Option<(Pid, Vec<u8>)> {
-        let mut bytes = self.spare.pop().unwrap_or_default();
+        let mut bytes = self.out.buffer();
         let Some(o) = self.outgoing(src) else {
             self.recycle(bytes);
             return None;
@@ -1166,7 +1098,7 @@ impl Engine {
         if self.try_deliver(now, pid) {
             if let Some(Completion::Receive(r)) = self.take_completion(pid) {
                 // Delivered synchronously: no wake needed.
-                self.events.retain(|e| *e != Event::Wake(pid));
+                self.out.forget_wake(pid);
                 return r.map(Some);
             }
         }
@@ -1279,7 +1211,7 @@ impl Engine {
             }
             _ => &[],
         };
-        let bytes = self.encode(&h, &msg, data);
+        let bytes = self.out.encode(&h, &msg, data);
         self.emit_raw(addr, PacketType::RemoteReply, bytes);
         if !idem {
             self.save(now, src, h, msg, data);
@@ -1457,17 +1389,10 @@ impl Engine {
                 to.set_port(port);
             }
         }
-        if self
-            .last_notice
-            .is_some_and(|t| now.saturating_sub(t) < NOTICE_GAP)
-        {
-            return;
-        }
-        self.last_notice = Some(now);
         let mut h = Header::new(PacketType::NAck);
         h.status = Status::AuthFailed;
         let data = wire::encode(&h, &Message::zero(), &[]);
-        self.notices.push_back(Transmit { to, data });
+        self.out.notice(now, to, data);
     }
 
     fn handle_plain(&mut self, now: Micros, from: SocketAddr, buf: &[u8]) {
@@ -1881,16 +1806,15 @@ impl Engine {
         self.naming_timers(now, &mut next);
         self.group_timers(now, &mut next);
         // Alien expiry (sweep at most every quarter timeout).
-        if now >= self.next_sweep {
-            self.next_sweep = now + self.cfg.alien_timeout / 4;
+        if self.timers.sweep_due(now, self.cfg.alien_timeout / 4) {
             let stats = &mut self.stats;
             self.aliens.sweep(now, self.cfg.alien_timeout, stats);
             self.group_sweep(now);
         }
         if self.aliens.busy() || self.group_busy() {
-            next = next.min(self.next_sweep);
+            next = next.min(self.timers.next_sweep());
         }
-        self.next_timer = next;
+        self.timers.set(next);
     }
 
     /// Fails every blocked operation with `Shutdown` (the runtime is stopping).
