@@ -63,6 +63,13 @@ pub(crate) struct MoveOp {
     probe: Option<(usize, Micros)>,
 }
 
+impl MoveOp {
+    /// The mover's buffer, if this transfer is of exchange `xseq`.
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
+        (self.xseq == xseq).then_some(&self.buf)
+    }
+}
+
 /// A MoveTo arriving into a local process's segment (owner side).
 pub(crate) struct InBulk {
     pub(super) mover: Pid,
@@ -838,65 +845,6 @@ impl Engine {
         if retx {
             self.stats.bulk_retransmits += todo.len() as u64;
         }
-    }
-
-    /// The bytes a queued chunk carries, if their buffer is still lent.
-    fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
-        let seg = match c.from {
-            ChunkSrc::Moving(p) => match &self.procs.get(&p.local())?.state {
-                PState::Moving(op) if op.xseq == c.header.seq => &op.buf,
-                _ => return None,
-            },
-            ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
-            ChunkSrc::Reply => self.reply_src.as_ref()?,
-        };
-        seg.bytes().get(c.start..c.end)
-    }
-
-    /// Encodes the queued chunks into ordinary datagrams (a copy each).
-    pub(super) fn encode_chunks(&mut self) {
-        while let Some(c) = self.out.pop_chunk() {
-            let mut b = self.out.buffer();
-            let Some(data) = self.chunk_data(&c) else {
-                self.recycle(b);
-                continue;
-            };
-            crate::wire::encode_into(&c.header, &c.msg, data, &mut b);
-            self.emit_raw(c.to, c.header.ptype, b);
-        }
-        // Its chunks are out: the reply's data is no longer needed.
-        self.reply_src = None;
-    }
-
-    /// Hands each queued bulk chunk to `send` as a header and the data
-    /// still in the lent buffer, so it is sent with no copy in user space.
-    /// Must be called under the same borrow of the engine that queued
-    /// them (the runtime's engine lock): the data is lent memory. Without
-    /// a cluster key only (a sealed datagram is made whole first);
-    /// otherwise [`Engine::poll_transmit`] encodes them.
-    pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
-        if self.auth.is_some() || !self.out.has_chunks() {
-            return;
-        }
-        let mut head = self.out.take_head();
-        while let Some(c) = self.out.pop_chunk() {
-            let Some(data) = self.chunk_data(&c) else {
-                continue;
-            };
-            head.clear();
-            crate::wire::encode_head(&c.header, &c.msg, data.len(), &mut head);
-            let len = head.len() + data.len();
-            let data_len = data.len();
-            send(c.to, &head, data);
-            self.stats.tx_type(c.header.ptype, len);
-            if self.cfg.metrics {
-                let peer = c.header.dst.host().0;
-                self.stats
-                    .datagram(true, peer, c.header.ptype, len, data_len);
-            }
-        }
-        self.out.put_head(head);
-        self.reply_src = None;
     }
 
     pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {

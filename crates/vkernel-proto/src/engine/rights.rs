@@ -75,24 +75,24 @@ pub(crate) fn check(
 
 /// The bytes `off..off + len` of a lent segment, to read, if `access`
 /// allows (see [`check`]).
-pub(crate) fn read<'a>(
+pub(crate) fn read(
     access: SegAccess,
-    seg: Option<&'a Seg>,
+    seg: Option<&Seg>,
     off: usize,
     len: usize,
-) -> Result<&'a [u8], Denied> {
+) -> Result<&[u8], Denied> {
     let r = check(access, seg.map(|s| s.len()), Need::Read, off, len)?;
     seg.and_then(|s| s.bytes().get(r)).ok_or(Denied::Access)
 }
 
 /// The bytes `off..off + len` of a lent segment, to write, if `access`
 /// allows (see [`check`]).
-pub(crate) fn write<'a>(
+pub(crate) fn write(
     access: SegAccess,
-    seg: Option<&'a mut Seg>,
+    seg: Option<&mut Seg>,
     off: usize,
     len: usize,
-) -> Result<&'a mut [u8], Denied> {
+) -> Result<&mut [u8], Denied> {
     let seg_len = seg.as_ref().map(|s| s.len());
     let r = check(access, seg_len, Need::Write, off, len)?;
     seg.and_then(|s| s.bytes_mut().get_mut(r))
