@@ -22,7 +22,8 @@ use vkernel_proto::wire::MAX_DATAGRAM;
 use vkernel_proto::{Completion, Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
 
 use crate::net::{FaultConfig, Net};
-use crate::process::{Process, Waiter};
+use crate::process::Process;
+use crate::waiter::Waiter;
 use crate::sys::{poll2, poll3, EventFd};
 
 /// How a logical host is set up.

@@ -35,6 +35,7 @@ mod process;
 mod spin;
 pub mod sys;
 mod trace;
+mod waiter;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
