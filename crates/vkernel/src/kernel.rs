@@ -4,8 +4,10 @@
 //! There is no network server thread on the common path. A process that
 //! sends puts its datagram on the wire from its own thread, and a process
 //! that waits reads the socket itself (busy-polling briefly, then blocking
-//! in `ppoll` on the socket and its own eventfd), so the reply it waits for
-//! is usually processed by the thread that wants it. Whoever reads a
+//! in its own epoll set on its eventfd and, as a socket reader, the socket
+//! registered `EPOLLEXCLUSIVE`; a process that does not read the socket
+//! blocks on its eventfd alone), so the reply it waits for is usually
+//! processed by the thread that wants it. Whoever reads a
 //! datagram runs it through the engine and wakes its target. The
 //! background thread only reads the socket when no process is waiting, and
 //! runs timers.
@@ -23,8 +25,8 @@ use vkernel_proto::{Completion, Config, Engine, Event, HostId, IpcError, Micros,
 
 use crate::net::{FaultConfig, Net};
 use crate::process::Process;
-use crate::waiter::Waiter;
 use crate::sys::{poll2, poll3, EventFd};
+use crate::waiter::Waiter;
 
 /// How a logical host is set up.
 #[derive(Clone, Debug)]

@@ -20,8 +20,8 @@ use crate::kernel_server as ks;
 use crate::lent::Lease;
 use crate::spin::SpinPolicy;
 use crate::sys::poll2;
-use crate::waiter::Waiter;
 use crate::trace::Phase;
+use crate::waiter::Waiter;
 
 /// Counts a thread in one role (spinning, or blocked reading the socket)
 /// while it lives: adds `add` on entry and takes 1 away on exit (see

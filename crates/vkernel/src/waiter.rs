@@ -64,7 +64,11 @@ impl Waiter {
     /// always blocks keeps its entry rather than pay two syscalls a wait.
     /// (Readiness is checked when the socket is added, so a datagram that
     /// arrived just before is not missed.)
-    pub(crate) fn block_on_both(&self, sock: &std::net::UdpSocket, timeout: Duration) -> (bool, bool) {
+    pub(crate) fn block_on_both(
+        &self,
+        sock: &std::net::UdpSocket,
+        timeout: Duration,
+    ) -> (bool, bool) {
         use rustix::event::{epoll, Timespec};
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,

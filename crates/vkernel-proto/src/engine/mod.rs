@@ -1,12 +1,58 @@
 //! The sans-IO kernel of one logical host.
 //!
-//! [`Engine`] owns every piece of IPC state of a logical host: the process
-//! table and message queues, alien descriptors for remote senders, remote
-//! exchanges in progress, bulk transfers, the logical-id map and the location
-//! cache. It never touches a socket or a clock: callers feed it datagrams and
-//! the current time, and drain [`Transmit`]s, [`Event`]s and a timer deadline.
-//! That keeps it deterministic, so a seeded simulator can drive it through
+//! [`Engine`] holds every piece of IPC state of a logical host. It never
+//! touches a socket or a clock: callers feed it datagrams and the current
+//! time, and drain [`Transmit`]s, [`Event`]s and a timer deadline. That
+//! keeps it deterministic, so a seeded simulator can drive it through
 //! loss, duplication, reordering and crashes.
+//!
+//! # Call contract
+//!
+//! Every entry point that takes `now` must get a time no earlier than the
+//! last one given. One engine call at a time (the runtime holds a lock);
+//! after each call, or batch of calls under one lock:
+//!
+//! 1. **Queries** (`&self`): [`Engine::host_id`], [`Engine::stats`],
+//!    [`Engine::process_exists`], [`Engine::location_of`], ... — any time.
+//! 2. **Inputs** (`handle_*`): [`Engine::handle_datagram`] for each
+//!    datagram received ([`Engine::placement`] then
+//!    [`Engine::handle_placed`] to receive a bulk chunk's data straight
+//!    into a lent buffer), and [`Engine::handle_timeout`] once
+//!    [`Engine::poll_timeout`] has passed.
+//! 3. **Mutators** (the primitives): [`Engine::send`], [`Engine::receive`],
+//!    [`Engine::reply`], [`Engine::forward`], [`Engine::move_to`],
+//!    [`Engine::move_from`], [`Engine::set_pid`], [`Engine::get_pid`],
+//!    group operations, process creation and destruction. An immediate
+//!    answer is returned; otherwise the process is blocked until a
+//!    completion. Lent buffers ([`Seg`]) stay lent until then.
+//! 4. **Outputs** (`poll_*`), until empty, under the same borrow as the
+//!    calls that produced them: [`Engine::send_chunks`] (bulk chunks from
+//!    lent memory; optional), [`Engine::poll_transmit`] or
+//!    [`Engine::poll_transmit_into`] (datagrams; hand buffers back with
+//!    [`Engine::recycle`]), [`Engine::poll_event`] (on
+//!    [`Event::Wake`], [`Engine::take_completion`]), and
+//!    [`Engine::poll_timeout`] for the next deadline.
+//!    [`Engine::has_output`] says whether there is anything to drain.
+//!    A thread that calls on behalf of a process it will wait for may say
+//!    so with [`Engine::set_caller`] and take that process's completion
+//!    with [`Engine::take_own`] (no event).
+//!
+//! # Where things are
+//!
+//! State is split into owned sub-machines, each with its own tests:
+//! `aliens.rs` (remote senders' requests and saved replies),
+//! `location.rs` (host → address cache), `output.rs` (output queues and
+//! buffer reuse), `timers.rs` (the deadline and sweep), `rights.rs` (the
+//! one segment-rights check), plus `naming.rs` (`Names`) and `group.rs`
+//! (`Groups`). The primitives are `impl Engine` blocks by concern:
+//! `procs.rs` (process table), `exchange.rs` (Send/Receive/Reply/Forward),
+//! `remote.rs` (datagrams in), `transmit.rs` (datagrams out), `bulk.rs`
+//! (MoveTo/MoveFrom), `naming.rs`, `group.rs`.
+//!
+//! A new packet type: its number and fields in `wire.rs` (and
+//! `docs/PROTOCOL.md`), its counters in `stats.rs`, a `match` arm in
+//! `Engine::handle_packet` (`remote.rs`) calling an `on_*` handler in the
+//! file of its concern, sent with `Engine::emit` (or as a chunk).
 
 mod aliens;
 mod bitset;
