@@ -4,6 +4,20 @@
 
 use super::*;
 
+impl Received {
+    /// What a receiver gets for a queued message whose sender went away
+    /// between the queue check and the hand-over (nothing).
+    fn stale(from: Pid) -> Received {
+        Received {
+            from,
+            msg: Message::zero(),
+            seg_bytes: 0,
+            forwarder: from,
+            principal: 0,
+        }
+    }
+}
+
 impl Engine {
     /// Starts a Send from `src` to `dst`. The sender is blocked until a
     /// [`Completion::Send`] arrives (an immediate error is returned directly).
@@ -267,13 +281,7 @@ impl Engine {
         match pend {
             Pending::Local(s) => {
                 let Some(o) = self.outgoing_mut(s) else {
-                    return Received {
-                        from: s,
-                        msg: Message::zero(),
-                        seg_bytes: 0,
-                        forwarder: s,
-                        principal: 0,
-                    };
+                    return Received::stale(s);
                 };
                 o.received = true;
                 let mut n = 0;
@@ -294,13 +302,7 @@ impl Engine {
             }
             Pending::Group(i, _) => {
                 let Some((src, msg, data, principal)) = self.groups.take(i) else {
-                    return Received {
-                        from: Pid::NONE,
-                        msg: Message::zero(),
-                        seg_bytes: 0,
-                        forwarder: Pid::NONE,
-                        principal: 0,
-                    };
+                    return Received::stale(Pid::NONE);
                 };
                 let mut n = 0;
                 if let Some(b) = buf.as_mut() {
@@ -317,13 +319,7 @@ impl Engine {
             }
             Pending::Alien(i, _) => {
                 let Some((a, data)) = self.aliens.with_data(i) else {
-                    return Received {
-                        from: Pid::NONE,
-                        msg: Message::zero(),
-                        seg_bytes: 0,
-                        forwarder: Pid::NONE,
-                        principal: 0,
-                    };
+                    return Received::stale(Pid::NONE);
                 };
                 a.state = AlienState::Received;
                 let mut n = 0;
