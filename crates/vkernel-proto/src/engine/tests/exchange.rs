@@ -704,6 +704,38 @@ fn a_recycled_buffer_carries_the_next_datagram_whole() {
 }
 
 #[test]
+fn poll_transmit_into_swaps_the_callers_buffer_in() {
+    let mut n = Net::new(2);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let mut buf = vec![0xEE; 600];
+    let mine = buf.as_ptr();
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(7), None)
+        .unwrap();
+    assert_eq!(n.e[1].poll_transmit_into(&mut buf), Some(addr(0)));
+    assert_eq!(buf.len(), crate::wire::FIXED_BYTES);
+    assert_eq!(decode(&buf).map(|p| p.msg.code()), Ok(7));
+    assert!(n.e[1].poll_transmit_into(&mut buf).is_none());
+    // The caller's old buffer carries the engine's next datagram.
+    n.e[0].handle_datagram(n.now, addr(1), &buf);
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(8), None)
+        .unwrap();
+    let t = n.e[0].poll_transmit().unwrap();
+    n.e[1].handle_datagram(n.now, addr(0), &t.data);
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 8);
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(9), None)
+        .unwrap();
+    let mut other = Vec::new();
+    n.e[1].poll_transmit_into(&mut other).unwrap();
+    assert_eq!(other.as_ptr(), mine, "the swapped-out buffer was reused");
+}
+
+#[test]
 fn the_callers_own_completion_is_kept_for_it_without_a_wake() {
     let mut n = Net::new(1);
     let e = &mut n.e[0];
