@@ -53,6 +53,7 @@ pub(super) struct Alien {
 impl Alien {
     /// Checks an access to the sender's segment, as declared with the
     /// request (see [`rights::check`]).
+    #[inline]
     pub(super) fn check(&self, need: Need, off: usize, len: usize) -> Result<(), Denied> {
         let total = Some(self.seg_total as usize);
         rights::check(self.access, total, need, off, len).map(|_| ())
@@ -145,32 +146,38 @@ impl Aliens {
     }
 
     /// The alien in slot `i`.
+    #[inline]
     pub(super) fn get(&self, i: usize) -> Option<&Alien> {
         self.slots.get(i)?.alien.as_ref()
     }
 
     /// The alien in slot `i`, to change.
+    #[inline]
     pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut Alien> {
         self.slots.get_mut(i)?.alien.as_mut()
     }
 
     /// The segment data that came with the request in slot `i`.
+    #[inline]
     pub(super) fn data(&self, i: usize) -> &[u8] {
         self.slots.get(i).map_or(&[], |s| &s.data)
     }
 
     /// The alien in slot `i` and the segment data that came with it.
+    #[inline]
     pub(super) fn with_data(&mut self, i: usize) -> Option<(&mut Alien, &mut Vec<u8>)> {
         let s = self.slots.get_mut(i)?;
         Some((s.alien.as_mut()?, &mut s.data))
     }
 
     /// True if slot `i` holds the request with sequence number `seq`.
+    #[inline]
     pub(super) fn is(&self, i: usize, seq: u32) -> bool {
         self.get(i).is_some_and(|a| a.seq == seq)
     }
 
     /// The slot of `sender`'s request that `by` has received.
+    #[inline]
     pub(super) fn received(&self, sender: Pid, by: Pid) -> Result<usize, IpcError> {
         let i = self
             .senders
@@ -196,6 +203,7 @@ impl Aliens {
     /// What is known of `src` as its request `seq` arrives. A
     /// retransmission of the exchange whose answer is saved gets that
     /// answer, counted as re-sent.
+    #[inline]
     pub(super) fn known(&mut self, src: Pid, seq: u32, now: Micros, stats: &mut Stats) -> Known {
         let Some(s) = self.senders.get_mut(&src) else {
             return Known::Sender {
@@ -220,6 +228,7 @@ impl Aliens {
     }
 
     /// Drops `src`'s saved answer: its new request acknowledges it.
+    #[inline]
     pub(super) fn forget_saved(&mut self, src: Pid) {
         if let Some(s) = self.senders.get_mut(&src) {
             if s.saved.take().is_some() {
@@ -255,6 +264,7 @@ impl Aliens {
     }
 
     /// Frees slot `i` (if in use).
+    #[inline]
     pub(super) fn free(&mut self, i: usize, stats: &mut Stats) {
         let Some(slot) = self.slots.get_mut(i) else {
             return;

@@ -29,6 +29,7 @@ impl Locations {
     }
 
     /// The address of `host`, marked as used.
+    #[inline]
     pub(super) fn lookup(&mut self, host: HostId) -> Option<SocketAddr> {
         self.clock += 1;
         let e = self.map.get_mut(&host)?;
@@ -37,6 +38,7 @@ impl Locations {
     }
 
     /// The address of `host`, without marking it.
+    #[inline]
     pub(super) fn get(&self, host: HostId) -> Option<SocketAddr> {
         self.map.get(&host).map(|e| e.0)
     }
@@ -47,6 +49,7 @@ impl Locations {
     }
 
     /// Records that `host` is at `addr`.
+    #[inline]
     pub(super) fn learn(&mut self, host: HostId, addr: SocketAddr) {
         self.clock += 1;
         let clock = self.clock;

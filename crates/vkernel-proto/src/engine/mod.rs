@@ -278,6 +278,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     fn my_host(&self) -> Result<HostId, IpcError> {
         self.host_id().ok_or(IpcError::NoHostId)
     }
@@ -299,6 +300,7 @@ impl Engine {
 
     /// The latest time an entry point was given: datagrams sealed later
     /// carry counters that follow it (see `auth::COUNTER_LAG`).
+    #[inline]
     fn tick(&mut self, now: Micros) {
         if let Some(a) = self.auth.as_mut() {
             a.tick(now);
@@ -350,19 +352,23 @@ impl Engine {
         self.out.any()
     }
 
+    #[inline]
     fn arm(&mut self, t: Micros) {
         self.timers.arm(t);
     }
 
+    #[inline]
     fn new_seq(&mut self) -> u32 {
         self.next_seq = self.next_seq.wrapping_add(1);
         self.next_seq
     }
 
+    #[inline]
     fn is_local(&self, pid: Pid) -> bool {
         self.host_id() == Some(pid.host())
     }
 
+    #[inline]
     fn proc_mut(&mut self, pid: Pid) -> Option<&mut Proc> {
         if !self.is_local(pid) {
             return None;
@@ -370,6 +376,7 @@ impl Engine {
         self.procs.get_mut(&pid.local())
     }
 
+    #[inline]
     fn complete(&mut self, pid: Pid, c: Completion) {
         let own = self.caller == Some(pid);
         let Some(p) = self.proc_mut(pid) else { return };
@@ -405,10 +412,12 @@ impl Engine {
         self.rtt.get(&host).and_then(|r| r.srtt())
     }
 
+    #[inline]
     fn lookup(&mut self, host: HostId) -> Option<SocketAddr> {
         self.location.lookup(host)
     }
 
+    #[inline]
     fn learn(&mut self, host: HostId, addr: SocketAddr) {
         if host.is_valid() && Some(host) != self.host_id() {
             self.location.learn(host, addr);

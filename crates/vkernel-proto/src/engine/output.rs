@@ -64,6 +64,7 @@ pub(super) struct Output {
 
 impl Output {
     /// True if datagrams, chunks or events wait to be taken.
+    #[inline]
     pub(super) fn any(&self) -> bool {
         !self.transmits.is_empty()
             || !self.chunks.is_empty()
@@ -72,12 +73,14 @@ impl Output {
     }
 
     /// A buffer to encode into (a spare one if any).
+    #[inline]
     pub(super) fn buffer(&mut self) -> Vec<u8> {
         self.spare.pop().unwrap_or_default()
     }
 
     /// Keeps a sent datagram's buffer for reuse (only if small, and only
     /// a few).
+    #[inline]
     pub(super) fn recycle(&mut self, buf: Vec<u8>) {
         if self.spare.len() < SPARE_BUFS && buf.capacity() <= SPARE_MAX_BYTES {
             self.spare.push(buf);
@@ -85,6 +88,7 @@ impl Output {
     }
 
     /// Encodes a datagram into a reused buffer if one is spare.
+    #[inline]
     pub(super) fn encode(&mut self, h: &Header, msg: &Message, data: &[u8]) -> Vec<u8> {
         let mut b = self.buffer();
         wire::encode_into(h, msg, data, &mut b);
@@ -92,16 +96,19 @@ impl Output {
     }
 
     /// Queues a datagram.
+    #[inline]
     pub(super) fn push(&mut self, to: SocketAddr, data: Vec<u8>) {
         self.transmits.push_back(Transmit { to, data });
     }
 
     /// The next notice, else the next datagram.
+    #[inline]
     pub(super) fn pop(&mut self) -> Option<Transmit> {
         self.pop_notice().or_else(|| self.transmits.pop_front())
     }
 
     /// The next notice (sent unsealed).
+    #[inline]
     pub(super) fn pop_notice(&mut self) -> Option<Transmit> {
         self.notices.pop_front()
     }
@@ -120,16 +127,19 @@ impl Output {
     }
 
     /// Queues a bulk chunk.
+    #[inline]
     pub(super) fn chunk(&mut self, c: Chunk) {
         self.chunks.push_back(c);
     }
 
     /// The next queued chunk.
+    #[inline]
     pub(super) fn pop_chunk(&mut self) -> Option<Chunk> {
         self.chunks.pop_front()
     }
 
     /// True if chunks are queued.
+    #[inline]
     pub(super) fn has_chunks(&self) -> bool {
         !self.chunks.is_empty()
     }
@@ -146,11 +156,13 @@ impl Output {
     }
 
     /// Queues an event.
+    #[inline]
     pub(super) fn event(&mut self, e: Event) {
         self.events.push_back(e);
     }
 
     /// The next event.
+    #[inline]
     pub(super) fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }

@@ -109,6 +109,7 @@ impl Engine {
     }
 
     /// True if `pid` is a live process of this host.
+    #[inline]
     pub fn process_exists(&self, pid: Pid) -> bool {
         self.is_local(pid) && pid.is_process() && self.procs.contains_key(&pid.local())
     }
@@ -134,6 +135,7 @@ impl Engine {
     }
 
     /// The principal a local process runs as (0 if unknown).
+    #[inline]
     pub fn principal_of(&self, pid: Pid) -> u32 {
         if !self.is_local(pid) {
             return 0;
@@ -142,6 +144,7 @@ impl Engine {
     }
 
     /// True if local process `dst` accepts Sends from `principal`.
+    #[inline]
     pub(super) fn admits(&self, dst: Pid, principal: u32) -> bool {
         self.procs
             .get(&dst.local())
@@ -221,6 +224,7 @@ impl Engine {
         self.free_alien(i);
     }
 
+    #[inline]
     pub(super) fn check_ready_caller(&self, pid: Pid) -> Result<(), IpcError> {
         self.my_host()?;
         match self.procs.get(&pid.local()) {
@@ -232,6 +236,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn set_sending(&mut self, pid: Pid, out: Outgoing) {
         if let Some(p) = self.proc_mut(pid) {
             let b = p.boxed(out);
@@ -240,6 +245,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn set_state(&mut self, pid: Pid, st: PState) {
         if let Some(p) = self.proc_mut(pid) {
             p.set_state(st);
@@ -247,6 +253,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn outgoing(&self, pid: Pid) -> Option<&Outgoing> {
         if !self.is_local(pid) {
             return None;
@@ -257,6 +264,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn outgoing_mut(&mut self, pid: Pid) -> Option<&mut Outgoing> {
         match &mut self.proc_mut(pid)?.state {
             PState::Sending(o) => Some(o),

@@ -280,11 +280,13 @@ impl Engine {
         self.enqueue(now, h.dst, Pending::Alien(i, h.seq));
     }
 
+    #[inline]
     pub(super) fn free_alien(&mut self, i: usize) {
         self.aliens.free(i, &mut self.stats);
     }
 
     /// The local process awaiting a remote reply with this sequence number.
+    #[inline]
     pub(super) fn remote_waiter(&mut self, pid: Pid, seq: u32) -> Option<&mut Outgoing> {
         let o = self.outgoing_mut(pid)?;
         (o.seq == seq && o.remote.is_some()).then_some(o)

@@ -36,6 +36,7 @@ pub(crate) enum Denied {
 
 impl Denied {
     /// The error a local caller gets; `peer` is the segment's owner.
+    #[inline]
     pub(crate) fn error(self, peer: Pid) -> IpcError {
         match self {
             Denied::Access => IpcError::AccessDenied(peer),
@@ -44,6 +45,7 @@ impl Denied {
     }
 
     /// The status a remote mover gets.
+    #[inline]
     pub(crate) fn status(self) -> Status {
         match self {
             Denied::Access => Status::AccessDenied,
@@ -55,6 +57,7 @@ impl Denied {
 /// Checks an access to bytes `off..off + len` of a segment granting
 /// `access`, `seg_len` bytes long (`None`: no segment is lent). Returns
 /// the byte range on success.
+#[inline]
 pub(crate) fn check(
     access: SegAccess,
     seg_len: Option<usize>,
@@ -75,6 +78,7 @@ pub(crate) fn check(
 
 /// The bytes `off..off + len` of a lent segment, to read, if `access`
 /// allows (see [`check`]).
+#[inline]
 pub(crate) fn read(
     access: SegAccess,
     seg: Option<&Seg>,
@@ -87,6 +91,7 @@ pub(crate) fn read(
 
 /// The bytes `off..off + len` of a lent segment, to write, if `access`
 /// allows (see [`check`]).
+#[inline]
 pub(crate) fn write(
     access: SegAccess,
     seg: Option<&mut Seg>,
@@ -101,12 +106,14 @@ pub(crate) fn write(
 
 /// True if the first part of a read-granted segment travels with the
 /// message (unless the sender asked for [`NO_APPEND`]).
+#[inline]
 pub(crate) fn appends(access: SegAccess, msg: &Message) -> bool {
     access.read && !msg.has(NO_APPEND)
 }
 
 /// Grants the rights `msg` declares on `seg` (none without a segment) and
 /// writes the segment words of `msg` (words 6 and 7): what a Send lends.
+#[inline]
 pub(crate) fn grant(msg: &mut Message, seg: Option<Seg>) -> (SegAccess, Option<Seg>) {
     let access = if seg.is_some() {
         msg.seg_access()
@@ -121,6 +128,7 @@ pub(crate) fn grant(msg: &mut Message, seg: Option<Seg>) -> (SegAccess, Option<S
 /// The message `new` with the kernel-owned flags and segment words of
 /// `old`, for a segment of `seg_len` bytes: a Forward changes the message,
 /// never the rights its sender granted.
+#[inline]
 pub(crate) fn carry(old: &Message, new: Message, seg_len: u32) -> Message {
     let mut m = new;
     m.set_word0((new.word0() & !FLAG_MASK) | (old.word0() & FLAG_MASK));

@@ -26,6 +26,7 @@ impl Timers {
     }
 
     /// Asks for a call by `t` at the latest.
+    #[inline]
     pub(super) fn arm(&mut self, t: Micros) {
         if t < self.next {
             self.next = t;
@@ -33,17 +34,20 @@ impl Timers {
     }
 
     /// The deadline.
+    #[inline]
     pub(super) fn deadline(&self) -> Micros {
         self.next
     }
 
     /// Sets the deadline after a pass over every timer.
+    #[inline]
     pub(super) fn set(&mut self, next: Micros) {
         self.next = next;
     }
 
     /// True if the sweep is due at `now`; it is then scheduled `period`
     /// later.
+    #[inline]
     pub(super) fn sweep_due(&mut self, now: Micros, period: Micros) -> bool {
         if now < self.next_sweep {
             return false;
@@ -53,6 +57,7 @@ impl Timers {
     }
 
     /// When the next sweep is due.
+    #[inline]
     pub(super) fn next_sweep(&self) -> Micros {
         self.next_sweep
     }

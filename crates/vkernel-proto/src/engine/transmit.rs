@@ -56,6 +56,7 @@ impl Engine {
         Some(t.to)
     }
 
+    #[inline]
     pub(super) fn emit(&mut self, dest: Dest, h: &Header, msg: &Message, data: &[u8]) {
         // Encoded into the datagram's own buffer (with room for the
         // authentication trailer), not into a scratch buffer then copied.
@@ -70,6 +71,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn emit_raw(&mut self, to: SocketAddr, ptype: PacketType, bytes: Vec<u8>) {
         self.stats.tx_type(ptype, bytes.len());
         self.out.push(to, bytes);
