@@ -27,8 +27,7 @@ use chacha20poly1305::{ChaCha20Poly1305, KeyInit, Nonce, Tag};
 
 use std::collections::HashMap;
 
-use crate::pid::HostId;
-use crate::wire::{FIXED_BYTES, HEADER_BYTES};
+use crate::wire::{field, RawHeader, FIXED_BYTES, HEADER_BYTES};
 
 /// Bytes the trailer adds to each datagram.
 pub const TRAILER_BYTES: usize = 4 + 8 + 16;
@@ -221,7 +220,7 @@ impl Auth {
             return;
         };
         let ctr = self.next_counter().to_be_bytes();
-        d[5] = key.id;
+        d[field::KEY_ID] = key.id;
         let salt = self.cfg.salt.to_be_bytes();
         if self.cfg.encrypt {
             let mut aad = [0u8; HEADER_BYTES + 12];
@@ -254,18 +253,21 @@ impl Auth {
         d: &'a [u8],
         scratch: &'a mut Vec<u8>,
     ) -> Result<&'a [u8], Reject> {
-        if d.len() > 5 && d[5] == 0 {
+        if d.get(field::KEY_ID) == Some(&0) {
             return Err(Reject::NoKey);
         }
         if d.len() < FIXED_BYTES + TRAILER_BYTES {
             return Err(Reject::Truncated);
         }
-        let key = self.key(d[5]).ok_or(Reject::UnknownKey)?.clone();
+        let key = self
+            .key(d[field::KEY_ID])
+            .ok_or(Reject::UnknownKey)?
+            .clone();
         let n = d.len() - TRAILER_BYTES;
         let (salt, rest) = d[n..].split_at(4);
         let (ctr, tag) = rest.split_at(8);
         let counter = u64::from_be_bytes(ctr.try_into().map_err(|_| Reject::Truncated)?);
-        let host = u16::from_be_bytes([d[12], d[13]]) & HostId::MAX;
+        let host = RawHeader::new_checked(d).map_or(0, |r| r.src().host().0);
         let inner: &[u8] = if self.cfg.encrypt {
             let mut aad = [0u8; HEADER_BYTES + 12];
             aad[..HEADER_BYTES].copy_from_slice(&d[..HEADER_BYTES]);

@@ -19,6 +19,8 @@ pub mod pid;
 pub mod rtt;
 pub mod segment;
 pub mod stats;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod wire;
 
 pub use config::{multicast_addr, Config, GroupPolicy, Micros, MAX_APPEND};

@@ -2,6 +2,7 @@
 //!
 //! Word 0 carries the request code in its low 24 bits and kernel-legislated
 //! flags in its high byte. Words 6 and 7 describe the segment, if any.
+//! Words 1–5 are the user's; [`field`] names every word the kernel reads.
 
 /// Message size in bytes (8 words).
 pub const MSG_BYTES: usize = 32;
@@ -26,6 +27,17 @@ pub const FLAG_MASK: u32 = 0xff00_0000;
 /// The user request code part of word 0.
 pub const CODE_MASK: u32 = 0x00ff_ffff;
 
+/// Word indices of the message fields the kernel itself reads or writes
+/// (byte offset = 4 × index, big-endian on the wire).
+pub mod field {
+    /// Flags (high byte) and request code (low 24 bits).
+    pub const WORD0: usize = 0;
+    /// Segment start (offset in the lender's segment; the kernel sets 0).
+    pub const SEG_ADDR: usize = 6;
+    /// Segment length in bytes.
+    pub const SEG_LEN: usize = 7;
+}
+
 /// A 32-byte V message.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct Message(pub [u32; 8]);
@@ -39,43 +51,78 @@ impl Message {
     /// A message with the given request code (low 24 bits) and flags (high byte).
     pub fn with_code(code: u32) -> Message {
         let mut m = Message::zero();
-        m.0[0] = code;
+        m.set_word0(code);
         m
+    }
+
+    /// Word `i` (0..8).
+    ///
+    /// # Panics
+    /// If `i` is 8 or more.
+    pub fn word(&self, i: usize) -> u32 {
+        self.0[i]
+    }
+
+    /// Sets word `i` (0..8).
+    ///
+    /// # Panics
+    /// If `i` is 8 or more.
+    pub fn set_word(&mut self, i: usize, v: u32) {
+        self.0[i] = v;
+    }
+
+    /// Words `i` and `i + 1` as one 64-bit value (high word first).
+    ///
+    /// # Panics
+    /// If `i` is 7 or more.
+    pub fn word_pair(&self, i: usize) -> u64 {
+        (u64::from(self.0[i]) << 32) | u64::from(self.0[i + 1])
+    }
+
+    /// Sets words `i` and `i + 1` to a 64-bit value (high word first).
+    ///
+    /// # Panics
+    /// If `i` is 7 or more.
+    pub fn set_word_pair(&mut self, i: usize, v: u64) {
+        self.0[i] = (v >> 32) as u32;
+        self.0[i + 1] = v as u32;
     }
 
     /// Word 0: flags and request code.
     pub fn word0(&self) -> u32 {
-        self.0[0]
+        self.0[field::WORD0]
+    }
+
+    /// Sets word 0 whole (flags and request code).
+    pub fn set_word0(&mut self, w: u32) {
+        self.0[field::WORD0] = w;
     }
 
     /// The request code (low 24 bits of word 0).
     pub fn code(&self) -> u32 {
-        self.0[0] & CODE_MASK
+        self.word0() & CODE_MASK
     }
 
     /// Sets the request code, keeping the flag bits.
     pub fn set_code(&mut self, code: u32) {
-        self.0[0] = (self.0[0] & FLAG_MASK) | (code & CODE_MASK);
+        self.set_word0((self.word0() & FLAG_MASK) | (code & CODE_MASK));
     }
 
     /// True if the flag bit(s) `f` are all set in word 0.
     pub fn has(&self, f: u32) -> bool {
-        self.0[0] & f == f
+        self.word0() & f == f
     }
 
     /// Sets or clears flag bit(s) in word 0.
     pub fn set_flag(&mut self, f: u32, on: bool) {
-        if on {
-            self.0[0] |= f;
-        } else {
-            self.0[0] &= !f;
-        }
+        let w = self.word0();
+        self.set_word0(if on { w | f } else { w & !f });
     }
 
     /// The group reply mode (bits 26–27 of word 0); `None` for the
     /// reserved value 3.
     pub fn group_mode(&self) -> Option<GroupMode> {
-        match (self.0[0] & GROUP_MODE_MASK) >> GROUP_MODE_SHIFT {
+        match (self.word0() & GROUP_MODE_MASK) >> GROUP_MODE_SHIFT {
             0 => Some(GroupMode::One),
             1 => Some(GroupMode::NoReply),
             2 => Some(GroupMode::Many),
@@ -85,7 +132,7 @@ impl Message {
 
     /// Sets the group reply mode bits.
     pub fn set_group_mode(&mut self, m: GroupMode) {
-        self.0[0] = (self.0[0] & !GROUP_MODE_MASK) | ((m as u32) << GROUP_MODE_SHIFT);
+        self.set_word0((self.word0() & !GROUP_MODE_MASK) | ((m as u32) << GROUP_MODE_SHIFT));
     }
 
     /// True if the request is marked idempotent.
@@ -106,12 +153,22 @@ impl Message {
 
     /// Word 6: segment start address (offset in the lender's segment; the kernel sets 0).
     pub fn seg_addr(&self) -> u32 {
-        self.0[6]
+        self.0[field::SEG_ADDR]
+    }
+
+    /// Sets word 6, the segment start.
+    pub fn set_seg_addr(&mut self, a: u32) {
+        self.0[field::SEG_ADDR] = a;
     }
 
     /// Word 7: segment length in bytes.
     pub fn seg_len(&self) -> u32 {
-        self.0[7]
+        self.0[field::SEG_LEN]
+    }
+
+    /// Sets word 7, the segment length.
+    pub fn set_seg_len(&mut self, len: u32) {
+        self.0[field::SEG_LEN] = len;
     }
 
     /// Declares a segment of `len` bytes with the given rights (words 0, 6, 7).
@@ -119,8 +176,8 @@ impl Message {
         self.set_flag(SEGMENT, access.read || access.write);
         self.set_flag(SEG_READ, access.read);
         self.set_flag(SEG_WRITE, access.write);
-        self.0[6] = 0;
-        self.0[7] = if access.read || access.write { len } else { 0 };
+        self.set_seg_addr(0);
+        self.set_seg_len(if access.any() { len } else { 0 });
     }
 
     /// Encodes into 32 big-endian bytes.
@@ -221,8 +278,18 @@ mod tests {
             assert_eq!(m.group_mode(), Some(g));
             assert_eq!(m.code(), 5);
         }
-        m.0[0] |= GROUP_MODE_MASK;
+        m.set_word0(m.word0() | GROUP_MODE_MASK);
         assert_eq!(m.group_mode(), None);
+    }
+
+    #[test]
+    fn words_and_pairs() {
+        let mut m = Message::zero();
+        m.set_word_pair(1, 0x0102_0304_0506_0708);
+        assert_eq!((m.word(1), m.word(2)), (0x0102_0304, 0x0506_0708));
+        assert_eq!(m.word_pair(1), 0x0102_0304_0506_0708);
+        m.set_word(5, 9);
+        assert_eq!(m.0[5], 9);
     }
 
     #[test]

@@ -8,14 +8,58 @@
 use crate::message::{Message, MSG_BYTES};
 use crate::pid::Pid;
 
+/// Where each field of the fixed part lies (`docs/PROTOCOL.md` §1): the
+/// one statement of the byte layout; everything else reads and writes
+/// datagrams through [`decode`], [`encode_into`] or [`RawHeader`].
+pub mod field {
+    use std::ops::{Range, RangeFrom};
+
+    /// Magic byte ([`super::MAGIC`]).
+    pub const MAGIC: usize = 0;
+    /// Wire version ([`super::VERSION`]).
+    pub const VERSION: usize = 1;
+    /// Packet type ([`super::PacketType`]).
+    pub const PTYPE: usize = 2;
+    /// `F_*` flag bits.
+    pub const FLAGS: usize = 3;
+    /// Status ([`super::Status`]).
+    pub const STATUS: usize = 4;
+    /// Key id of the authentication trailer (0: none).
+    pub const KEY_ID: usize = 5;
+    /// Port of the sender's main socket (0: the source port).
+    pub const REPLY_PORT: Range<usize> = 6..8;
+    /// Sequence number.
+    pub const SEQ: Range<usize> = 8..12;
+    /// Source pid.
+    pub const SRC: Range<usize> = 12..16;
+    /// Destination pid.
+    pub const DST: Range<usize> = 16..20;
+    /// Forwarder pid (or logical id).
+    pub const FORWARDER: Range<usize> = 20..24;
+    /// Principal of the source process.
+    pub const USER: Range<usize> = 24..28;
+    /// Length of the data part.
+    pub const LENGTH: Range<usize> = 28..32;
+    /// Total length of the segment or transfer.
+    pub const TOTAL_LENGTH: Range<usize> = 32..36;
+    /// Offset of the data in the originating buffer.
+    pub const LOCAL_ADDR: Range<usize> = 36..40;
+    /// Offset of the data in the destination segment.
+    pub const REMOTE_ADDR: Range<usize> = 40..44;
+    /// The 32-byte message.
+    pub const MESSAGE: Range<usize> = 44..76;
+    /// The data part.
+    pub const DATA: RangeFrom<usize> = 76..;
+}
+
 /// First byte of every vkernel datagram ('V').
 pub const MAGIC: u8 = 0x56;
 /// Wire format version this build speaks.
 pub const VERSION: u8 = 3;
 /// Bytes before the message.
-pub const HEADER_BYTES: usize = 44;
+pub const HEADER_BYTES: usize = field::MESSAGE.start;
 /// Header plus message: the smallest valid datagram.
-pub const FIXED_BYTES: usize = HEADER_BYTES + MSG_BYTES;
+pub const FIXED_BYTES: usize = field::MESSAGE.end;
 /// Largest UDP payload over IPv4 (65535 − 20 − 8).
 pub const MAX_DATAGRAM: usize = 65_507;
 
@@ -64,6 +108,12 @@ pub enum PacketType {
 }
 
 impl PacketType {
+    /// True for the types that carry bulk data into a lent buffer:
+    /// MoveTo data, and MoveFrom data coming back.
+    pub fn is_bulk(self) -> bool {
+        matches!(self, PacketType::MoveToRequest | PacketType::MoveFromReply)
+    }
+
     /// Decodes a type byte.
     pub fn from_u8(b: u8) -> Option<PacketType> {
         use PacketType::*;
@@ -197,6 +247,61 @@ impl Header {
     }
 }
 
+/// Word indices of the message in bulk packets (MoveToRequest/Reply,
+/// MoveFromRequest/Reply; `docs/PROTOCOL.md`).
+pub mod bulk_field {
+    /// Transfer id (chosen by the mover).
+    pub const XFER: usize = 0;
+    /// Base offset of the transfer in the lent segment.
+    pub const BASE: usize = 1;
+    /// Chunk size in bytes.
+    pub const CHUNK: usize = 2;
+    /// First chunk (range start, or cumulative acknowledgement).
+    pub const FIRST: usize = 3;
+    /// End chunk (exclusive).
+    pub const END: usize = 4;
+}
+
+/// The message of a bulk packet, by field (see [`bulk_field`]); the other
+/// words are zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BulkMsg {
+    /// Transfer id.
+    pub xfer: u32,
+    /// Base offset in the lent segment.
+    pub base: u32,
+    /// Chunk size in bytes.
+    pub chunk: u32,
+    /// First chunk, or cumulative acknowledgement.
+    pub first: u32,
+    /// End chunk (exclusive).
+    pub end: u32,
+}
+
+impl BulkMsg {
+    /// Reads the bulk fields of `m`.
+    pub fn read(m: &Message) -> BulkMsg {
+        BulkMsg {
+            xfer: m.word(bulk_field::XFER),
+            base: m.word(bulk_field::BASE),
+            chunk: m.word(bulk_field::CHUNK),
+            first: m.word(bulk_field::FIRST),
+            end: m.word(bulk_field::END),
+        }
+    }
+
+    /// The message carrying these fields.
+    pub fn message(&self) -> Message {
+        let mut m = Message::zero();
+        m.set_word(bulk_field::XFER, self.xfer);
+        m.set_word(bulk_field::BASE, self.base);
+        m.set_word(bulk_field::CHUNK, self.chunk);
+        m.set_word(bulk_field::FIRST, self.first);
+        m.set_word(bulk_field::END, self.end);
+        m
+    }
+}
+
 /// Why a datagram was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -231,8 +336,119 @@ pub struct Packet<'a> {
     pub data: &'a [u8],
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+/// The header of a datagram read and written in place, before (or
+/// without) decoding it: for the runtime's peeks, the trace, and the
+/// fields written as a datagram leaves (reply port, key id).
+#[derive(Clone, Copy, Debug)]
+pub struct RawHeader<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> RawHeader<T> {
+    /// A view of `buf` if it holds at least a header ([`HEADER_BYTES`]);
+    /// the getters then never panic.
+    pub fn new_checked(buf: T) -> Option<RawHeader<T>> {
+        (buf.as_ref().len() >= HEADER_BYTES).then_some(RawHeader { buf })
+    }
+
+    fn u32_at(&self, r: std::ops::Range<usize>) -> u32 {
+        let b = &self.buf.as_ref()[r];
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// True if the magic byte and version are this build's.
+    pub fn is_ours(&self) -> bool {
+        let b = self.buf.as_ref();
+        b[field::MAGIC] == MAGIC && b[field::VERSION] == VERSION
+    }
+
+    /// The magic byte.
+    pub fn magic(&self) -> u8 {
+        self.buf.as_ref()[field::MAGIC]
+    }
+
+    /// The packet type, if known.
+    pub fn ptype(&self) -> Option<PacketType> {
+        PacketType::from_u8(self.buf.as_ref()[field::PTYPE])
+    }
+
+    /// The `F_*` flag bits.
+    pub fn flags(&self) -> u8 {
+        self.buf.as_ref()[field::FLAGS]
+    }
+
+    /// The status byte.
+    pub fn status(&self) -> Status {
+        Status::from_u8(self.buf.as_ref()[field::STATUS])
+    }
+
+    /// The key id (0: not authenticated).
+    pub fn key_id(&self) -> u8 {
+        self.buf.as_ref()[field::KEY_ID]
+    }
+
+    /// The reply port (0: the source port).
+    pub fn reply_port(&self) -> u16 {
+        let b = &self.buf.as_ref()[field::REPLY_PORT];
+        u16::from_be_bytes([b[0], b[1]])
+    }
+
+    /// The sequence number.
+    pub fn seq(&self) -> u32 {
+        self.u32_at(field::SEQ)
+    }
+
+    /// The source pid.
+    pub fn src(&self) -> Pid {
+        Pid(self.u32_at(field::SRC))
+    }
+
+    /// The destination pid.
+    pub fn dst(&self) -> Pid {
+        Pid(self.u32_at(field::DST))
+    }
+
+    /// The forwarder pid.
+    pub fn forwarder(&self) -> Pid {
+        Pid(self.u32_at(field::FORWARDER))
+    }
+
+    /// The principal.
+    pub fn user(&self) -> u32 {
+        self.u32_at(field::USER)
+    }
+
+    /// The length the data part claims.
+    pub fn length(&self) -> u32 {
+        self.u32_at(field::LENGTH)
+    }
+
+    /// The total length.
+    pub fn total_length(&self) -> u32 {
+        self.u32_at(field::TOTAL_LENGTH)
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> u32 {
+        self.u32_at(field::LOCAL_ADDR)
+    }
+
+    /// The remote address.
+    pub fn remote_addr(&self) -> u32 {
+        self.u32_at(field::REMOTE_ADDR)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> RawHeader<T> {
+    /// Sets the key id.
+    pub fn set_key_id(&mut self, id: u8) {
+        self.buf.as_mut()[field::KEY_ID] = id;
+    }
+
+    /// Sets the reply port.
+    pub fn set_reply_port(&mut self, port: u16) {
+        self.buf.as_mut()[field::REPLY_PORT].copy_from_slice(&port.to_be_bytes());
+    }
 }
 
 /// Decodes one datagram. Never panics.
@@ -247,7 +463,7 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
     Ok(Packet {
         header,
         msg,
-        data: &buf[FIXED_BYTES..],
+        data: &buf[field::DATA],
     })
 }
 
@@ -255,38 +471,38 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// `buf`; the rest is not looked at): its header, message and the length
 /// its data part claims. Never panics.
 pub fn decode_fixed(buf: &[u8]) -> Result<(Header, Message, usize), DecodeError> {
-    if buf.len() < FIXED_BYTES {
+    let (Some(r), Some(mb)) = (RawHeader::new_checked(buf), buf.get(field::MESSAGE)) else {
         return Err(DecodeError::Truncated);
-    }
-    if buf[0] != MAGIC {
+    };
+    if r.magic() != MAGIC {
         return Err(DecodeError::BadMagic);
     }
-    if buf[1] != VERSION {
+    if buf[field::VERSION] != VERSION {
         return Err(DecodeError::BadVersion);
     }
-    let ptype = PacketType::from_u8(buf[2]).ok_or(DecodeError::BadType)?;
-    let length = be32(buf, 28) as usize;
+    let ptype = r.ptype().ok_or(DecodeError::BadType)?;
+    let length = r.length() as usize;
     if length > MAX_DATAGRAM - FIXED_BYTES {
         return Err(DecodeError::BadLength);
     }
     let header = Header {
         ptype,
-        flags: buf[3],
-        status: Status::from_u8(buf[4]),
-        key_id: buf[5],
-        seq: be32(buf, 8),
-        src: Pid(be32(buf, 12)),
-        dst: Pid(be32(buf, 16)),
-        forwarder: Pid(be32(buf, 20)),
-        user: be32(buf, 24),
-        total_length: be32(buf, 32),
-        local_addr: be32(buf, 36),
-        remote_addr: be32(buf, 40),
-        reply_port: u16::from_be_bytes([buf[6], buf[7]]),
+        flags: r.flags(),
+        status: r.status(),
+        key_id: r.key_id(),
+        seq: r.seq(),
+        src: r.src(),
+        dst: r.dst(),
+        forwarder: r.forwarder(),
+        user: r.user(),
+        total_length: r.total_length(),
+        local_addr: r.local_addr(),
+        remote_addr: r.remote_addr(),
+        reply_port: r.reply_port(),
     };
-    let mut mb = [0u8; MSG_BYTES];
-    mb.copy_from_slice(&buf[HEADER_BYTES..FIXED_BYTES]);
-    Ok((header, Message::from_bytes(&mb), length))
+    let mut m = [0u8; MSG_BYTES];
+    m.copy_from_slice(mb);
+    Ok((header, Message::from_bytes(&m), length))
 }
 
 /// Encodes a packet, appending to `out` (which is cleared first).
@@ -301,29 +517,29 @@ pub fn encode_into(h: &Header, msg: &Message, data: &[u8], out: &mut Vec<u8>) {
 /// Appends the fixed part of a packet whose data (`data_len` bytes) is
 /// sent from elsewhere (a gathered send).
 pub fn encode_head(h: &Header, msg: &Message, data_len: usize, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[
-        MAGIC,
-        VERSION,
-        h.ptype as u8,
-        h.flags,
-        h.status as u8,
-        h.key_id,
-    ]);
-    out.extend_from_slice(&h.reply_port.to_be_bytes());
-    for w in [
-        h.seq,
-        h.src.0,
-        h.dst.0,
-        h.forwarder.0,
-        h.user,
-        data_len as u32,
-        h.total_length,
-        h.local_addr,
-        h.remote_addr,
+    let mut b = [0u8; FIXED_BYTES];
+    b[field::MAGIC] = MAGIC;
+    b[field::VERSION] = VERSION;
+    b[field::PTYPE] = h.ptype as u8;
+    b[field::FLAGS] = h.flags;
+    b[field::STATUS] = h.status as u8;
+    b[field::KEY_ID] = h.key_id;
+    b[field::REPLY_PORT].copy_from_slice(&h.reply_port.to_be_bytes());
+    for (r, w) in [
+        (field::SEQ, h.seq),
+        (field::SRC, h.src.0),
+        (field::DST, h.dst.0),
+        (field::FORWARDER, h.forwarder.0),
+        (field::USER, h.user),
+        (field::LENGTH, data_len as u32),
+        (field::TOTAL_LENGTH, h.total_length),
+        (field::LOCAL_ADDR, h.local_addr),
+        (field::REMOTE_ADDR, h.remote_addr),
     ] {
-        out.extend_from_slice(&w.to_be_bytes());
+        b[r].copy_from_slice(&w.to_be_bytes());
     }
-    out.extend_from_slice(&msg.to_bytes());
+    b[field::MESSAGE].copy_from_slice(&msg.to_bytes());
+    out.extend_from_slice(&b);
 }
 
 /// Encodes a packet into a fresh vector.
@@ -366,6 +582,37 @@ mod tests {
         assert_eq!(&b[28..32], &[0, 0, 0, 3]);
         assert_eq!(&b[44..48], &[0, 0, 0, 0xa0]);
         assert_eq!(&b[76..], b"xyz");
+    }
+
+    #[test]
+    fn raw_header_reads_what_decode_reads() {
+        let mut b = encode(&sample(), &Message::zero(), b"xyz");
+        let r = RawHeader::new_checked(&b[..]).unwrap();
+        let h = sample();
+        assert!(r.is_ours());
+        assert_eq!(r.ptype(), Some(h.ptype));
+        assert_eq!(
+            (r.flags(), r.status(), r.key_id()),
+            (h.flags, h.status, h.key_id)
+        );
+        assert_eq!(
+            (r.seq(), r.src(), r.dst(), r.forwarder()),
+            (h.seq, h.src, h.dst, h.forwarder)
+        );
+        assert_eq!(
+            (r.user(), r.length(), r.total_length()),
+            (h.user, 3, h.total_length)
+        );
+        assert_eq!(
+            (r.local_addr(), r.remote_addr(), r.reply_port()),
+            (0, 9, 0x1234)
+        );
+        let mut w = RawHeader::new_checked(&mut b[..]).unwrap();
+        w.set_reply_port(7);
+        w.set_key_id(2);
+        let p = decode(&b).unwrap();
+        assert_eq!((p.header.reply_port, p.header.key_id), (7, 2));
+        assert!(RawHeader::new_checked(&b[..HEADER_BYTES - 1]).is_none());
     }
 
     #[test]

@@ -45,6 +45,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use vkernel_proto::engine::Completion;
 use vkernel_proto::message::{IDEMPOTENT, NO_APPEND};
+use vkernel_proto::testing::{self, pattern};
 use vkernel_proto::wire;
 use vkernel_proto::{
     Config, Engine, Event, HostId, IpcError, Message, Micros, Pid, Received, Scope, SegAccess,
@@ -162,19 +163,6 @@ impl Req {
             _ => None,
         }
     }
-}
-
-/// Deterministic bytes for request `id`.
-fn pattern(id: u32, n: usize) -> Vec<u8> {
-    let mut x = id.wrapping_mul(0x9e37_79b9) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 /// What a server writes into a client's segment for request `id`.
@@ -435,17 +423,8 @@ impl World {
             return;
         };
         // Odd hosts take bulk chunks as the runtime does: header and data
-        // still in the lent buffer (gathered here into one datagram).
-        let mut out = Vec::new();
-        if h % 2 == 1 {
-            e.send_chunks(|to, head, data| {
-                out.push(vkernel_proto::engine::Transmit {
-                    to,
-                    data: [head, data].concat(),
-                })
-            });
-        }
-        out.extend(std::iter::from_fn(|| e.poll_transmit()));
+        // still in the lent buffer (gathered into one datagram).
+        let (out, _) = testing::take_output(e, h % 2 == 1);
         let events: Vec<_> = std::iter::from_fn(|| e.poll_event()).collect();
         for ev in events {
             match ev {
@@ -540,22 +519,8 @@ impl World {
             let (now, from) = (self.now, self.hosts[f.from].addr);
             // Hosts with an even index receive bulk data in place, as the
             // runtime does (odd ones gather it on the way out).
-            let fixed = wire::FIXED_BYTES;
-            let e = self.engine(f.to);
-            let head = f.data.get(..fixed).unwrap_or(&[]);
-            let placed = f.to % 2 == 0
-                && match e.placement(head) {
-                    Some(slot) if slot.len() == f.data.len() - fixed => {
-                        slot.copy_from_slice(&f.data[fixed..]);
-                        true
-                    }
-                    _ => false,
-                };
-            if placed {
-                e.handle_placed(now, from, head);
-            } else {
-                e.handle_datagram(now, from, &f.data);
-            }
+            let in_place = f.to % 2 == 0;
+            testing::deliver(self.engine(f.to), now, from, &f.data, in_place);
             self.pump(f.to);
         }
     }

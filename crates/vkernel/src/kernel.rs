@@ -4,8 +4,10 @@
 //! There is no network server thread on the common path. A process that
 //! sends puts its datagram on the wire from its own thread, and a process
 //! that waits reads the socket itself (busy-polling briefly, then blocking
-//! in `ppoll` on the socket and its own eventfd), so the reply it waits for
-//! is usually processed by the thread that wants it. Whoever reads a
+//! in its own epoll set on its eventfd and, as a socket reader, the socket
+//! registered `EPOLLEXCLUSIVE`; a process that does not read the socket
+//! blocks on its eventfd alone), so the reply it waits for is usually
+//! processed by the thread that wants it. Whoever reads a
 //! datagram runs it through the engine and wakes its target. The
 //! background thread only reads the socket when no process is waiting, and
 //! runs timers.
@@ -22,8 +24,9 @@ use vkernel_proto::wire::MAX_DATAGRAM;
 use vkernel_proto::{Completion, Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
 
 use crate::net::{FaultConfig, Net};
-use crate::process::{Process, Waiter};
+use crate::process::Process;
 use crate::sys::{poll2, poll3, EventFd};
+use crate::waiter::Waiter;
 
 /// How a logical host is set up.
 #[derive(Clone, Debug)]
@@ -205,10 +208,12 @@ enum InPlace {
     No,
 }
 
-/// A bulk chunk's type byte: MoveTo data, or MoveFrom data coming back.
-fn is_bulk(ptype: u8) -> bool {
-    ptype == vkernel_proto::wire::PacketType::MoveToRequest as u8
-        || ptype == vkernel_proto::wire::PacketType::MoveFromReply as u8
+/// True if the datagram (or its fixed part) is a bulk chunk: MoveTo
+/// data, or MoveFrom data coming back.
+fn is_bulk(d: &[u8]) -> bool {
+    let pt = d.get(vkernel_proto::wire::field::PTYPE).copied();
+    pt.and_then(vkernel_proto::wire::PacketType::from_u8)
+        .is_some_and(|t| t.is_bulk())
 }
 
 /// A thread's reused vectors: datagrams to send, waiters to signal, and
@@ -395,7 +400,7 @@ impl Shared {
                 };
                 n += 1;
                 let data = &buf[..len];
-                let bulk = data.len() > 2 && is_bulk(data[2]);
+                let bulk = is_bulk(data);
                 if bulk != self.bulk_rx.load(Ordering::Relaxed) {
                     self.bulk_rx.store(bulk, Ordering::Relaxed);
                 }
@@ -423,7 +428,7 @@ impl Shared {
         let Some((k, _)) = self.net.peek(&mut head) else {
             return InPlace::Empty;
         };
-        if k < FIXED_BYTES || !is_bulk(head[2]) {
+        if k < FIXED_BYTES || !is_bulk(&head) {
             self.bulk_rx.store(false, Ordering::Relaxed);
             return InPlace::No;
         }

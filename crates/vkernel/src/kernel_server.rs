@@ -3,7 +3,7 @@
 //! As in V, kernel operations that must be answered for a remote caller are
 //! ordinary messages to this process, so they need no special packet types.
 //! Request codes (word 0, low 24 bits); the reply's word 0 is 0 on success
-//! or an error code.
+//! or an error code. [`field`] names the other words.
 
 use vkernel_proto::{IpcError, Message, Pid};
 
@@ -30,6 +30,33 @@ pub const LEAVE_GROUP: u32 = 0x4b_0006;
 /// writes the JSON document (see `metrics::to_json`) into it, w1 = its
 /// length (0 if the segment is too small: w2 = the length needed).
 pub const STATS: u32 = 0x4b_0007;
+
+/// Word indices of kernel-server requests and replies (read and written
+/// with [`Message::word`] and [`Message::set_word`]).
+pub mod field {
+    /// Reply: [`super::OK`] or an error code (the whole word 0).
+    pub const STATUS: usize = 0;
+    /// Request (PROCESS_EXISTS, DESTROY_PROCESS): the pid asked about.
+    pub const PID: usize = 1;
+    /// Request (JOIN_GROUP, LEAVE_GROUP): the group.
+    pub const GROUP: usize = 1;
+    /// Request (JOIN_GROUP, LEAVE_GROUP): the member.
+    pub const MEMBER: usize = 2;
+    /// Reply (GET_TIME): µs, high word first (words 1 and 2).
+    pub const TIME: usize = 1;
+    /// Reply (PROCESS_EXISTS): 1 if it exists, else 0.
+    pub const EXISTS: usize = 1;
+    /// Reply (HOST_INFO): number of processes.
+    pub const PROCESSES: usize = 1;
+    /// Reply (HOST_INFO): 1-minute load average × 100.
+    pub const LOAD: usize = 2;
+    /// Reply (HOST_INFO): online CPUs.
+    pub const CPUS: usize = 3;
+    /// Reply (STATS): length of the document written (0: it did not fit).
+    pub const STATS_LEN: usize = 1;
+    /// Reply (STATS): the length needed, when it did not fit.
+    pub const STATS_NEED: usize = 2;
+}
 
 /// Reply code: success.
 pub const OK: u32 = 0;
@@ -77,17 +104,17 @@ pub(crate) fn run(p: Process) {
         match m.code() {
             GET_TIME => {
                 let t = p.get_time().as_micros() as u64;
-                r.0[1] = (t >> 32) as u32;
-                r.0[2] = t as u32;
+                r.set_word_pair(field::TIME, t);
             }
             PROCESS_EXISTS => {
-                let pid = Pid(m.0[1]);
-                r.0[1] = u32::from(p.process_exists(pid).unwrap_or(false));
+                let pid = Pid(m.word(field::PID));
+                let exists = p.process_exists(pid).unwrap_or(false);
+                r.set_word(field::EXISTS, u32::from(exists));
             }
             DESTROY_PROCESS => {
-                let pid = Pid(m.0[1]);
+                let pid = Pid(m.word(field::PID));
                 let owner = p.shared().with_engine(|e, _| e.principal_of(pid));
-                r.0[0] = if pid == p.pid() {
+                let status = if pid == p.pid() {
                     ERR_UNKNOWN_REQUEST
                 } else if owner != 0 && owner != principal {
                     // A process with a principal is destroyed only by it.
@@ -98,9 +125,10 @@ pub(crate) fn run(p: Process) {
                         Err(_) => ERR_NO_PROCESS,
                     }
                 };
+                r.set_word(field::STATUS, status);
             }
             JOIN_GROUP | LEAVE_GROUP => {
-                let (g, pid) = (Pid(m.0[1]), Pid(m.0[2]));
+                let (g, pid) = (Pid(m.word(field::GROUP)), Pid(m.word(field::MEMBER)));
                 let join = m.code() == JOIN_GROUP;
                 let r0 = p.shared().with_engine(|e, _| {
                     if join {
@@ -109,14 +137,16 @@ pub(crate) fn run(p: Process) {
                         e.leave_group(g, pid, from)
                     }
                 });
-                r.0[0] = r0.map_or_else(code_of, |()| OK);
+                r.set_word(field::STATUS, r0.map_or_else(code_of, |()| OK));
             }
             HOST_INFO => {
-                r.0[1] = p.shared().with_engine(|e, _| e.process_count()) as u32;
-                r.0[2] = (crate::sys::load_average() * 100.0).round() as u32;
-                r.0[3] = crate::sys::online_cpus() as u32;
+                let processes = p.shared().with_engine(|e, _| e.process_count());
+                r.set_word(field::PROCESSES, processes as u32);
+                let load = (crate::sys::load_average() * 100.0).round() as u32;
+                r.set_word(field::LOAD, load);
+                r.set_word(field::CPUS, crate::sys::online_cpus() as u32);
             }
-            _ => r.0[0] = ERR_UNKNOWN_REQUEST,
+            _ => r.set_word(field::STATUS, ERR_UNKNOWN_REQUEST),
         }
         if m.code() == STATS {
             let (s, g) = p.shared().snapshot();
@@ -125,10 +155,10 @@ pub(crate) fn run(p: Process) {
             // sent ahead of the reply, or by MoveTo.
             let room = m.seg_len() as usize;
             if m.seg_access().write && doc.len() <= room {
-                r.0[1] = doc.len() as u32;
+                r.set_word(field::STATS_LEN, doc.len() as u32);
                 let _ = p.reply_with_segment(&r, from, 0, doc.as_bytes());
             } else {
-                r.0[2] = doc.len() as u32;
+                r.set_word(field::STATS_NEED, doc.len() as u32);
                 let _ = p.reply(&r, from);
             }
             continue;

@@ -14,14 +14,14 @@
 //! std::thread::spawn(move || {
 //!     let mut m = Message::zero();
 //!     while let Ok(i) = server.receive(&mut m) {
-//!         m.0[1] += 1;
+//!         m.set_word(1, m.word(1) + 1);
 //!         let _ = server.reply(&m, i.from);
 //!     }
 //! });
 //! let client = k.create_process().unwrap();
 //! let mut m = Message::with_code(1);
 //! client.send(&mut m, spid).unwrap();
-//! assert_eq!(m.0[1], 1);
+//! assert_eq!(m.word(1), 1);
 //! ```
 #![warn(missing_docs)]
 
@@ -35,6 +35,7 @@ mod process;
 mod spin;
 pub mod sys;
 mod trace;
+mod waiter;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;

@@ -107,9 +107,9 @@ fn std_addr(a: Option<rustix::net::SocketAddrAny>) -> Option<SocketAddr> {
 
 /// Socket calls go through rustix, which makes the system calls itself:
 /// glibc's wrappers are thread cancellation points, which in a
-/// multi-threaded process cost two atomic operations per call (~20 ns
-/// here, on each of a remote exchange's four calls and every empty poll
-/// of a spinning wait), and nothing here uses cancellation.
+/// multi-threaded process cost two atomic operations per call (on each
+/// of a remote exchange's four calls and every empty poll of a spinning
+/// wait), and nothing here uses cancellation.
 fn recv_one(s: &UdpSocket, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
     loop {
         match rustix::net::recvfrom(s, &mut *buf, rustix::net::RecvFlags::empty()) {
@@ -194,9 +194,9 @@ pub struct Net {
 /// Per-peer sockets, each connected to one peer, that the engine's
 /// datagrams are sent from (all but bulk chunks sent gathered from a lent
 /// buffer): a send on a connected UDP socket skips the route lookup an
-/// unconnected `sendto` makes every time (~0.1 µs a datagram here). They
-/// only send, with the main socket's send buffer size. A datagram leaving one carries the main socket's port
-/// (`Header::reply_port`, bytes 6–7), so the peer answers the main socket
+/// unconnected `sendto` makes every time. They only send, with the main
+/// socket's send buffer size. A datagram leaving one carries the main
+/// socket's port (`Header::reply_port`, `wire::field::REPLY_PORT`), so the peer answers the main socket
 /// and learns it as this host's location. (Connected sockets bound to the
 /// main port itself would take the peer's datagrams away from it.)
 struct SideSockets {
@@ -525,7 +525,8 @@ impl Net {
             // A datagram naming the main socket's port for answers may
             // leave from the peer's side socket.
             if let Some(side) = &self.side {
-                if data.get(6..8) == Some(&side.main.port().to_be_bytes()[..]) {
+                let port = data.get(vkernel_proto::wire::field::REPLY_PORT);
+                if port == Some(&side.main.port().to_be_bytes()[..]) {
                     if let Some(s) = side.socket_for(to) {
                         self.retrying(|| {
                             rustix::net::send(s, &data, rustix::net::SendFlags::empty())

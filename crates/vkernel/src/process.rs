@@ -4,14 +4,10 @@
 //! another; the engine decides. A blocking call lends the caller's buffers
 //! to the engine and waits for its completion: first busy-polling (also
 //! reading the socket), then blocking on the process's own eventfd and,
-//! when it is a socket reader, the socket. Each process blocks in its own
-//! epoll set, where the socket is registered with `EPOLLEXCLUSIVE`: a
-//! datagram wakes one blocked process, not all of them (with many
-//! processes blocked — a server's workers, a client's requests in flight —
-//! a plain `poll` on the shared socket woke every one for every datagram).
+//! when it is a socket reader, the socket (see `waiter.rs`).
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,145 +19,9 @@ use crate::kernel::{destroy_local, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
 use crate::spin::SpinPolicy;
-use crate::sys::{poll2, EventFd};
+use crate::sys::poll2;
 use crate::trace::Phase;
-
-/// Wake-up state of one process.
-pub(crate) struct Waiter {
-    /// The completion handed over by whoever ran the engine.
-    slot: std::sync::Mutex<Option<Completion>>,
-    ready: AtomicBool,
-    parked: AtomicBool,
-    destroyed: AtomicBool,
-    /// The socket is in `epoll` (only the owning thread changes this).
-    sock_in_epoll: AtomicBool,
-    efd: EventFd,
-    /// The eventfd (data 0) and, while blocked, the host's socket
-    /// (data 1, exclusive).
-    epoll: std::os::fd::OwnedFd,
-}
-
-impl Waiter {
-    fn new() -> Option<Waiter> {
-        use rustix::event::epoll;
-        let efd = EventFd::new().ok()?;
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).ok()?;
-        epoll::add(
-            &ep,
-            efd.as_fd(),
-            epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN,
-        )
-        .ok()?;
-        Some(Waiter {
-            slot: std::sync::Mutex::new(None),
-            ready: AtomicBool::new(false),
-            parked: AtomicBool::new(false),
-            destroyed: AtomicBool::new(false),
-            sock_in_epoll: AtomicBool::new(false),
-            efd,
-            epoll: ep,
-        })
-    }
-
-    /// Blocks until the eventfd or (exclusively among the processes
-    /// blocked this way) the socket is readable, or `timeout` passes.
-    /// Returns (socket readable, eventfd readable).
-    ///
-    /// The socket joins this process's epoll set when it first blocks and
-    /// leaves it when the process next spins ([`Waiter::spinning`]): every
-    /// entry on a socket's wait queue costs a callback under a lock with
-    /// interrupts off for each datagram sent or received on it, so a
-    /// process busy-polling the socket must not have one, while one that
-    /// always blocks keeps its entry rather than pay two syscalls a wait.
-    /// (Readiness is checked when the socket is added, so a datagram that
-    /// arrived just before is not missed.)
-    fn block_on_both(&self, sock: &std::net::UdpSocket, timeout: Duration) -> (bool, bool) {
-        use rustix::event::{epoll, Timespec};
-        let ts = Timespec {
-            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        if !self.sock_in_epoll.load(Ordering::Relaxed)
-            && epoll::add(
-                &self.epoll,
-                sock,
-                epoll::EventData::new_u64(1),
-                epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
-            )
-            .is_ok()
-        {
-            self.sock_in_epoll.store(true, Ordering::Relaxed);
-        }
-        let mut events = Vec::with_capacity(2);
-        match epoll::wait(
-            &self.epoll,
-            rustix::buffer::spare_capacity(&mut events),
-            Some(&ts),
-        ) {
-            Ok(_) => {}
-            // Interrupted or failed: the caller's loop looks again.
-            Err(_) => return (false, false),
-        }
-        let mut r = (false, false);
-        for e in &events {
-            match e.data.u64() {
-                0 => r.1 = true,
-                _ => r.0 = true,
-            }
-        }
-        r
-    }
-
-    /// The process is about to busy-poll the socket: take the socket out
-    /// of its epoll set (see [`Waiter::block_on_both`]).
-    fn spinning(&self, sock: &std::net::UdpSocket) {
-        if self.sock_in_epoll.swap(false, Ordering::Relaxed) {
-            let _ = rustix::event::epoll::delete(&self.epoll, sock);
-        }
-    }
-
-    pub(crate) fn deliver(&self, c: Completion) {
-        match self.slot.lock() {
-            Ok(mut g) => *g = Some(c),
-            Err(p) => *p.into_inner() = Some(c),
-        }
-    }
-
-    fn take(&self) -> Option<Completion> {
-        match self.slot.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        }
-    }
-
-    /// Marks the completion ready; signals the eventfd only if the process
-    /// is blocked in the kernel (a spinning process sees the flag).
-    pub(crate) fn wake(&self) {
-        if self.wake_spinning() {
-            self.signal();
-        }
-    }
-
-    /// Marks the completion ready. True if the process is blocked in the
-    /// kernel and must also be [`Waiter::signal`]led. (The process sets
-    /// `parked` before it looks at `ready` one last time, so one of the two
-    /// sides always sees the other.)
-    pub(crate) fn wake_spinning(&self) -> bool {
-        self.ready.store(true, Ordering::SeqCst);
-        self.parked.load(Ordering::SeqCst)
-    }
-
-    /// Signals the eventfd of a process blocked in the kernel.
-    pub(crate) fn signal(&self) {
-        self.efd.signal();
-    }
-
-    pub(crate) fn destroy(&self) {
-        self.destroyed.store(true, Ordering::SeqCst);
-        self.wake();
-    }
-}
+use crate::waiter::Waiter;
 
 /// Counts a thread in one role (spinning, or blocked reading the socket)
 /// while it lives: adds `add` on entry and takes 1 away on exit (see
@@ -909,10 +769,10 @@ impl Process {
             });
         }
         let mut m = Message::with_code(code | IDEMPOTENT);
-        m.0[1] = group.0;
-        m.0[2] = pid.0;
+        m.set_word(ks::field::GROUP, group.0);
+        m.set_word(ks::field::MEMBER, pid.0);
         self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
-        ks::error_of(m.0[0], group, pid)
+        ks::error_of(m.word(ks::field::STATUS), group, pid)
     }
 
     /// GetReply: the next queued reply to this process's latest
@@ -938,12 +798,12 @@ impl Process {
             let mut buf = vec![0u8; size];
             let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
             let r = self.send_with_segment(&mut m, ks, Segment::Write(&mut buf))?;
-            let n = (m.0[1] as usize).min(r.seg_bytes);
+            let n = (m.word(ks::field::STATS_LEN) as usize).min(r.seg_bytes);
             if n > 0 {
                 buf.truncate(n);
                 return String::from_utf8(buf).map_err(|_| IpcError::Refused(ks));
             }
-            let need = m.0[2] as usize;
+            let need = m.word(ks::field::STATS_NEED) as usize;
             if need <= size || need > MAX_STATS {
                 break;
             }
@@ -968,9 +828,9 @@ impl Process {
         let r = self.send(&mut m, vkernel_proto::engine::KERNEL_SERVER_GROUP)?;
         let load = |m: &Message, from: Pid| HostLoad {
             kernel_server: from,
-            processes: m.0[1],
-            load: m.0[2] as f64 / 100.0,
-            cpus: m.0[3],
+            processes: m.word(ks::field::PROCESSES),
+            load: f64::from(m.word(ks::field::LOAD)) / 100.0,
+            cpus: m.word(ks::field::CPUS),
             after: t.elapsed(),
         };
         let mut out = vec![load(&m, r.from)];
@@ -1006,9 +866,9 @@ impl Process {
             return Ok(self.shared.with_engine(|e, _| e.process_exists(pid)));
         }
         let mut m = Message::with_code(ks::PROCESS_EXISTS | IDEMPOTENT);
-        m.0[1] = pid.0;
+        m.set_word(ks::field::PID, pid.0);
         match self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID)) {
-            Ok(_) => Ok(m.0[1] != 0),
+            Ok(_) => Ok(m.word(ks::field::EXISTS) != 0),
             Err(IpcError::NoSuchProcess(_)) => Ok(false),
             Err(e) => Err(e),
         }
@@ -1023,9 +883,9 @@ impl Process {
             return destroy_local(&self.shared, pid);
         }
         let mut m = Message::with_code(ks::DESTROY_PROCESS);
-        m.0[1] = pid.0;
+        m.set_word(ks::field::PID, pid.0);
         self.send(&mut m, Pid::new(pid.host(), KERNEL_SERVER_LOCAL_ID))?;
-        match m.0[0] {
+        match m.word(ks::field::STATUS) {
             ks::OK => Ok(()),
             ks::ERR_DENIED => Err(IpcError::AccessDenied(pid)),
             _ => Err(IpcError::NoSuchProcess(pid)),

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use vkernel_proto::wire::{PacketType, FIXED_BYTES};
+use vkernel_proto::wire::{PacketType, RawHeader, FIXED_BYTES};
 use vkernel_proto::Pid;
 
 /// Phases of an exchange as seen by the processes.
@@ -72,10 +72,6 @@ fn now_us() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
-fn be32(b: &[u8], i: usize) -> u32 {
-    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
 impl Tracer {
     /// Creates (truncates) the trace file.
     pub(crate) fn create(path: &Path) -> std::io::Result<Tracer> {
@@ -104,13 +100,16 @@ impl Tracer {
         if d.len() < FIXED_BYTES {
             return;
         }
-        let ty = PacketType::from_u8(d[2]).map_or("?", type_name);
+        let Some(r) = RawHeader::new_checked(d) else {
+            return;
+        };
+        let ty = r.ptype().map_or("?", type_name);
         self.line(format_args!(
             "\"ev\":\"{}\",\"type\":\"{ty}\",\"src\":\"{:08x}\",\"dst\":\"{:08x}\",\"seq\":{},\"len\":{}",
             if tx { "tx" } else { "rx" },
-            be32(d, 12),
-            be32(d, 16),
-            be32(d, 8),
+            r.src().0,
+            r.dst().0,
+            r.seq(),
             d.len()
         ));
     }

@@ -2,13 +2,12 @@
 //! with one acknowledgement per half window, selective retransmission from a
 //! chunk bitmap, and a credit window for flow control.
 //!
-//! Wire use of the message words in bulk packets (see `docs/PROTOCOL.md`):
-//! w0 transfer id, w1 base offset in the lent segment, w2 chunk size,
-//! w3 first chunk (range start / cumulative ack), w4 end chunk (exclusive).
+//! The message words of bulk packets are [`BulkMsg`] (`wire::bulk_field`).
 
 use std::net::SocketAddr;
 
 use super::bitset::{packed_get, BitSet};
+use super::rights::{self, Need};
 use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState};
 use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
@@ -16,7 +15,9 @@ use crate::message::Message;
 use crate::pid::Pid;
 use crate::segment::Seg;
 use crate::stats::DropReason;
-use crate::wire::{Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT};
+use crate::wire::{
+    BulkMsg, Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT,
+};
 
 /// Largest bitmap carried in one acknowledgement, in chunks.
 const MAX_ACK_SPAN: usize = 8192 * 8;
@@ -60,6 +61,13 @@ pub(crate) struct MoveOp {
     /// RTT probe: (chunk index whose answer is timed, time sent). Only
     /// first transmissions are timed (Karn).
     probe: Option<(usize, Micros)>,
+}
+
+impl MoveOp {
+    /// The mover's buffer, if this transfer is of exchange `xseq`.
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
+        (self.xseq == xseq).then_some(&self.buf)
+    }
 }
 
 /// A MoveTo arriving into a local process's segment (owner side).
@@ -118,40 +126,27 @@ impl Engine {
             if o.dst != mover || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(target));
             }
-            if !o.access.write {
-                return Err(IpcError::AccessDenied(target));
-            }
-            let Some(seg) = o.seg.as_mut() else {
-                return Err(IpcError::AccessDenied(target));
-            };
-            let off = dest_off as usize;
-            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
-                return Err(IpcError::OutOfBounds(target));
-            }
-            seg.bytes_mut()[off..off + n].copy_from_slice(src.bytes());
+            rights::write(o.access, o.seg.as_mut(), dest_off as usize, n)
+                .map_err(|e| e.error(target))?
+                .copy_from_slice(src.bytes());
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let i = self.received_alien(target, mover)?;
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let i = self.aliens.received(target, mover)?;
+        let Some(a) = self.aliens.get(i) else {
             return Err(IpcError::NotAwaitingReply(target));
         };
-        if !a.access.write {
-            return Err(IpcError::AccessDenied(target));
-        }
-        if dest_off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(target));
-        }
+        a.check(Need::Write, dest_off as usize, n)
+            .map_err(|e| e.error(target))?;
         if n == 0 {
             return Ok(Some(0));
         }
         let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         // The first part of the segment that came with the request answers
         // later MoveFroms without the network: keep it equal to the segment.
-        let head = &mut self.slots[i].data;
         let off = dest_off as usize;
-        if off < head.len() {
+        if let Some((_, head)) = self.aliens.with_data(i).filter(|(_, h)| off < h.len()) {
             let k = (head.len() - off).min(n);
             head[off..off + k].copy_from_slice(&src.bytes()[..k]);
         }
@@ -204,42 +199,29 @@ impl Engine {
             if o.dst != mover || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(source));
             }
-            if !o.access.read {
-                return Err(IpcError::AccessDenied(source));
-            }
-            let Some(seg) = o.seg.as_ref() else {
-                return Err(IpcError::AccessDenied(source));
-            };
-            if off.checked_add(n).is_none_or(|e| e > seg.len()) {
-                return Err(IpcError::OutOfBounds(source));
-            }
-            dest.bytes_mut().copy_from_slice(&seg.bytes()[off..off + n]);
+            let from =
+                rights::read(o.access, o.seg.as_ref(), off, n).map_err(|e| e.error(source))?;
+            dest.bytes_mut().copy_from_slice(from);
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let i = self.received_alien(source, mover)?;
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let i = self.aliens.received(source, mover)?;
+        let Some(a) = self.aliens.get(i) else {
             return Err(IpcError::NotAwaitingReply(source));
         };
-        if !a.access.read {
-            return Err(IpcError::AccessDenied(source));
-        }
-        if off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(source));
-        }
+        a.check(Need::Read, off, n).map_err(|e| e.error(source))?;
         if n == 0 {
             return Ok(Some(0));
         }
         // Already here with the request (receive-with-segment data)?
-        if off + n <= self.slots[i].data.len() {
-            dest.bytes_mut()
-                .copy_from_slice(&self.slots[i].data[off..off + n]);
+        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
+        if let Some(head) = self.aliens.data(i).get(off..off + n) {
+            dest.bytes_mut().copy_from_slice(head);
             self.stats.bulk_bytes += n as u64;
             self.stats.bulk_moves += 1;
             return Ok(Some(n));
         }
-        let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         let chunk = self.cfg.chunk_bytes();
         let nc = nchunks(n, chunk);
         let first = nc.min(self.window_chunks(chunk));
@@ -298,30 +280,32 @@ impl Engine {
         }
         self.check_ready_caller(replier)?;
         let too_large = IpcError::SegmentTooLarge { max: MAX_APPEND };
-        let Ok(i) = self.received_alien(to, replier) else {
+        let Ok(i) = self.aliens.received(to, replier) else {
             return Err(too_large);
         };
-        let Some(a) = self.slots[i].alien.as_ref() else {
+        let Some(a) = self.aliens.get(i) else {
             return Err(too_large);
         };
         let chunk = self.cfg.chunk_bytes();
         if !a.idempotent || a.no_ahead || n > self.cfg.window.max(chunk) {
             return Err(too_large);
         }
-        if !a.access.write {
-            return Err(IpcError::AccessDenied(to));
-        }
-        if off as u64 + n as u64 > a.seg_total as u64 {
-            return Err(IpcError::OutOfBounds(to));
-        }
+        a.check(Need::Write, off as usize, n)
+            .map_err(|e| e.error(to))?;
         let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
         // Chunks queued earlier name `reply_src` too: out with them first.
-        if !self.chunks.is_empty() {
+        if self.out.has_chunks() {
             self.encode_chunks();
         }
         let lead = (n - 1) / chunk * chunk;
         let xfer = self.random_u32();
-        let m = Message([xfer, off, chunk as u32, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            xfer,
+            base: off,
+            chunk: chunk as u32,
+            ..BulkMsg::default()
+        }
+        .message();
         for start in (0..lead).step_by(chunk) {
             let mut h = Header::new(PacketType::MoveToRequest);
             h.seq = seq;
@@ -332,7 +316,7 @@ impl Engine {
             h.total_length = lead as u32;
             h.local_addr = start as u32;
             h.remote_addr = off.wrapping_add(start as u32);
-            self.chunks.push_back(Chunk {
+            self.out.chunk(Chunk {
                 to: addr,
                 header: h,
                 msg: m,
@@ -351,7 +335,7 @@ impl Engine {
         h.remote_addr = off.wrapping_add(lead as u32);
         h.total_length = (n - lead) as u32;
         // The reply is queued behind its chunks, so it leaves after them.
-        self.chunks.push_back(Chunk {
+        self.out.chunk(Chunk {
             to: addr,
             header: h,
             msg,
@@ -421,7 +405,13 @@ impl Engine {
         h.total_length = op.total as u32;
         h.local_addr = start as u32;
         h.remote_addr = op.base.wrapping_add(start as u32);
-        let msg = Message([op.xfer, op.base, op.chunk as u32, 0, 0, 0, 0, 0]);
+        let msg = BulkMsg {
+            xfer: op.xfer,
+            base: op.base,
+            chunk: op.chunk as u32,
+            ..BulkMsg::default()
+        }
+        .message();
         let addr = op.addr;
         if retx {
             op.probe = None;
@@ -429,7 +419,7 @@ impl Engine {
         }
         // Queued, not encoded: the runtime may send it straight from the
         // lent buffer (see `Engine::send_chunks`).
-        self.chunks.push_back(Chunk {
+        self.out.chunk(Chunk {
             to: addr,
             header: h,
             msg,
@@ -451,16 +441,14 @@ impl Engine {
         h.forwarder = op.on_behalf;
         h.flags = if retx { F_RETRANSMIT } else { 0 };
         h.total_length = op.total as u32;
-        let msg = Message([
-            op.xfer,
-            op.base,
-            op.chunk as u32,
-            from as u32,
-            to as u32,
-            0,
-            0,
-            0,
-        ]);
+        let msg = BulkMsg {
+            xfer: op.xfer,
+            base: op.base,
+            chunk: op.chunk as u32,
+            first: from as u32,
+            end: to as u32,
+        }
+        .message();
         let map = if retx {
             op.done.pack(from, to)
         } else {
@@ -506,7 +494,11 @@ impl Engine {
         r.seq = h.seq;
         r.src = h.dst;
         r.dst = h.src;
-        let m = Message([msg.0[0], 0, 0, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            xfer: BulkMsg::read(msg).xfer,
+            ..BulkMsg::default()
+        }
+        .message();
         self.stats.drop(DropReason::SegmentViolation);
         self.emit(Dest::Addr(to), &r, &m, &[]);
     }
@@ -515,8 +507,8 @@ impl Engine {
     /// status, if any. Extends the owner's Send deadline (the peer is alive).
     fn validate_owner(&mut self, now: Micros, h: &Header, msg: &Message, write: bool) -> Status {
         let host_timeout = self.cfg.host_timeout;
-        let chunk = msg.0[2] as usize;
-        let base = msg.0[1] as usize;
+        let b = BulkMsg::read(msg);
+        let (base, chunk) = (b.base as usize, b.chunk as usize);
         let total = h.total_length as usize;
         let Some(o) = self.outgoing_mut(h.dst) else {
             return Status::NotAwaitingReply;
@@ -531,14 +523,10 @@ impl Engine {
         if let Some(r) = o.remote.as_mut() {
             r.deadline = now + host_timeout;
         }
-        if (write && !o.access.write) || (!write && !o.access.read) {
-            return Status::AccessDenied;
-        }
-        let Some(seg) = o.seg.as_ref() else {
-            return Status::AccessDenied;
-        };
-        if base.checked_add(total).is_none_or(|e| e > seg.len()) {
-            return Status::OutOfBounds;
+        let need = if write { Need::Write } else { Need::Read };
+        let seg_len = o.seg.as_ref().map(|s| s.len());
+        if let Err(d) = rights::check(o.access, seg_len, need, base, total) {
+            return d.status();
         }
         if chunk == 0 || chunk > MAX_APPEND {
             return Status::BadRequest;
@@ -559,7 +547,8 @@ impl Engine {
             }
             return self.refuse(from, PacketType::MoveToReply, &h, &msg, st);
         }
-        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let bm = BulkMsg::read(&msg);
+        let (xfer, base, chunk) = (bm.xfer, bm.base as usize, bm.chunk as usize);
         let total = h.total_length as usize;
         let off = h.local_addr as usize;
         let nc = nchunks(total, chunk);
@@ -629,16 +618,12 @@ impl Engine {
         r.src = h.dst;
         r.dst = h.src;
         r.total_length = h.total_length;
-        let m = Message([
-            xfer,
-            msg.0[1],
-            chunk as u32,
-            cum as u32,
-            end as u32,
-            0,
-            0,
-            0,
-        ]);
+        let m = BulkMsg {
+            first: cum as u32,
+            end: end as u32,
+            ..bm
+        }
+        .message();
         self.emit(Dest::Addr(from), &r, &m, &map);
     }
 
@@ -655,7 +640,8 @@ impl Engine {
                 if h.status != Status::Ok || !self.is_local(h.dst) {
                     return None;
                 }
-                let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+                let bm = BulkMsg::read(msg);
+                let (xfer, base, chunk) = (bm.xfer, bm.base as usize, bm.chunk as usize);
                 let total = h.total_length as usize;
                 let off = h.local_addr as usize;
                 if chunk == 0 || chunk > MAX_APPEND || !off.is_multiple_of(chunk) {
@@ -669,7 +655,7 @@ impl Engine {
                 let o = self.outgoing_mut(h.dst)?;
                 let awaited =
                     o.dst == h.src || (o.dst == h.forwarder && o.dst.host() == h.src.host());
-                if !awaited || o.seq != h.seq || o.remote.is_none() || !o.access.write {
+                if !awaited || o.seq != h.seq || o.remote.is_none() {
                     return None;
                 }
                 let have = o
@@ -680,18 +666,15 @@ impl Engine {
                 if have {
                     return None;
                 }
-                let seg = o.seg.as_mut()?;
-                if base.checked_add(total).is_none_or(|e| e > seg.len()) {
-                    return None;
-                }
-                seg.bytes_mut().get_mut(base + off..base + off + len)
+                let whole = rights::write(o.access, o.seg.as_mut(), base, total).ok()?;
+                whole.get_mut(off..off + len)
             }
             PacketType::MoveFromReply => {
                 if h.status != Status::Ok {
                     return None;
                 }
                 let op = self.move_op(h.dst)?;
-                if op.dir != Dir::From || op.peer != h.src || op.xfer != msg.0[0] {
+                if op.dir != Dir::From || op.peer != h.src || op.xfer != BulkMsg::read(msg).xfer {
                     return None;
                 }
                 let off = h.local_addr as usize;
@@ -719,7 +702,7 @@ impl Engine {
             self.stats.drop(DropReason::NoMatch);
             return false;
         };
-        if op.dir != dir || op.peer != h.src || op.xfer != pkt.msg.0[0] {
+        if op.dir != dir || op.peer != h.src || op.xfer != BulkMsg::read(&pkt.msg).xfer {
             self.stats.drop(DropReason::NoMatch);
             return false;
         }
@@ -743,8 +726,9 @@ impl Engine {
             return;
         };
         let nc = op.done.len();
-        let cum = (pkt.msg.0[3] as usize).min(nc);
-        let end = (pkt.msg.0[4] as usize).min(nc).max(cum);
+        let bm = BulkMsg::read(&pkt.msg);
+        let cum = (bm.first as usize).min(nc);
+        let end = (bm.end as usize).min(nc).max(cum);
         let before = op.done.ones();
         for i in op.done.first_clear_from(0)..cum {
             op.done.set(i);
@@ -806,10 +790,11 @@ impl Engine {
         if st != Status::Ok {
             return self.refuse(from, PacketType::MoveFromReply, &h, &msg, st);
         }
-        let (xfer, base, chunk) = (msg.0[0], msg.0[1] as usize, msg.0[2] as usize);
+        let bm = BulkMsg::read(&msg);
+        let (base, chunk) = (bm.base as usize, bm.chunk as usize);
         let total = h.total_length as usize;
         let nc = nchunks(total, chunk);
-        let (lo, hi) = (msg.0[3] as usize, msg.0[4] as usize);
+        let (lo, hi) = (bm.first as usize, bm.end as usize);
         if lo > hi || hi > nc {
             return self.refuse(
                 from,
@@ -832,9 +817,14 @@ impl Engine {
         r.src = h.dst;
         r.dst = h.src;
         r.total_length = h.total_length;
-        let m = Message([xfer, base as u32, chunk as u32, 0, 0, 0, 0, 0]);
+        let m = BulkMsg {
+            first: 0,
+            end: 0,
+            ..bm
+        }
+        .message();
         let seq = match self.outgoing(h.dst) {
-            Some(o) if o.seg.as_ref().is_some_and(|s| base + total <= s.len()) => o.seq,
+            Some(o) if rights::read(o.access, o.seg.as_ref(), base, total).is_ok() => o.seq,
             _ => return,
         };
         for (j, &i) in todo.iter().enumerate() {
@@ -843,7 +833,7 @@ impl Engine {
             r.local_addr = start as u32;
             r.remote_addr = (base + start) as u32;
             r.flags = if j + 1 == todo.len() { F_ACK_NOW } else { 0 };
-            self.chunks.push_back(Chunk {
+            self.out.chunk(Chunk {
                 to: from,
                 header: r,
                 msg: m,
@@ -855,65 +845,6 @@ impl Engine {
         if retx {
             self.stats.bulk_retransmits += todo.len() as u64;
         }
-    }
-
-    /// The bytes a queued chunk carries, if their buffer is still lent.
-    fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
-        let seg = match c.from {
-            ChunkSrc::Moving(p) => match &self.procs.get(&p.local())?.state {
-                PState::Moving(op) if op.xseq == c.header.seq => &op.buf,
-                _ => return None,
-            },
-            ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
-            ChunkSrc::Reply => self.reply_src.as_ref()?,
-        };
-        seg.bytes().get(c.start..c.end)
-    }
-
-    /// Encodes the queued chunks into ordinary datagrams (a copy each).
-    pub(super) fn encode_chunks(&mut self) {
-        while let Some(c) = self.chunks.pop_front() {
-            let mut b = self.spare.pop().unwrap_or_default();
-            let Some(data) = self.chunk_data(&c) else {
-                self.recycle(b);
-                continue;
-            };
-            crate::wire::encode_into(&c.header, &c.msg, data, &mut b);
-            self.emit_raw(c.to, c.header.ptype, b);
-        }
-        // Its chunks are out: the reply's data is no longer needed.
-        self.reply_src = None;
-    }
-
-    /// Hands each queued bulk chunk to `send` as a header and the data
-    /// still in the lent buffer, so it is sent with no copy in user space.
-    /// Must be called under the same borrow of the engine that queued
-    /// them (the runtime's engine lock): the data is lent memory. Without
-    /// a cluster key only (a sealed datagram is made whole first);
-    /// otherwise [`Engine::poll_transmit`] encodes them.
-    pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
-        if self.auth.is_some() || self.chunks.is_empty() {
-            return;
-        }
-        let mut head = std::mem::take(&mut self.head_buf);
-        while let Some(c) = self.chunks.pop_front() {
-            let Some(data) = self.chunk_data(&c) else {
-                continue;
-            };
-            head.clear();
-            crate::wire::encode_head(&c.header, &c.msg, data.len(), &mut head);
-            let len = head.len() + data.len();
-            let data_len = data.len();
-            send(c.to, &head, data);
-            self.stats.tx_type(c.header.ptype, len);
-            if self.cfg.metrics {
-                let peer = c.header.dst.host().0;
-                self.stats
-                    .datagram(true, peer, c.header.ptype, len, data_len);
-            }
-        }
-        self.head_buf = head;
-        self.reply_src = None;
     }
 
     pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {

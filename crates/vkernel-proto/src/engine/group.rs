@@ -33,10 +33,11 @@ use std::net::SocketAddr;
 use rand::Rng;
 
 use super::idmap::{new_map, IdMap};
+use super::rights;
 use super::{Completion, Engine, Event, PState, Pending, ReplyInfo};
 use crate::config::{multicast_addr, Micros, MAX_APPEND};
 use crate::error::IpcError;
-use crate::message::{GroupMode, Message, NO_APPEND};
+use crate::message::{GroupMode, Message};
 use crate::pid::Pid;
 use crate::segment::Seg;
 use crate::stats::DropReason;
@@ -241,8 +242,8 @@ impl Engine {
         m.push(pid);
         if m.len() == 1 {
             if let Some(port) = self.cfg.multicast_port {
-                self.events
-                    .push_back(Event::JoinMulticast(multicast_addr(group, port)));
+                self.out
+                    .event(Event::JoinMulticast(multicast_addr(group, port)));
             }
         }
         Ok(())
@@ -275,8 +276,8 @@ impl Engine {
         if m.is_empty() {
             self.groups.members.remove(&group.0);
             if let Some(port) = self.cfg.multicast_port {
-                self.events
-                    .push_back(Event::LeaveMulticast(multicast_addr(group, port)));
+                self.out
+                    .event(Event::LeaveMulticast(multicast_addr(group, port)));
             }
         }
     }
@@ -361,7 +362,7 @@ impl Engine {
             },
         );
         // Local members get their copies without the network.
-        let append = msg.seg_access().read && !msg.has(NO_APPEND);
+        let append = rights::appends(msg.seg_access(), &msg);
         let data: &[u8] = match seg {
             Some(s) if append => {
                 let b = s.bytes();
@@ -387,9 +388,9 @@ impl Engine {
             return vec![multicast_addr(group, port)];
         }
         let mut v = self.cfg.discovery.clone();
-        for (a, _) in self.location.values() {
-            if !v.contains(a) {
-                v.push(*a);
+        for a in self.location.addrs() {
+            if !v.contains(&a) {
+                v.push(a);
             }
         }
         v
@@ -425,7 +426,7 @@ impl Engine {
             }
         };
         let mut m = msg;
-        m.0[6] = 0;
+        m.set_seg_addr(0);
         self.groups.copies[i] = Some(GroupCopy {
             src,
             principal,
@@ -522,7 +523,7 @@ impl Engine {
     ) {
         let h = pkt.header;
         let mut msg = pkt.msg;
-        msg.0[7] = h.total_length;
+        msg.set_seg_len(h.total_length);
         let members = self.group_members(h.dst);
         for m in members {
             self.deliver_copy(
@@ -661,16 +662,12 @@ impl Engine {
         let sample = match self.proc_mut(sender).map(|p| &mut p.state) {
             Some(PState::Sending(o)) if o.seq == seq => {
                 if !data.is_empty() {
-                    let off = off as usize;
-                    match o.seg.as_mut() {
-                        Some(sg)
-                            if o.access.write
-                                && off.checked_add(data.len()).is_some_and(|e| e <= sg.len()) =>
-                        {
-                            sg.bytes_mut()[off..off + data.len()].copy_from_slice(data);
+                    match rights::write(o.access, o.seg.as_mut(), off as usize, data.len()) {
+                        Ok(place) => {
+                            place.copy_from_slice(data);
                             n = data.len();
                         }
-                        _ => self.stats.drop(DropReason::SegmentViolation),
+                        Err(_) => self.stats.drop(DropReason::SegmentViolation),
                     }
                 }
                 true

@@ -254,7 +254,7 @@ impl Engine {
             (PacketType::LogicalHostComplaint, HostState::Ready { id, nonce })
                 if asked == *id && h.seq == *nonce =>
             {
-                self.events.push_back(Event::HostIdConflict(*id));
+                self.out.event(Event::HostIdConflict(*id));
             }
             _ => {}
         }
@@ -312,7 +312,7 @@ impl Engine {
                 id: candidate,
                 nonce,
             };
-            self.events.push_back(Event::HostReady(candidate));
+            self.out.event(Event::HostReady(candidate));
             return;
         }
         if now >= next_announce {

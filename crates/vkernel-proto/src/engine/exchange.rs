@@ -1,0 +1,594 @@
+//! Send, Receive, Reply and Forward: the message exchange, local and
+//! remote (the sender's side of a remote exchange; the receiver's side is
+//! in `remote.rs`).
+
+use super::*;
+
+impl Received {
+    /// What a receiver gets for a queued message whose sender went away
+    /// between the queue check and the hand-over (nothing).
+    fn stale(from: Pid) -> Received {
+        Received {
+            from,
+            msg: Message::zero(),
+            seg_bytes: 0,
+            forwarder: from,
+            principal: 0,
+        }
+    }
+}
+
+impl Engine {
+    /// Starts a Send from `src` to `dst`. The sender is blocked until a
+    /// [`Completion::Send`] arrives (an immediate error is returned directly).
+    /// `seg` is the sender's segment, with rights declared in `msg`.
+    pub fn send(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        dst: Pid,
+        msg: Message,
+        seg: Option<Seg>,
+    ) -> Result<(), IpcError> {
+        self.tick(now);
+        self.send_append(now, src, dst, msg, seg, usize::MAX)
+    }
+
+    /// [`Engine::send`] with at most `append` bytes of a read segment
+    /// travelling with the message (capped at [`MAX_APPEND`]); a sender
+    /// whose segment ends in space for the reply's data keeps that space
+    /// off the wire.
+    pub fn send_append(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        dst: Pid,
+        mut msg: Message,
+        seg: Option<Seg>,
+        append: usize,
+    ) -> Result<(), IpcError> {
+        self.tick(now);
+        self.check_ready_caller(src)?;
+        if !dst.is_process() && !dst.is_group() {
+            return Err(IpcError::InvalidPid(dst));
+        }
+        let (access, seg) = rights::grant(&mut msg, seg);
+        let principal = self.principal_of(src);
+        let out = Outgoing {
+            principal,
+            started: now,
+            dst,
+            seq: self.new_seq(),
+            msg,
+            seg,
+            access,
+            append,
+            forwarder: src,
+            received: false,
+            remote: None,
+            inbound: Vec::new(),
+            no_ahead: false,
+            deadline: None,
+        };
+        self.group_new_send(src);
+        if dst.is_group() {
+            let sent = out.msg;
+            let mode = self.group_send(now, src, dst, out.msg, out.seg.as_ref(), out.seq)?;
+            self.set_sending(src, out);
+            self.transmit_send(now, src, false);
+            if mode == crate::message::GroupMode::NoReply {
+                // A notification: sent once, the sender does not block.
+                self.complete(
+                    src,
+                    Completion::Send(Ok(ReplyInfo {
+                        msg: sent,
+                        seg_bytes: 0,
+                        from: dst,
+                    })),
+                );
+            }
+            return Ok(());
+        }
+        if self.is_local(dst) {
+            if !self.process_exists(dst) {
+                return Err(IpcError::NoSuchProcess(dst));
+            }
+            if !self.admits(dst, principal) {
+                return Err(IpcError::AccessDenied(dst));
+            }
+            self.set_sending(src, out);
+            self.enqueue(now, dst, Pending::Local(src));
+        } else {
+            self.set_sending(src, out);
+            self.transmit_send(now, src, false);
+        }
+        Ok(())
+    }
+
+    /// Bounds `pid`'s current Send: unless replied to by `at`, it
+    /// completes with [`IpcError::Deadline`] and the exchange is abandoned
+    /// (segment released, inbound bulk dropped, a late reply discarded).
+    /// No effect if `pid` is not blocked in a Send.
+    pub fn set_send_deadline(&mut self, pid: Pid, at: Micros) {
+        if let Some(o) = self.outgoing_mut(pid) {
+            o.deadline = Some(at);
+            self.arm(at);
+        }
+    }
+
+    /// (Re)transmits the RemoteSend of `src`'s current exchange.
+    pub(super) fn transmit_send(&mut self, now: Micros, src: Pid, retransmission: bool) {
+        let Some((dst, bytes)) = self.encode_send(src, retransmission) else {
+            return;
+        };
+        if dst.is_group() {
+            for to in self.group_dests(dst) {
+                self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+            }
+        } else {
+            self.emit_send(dst, bytes);
+        }
+        let rto = self.rto_for(dst.host());
+        let host_timeout = self.cfg.host_timeout;
+        let max_rto = self.max_rto();
+        let Some(o) = self.outgoing_mut(src) else {
+            return;
+        };
+        let next = match &mut o.remote {
+            Some(r) if retransmission => {
+                r.retransmitted = true;
+                r.rto = (r.rto * 2).min(max_rto);
+                r.next = now + r.rto;
+                r.next
+            }
+            _ => {
+                o.remote = Some(Retx {
+                    sent_at: now,
+                    next: now + rto,
+                    rto,
+                    deadline: now + host_timeout,
+                    retransmitted: false,
+                });
+                now + rto
+            }
+        };
+        if retransmission {
+            self.stats.retransmits += 1;
+        }
+        self.arm(next);
+    }
+
+    /// The RemoteSend datagram of `src`'s current exchange, and its
+    /// destination.
+    pub(crate) fn encode_send(&mut self, src: Pid, retransmission: bool) -> Option<(Pid, Vec<u8>)> {
+        let mut bytes = self.out.buffer();
+        let Some(o) = self.outgoing(src) else {
+            self.recycle(bytes);
+            return None;
+        };
+        let dst = o.dst;
+        let mut h = Header::new(PacketType::RemoteSend);
+        h.seq = o.seq;
+        h.src = src;
+        h.dst = dst;
+        h.forwarder = o.forwarder;
+        h.user = o.principal;
+        h.flags = if retransmission { F_RETRANSMIT } else { 0 }
+            | if o.no_ahead { wire::F_REPLY_DATA } else { 0 };
+        let msg = o.msg;
+        let append = rights::appends(o.access, &o.msg);
+        let (data, total): (&[u8], u32) = match (&o.seg, append) {
+            (Some(s), true) => {
+                let b = s.bytes();
+                (&b[..b.len().min(MAX_APPEND).min(o.append)], b.len() as u32)
+            }
+            (Some(s), false) => (&[], s.len() as u32),
+            _ => (&[], 0),
+        };
+        h.total_length = total;
+        wire::encode_into(&h, &msg, data, &mut bytes);
+        Some((dst, bytes))
+    }
+
+    pub(super) fn emit_send(&mut self, dst: Pid, bytes: Vec<u8>) {
+        match self.lookup(dst.host()) {
+            Some(a) => self.emit_raw(a, PacketType::RemoteSend, bytes),
+            // Location unknown: fan out; the answer teaches where it is.
+            None => {
+                for to in self.cfg.discovery.clone() {
+                    self.emit_raw(to, PacketType::RemoteSend, bytes.clone());
+                }
+            }
+        }
+    }
+
+    pub(super) fn enqueue(&mut self, now: Micros, dst: Pid, pend: Pending) {
+        let Some(p) = self.proc_mut(dst) else { return };
+        p.queue.push_back(pend);
+        if let PState::Receiving { .. } = p.state {
+            self.try_deliver(now, dst);
+        }
+    }
+
+    /// The sender of a queued message, or `None` if the entry went stale
+    /// (sender cancelled, destroyed, re-sent elsewhere, or alien freed).
+    pub(super) fn pending_sender(&self, pend: Pending, receiver: Pid) -> Option<Pid> {
+        match pend {
+            Pending::Local(s) => self
+                .outgoing(s)
+                .filter(|o| o.dst == receiver && !o.received && o.remote.is_none())
+                .map(|_| s),
+            Pending::Alien(i, seq) => self
+                .aliens
+                .get(i)
+                .filter(|a| a.seq == seq && a.receiver == receiver && a.state == AlienState::Queued)
+                .map(|a| a.src),
+            Pending::Group(i, seq) => self.groups.pending_sender(i, seq, receiver),
+        }
+    }
+
+    /// If `pid` is receiving and a matching message is queued, deliver it.
+    pub(super) fn try_deliver(&mut self, _now: Micros, pid: Pid) -> bool {
+        let Some(p) = self.proc_mut(pid) else {
+            return false;
+        };
+        let PState::Receiving { from, .. } = &p.state else {
+            return false;
+        };
+        let from = *from;
+        // Scan the queue without allocating: take it out, look, put it back.
+        let mut queue = std::mem::take(&mut p.queue);
+        let mut chosen = None;
+        let mut i = 0;
+        while i < queue.len() {
+            match self.pending_sender(queue[i], pid) {
+                // Stale entry (sender cancelled or gone): drop it.
+                None => {
+                    queue.remove(i);
+                }
+                Some(s) if from.is_none_or(|f| f == s) => {
+                    chosen = queue.remove(i);
+                    break;
+                }
+                Some(_) => i += 1,
+            }
+        }
+        let Some(p) = self.proc_mut(pid) else {
+            return false;
+        };
+        p.queue = queue;
+        let Some(pend) = chosen else {
+            return false;
+        };
+        let PState::Receiving { buf, upto, .. } = std::mem::replace(&mut p.state, PState::Ready)
+        else {
+            return false;
+        };
+        let r = self.deliver(pid, pend, buf, upto);
+        self.complete(pid, Completion::Receive(Ok(r)));
+        true
+    }
+
+    /// Hands a queued message to `receiver`, copying the segment's first
+    /// part (of a segment at most `upto` bytes long).
+    pub(super) fn deliver(
+        &mut self,
+        receiver: Pid,
+        pend: Pending,
+        mut buf: Option<Seg>,
+        upto: usize,
+    ) -> Received {
+        match pend {
+            Pending::Local(s) => {
+                let Some(o) = self.outgoing_mut(s) else {
+                    return Received::stale(s);
+                };
+                o.received = true;
+                let mut n = 0;
+                let append = rights::appends(o.access, &o.msg);
+                let seg = o.seg.as_ref().filter(|s| s.len() <= upto);
+                if let (Some(b), Some(seg), true) = (buf.as_mut(), seg, append) {
+                    n = b.len().min(seg.len()).min(o.append);
+                    b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
+                }
+                let _ = receiver;
+                Received {
+                    from: s,
+                    msg: o.msg,
+                    seg_bytes: n,
+                    forwarder: o.forwarder,
+                    principal: o.principal,
+                }
+            }
+            Pending::Group(i, _) => {
+                let Some((src, msg, data, principal)) = self.groups.take(i) else {
+                    return Received::stale(Pid::NONE);
+                };
+                let mut n = 0;
+                if let Some(b) = buf.as_mut() {
+                    n = b.len().min(data.len());
+                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
+                }
+                Received {
+                    from: src,
+                    msg,
+                    seg_bytes: n,
+                    forwarder: src,
+                    principal,
+                }
+            }
+            Pending::Alien(i, _) => {
+                let Some((a, data)) = self.aliens.with_data(i) else {
+                    return Received::stale(Pid::NONE);
+                };
+                a.state = AlienState::Received;
+                let mut n = 0;
+                if let Some(b) = buf.as_mut().filter(|_| a.seg_total as usize <= upto) {
+                    n = b.len().min(data.len());
+                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
+                }
+                Received {
+                    from: a.src,
+                    msg: a.msg,
+                    seg_bytes: n,
+                    forwarder: a.forwarder,
+                    principal: a.principal,
+                }
+            }
+        }
+    }
+
+    /// Receive (or ReceiveSpecific with `from`). Returns the message at once
+    /// if one is queued; otherwise the process blocks until a
+    /// [`Completion::Receive`]. `buf` receives the first part of a
+    /// read-granted segment.
+    pub fn receive(
+        &mut self,
+        now: Micros,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<Seg>,
+    ) -> Result<Option<Received>, IpcError> {
+        self.receive_upto(now, pid, from, buf, usize::MAX)
+    }
+
+    /// [`Engine::receive`] that copies into `buf` only from a segment at
+    /// most `upto` bytes long (a dispatcher that hands large requests on
+    /// need not copy their first part).
+    pub fn receive_upto(
+        &mut self,
+        now: Micros,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<Seg>,
+        upto: usize,
+    ) -> Result<Option<Received>, IpcError> {
+        self.check_ready_caller(pid)?;
+        if let Some(f) = from {
+            if !f.is_process() || (self.is_local(f) && !self.process_exists(f)) {
+                return Err(IpcError::NoSuchProcess(f));
+            }
+        }
+        self.set_state(pid, PState::Receiving { from, buf, upto });
+        if self.try_deliver(now, pid) {
+            if let Some(Completion::Receive(r)) = self.take_completion(pid) {
+                // Delivered synchronously: no wake needed.
+                self.out.forget_wake(pid);
+                return r.map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replies to `to`, which must be awaiting reply from `replier`. With
+    /// `seg = Some((offset, data))` the data is written into the sender's
+    /// write-granted segment at `offset` (reply-with-segment).
+    pub fn reply(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        msg: Message,
+        seg: Option<(u32, &[u8])>,
+    ) -> Result<(), IpcError> {
+        self.tick(now);
+        self.check_ready_caller(replier)?;
+        // More than one datagram: `reply_ahead` (a local sender's segment
+        // takes any size, by copy).
+        if seg.is_some_and(|(_, d)| d.len() > MAX_APPEND) && !self.is_local(to) {
+            return Err(IpcError::SegmentTooLarge { max: MAX_APPEND });
+        }
+        // A remote sender's alien, looked up once for both uses below.
+        let alien = if self.is_local(to) {
+            None
+        } else {
+            self.aliens.received(to, replier).ok()
+        };
+        let one_to_one = match alien {
+            Some(_) => true,
+            None => self.in_exchange_with(to, replier),
+        };
+        if !one_to_one {
+            if let Some(r) = self.group_reply(now, replier, to, msg, seg) {
+                return r;
+            }
+        }
+        if self.is_local(to) {
+            let Some(o) = self.outgoing_mut(to) else {
+                return Err(IpcError::NotAwaitingReply(to));
+            };
+            if o.dst != replier || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(to));
+            }
+            let mut n = 0;
+            if let Some((off, d)) = seg {
+                if !d.is_empty() {
+                    rights::write(o.access, o.seg.as_mut(), off as usize, d.len())
+                        .map_err(|e| e.error(to))?
+                        .copy_from_slice(d);
+                    n = d.len();
+                }
+            }
+            let started = o.started;
+            self.stats.local_exchanges += 1;
+            if self.cfg.metrics {
+                self.stats
+                    .local_latency_us
+                    .record(now.saturating_sub(started));
+            }
+            self.complete(
+                to,
+                Completion::Send(Ok(ReplyInfo {
+                    msg,
+                    seg_bytes: n,
+                    from: replier,
+                })),
+            );
+            return Ok(());
+        }
+        let i = match alien {
+            Some(i) => i,
+            None => self.aliens.received(to, replier)?,
+        };
+        let (src, seq, addr, idem) = {
+            let Some(a) = self.aliens.get(i) else {
+                return Err(IpcError::NotAwaitingReply(to));
+            };
+            if let Some((off, d)) = seg.filter(|(_, d)| !d.is_empty()) {
+                a.check(Need::Write, off as usize, d.len())
+                    .map_err(|e| e.error(to))?;
+            }
+            (a.src, a.seq, a.addr, a.idempotent)
+        };
+        let mut h = Header::new(PacketType::RemoteReply);
+        h.seq = seq;
+        h.src = replier;
+        h.dst = src;
+        h.forwarder = replier;
+        let data: &[u8] = match seg {
+            Some((off, d)) if !d.is_empty() => {
+                h.remote_addr = off;
+                h.total_length = d.len() as u32;
+                d
+            }
+            _ => &[],
+        };
+        let bytes = self.out.encode(&h, &msg, data);
+        self.emit_raw(addr, PacketType::RemoteReply, bytes);
+        if !idem {
+            self.save(now, src, h, msg, data);
+        }
+        self.free_alien(i);
+        Ok(())
+    }
+
+    /// True if `to` awaits a reply from `replier` in a one-to-one exchange.
+    pub(super) fn in_exchange_with(&self, to: Pid, replier: Pid) -> bool {
+        if self.is_local(to) {
+            self.outgoing(to)
+                .is_some_and(|o| o.dst == replier && o.received && o.remote.is_none())
+        } else {
+            self.aliens.received(to, replier).is_ok()
+        }
+    }
+
+    /// Keeps a finished exchange's answer to re-send to retransmissions.
+    pub(super) fn save(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        header: Header,
+        msg: Message,
+        data: &[u8],
+    ) {
+        let stats = &mut self.stats;
+        self.aliens.save(now, src, header, msg, data, stats);
+        self.arm(now + self.cfg.alien_timeout / 4);
+    }
+
+    /// Forwards `from`'s message (now `msg`) to `to`, as if `from` had sent
+    /// it. `from` must be awaiting reply from `forwarder`.
+    pub fn forward(
+        &mut self,
+        now: Micros,
+        forwarder: Pid,
+        from: Pid,
+        to: Pid,
+        msg: Message,
+    ) -> Result<(), IpcError> {
+        self.tick(now);
+        self.check_ready_caller(forwarder)?;
+        if !to.is_process() {
+            return Err(IpcError::InvalidPid(to));
+        }
+        if self.is_local(from) {
+            let seq = self.new_seq();
+            let to_local = self.is_local(to);
+            if to_local && !self.process_exists(to) {
+                return Err(IpcError::NoSuchProcess(to));
+            }
+            let p = self.outgoing(from).map_or(0, |o| o.principal);
+            if to_local && !self.admits(to, p) {
+                return Err(IpcError::AccessDenied(to));
+            }
+            let Some(o) = self.outgoing_mut(from) else {
+                return Err(IpcError::NotAwaitingReply(from));
+            };
+            if o.dst != forwarder || !o.received || o.remote.is_some() {
+                return Err(IpcError::NotAwaitingReply(from));
+            }
+            let seg_len = o.seg.as_ref().map_or(0, |s| s.len() as u32);
+            o.msg = rights::carry(&o.msg, msg, seg_len);
+            o.dst = to;
+            o.forwarder = forwarder;
+            o.received = false;
+            o.seq = seq;
+            o.inbound.clear();
+            if to_local {
+                self.enqueue(now, to, Pending::Local(from));
+            } else {
+                self.transmit_send(now, from, false);
+            }
+            return Ok(());
+        }
+        let i = self.aliens.received(from, forwarder)?;
+        if self.is_local(to) {
+            if !self.process_exists(to) {
+                return Err(IpcError::NoSuchProcess(to));
+            }
+            let p = self.aliens.get(i).map_or(0, |a| a.principal);
+            if !self.admits(to, p) {
+                return Err(IpcError::AccessDenied(to));
+            }
+            let seq = {
+                let Some(a) = self.aliens.get_mut(i) else {
+                    return Err(IpcError::NotAwaitingReply(from));
+                };
+                a.msg = rights::carry(&a.msg, msg, a.seg_total);
+                a.receiver = to;
+                a.forwarder = forwarder;
+                a.state = AlienState::Queued;
+                a.seq
+            };
+            self.enqueue(now, to, Pending::Alien(i, seq));
+            return Ok(());
+        }
+        // Remote to remote: ask the sender's kernel to re-send.
+        let (seq, addr) = {
+            let Some(a) = self.aliens.get(i) else {
+                return Err(IpcError::NotAwaitingReply(from));
+            };
+            (a.seq, a.addr)
+        };
+        let mut h = Header::new(PacketType::RemoteForward);
+        h.seq = seq;
+        h.src = forwarder;
+        h.dst = from;
+        h.forwarder = to;
+        let bytes = wire::encode(&h, &msg, &[]);
+        self.emit_raw(addr, PacketType::RemoteForward, bytes);
+        self.save(now, from, h, msg, &[]);
+        self.free_alien(i);
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! Retransmission, host timeouts, replyPending and Send deadlines.
+
+use super::*;
+
+#[test]
+fn silent_host_times_out_after_host_timeout() {
+    for known in [false, true] {
+        let mut n = Net::with(2, |_, c| c.host_timeout = 1_500_000);
+        if known {
+            n.introduce();
+        }
+        let c = n.e[1].create_process().unwrap();
+        let s = n.e[0].create_process().unwrap();
+        // Host 1 dies: nothing reaches it any more.
+        n.filter = Some(Box::new(|_, to, _| to != 0));
+        let t0 = n.now;
+        n.e[1].send(t0, c, s, Message::zero(), None).unwrap();
+        let done = n.advance_until(10_000_000, |n| completed(&n.e[1], c));
+        assert!(done);
+        assert_eq!(send_err(&mut n.e[1], c), IpcError::Timeout(s));
+        let took = n.now - t0;
+        assert!(
+            (1_500_000..1_501_000).contains(&took),
+            "timed out after {took} µs"
+        );
+        assert!(n.e[1].stats().retransmits >= 5);
+        assert_eq!(n.e[1].stats().timeouts, 1);
+    }
+}
+
+#[test]
+fn reply_pending_keeps_a_long_request_alive() {
+    let mut n = Net::with(2, |_, c| c.host_timeout = 1_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    n.e[1].send(0, c, s, Message::with_code(1), None).unwrap();
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.advance(5_000_000);
+    assert_eq!(n.e[1].take_completion(c), None, "alive while the server is");
+    assert!(n.e[1].stats().rx_of(PacketType::ReplyPending) >= 8);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+}
+
+#[test]
+fn retransmission_is_answered_by_timer_driven_resend() {
+    // The same as above, but the retransmission comes from the client's
+    // own timer rather than a forged copy.
+    let mut n = Net::new(2);
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    n.e[1].send(0, c, s, Message::with_code(1), None).unwrap();
+    n.run();
+    n.advance(200_000);
+    assert!(n.e[0].stats().duplicates >= 1);
+    assert!(n.e[1].stats().rx_of(PacketType::ReplyPending) >= 1);
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.drop_next = 1;
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(5), None)
+        .unwrap();
+    n.run();
+    assert!(n.e[1].take_completion(c).is_none());
+    assert!(n.advance_until(2_000_000, |n| completed(&n.e[1], c)));
+    assert_eq!(n.e[0].stats().saved_replies_resent, 1);
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 5);
+}
+
+#[test]
+fn send_deadline_ends_a_send_the_server_never_answers() {
+    // The server's host is alive (it answers replyPending) but its process
+    // never replies: without a deadline the Send would wait forever.
+    let mut n = Net::with(2, |_, c| c.host_timeout = 1_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let seg = SharedBuf::new(vec![0; 3000]);
+    let t0 = n.now;
+    n.e[1]
+        .send(t0, c, s, seg_msg(1, SegAccess::WRITE), Some(seg.lend()))
+        .unwrap();
+    n.e[1].set_send_deadline(c, t0 + 2_500_000);
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    let done = n.advance_until(10_000_000, |n| completed(&n.e[1], c));
+    assert!(done, "the Send ended");
+    assert_eq!(send_err(&mut n.e[1], c), IpcError::Deadline(s));
+    let took = n.now - t0;
+    assert!(
+        (2_500_000..2_501_000).contains(&took),
+        "ended after {took} µs"
+    );
+    assert!(n.e[1].stats().rx_of(PacketType::ReplyPending) >= 8);
+    assert_eq!(n.e[1].stats().deadlines, 1);
+    assert_eq!(n.e[1].stats().timeouts, 0);
+    assert_eq!(std::sync::Arc::strong_count(&seg.0), 1, "segment released");
+    // The late reply is discarded; the client's next exchange works.
+    let late = [7u8; 100];
+    let _ = n.e[0].reply(n.now, s, c, Message::with_code(9), Some((0, &late[..])));
+    n.advance(3_000_000);
+    assert_eq!(n.e[1].take_completion(c), None);
+    assert!(seg.snapshot().iter().all(|&b| b == 0));
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    let r = n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    assert_eq!(r.msg.code(), 2);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(3), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 3);
+}
+
+#[test]
+fn send_deadline_bounds_a_local_send() {
+    let mut n = Net::new(1);
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[0].create_process().unwrap();
+    let t0 = n.now;
+    n.e[0].send(t0, c, s, Message::with_code(1), None).unwrap();
+    n.e[0].set_send_deadline(c, t0 + 700_000);
+    n.e[0].receive(t0, s, None, None).unwrap().unwrap();
+    assert!(n.advance_until(5_000_000, |n| completed(&n.e[0], c)));
+    assert_eq!(send_err(&mut n.e[0], c), IpcError::Deadline(s));
+    assert_eq!(n.now - t0, 700_000);
+    // The receiver's late Reply finds no sender waiting.
+    assert!(n.e[0].reply(n.now, s, c, Message::zero(), None).is_err());
+    // A deadline that is not reached changes nothing.
+    n.e[0]
+        .send(n.now, c, s, Message::with_code(2), None)
+        .unwrap();
+    n.e[0].set_send_deadline(c, n.now + 700_000);
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(3), None)
+        .unwrap();
+    assert_eq!(reply_of(&mut n.e[0], c).msg.code(), 3);
+    n.advance(2_000_000);
+    assert_eq!(n.e[0].stats().deadlines, 1);
+}
