@@ -160,6 +160,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             "server": server.to_string(), "size": a.size, "summary": s, "failures": failures,
             "retransmits": st.retransmits, "bulk_retransmits": st.bulk_retransmits, "spin_us": a.host.spin.max.as_micros() as u64, "adaptive_spin": a.host.spin.adaptive,
             "waits_unblocked": waits.unblocked, "waits_blocked": waits.blocked,
+            "waits_blocked_crowded": waits.blocked_crowded,
         });
         println!("{j}");
     } else {

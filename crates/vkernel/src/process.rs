@@ -50,6 +50,11 @@ pub struct WaitCounts {
     pub unblocked: u64,
     /// Waits that blocked.
     pub blocked: u64,
+    /// Of the blocked waits, those that did not spin because the CPUs
+    /// were taken (as many spinners on the host as CPUs, or more runnable
+    /// threads on the machine than CPUs): blocking was the policy's
+    /// choice for the machine, not a miss of its own.
+    pub blocked_crowded: u64,
 }
 
 /// A segment lent with a Send: the receiver may read and/or write it while
@@ -221,17 +226,20 @@ impl Process {
         let sh = &self.shared;
         let start = sh.now();
         let mut policy = self.spin.get();
-        let spin_us = if policy.wants_to_spin() {
-            let crowded = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
-            policy.budget_us(sh.spinning(), sh.cpus, crowded)
+        let (spin_us, crowded) = if policy.wants_to_spin() {
+            let spinners = sh.spinning();
+            let busy = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
+            let crowded = policy.is_adaptive() && (busy || spinners >= sh.cpus);
+            (policy.budget_us(spinners, sh.cpus, busy), crowded)
         } else {
-            0
+            (0, false)
         };
         let mut blocked = false;
         let r = self.wait_spin_then_block(expect, start, spin_us, &mut blocked);
         let mut n = self.waits.get();
         if blocked {
             n.blocked += 1;
+            n.blocked_crowded += u64::from(crowded);
         } else {
             n.unblocked += 1;
         }
