@@ -6,7 +6,7 @@ use vkernel::{Kernel, Message, Pid, Scope, Segment};
 
 use crate::echo::{ECHO, ECHO_BULK, MAX_BULK};
 use crate::hostopts::{auth_hint, logical_id, HostOpts};
-use crate::stats::Summary;
+use vkernel_bench::Summary;
 
 /// Arguments of `vkernel ping`.
 #[derive(clap::Args, Debug)]

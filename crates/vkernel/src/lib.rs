@@ -34,7 +34,7 @@ pub mod net;
 mod process;
 mod spin;
 pub mod sys;
-mod trace;
+pub mod trace;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;

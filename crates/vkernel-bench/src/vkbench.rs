@@ -5,67 +5,10 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::Mode;
 use vkernel::{FaultConfig, IpcError, Kernel, KernelConfig, Message, Pid, Process, Segment};
 
-/// How threads are placed and how they wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Placement {
-    /// Pin the client to CPU 0 and the server to CPU 1.
-    pub pinned: bool,
-    /// Busy-poll (true) or block after a short spin (false).
-    pub spin: bool,
-}
-
-impl Placement {
-    /// The kernel spin budget this placement implies.
-    pub fn spin_budget(&self) -> Duration {
-        if self.spin {
-            // Long enough to cover any exchange; an idle server then blocks.
-            Duration::from_millis(100)
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    /// Pins the calling thread as a client (0) or server (1).
-    pub fn pin(&self, role: usize) {
-        if self.pinned {
-            let _ = vkernel::sys::pin_to_cpu(role % vkernel::sys::online_cpus());
-        }
-    }
-
-    /// Runs `f` on a new thread placed as `role`, so the caller's own
-    /// affinity (inherited by threads it starts later) is never changed.
-    pub fn run_as<T: Send>(&self, role: usize, f: impl FnOnce() -> T + Send) -> T {
-        thread::scope(|s| {
-            s.spawn(|| {
-                self.pin(role);
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-
-    /// Human-readable description.
-    pub fn describe(&self) -> String {
-        format!(
-            "{}, {}",
-            if self.pinned {
-                "client on CPU 0, server on CPU 1"
-            } else {
-                "threads unpinned"
-            },
-            if self.spin {
-                "busy-poll waiting"
-            } else {
-                "blocking waits"
-            }
-        )
-    }
-}
-
-fn kcfg(pl: Placement) -> KernelConfig {
+fn kcfg(pl: Mode) -> KernelConfig {
     KernelConfig {
         spin: pl.spin_budget(),
         // A placement is a fixed waiting strategy, not a learned one.
@@ -75,13 +18,13 @@ fn kcfg(pl: Placement) -> KernelConfig {
 }
 
 /// Two logical hosts on loopback that know each other.
-pub fn host_pair(pl: Placement, faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
+pub fn host_pair(pl: Mode, faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
     host_pair_with(pl, faults, |_, _| {})
 }
 
 /// Like [`host_pair`]; `adjust(i, cfg)` changes host i's (0 or 1) settings.
 pub fn host_pair_with(
-    pl: Placement,
+    pl: Mode,
     faults: FaultConfig,
     adjust: impl Fn(usize, &mut KernelConfig),
 ) -> Result<(Kernel, Kernel), String> {
@@ -128,7 +71,7 @@ const SPIN: u32 = 0x4a;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
-fn server(p: Process, pl: Placement) {
+fn server(p: Process, pl: Mode) {
     pl.pin(1);
     // The placement, not the host's default, decides how this server waits.
     p.set_spin(pl.spin_budget());
@@ -227,7 +170,7 @@ fn server(p: Process, pl: Placement) {
 }
 
 /// A server process on `k` (spawned thread) and its pid.
-pub fn start_server(k: &Kernel, pl: Placement) -> Result<(Pid, thread::JoinHandle<()>), String> {
+pub fn start_server(k: &Kernel, pl: Mode) -> Result<(Pid, thread::JoinHandle<()>), String> {
     k.spawn("bench-server", move |p| server(p, pl))
         .map_err(|e| e.to_string())
 }
@@ -256,9 +199,19 @@ pub enum Op {
     /// MoveTo n bytes into the client's segment by the server.
     MoveTo(usize),
     /// Program load of `total` bytes by MoveTo in units of `unit` bytes.
-    Load { total: usize, unit: usize },
+    Load {
+        /// Image bytes.
+        total: usize,
+        /// Bytes per MoveTo.
+        unit: usize,
+    },
     /// Sequential page read of n bytes with a server delay of `delay_us`.
-    SeqRead { n: usize, delay_us: u32 },
+    SeqRead {
+        /// Page bytes.
+        n: usize,
+        /// Server delay after each reply.
+        delay_us: u32,
+    },
     /// A message of 32 + n bytes each way: n bytes appended to the request
     /// and returned with the reply.
     Echo(usize),
@@ -273,13 +226,19 @@ pub fn server_cpu(c: &Process, server: Pid) -> Result<Duration, String> {
     ))
 }
 
+/// Batches of the CPU pass; each batch reads both CPU clocks once, and
+/// the figure is the median batch (one slow wake-up spoils a batch, not
+/// the figure).
+pub const CPU_BATCHES: usize = 5;
+
 /// Per-operation timings plus the CPU both sides spent on them.
 pub struct Timed {
     /// Elapsed time of each operation.
     pub samples: Vec<Duration>,
-    /// Client thread CPU per operation, measured with blocking waits.
+    /// Client thread CPU per operation, measured with blocking waits
+    /// (median of [`CPU_BATCHES`] batches).
     pub client_cpu: Duration,
-    /// Server thread CPU per operation, measured with blocking waits.
+    /// Server thread CPU per operation, likewise.
     pub server_cpu: Duration,
 }
 
@@ -293,17 +252,19 @@ fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> 
 /// Like [`exchanges`], also measuring both sides' CPU per operation (the
 /// modern form of the papers' busywork counter).
 ///
-/// Elapsed times use the placement's waiting. CPU is measured in a second,
-/// shorter pass in which both sides block while they wait: under busy-polling
-/// every thread burns its whole wall time, which would say nothing about
-/// the work an operation costs.
+/// Elapsed times use the mode's waiting. CPU is measured in a separate pass
+/// in which both sides block while they wait: under busy-polling every
+/// thread burns its whole wall time, which would say nothing about the work
+/// an operation costs. The pass runs [`CPU_BATCHES`] batches of at least
+/// 200 operations (a CPU clock reads in ~µs steps on some kernels) after a
+/// warm-up, and keeps the median batch of each side.
 pub fn timed(
     client_kernel: &Kernel,
     server_pid: Pid,
     op: Op,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<Timed, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     let (r, c) = pl.run_as(0, move || {
@@ -311,24 +272,41 @@ pub fn timed(
         (r, c)
     });
     let (samples, _) = r?;
-    // CPU pass: blocking waits on both sides, then the placement's spin back.
-    let cpu_iters = (iters / 4).max(2);
+    // CPU pass: blocking waits on both sides, then the mode's spin back.
+    // Bulk operations (few iterations) keep their own count per batch.
+    let batch = if iters < 200 {
+        iters.max(1)
+    } else {
+        (iters / 4).max(200)
+    };
     c.set_spin(Duration::ZERO);
     set_server_spin(&c, server_pid, Duration::ZERO)?;
-    let s0 = server_cpu(&c, server_pid)?;
     let (r, c) = pl.run_as(0, move || {
         c.set_spin(Duration::ZERO);
-        let r = run_ops(&c, server_pid, op, cpu_iters, 0);
+        let r = (|| -> Result<Vec<(Duration, Duration)>, String> {
+            run_ops(&c, server_pid, op, 0, warmup.min(batch))?;
+            let mut per = Vec::with_capacity(CPU_BATCHES);
+            for _ in 0..CPU_BATCHES {
+                let s0 = server_cpu(&c, server_pid)?;
+                let (_, client) = run_ops(&c, server_pid, op, batch, 0)?;
+                let s1 = server_cpu(&c, server_pid)?;
+                let n = batch as u32;
+                per.push((client / n, s1.saturating_sub(s0) / n));
+            }
+            Ok(per)
+        })();
         (r, c)
     });
-    let s1 = server_cpu(&c, server_pid)?;
     set_server_spin(&c, server_pid, pl.spin_budget())?;
-    let (_, client) = r?;
-    let total = cpu_iters as u32;
+    let per = r?;
+    let mut cl: Vec<Duration> = per.iter().map(|p| p.0).collect();
+    let mut sv: Vec<Duration> = per.iter().map(|p| p.1).collect();
+    cl.sort_unstable();
+    sv.sort_unstable();
     Ok(Timed {
         samples,
-        client_cpu: client / total,
-        server_cpu: s1.saturating_sub(s0) / total,
+        client_cpu: cl[cl.len() / 2],
+        server_cpu: sv[sv.len() / 2],
     })
 }
 
@@ -404,7 +382,7 @@ pub fn exchanges(
     op: Op,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<Vec<Duration>, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || run_ops(&c, server_pid, op, iters, warmup))
@@ -412,7 +390,7 @@ pub fn exchanges(
 }
 
 /// Times the GetTime null kernel operation (per call).
-pub fn get_time(k: &Kernel, iters: usize, pl: Placement) -> Result<Vec<Duration>, String> {
+pub fn get_time(k: &Kernel, iters: usize, pl: Mode) -> Result<Vec<Duration>, String> {
     let p = k.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {
         let batch = 100;
@@ -445,7 +423,7 @@ pub fn bulk(
     server_pid: Pid,
     bytes: usize,
     to: bool,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<BulkRun, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {
@@ -493,7 +471,7 @@ pub fn group_sends(
     gather: usize,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<(Vec<Duration>, Vec<Duration>), String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {

@@ -1,28 +1,11 @@
-//! The raw baselines beside vkernel's figures, from the `vkernel_bench`
+//! The raw baselines beside vkernel's figures, from the `vkernel_peers`
 //! crate, run with the same placement and waiting as the vkernel
 //! measurements and summarized the same way (clock overhead subtracted).
 
 use crate::stats::{clock_overhead, Summary};
-use crate::vkbench::Placement;
+use crate::Mode;
 use std::time::Duration;
-use vkernel_bench as raw;
-
-fn wait(pl: Placement) -> raw::Wait {
-    if pl.spin {
-        raw::Wait::Spin
-    } else {
-        raw::Wait::Block
-    }
-}
-
-fn placement(pl: Placement) -> raw::Placement {
-    if pl.pinned {
-        let n = vkernel::sys::online_cpus().max(1);
-        raw::Placement::pinned(0, 1 % n)
-    } else {
-        raw::Placement::UNPINNED
-    }
-}
+use vkernel_peers as raw;
 
 /// The samples as durations, the clock's overhead subtracted.
 fn durations(s: raw::Samples) -> Vec<Duration> {
@@ -41,44 +24,39 @@ pub fn udp_samples(
     size: usize,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<Vec<Duration>, String> {
-    raw::udp_pingpong(size, iters, warmup, wait(pl), placement(pl))
+    raw::udp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
         .map(durations)
         .map_err(|e| format!("raw UDP: {e}"))
 }
 
 /// Round-trip time of `size`-byte UDP datagrams between two threads.
-pub fn udp_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Result<Summary, String> {
-    raw::udp_pingpong(size, iters, warmup, wait(pl), placement(pl))
+pub fn udp_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
+    raw::udp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
         .map(summary)
         .map_err(|e| format!("raw UDP: {e}"))
 }
 
 /// Round-trip time of `size`-byte messages over TCP (NODELAY) on loopback.
-pub fn tcp_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Result<Summary, String> {
-    raw::tcp_pingpong(size, iters, warmup, wait(pl), placement(pl))
+pub fn tcp_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
+    raw::tcp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
         .map(summary)
         .map_err(|e| format!("TCP: {e}"))
 }
 
 /// Round-trip time of `size`-byte ZeroMQ REQ/REP messages (libzmq, TCP on
 /// loopback).
-pub fn zmq_rtt(size: usize, iters: usize, warmup: usize, pl: Placement) -> Result<Summary, String> {
-    raw::zmq_pingpong(size, iters, warmup, wait(pl), placement(pl))
+pub fn zmq_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
+    raw::zmq_pingpong(size, iters, warmup, pl.wait, pl.cpus)
         .map(summary)
         .map_err(|e| format!("ZeroMQ: {e}"))
 }
 
 /// Round-trip time of unary gRPC calls carrying `size` bytes (tonic; it
 /// always waits in its reactor, whatever the placement's waiting).
-pub fn grpc_rtt(
-    size: usize,
-    iters: usize,
-    warmup: usize,
-    pl: Placement,
-) -> Result<Summary, String> {
-    raw::grpc_pingpong(size, iters, warmup, wait(pl), placement(pl))
+pub fn grpc_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
+    raw::grpc_pingpong(size, iters, warmup, pl.wait, pl.cpus)
         .map(summary)
         .map_err(|e| format!("gRPC: {e}"))
 }
@@ -95,10 +73,10 @@ pub struct Blast {
 /// Throughput of streaming `total` bytes in `dgram`-byte UDP datagrams,
 /// memory to memory, with no flow control or acknowledgement (the physical
 /// limit; only bytes that arrived count): the median of `runs` runs.
-pub fn udp_blast(total: usize, dgram: usize, pl: Placement, runs: usize) -> Result<Blast, String> {
+pub fn udp_blast(total: usize, dgram: usize, pl: Mode, runs: usize) -> Result<Blast, String> {
     let mut v = Vec::new();
     for _ in 0..runs.max(1) {
-        let t = raw::udp_blast(total, dgram, wait(pl), None, placement(pl))
+        let t = raw::udp_blast(total, dgram, pl.wait, None, pl.cpus)
             .map_err(|e| format!("raw UDP blast: {e}"))?;
         if !t.verified {
             return Err("raw UDP blast delivered wrong bytes".into());
