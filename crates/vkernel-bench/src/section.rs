@@ -156,7 +156,12 @@ impl Section {
 
     /// Prints the heading `N. Title (detail)`.
     pub fn heading(self, detail: &str) {
-        println!("\n{}. {} {detail}", self.number(), self.title());
+        let sep = if detail.starts_with([':', ',']) {
+            ""
+        } else {
+            " "
+        };
+        println!("\n{}. {}{sep}{detail}", self.number(), self.title());
     }
 
     /// Runs the section in `c`.

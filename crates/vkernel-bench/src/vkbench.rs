@@ -417,7 +417,8 @@ pub struct BulkRun {
     pub intact: bool,
 }
 
-/// One MoveTo (`to = true`) or MoveFrom of `bytes` between two hosts.
+/// One MoveTo (`to = true`) or MoveFrom of `bytes` between two hosts, the
+/// client's segment written before the move.
 pub fn bulk(
     client_kernel: &Kernel,
     server_pid: Pid,
@@ -425,12 +426,30 @@ pub fn bulk(
     to: bool,
     pl: Mode,
 ) -> Result<BulkRun, String> {
+    bulk_into(client_kernel, server_pid, bytes, to, pl, true)
+}
+
+/// Like [`bulk`]; with `touched = false` a MoveTo lands in freshly
+/// allocated memory never written, so the move also pays the kernel's
+/// first-touch page faults (what a program reading into a new buffer pays).
+pub fn bulk_into(
+    client_kernel: &Kernel,
+    server_pid: Pid,
+    bytes: usize,
+    to: bool,
+    pl: Mode,
+    touched: bool,
+) -> Result<BulkRun, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {
         let expect: Vec<u8> = (0..bytes)
             .map(|k| (k as u32).wrapping_mul(2654435761) as u8)
             .collect();
-        let mut seg = if to { vec![0u8; bytes] } else { expect.clone() };
+        let mut seg = match (to, touched) {
+            (false, _) => expect.clone(),
+            (true, true) => vec![0xa5u8; bytes],
+            (true, false) => vec![0u8; bytes],
+        };
         let mut m = Message::with_code(if to { MOVE_TO } else { MOVE_FROM });
         let r: Result<_, IpcError> = if to {
             c.send_with_segment(&mut m, server_pid, Segment::Write(&mut seg))
