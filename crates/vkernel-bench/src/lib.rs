@@ -10,6 +10,7 @@
 //! - [`vkbench`]: vkernel's side (host pairs, the exchange server, timed ops).
 //! - [`demo`]: `vkernel demo`, a one-screen tour with raw UDP beside it.
 //! - [`baseline`]: the peers called with the same mode and summarized alike.
+//! - [`echo`]: the echo server and ping's timed exchanges.
 //! - [`hoststats`]: the rows of `vkernel stats`.
 //! - [`trace`]: `vkernel trace report` (sizes, matrix, rates, phases,
 //!   conservation, Chrome export) over [`vkernel::trace::Event`]s.
@@ -26,6 +27,7 @@ pub mod baseline;
 pub mod chart;
 pub mod demo;
 mod disk;
+pub mod echo;
 mod files;
 pub mod hoststats;
 mod kernel_ops;

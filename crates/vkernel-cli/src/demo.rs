@@ -24,18 +24,6 @@ pub struct DemoArgs {
     pub fault: Option<FaultConfig>,
 }
 
-impl Default for DemoArgs {
-    fn default() -> Self {
-        DemoArgs {
-            count: 20_000,
-            bulk: 64 << 20,
-            block: false,
-            unpinned: false,
-            fault: None,
-        }
-    }
-}
-
 /// Runs the demonstration.
 pub fn run(a: DemoArgs) -> Result<(), String> {
     vkernel_bench::demo::run(&vkernel_bench::demo::Demo {
