@@ -176,7 +176,8 @@ pub fn bars(
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d((0..n).into_segmented(), 0.0..(y1 * 1.1).max(1e-9))
+        // A segmented integer range covers its end too: 0..n-1 is n bins.
+        .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..(y1 * 1.1).max(1e-9))
         .map_err(|e| err(&e))?;
     ch.configure_mesh()
         .disable_x_mesh()
@@ -218,4 +219,64 @@ pub fn bars(
     legend(&side, &names).map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| {
+                let body = &t[t.find('>')? + 1..];
+                Some(body[..body.find("</text>")?].trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ticks_tell_neighbours_apart() {
+        let v = [
+            0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 10.0, 15.0, 100.0, 150.0, 2000.0,
+        ];
+        let labels: Vec<String> = v.iter().map(|&x| tick(x)).collect();
+        let mut u = labels.clone();
+        u.sort();
+        u.dedup();
+        assert_eq!(u.len(), labels.len(), "{labels:?}");
+        assert_eq!(tick(1.5), "1.5");
+        assert_eq!(tick(2000.0), "2000");
+    }
+
+    #[test]
+    fn bars_label_each_category_once_and_lines_draw_log_axes() {
+        let dir = std::env::temp_dir().join(format!("vkbench-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cats = ["1 KiB", "4 KiB", "16 KiB", "64 KiB"];
+        let bars_path = dir.join("bars.svg");
+        let data: Vec<(String, f64)> = cats.iter().map(|c| (c.to_string(), 10.0)).collect();
+        bars(&bars_path, "t", "x", "y", &[("s".into(), data)]).unwrap();
+        let t = texts(&std::fs::read_to_string(&bars_path).unwrap());
+        for c in cats {
+            assert_eq!(
+                t.iter().filter(|x| x.as_str() == c).count(),
+                1,
+                "{c}: {t:?}"
+            );
+        }
+        let lines_path = dir.join("lines.svg");
+        let s: Vec<Series> = vec![("a".into(), vec![(32.0, 0.6), (8192.0, 120.0)])];
+        lines(&lines_path, "t", "x", "y", &s, true).unwrap();
+        assert!(lines(
+            &lines_path,
+            "t",
+            "x",
+            "y",
+            &[("z".into(), vec![(0.0, 1.0)])],
+            true
+        )
+        .is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

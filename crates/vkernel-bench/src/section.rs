@@ -51,12 +51,15 @@ impl Default for Options {
     }
 }
 
+/// Draws a chart into the given file.
+pub type Draw = Box<dyn FnOnce(&Path) -> Result<(), String>>;
+
 /// A chart a section asks for, drawn after the report is written.
 pub struct Chart {
     /// File name in the output directory.
     pub file: &'static str,
     /// Drawn by this function.
-    pub draw: Box<dyn FnOnce(&Path) -> Result<(), String>>,
+    pub draw: Draw,
 }
 
 /// What a section hands back: its figures, the goals it checked, charts.
@@ -325,4 +328,29 @@ pub fn run(o: &Options) -> Result<Report, String> {
         started.elapsed().as_secs_f64()
     );
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_numbered_in_order() {
+        for (i, s) in Section::ALL.iter().enumerate() {
+            assert_eq!(usize::from(s.number()), i + 1);
+            assert_eq!(Section::from_number(s.number()), Some(*s));
+        }
+        assert_eq!(Section::from_number(0), None);
+        assert_eq!(Section::from_number(13), None);
+        assert_eq!(Options::default().sections.len(), 12);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!(Mode::parse("spin"), Ok(Mode::SPIN));
+        assert_eq!(Mode::parse("block"), Ok(Mode::BLOCK));
+        assert!(Mode::parse("spin-pinned").is_ok_and(|m| m.spins() && m.cpus.client_cpu == Some(0)));
+        assert!(Mode::parse("fast").is_err());
+        assert!(!Mode::SPIN.blocking().spins());
+    }
 }

@@ -518,3 +518,54 @@ fn print_report(r: &TraceReport) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vkernel::trace::Datagram;
+
+    #[test]
+    fn report_of_a_two_host_exchange() {
+        let (a, b) = (0x0001_0001u32, 0x0002_0001u32);
+        let dg = |src, dst, len| Datagram {
+            packet: Packet::RemoteSend,
+            src,
+            dst,
+            seq: 1,
+            len,
+        };
+        let x = Exchange {
+            src: a,
+            dst: b,
+            err: false,
+        };
+        let evs = [
+            (10, 1, Kind::Send(x)),
+            (11, 1, Kind::Tx(dg(a, b, 100))),
+            (14, 2, Kind::Rx(dg(a, b, 100))),
+            (15, 2, Kind::Deliver(x)),
+            (17, 2, Kind::Reply(x)),
+            (18, 2, Kind::Tx(dg(b, a, 5000))),
+            (21, 1, Kind::Rx(dg(b, a, 5000))),
+            (22, 1, Kind::Complete(x)),
+        ];
+        let dir = std::env::temp_dir().join(format!("vkbench-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("t.jsonl");
+        let mut text: String = evs
+            .iter()
+            .map(|&(t, host, kind)| serde_json::to_string(&Event { t, host, kind }).unwrap() + "\n")
+            .collect();
+        text.push_str("not json\n");
+        std::fs::write(&f, text).unwrap();
+        let r = report_files(&[f], true, Some(&dir), None).unwrap();
+        assert_eq!((r.events, r.unparsed_lines, r.messages), (8, 1, 2));
+        assert_eq!(r.message_bytes, 5100);
+        assert_eq!(r.phases_us[0].median, 12);
+        assert_eq!(r.phases_us[2].median, 2);
+        assert_eq!(r.conservation.len(), 2);
+        assert!(r.conservation.iter().all(|c| c.dropped == 0));
+        assert!(dir.join("sizes.svg").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
