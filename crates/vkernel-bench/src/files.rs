@@ -230,7 +230,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Files
         .heading("(V I/O file server, FUSE mount, program loading) beside local files and sshfs");
     let block = c.pl.blocking();
-    let ((per_byte_us, _), _) = crate::kernel_ops::penalty_fit(block, n, c.warm, &[76, 4172])?;
+    // With blocking waits the wake-up noise can exceed the per-byte cost:
+    // a negative slope is read as "no measurable per-byte cost".
+    let ((per_byte_us, _), _) =
+        crate::kernel_ops::penalty_fit(block, n, c.warm, &[76, 1100, 4172, 8192])?;
+    let per_byte_us = per_byte_us.max(0.0);
     let kc = |peers: Vec<std::net::SocketAddr>| vkernel::KernelConfig {
         peers,
         spin: Duration::ZERO,
