@@ -15,8 +15,22 @@ fn durations(s: raw::Samples) -> Vec<Duration> {
         .collect()
 }
 
-fn summary(s: raw::Samples) -> Summary {
-    Summary::of(&mut durations(s))
+/// A peer's ping-pong: `(size, iters, warmup, wait, placement)`.
+type PingPong =
+    fn(usize, usize, usize, raw::Wait, raw::Placement) -> Result<raw::Samples, raw::BenchError>;
+
+/// Runs ping-pong `f` in mode `pl`; errors are prefixed with `what`.
+fn samples(
+    f: PingPong,
+    what: &str,
+    size: usize,
+    iters: usize,
+    warmup: usize,
+    pl: Mode,
+) -> Result<Vec<Duration>, String> {
+    f(size, iters, warmup, pl.wait, pl.cpus)
+        .map(durations)
+        .map_err(|e| format!("{what}: {e}"))
 }
 
 /// The round trips of [`udp_rtt`] themselves, for pooling over rounds.
@@ -26,39 +40,29 @@ pub fn udp_samples(
     warmup: usize,
     pl: Mode,
 ) -> Result<Vec<Duration>, String> {
-    raw::udp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
-        .map(durations)
-        .map_err(|e| format!("raw UDP: {e}"))
+    samples(raw::udp_pingpong, "raw UDP", size, iters, warmup, pl)
 }
 
 /// Round-trip time of `size`-byte UDP datagrams between two threads.
 pub fn udp_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
-    raw::udp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
-        .map(summary)
-        .map_err(|e| format!("raw UDP: {e}"))
+    udp_samples(size, iters, warmup, pl).map(|mut v| Summary::of(&mut v))
 }
 
 /// Round-trip time of `size`-byte messages over TCP (NODELAY) on loopback.
 pub fn tcp_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
-    raw::tcp_pingpong(size, iters, warmup, pl.wait, pl.cpus)
-        .map(summary)
-        .map_err(|e| format!("TCP: {e}"))
+    samples(raw::tcp_pingpong, "TCP", size, iters, warmup, pl).map(|mut v| Summary::of(&mut v))
 }
 
 /// Round-trip time of `size`-byte ZeroMQ REQ/REP messages (libzmq, TCP on
 /// loopback).
 pub fn zmq_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
-    raw::zmq_pingpong(size, iters, warmup, pl.wait, pl.cpus)
-        .map(summary)
-        .map_err(|e| format!("ZeroMQ: {e}"))
+    samples(raw::zmq_pingpong, "ZeroMQ", size, iters, warmup, pl).map(|mut v| Summary::of(&mut v))
 }
 
 /// Round-trip time of unary gRPC calls carrying `size` bytes (tonic; it
-/// always waits in its reactor, whatever the placement's waiting).
+/// always waits in its reactor, whatever the mode's waiting).
 pub fn grpc_rtt(size: usize, iters: usize, warmup: usize, pl: Mode) -> Result<Summary, String> {
-    raw::grpc_pingpong(size, iters, warmup, pl.wait, pl.cpus)
-        .map(summary)
-        .map_err(|e| format!("gRPC: {e}"))
+    samples(raw::grpc_pingpong, "gRPC", size, iters, warmup, pl).map(|mut v| Summary::of(&mut v))
 }
 
 /// A raw UDP blast's outcome.

@@ -71,6 +71,20 @@ fn legend<DB: DrawingBackend>(
     Ok(())
 }
 
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// A titled white canvas: the whole, the plot area and the legend column.
+fn canvas<'a>(path: &'a Path, title: &str) -> Result<(Area<'a>, Area<'a>, Area<'a>), String> {
+    let err = |e: &dyn std::fmt::Display| format!("chart {}: {e}", path.display());
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let inner = root
+        .titled(title, ("sans-serif", 20))
+        .map_err(|e| err(&e))?;
+    let (plot, side) = inner.split_horizontally(SIZE.0 - LEGEND_W);
+    Ok((root, plot, side))
+}
+
 /// Draws named series of (x, y) points as lines with markers; both axes on
 /// a log scale if `log` (all values must then be positive).
 pub fn lines(
@@ -96,12 +110,7 @@ pub fn lines(
     if log && (x0 <= 0.0 || y0 <= 0.0) {
         return Err(err(&"log scale needs positive values"));
     }
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root
-        .titled(title, ("sans-serif", 20))
-        .map_err(|e| err(&e))?;
-    let (plot, side) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let (root, plot, side) = canvas(path, title)?;
     let mut builder = ChartBuilder::on(&plot);
     builder
         .margin(12)
@@ -165,12 +174,7 @@ pub fn bars(
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.1))
         .fold(0.0f64, f64::max);
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root
-        .titled(title, ("sans-serif", 20))
-        .map_err(|e| err(&e))?;
-    let (plot, side) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let (root, plot, side) = canvas(path, title)?;
     let n = cats.len() as i32;
     let mut ch = ChartBuilder::on(&plot)
         .margin(12)

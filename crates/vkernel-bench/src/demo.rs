@@ -87,23 +87,13 @@ pub fn run(a: &Demo) -> Result<(), String> {
     let remote = Summary::of(&mut remote);
     row("remote Send-Receive-Reply", &remote, "");
     row("raw UDP round trip, 32 B (baseline)", &raw, "");
-    let pr = Summary::of(&mut vkbench::exchanges(
-        &kb,
-        spid,
-        Op::PageRead(4096),
-        n / 2,
-        warm,
-        pl,
-    )?);
+    let remote_op = |op| -> Result<Summary, String> {
+        let mut v = vkbench::exchanges(&kb, spid, op, n / 2, warm, pl)?;
+        Ok(Summary::of(&mut v))
+    };
+    let pr = remote_op(Op::PageRead(4096))?;
     row("remote 4 KiB page read (reply+segment)", &pr, "");
-    let pw = Summary::of(&mut vkbench::exchanges(
-        &kb,
-        spid,
-        Op::PageWrite(4096),
-        n / 2,
-        warm,
-        pl,
-    )?);
+    let pw = remote_op(Op::PageWrite(4096))?;
     row("remote 4 KiB page write (send+segment)", &pw, "");
     row("raw UDP round trip, 4172 B (baseline)", &raw4k, "");
     println!();
@@ -126,20 +116,15 @@ pub fn run(a: &Demo) -> Result<(), String> {
     let mb = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6;
     let to = vkbench::bulk(&kb, spid, a.bulk, true, pl)?;
     let from = vkbench::bulk(&kb, spid, a.bulk, false, pl)?;
-    println!(
-        "  {} MiB MoveTo:   {:8.1} MB/s  ({}), {:.2}× raw UDP blast",
-        a.bulk >> 20,
-        mb(to.bytes, to.elapsed),
-        if to.intact { "intact" } else { "CORRUPT" },
-        mb(to.bytes, to.elapsed) / blast.max(1e-9)
-    );
-    println!(
-        "  {} MiB MoveFrom: {:8.1} MB/s  ({}), {:.2}× raw UDP blast",
-        a.bulk >> 20,
-        mb(from.bytes, from.elapsed),
-        if from.intact { "intact" } else { "CORRUPT" },
-        mb(from.bytes, from.elapsed) / blast.max(1e-9)
-    );
+    for (what, r) in [("MoveTo:  ", &to), ("MoveFrom:", &from)] {
+        println!(
+            "  {} MiB {what} {:8.1} MB/s  ({}), {:.2}× raw UDP blast",
+            a.bulk >> 20,
+            mb(r.bytes, r.elapsed),
+            if r.intact { "intact" } else { "CORRUPT" },
+            mb(r.bytes, r.elapsed) / blast.max(1e-9)
+        );
+    }
     println!(
         "  raw UDP blast, {} B datagrams:  {:8.1} MB/s (baseline)",
         vkernel_proto::wire::MAX_DATAGRAM,
