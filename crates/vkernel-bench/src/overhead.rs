@@ -199,8 +199,8 @@ pub(crate) fn security(c: &mut Ctx) -> Result<Outcome, String> {
             moveto_ratio: Some(rb),
         });
     }
-    // The same move into memory never written: the first-touch cost that
-    // once made this column disagree with section 5's.
+    // The same move into memory never written: what the first-touch page
+    // faults add, printed so the two conditions are not confused.
     let (_, kb) = &setups.pairs[0].1;
     settle(c);
     let cold = vkbench::bulk_into(kb, setups.servers[0].0, bulk, true, c.pl, false)?;
