@@ -213,7 +213,7 @@ pub(crate) fn security(c: &mut Ctx) -> Result<Outcome, String> {
         _ => String::new(),
     };
     println!(
-        "  (MoveTo: one {} MiB move per round, after the other pairs' spinning threads went idle, into a buffer written beforehand — the conditions of section 5's image rows; {s5}the same move into never-written memory: {cold_mbps:.0} MB/s)",
+        "  (MoveTo: one {} MiB move per round, after the other pairs' spinning threads went idle, into a buffer written beforehand — the conditions of section 5's image rows; {s5}no key, into never-written memory: {cold_mbps:.0} MB/s — a fresh buffer's first-touch page faults fall inside the move)",
         bulk >> 20
     );
     let goals = vec![Goal::at_most(
