@@ -5,7 +5,7 @@
 //! Method: N timed iterations after a warm-up, medians and p99 (never
 //! means), clock overhead subtracted from each sample, CPU per operation
 //! from each side's thread CPU clock in a separate pass with blocking
-//! waits (median of batches). Ratios are only meaningful within one run.
+//! waits and both threads on one CPU (median of batches). Ratios are only meaningful within one run.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -254,7 +254,7 @@ pub fn run(o: &Options) -> Result<Report, String> {
         pl.describe()
     );
     println!(
-        "client/server columns: CPU µs per operation from each thread's CPU clock, in a separate pass with blocking waits on both sides (median of {} batches)",
+        "client/server columns: CPU µs per operation from each thread's CPU clock, in a separate pass with blocking waits, both threads on CPU 0 (median of {} batches)",
         vkbench::CPU_BATCHES
     );
     println!("papers' figures are ms on 1983/1985 hardware; today's are µs unless marked");

@@ -68,12 +68,15 @@ const SEQ_READ: u32 = 0x48;
 const ECHO_SEG: u32 = 0x49;
 /// Set the server's spin budget to w1 µs (0: always block).
 const SPIN: u32 = 0x4a;
+/// Pin the server thread to CPU w1 − 1 (w1 = 0: back to where it started).
+const PIN: u32 = 0x4b;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
 fn server(p: Process, pl: Mode) {
     pl.pin(1);
-    // The placement, not the host's default, decides how this server waits.
+    let home = vkernel_peers::placement::current_affinity();
+    // The mode, not the host's default, decides how this server waits.
     p.set_spin(pl.spin_budget());
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];
@@ -155,6 +158,15 @@ fn server(p: Process, pl: Mode) {
             }
             SPIN => {
                 p.set_spin(Duration::from_micros(u64::from(m.0[1])));
+                p.reply(&m, i.from)
+            }
+            PIN => {
+                // Best effort: an unpinnable server only widens the spread.
+                let _ = match (m.0[1], &home) {
+                    (0, Ok(cpus)) => vkernel_peers::placement::set_current_affinity(cpus),
+                    (0, Err(_)) => Ok(()),
+                    (c, _) => vkernel_peers::placement::pin_current_thread(c as usize - 1),
+                };
                 p.reply(&m, i.from)
             }
             CPU => {
@@ -243,8 +255,22 @@ pub struct Timed {
 }
 
 fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> {
-    let mut m = Message::with_code(SPIN);
-    m.0[1] = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    server_call(
+        c,
+        server,
+        SPIN,
+        u32::try_from(d.as_micros()).unwrap_or(u32::MAX),
+    )
+}
+
+/// Pins the server to `cpu`, or (None) returns it to where it started.
+fn pin_server(c: &Process, server: Pid, cpu: Option<usize>) -> Result<(), String> {
+    server_call(c, server, PIN, cpu.map_or(0, |c| c as u32 + 1))
+}
+
+fn server_call(c: &Process, server: Pid, code: u32, arg: u32) -> Result<(), String> {
+    let mut m = Message::with_code(code);
+    m.0[1] = arg;
     c.send(&mut m, server).map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -255,9 +281,11 @@ fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> 
 /// Elapsed times use the mode's waiting. CPU is measured in a separate pass
 /// in which both sides block while they wait: under busy-polling every
 /// thread burns its whole wall time, which would say nothing about the work
-/// an operation costs. The pass runs [`CPU_BATCHES`] batches of at least
-/// 200 operations (a CPU clock reads in ~µs steps on some kernels) after a
-/// warm-up, and keeps the median batch of each side.
+/// an operation costs. Both threads run on CPU 0 for the pass: a wake-up
+/// across CPUs costs an interrupt (in a VM, an exit) several times the
+/// work of a small exchange, and where an unpinned scheduler puts the two
+/// threads would decide the figure. The pass runs [`CPU_BATCHES`] batches
+/// of at least 200 operations after a warm-up and keeps the median batch.
 pub fn timed(
     client_kernel: &Kernel,
     server_pid: Pid,
@@ -281,10 +309,15 @@ pub fn timed(
     };
     c.set_spin(Duration::ZERO);
     set_server_spin(&c, server_pid, Duration::ZERO)?;
-    let (r, c) = pl.run_as(0, move || {
+    pin_server(&c, server_pid, Some(0))?;
+    let one_cpu = Mode {
+        cpus: vkernel_peers::Placement::pinned(0, 0),
+        ..pl.blocking()
+    };
+    let (r, c) = one_cpu.run_as(0, move || {
         c.set_spin(Duration::ZERO);
         let r = (|| -> Result<Vec<(Duration, Duration)>, String> {
-            run_ops(&c, server_pid, op, 0, warmup.min(batch))?;
+            run_ops(&c, server_pid, op, 0, warmup.max(batch))?;
             let mut per = Vec::with_capacity(CPU_BATCHES);
             for _ in 0..CPU_BATCHES {
                 let s0 = server_cpu(&c, server_pid)?;
@@ -297,6 +330,7 @@ pub fn timed(
         })();
         (r, c)
     });
+    pin_server(&c, server_pid, None)?;
     set_server_spin(&c, server_pid, pl.spin_budget())?;
     let per = r?;
     let mut cl: Vec<Duration> = per.iter().map(|p| p.0).collect();
