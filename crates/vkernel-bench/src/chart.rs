@@ -146,7 +146,10 @@ pub fn lines(
             .map_err(|e| err(&e))?);
     } else {
         draw!(builder
-            .build_cartesian_2d(x0..x1.max(x0 + 1.0), 0.0..(y1 * 1.1).max(1e-9))
+            .build_cartesian_2d(
+                x0..if x1 > x0 { x1 } else { x0 + 1.0 },
+                0.0..(y1 * 1.1).max(1e-9)
+            )
             .map_err(|e| err(&e))?);
     }
     legend(&side, &names).map_err(|e| err(&e))?;
