@@ -344,6 +344,14 @@ pub fn timed(
     })
 }
 
+/// How a request lends its segment.
+#[derive(Clone, Copy)]
+enum Lend {
+    Read,
+    Write,
+    ReadWrite,
+}
+
 fn run_ops(
     c: &Process,
     server_pid: Pid,
@@ -357,47 +365,37 @@ fn run_ops(
     };
     let mut buf = vec![0x5au8; size];
     let mut out = Vec::with_capacity(iters);
+    // The request (code, words 1–2) and the segment lent with it.
+    let (code, w1, w2, lend, len) = match op {
+        Op::Null => (1, 0, 0, None, 0),
+        Op::PageWrite(n) => (PAGE_WRITE, 0, 0, Some(Lend::Read), n),
+        Op::PageRead(n) => (PAGE_READ, n as u32, 0, Some(Lend::Write), n),
+        Op::SeqRead { n, delay_us } => (SEQ_READ, n as u32, delay_us, Some(Lend::Write), n),
+        Op::ThothWrite(n) | Op::MoveFrom(n) => (PULL_N, n as u32, 0, Some(Lend::Read), n),
+        Op::Echo(n) => (ECHO_SEG, 0, 0, Some(Lend::ReadWrite), n),
+        Op::MoveTo(n) => (PUSH_N, n as u32, 0, Some(Lend::Write), n),
+        Op::Load { total, unit } => (LOAD, unit as u32, 0, Some(Lend::Write), total),
+    };
+    let mut request = Message::with_code(code);
+    request.0[1] = w1;
+    request.0[2] = w2;
+    // The page is not appended: the server fetches it with MoveFrom.
+    request.set_flag(
+        vkernel_proto::message::NO_APPEND,
+        matches!(op, Op::ThothWrite(_) | Op::MoveFrom(_)),
+    );
     let cpu0 = vkernel::sys::thread_cpu_time();
     for k in 0..warmup + iters {
-        let mut m = Message::with_code(1);
+        let mut m = request;
         let t = Instant::now();
-        let r = match op {
-            Op::Null => c.send(&mut m, server_pid),
-            Op::PageWrite(n) => {
-                m.set_code(PAGE_WRITE);
-                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
+        let r = match lend {
+            None => c.send(&mut m, server_pid),
+            Some(Lend::Read) => c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..len])),
+            Some(Lend::Write) => {
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..len]))
             }
-            Op::PageRead(n) => {
-                m.set_code(PAGE_READ);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::SeqRead { n, delay_us } => {
-                m.set_code(SEQ_READ);
-                m.0[1] = n as u32;
-                m.0[2] = delay_us;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::ThothWrite(n) | Op::MoveFrom(n) => {
-                // The page is not appended: the server fetches it with MoveFrom.
-                m.set_code(PULL_N);
-                m.set_flag(vkernel_proto::message::NO_APPEND, true);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
-            }
-            Op::Echo(n) => {
-                m.set_code(ECHO_SEG);
-                c.send_with_segment(&mut m, server_pid, Segment::ReadWrite(&mut buf[..n]))
-            }
-            Op::MoveTo(n) => {
-                m.set_code(PUSH_N);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::Load { total, unit } => {
-                m.set_code(LOAD);
-                m.0[1] = unit as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..total]))
+            Some(Lend::ReadWrite) => {
+                c.send_with_segment(&mut m, server_pid, Segment::ReadWrite(&mut buf[..len]))
             }
         };
         let dt = crate::stats::sample(t);

@@ -98,20 +98,32 @@ pub struct Exchange {
 
 /// Packet types as named in traces ([`PacketType`]'s variants, or `?`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[allow(missing_docs)]
 pub enum Packet {
+    /// [`PacketType::LogicalHostRequest`].
     LogicalHostRequest,
+    /// [`PacketType::LogicalHostComplaint`].
     LogicalHostComplaint,
+    /// [`PacketType::RemoteSend`].
     RemoteSend,
+    /// [`PacketType::RemoteReply`].
     RemoteReply,
+    /// [`PacketType::RemoteForward`].
     RemoteForward,
+    /// [`PacketType::NAck`].
     NAck,
+    /// [`PacketType::ReplyPending`].
     ReplyPending,
+    /// [`PacketType::RemoteGetPid`].
     RemoteGetPid,
+    /// [`PacketType::RemoteGetPidReply`].
     RemoteGetPidReply,
+    /// [`PacketType::MoveToRequest`].
     MoveToRequest,
+    /// [`PacketType::MoveToReply`].
     MoveToReply,
+    /// [`PacketType::MoveFromRequest`].
     MoveFromRequest,
+    /// [`PacketType::MoveFromReply`].
     MoveFromReply,
     /// A type byte this build does not know.
     #[serde(rename = "?")]
