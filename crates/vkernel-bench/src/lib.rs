@@ -1,72 +1,68 @@
-//! Raw baselines for vkernel's measurements.
+//! The vkernel measurement suite behind `vkernel bench`: the V papers'
+//! tables measured on this machine with the published figures beside
+//! today's, the peers a user would pick instead (raw UDP, TCP, ZeroMQ, gRPC
+//! from `vkernel-peers`) measured in the same run and [`Mode`], a typed
+//! JSON [`Report`], SVG charts, and the analysis of message traces.
 //!
-//! The papers compare each kernel operation with the *network penalty*: the
-//! time to move n bytes memory to memory in one datagram, with no protocol
-//! and no process switch (spec 1 §4). On Linux the nearest equivalents are a
-//! bare UDP exchange and a bare UDP stream between two threads, plus TCP as
-//! the peer most users would pick instead (spec 5). This crate measures them
-//! in the same run, with the same thread [`Placement`] and the same waiting
-//! strategy ([`Wait`]) as the vkernel
-//! measurements they sit beside.
+//! - [`section`]: [`Section`] (number, title, run), [`Options`], [`run`].
+//! - [`report`]: the report's serde structs, [`Goal`]s checked with ✓/✗.
+//! - [`mode`]: [`Mode`] = CPU [`vkernel_peers::Placement`] + [`vkernel_peers::Wait`].
+//! - [`vkbench`]: vkernel's side (host pairs, the exchange server, timed ops).
+//! - [`demo`]: `vkernel demo`, a one-screen tour with raw UDP beside it.
+//! - [`baseline`]: the peers called with the same mode and summarized alike.
+//! - [`echo`]: the echo server and ping's timed exchanges.
+//! - [`hoststats`]: the rows of `vkernel stats`.
+//! - [`trace`]: `vkernel trace report` (sizes, matrix, rates, phases,
+//!   conservation, Chrome export) over [`vkernel::trace::Event`]s.
+//! - One file per group of sections: `kernel_ops` (1–4), `loading` (5–6),
+//!   `peers` (7–8), `overhead` (9, 12), `disk` (10), `files` (11).
 //!
-//! Everything runs on loopback (`127.0.0.1` or `::1`) between threads of the
-//! calling process. Every receive has a timeout and every loop is bounded in
-//! count and time: a run that stalls returns [`BenchError`], it never hangs.
-//!
-//! - [`stats`] module: [`Samples`], [`Summary`], [`linear_fit`].
-//! - [`placement`] module: CPU pinning ([`Placement`]) and the waiting
-//!   strategy ([`Wait`]).
-//! - [`udp`] module: [`udp_pingpong`] and [`udp_blast`].
-//! - [`tcp`] module: [`tcp_pingpong`].
-//! - [`zmqpeer`] module: [`zmq_pingpong`] (ZeroMQ REQ/REP through libzmq).
-//! - [`grpcpeer`] module: [`grpc_pingpong`] (gRPC unary through tonic).
-//!
-//! All four ping-pongs share one shape, `(size, iters, warmup, wait,
-//! placement) -> Result<Samples, BenchError>`, so a bench calls them at the
-//! same sizes, counts and placement (`examples/peers.rs` prints their
-//! medians side by side). gRPC cannot busy-poll: tonic waits in tokio's
-//! reactor whatever [`Wait`] is passed.
-//!
-//! ## System dependencies
-//!
-//! The ZeroMQ peer runs the real libzmq: the `zmq` crate links the system
-//! library found through pkg-config (Debian `libzmq3-dev`, `pkg-config`).
-//! The gRPC peer's service is generated at build time (`build.rs`) by
-//! `tonic-build` from `proto/echo.proto`, which runs `protoc` (Debian
-//! `protobuf-compiler`). Generating from the `.proto` keeps the service
-//! exactly what any gRPC user would write, with the stock tonic codec and
-//! prost message, rather than a hand-written imitation; the price is the
-//! `protoc` build dependency, which `.ci/deps` installs.
+//! To add a section: a [`Section`] variant with its number, title and `run`
+//! arm, a function returning its report struct (added to [`report`]), and
+//! a line in `vkernel bench --help`'s section list.
 
-#![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 
-mod error;
-pub mod grpcpeer;
-mod net;
-pub mod placement;
+pub mod baseline;
+pub mod chart;
+pub mod demo;
+mod disk;
+pub mod echo;
+mod files;
+pub mod hoststats;
+mod kernel_ops;
+mod loading;
+pub mod mode;
+mod overhead;
+pub mod paper;
+mod peers;
+pub mod report;
+pub mod section;
 pub mod stats;
-pub mod tcp;
-pub mod udp;
-pub mod zmqpeer;
+pub mod trace;
+pub mod vkbench;
 
-pub use error::BenchError;
-pub use grpcpeer::{grpc_pingpong, MAX_GRPC_PAYLOAD};
-pub use net::{set_socket_buffers, SocketBuffers, DEFAULT_SOCKET_BUFFER, RECV_TIMEOUT};
-pub use placement::{Placement, Wait};
-pub use stats::{linear_fit, Samples, Summary};
-pub use tcp::{tcp_pingpong, tcp_pingpong_at};
-pub use udp::{
-    udp_blast, udp_blast_with, udp_pingpong, udp_pingpong_at, BlastConfig, Throughput,
-    MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6,
-};
-pub use zmqpeer::{zmq_pingpong, MAX_ZMQ_MESSAGE};
+pub use mode::Mode;
+pub use report::{Goal, Report};
+pub use section::{run, Options, Section};
+pub use stats::Summary;
 
-/// Serializes the tests that move data between threads, so busy-polling
-/// runs do not compete for the same CPUs.
-#[cfg(test)]
-pub(crate) fn net_test_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// A short description of a fault configuration.
+pub fn describe_faults(f: &vkernel::FaultConfig) -> String {
+    let mut v = Vec::new();
+    for (name, r) in [
+        ("loss", f.loss),
+        ("dup", f.duplicate),
+        ("reorder", f.reorder),
+        ("delay", f.delay_rate),
+    ] {
+        if r > 0.0 {
+            v.push(format!("{name} {:.0}%", r * 100.0));
+        }
+    }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
 }

@@ -2,74 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use vkernel::{IpcError, Kernel, Message, Process, Scope};
+use vkernel::{Kernel, Scope};
+use vkernel_bench::echo::serve;
 
 use crate::hostopts::{logical_id, service_group, HostOpts};
-
-/// Request code of an echo exchange.
-pub const ECHO: u32 = 0x0e_c400;
-/// Request code of a bulk echo: the server MoveFroms the whole segment,
-/// flips every byte (XOR 0xff) and MoveTos it back before replying.
-pub const ECHO_BULK: u32 = 0x0e_c401;
-
-/// Largest segment a bulk echo accepts.
-pub const MAX_BULK: usize = 256 << 20;
-
-/// Serves echo requests until the host shuts down: the message comes back
-/// unchanged, and a read+write segment's first part is returned with the reply.
-pub fn serve(p: Process) {
-    let mut m = Message::zero();
-    let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
-    loop {
-        let i = match p.receive_with_segment(&mut m, &mut buf) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(_) => continue,
-        };
-        let access = m.seg_access();
-        if m.code() == ECHO_BULK {
-            // A failed move still gets an answer (word 1 = u32::MAX): an
-            // unanswered Send would wait on replyPending forever.
-            match bulk(&p, &mut m, i.from) {
-                Ok(()) => {}
-                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-                Err(e) => {
-                    tracing::debug!("bulk echo for {}: {e}", i.from);
-                    m.0[1] = u32::MAX;
-                }
-            }
-            if let Err(e) = p.reply(&m, i.from) {
-                tracing::debug!("bulk echo reply to {}: {e}", i.from);
-            }
-            continue;
-        }
-        let r = if m.code() == ECHO && access.write && i.seg_bytes > 0 {
-            p.reply_with_segment(&m, i.from, 0, &buf[..i.seg_bytes])
-        } else {
-            p.reply(&m, i.from)
-        };
-        if let Err(e) = r {
-            tracing::debug!("echo reply to {}: {e}", i.from);
-        }
-    }
-}
-
-fn bulk(p: &Process, m: &mut Message, from: vkernel::Pid) -> Result<(), IpcError> {
-    let n = m.seg_len() as usize;
-    let a = m.seg_access();
-    if !(a.read && a.write) || n > MAX_BULK {
-        m.0[1] = u32::MAX;
-        return Ok(());
-    }
-    let mut data = vec![0u8; n];
-    p.move_from(from, 0, &mut data)?;
-    for b in &mut data {
-        *b ^= 0xff;
-    }
-    p.move_to(from, 0, &data)?;
-    m.0[1] = n as u32;
-    Ok(())
-}
 
 /// Arguments of `vkernel echo`.
 #[derive(clap::Args, Debug)]

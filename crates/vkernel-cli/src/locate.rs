@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use vkernel::{GroupMode, Kernel, Message, Pid};
 
-use crate::echo::ECHO;
 use crate::hostopts::{service_group, HostOpts};
+use vkernel_bench::echo::ECHO;
 
 /// Arguments of `vkernel locate`.
 #[derive(clap::Args, Debug)]

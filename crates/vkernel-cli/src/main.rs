@@ -1,24 +1,18 @@
 //! The `vkernel` command.
 
-mod baseline;
 mod bench;
-mod chart;
 mod demo;
 mod disk;
 mod echo;
 mod fileserver;
-mod fsbench;
 mod hostopts;
 mod locate;
 mod mount;
 mod nbd;
-mod paper;
 mod ping;
-mod stats;
 mod statscmd;
 mod team;
 mod tracecmd;
-mod vkbench;
 
 use clap::{Parser, Subcommand};
 
@@ -112,8 +106,8 @@ fn main() {
             Err(e) => Err(e),
         },
         Some(Cmd::Demo(a)) => demo::run(a),
-        Some(Cmd::Bench(a)) => bench::run(a),
-        None => bench::run(bench::BenchArgs::default()),
+        Some(Cmd::Bench(a)) => bench::run(Some(a)),
+        None => bench::run(None),
     };
     if let Err(e) = r {
         eprintln!("vkernel: {e}");

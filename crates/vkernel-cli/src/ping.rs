@@ -2,11 +2,10 @@
 
 use std::time::Instant;
 
-use vkernel::{Kernel, Message, Pid, Scope, Segment};
+use vkernel::{Kernel, Pid, Scope};
 
-use crate::echo::{ECHO, ECHO_BULK, MAX_BULK};
 use crate::hostopts::{auth_hint, logical_id, HostOpts};
-use crate::stats::Summary;
+use vkernel_bench::echo::{time_exchanges, Timing, MAX_BULK};
 
 /// Arguments of `vkernel ping`.
 #[derive(clap::Args, Debug)]
@@ -99,60 +98,15 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    let seg_len = a.bulk.unwrap_or(a.size - 32);
-    let out: Vec<u8> = (0..seg_len).map(|i| (i * 7 + 3) as u8).collect();
-    let inverted: Vec<u8> = out.iter().map(|b| b ^ 0xff).collect();
-    let mut buf = out.clone();
-    let mut samples = Vec::with_capacity(a.count);
-    let mut failures = 0usize;
-    let mut last_err = None;
-    let started = Instant::now();
-    for i in 0..a.warmup + a.count {
-        let mut m = Message::with_code(ECHO);
-        m.0[1] = i as u32;
-        let t0 = Instant::now();
-        let r = if a.bulk.is_some() {
-            m.set_code(ECHO_BULK);
-            buf.copy_from_slice(&out);
-            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
-        } else if seg_len > 0 {
-            buf.copy_from_slice(&out);
-            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
-        } else {
-            p.send(&mut m, server)
-        };
-        let dt = t0.elapsed();
-        let ok = match r {
-            Ok(_) if a.bulk.is_some() && m.0[1] == u32::MAX && a.stop_on_error => {
-                return Err(format!(
-                    "exchange {i} failed after {:.0} ms: the server's move failed",
-                    dt.as_secs_f64() * 1e3
-                ));
-            }
-            Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
-            Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
-            Err(e) => {
-                if a.stop_on_error {
-                    return Err(format!(
-                        "exchange {i} failed after {:.0} ms: {e}{}",
-                        dt.as_secs_f64() * 1e3,
-                        auth_hint(&k)
-                    ));
-                }
-                last_err = Some(e);
-                false
-            }
-        };
-        if i >= a.warmup {
-            if ok {
-                samples.push(dt);
-            } else {
-                failures += 1;
-            }
-        }
-    }
-    let elapsed = started.elapsed();
-    let s = Summary::of(&mut samples);
+    let t = Timing {
+        count: a.count,
+        warmup: a.warmup,
+        size: a.size,
+        bulk: a.bulk,
+        stop_on_error: a.stop_on_error,
+    };
+    let (s, failures, last_err, elapsed) =
+        time_exchanges(&p, server, &t).map_err(|e| format!("{e}{}", auth_hint(&k)))?;
     let st = k.stats();
     let waits = p.wait_counts();
     if a.json {
@@ -164,20 +118,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         });
         println!("{j}");
     } else {
-        match a.bulk {
-            Some(b) => {
-                let mbps = b as f64 * 2.0 / (s.median_us.max(1e-9) * 1e-6) / 1e6;
-                println!(
-                    "{} bulk exchanges of {} bytes (MoveFrom + MoveTo): {}  failures {}",
-                    a.count, b, s, failures
-                );
-                println!("  {mbps:.1} MB/s moved at the median");
-            }
-            None => println!(
-                "{} exchanges of {} bytes: {}  failures {}",
-                a.count, a.size, s, failures
-            ),
-        }
+        println!("{}", t.describe(&s, failures));
         println!(
             "  {:.0} exchanges/s; retransmissions {} ({} requests, {} bulk chunks); wait: {} ({} waits blocked, {} did not)",
             (a.warmup + a.count) as f64 / elapsed.as_secs_f64().max(1e-9),

@@ -34,7 +34,7 @@ pub mod net;
 mod process;
 mod spin;
 pub mod sys;
-mod trace;
+pub mod trace;
 mod waiter;
 
 pub use kernel::{Kernel, KernelConfig, KernelError};

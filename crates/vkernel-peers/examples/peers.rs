@@ -2,7 +2,7 @@
 //! with the same placement and waiting for each.
 //!
 //! ```sh
-//! cargo run --release -p vkernel-bench --example peers -- [block|spin] [iters]
+//! cargo run --release -p vkernel-peers --example peers -- [block|spin] [iters]
 //! ```
 //!
 //! Threads are pinned to the first two allowed CPUs ([`Placement::spread`]).
@@ -11,7 +11,7 @@
 
 use std::error::Error;
 
-use vkernel_bench::{
+use vkernel_peers::{
     grpc_pingpong, tcp_pingpong, udp_pingpong, zmq_pingpong, BenchError, Placement, Samples, Wait,
 };
 

@@ -102,16 +102,27 @@ const SETSIZE: usize = libc::CPU_SETSIZE as usize;
 ///
 /// Fails if `cpu` is beyond `CPU_SETSIZE` or not available to this process.
 pub fn pin_current_thread(cpu: usize) -> Result<(), BenchError> {
+    set_current_affinity(&[cpu])
+}
+
+/// Lets the calling thread run on exactly `cpus` (sched_setaffinity on
+/// this thread), e.g. to restore what [`current_affinity`] returned.
+///
+/// Fails if a CPU is beyond `CPU_SETSIZE` or none is available.
+pub fn set_current_affinity(cpus: &[usize]) -> Result<(), BenchError> {
+    let cpu = cpus.first().copied().unwrap_or(SETSIZE);
     let pin_err = |source| BenchError::Pin { cpu, source };
-    if cpu >= SETSIZE {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= SETSIZE) {
         return Err(pin_err(io::Error::from(io::ErrorKind::InvalidInput)));
     }
     // SAFETY: cpu_set_t is a plain bit array; all-zero bytes is the valid
     // empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu < CPU_SETSIZE` was checked above, so CPU_SET writes a
-    // bit inside `set`, which we own mutably.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &c in cpus {
+        // SAFETY: every `c < CPU_SETSIZE` was checked above, so CPU_SET
+        // writes a bit inside `set`, which we own mutably.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
     // SAFETY: `set` is a valid, initialised cpu_set_t and the size passed is
     // exactly its size; pid 0 means the calling thread. The kernel only
     // reads from the pointer.

@@ -186,7 +186,7 @@ mod tests {
     fn sane(s: &Samples, n: usize) {
         assert_eq!(s.n(), n);
         let sum = s.summary().expect("samples");
-        assert!(sum.min_ns > 0 && sum.min_ns <= sum.median_ns && sum.median_ns <= sum.p99_ns);
+        assert!(sum.min_us > 0.0 && sum.min_us <= sum.median_us && sum.median_us <= sum.p99_us);
     }
 
     #[test]

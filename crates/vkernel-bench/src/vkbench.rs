@@ -5,67 +5,10 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::Mode;
 use vkernel::{FaultConfig, IpcError, Kernel, KernelConfig, Message, Pid, Process, Segment};
 
-/// How threads are placed and how they wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Placement {
-    /// Pin the client to CPU 0 and the server to CPU 1.
-    pub pinned: bool,
-    /// Busy-poll (true) or block after a short spin (false).
-    pub spin: bool,
-}
-
-impl Placement {
-    /// The kernel spin budget this placement implies.
-    pub fn spin_budget(&self) -> Duration {
-        if self.spin {
-            // Long enough to cover any exchange; an idle server then blocks.
-            Duration::from_millis(100)
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    /// Pins the calling thread as a client (0) or server (1).
-    pub fn pin(&self, role: usize) {
-        if self.pinned {
-            let _ = vkernel::sys::pin_to_cpu(role % vkernel::sys::online_cpus());
-        }
-    }
-
-    /// Runs `f` on a new thread placed as `role`, so the caller's own
-    /// affinity (inherited by threads it starts later) is never changed.
-    pub fn run_as<T: Send>(&self, role: usize, f: impl FnOnce() -> T + Send) -> T {
-        thread::scope(|s| {
-            s.spawn(|| {
-                self.pin(role);
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-
-    /// Human-readable description.
-    pub fn describe(&self) -> String {
-        format!(
-            "{}, {}",
-            if self.pinned {
-                "client on CPU 0, server on CPU 1"
-            } else {
-                "threads unpinned"
-            },
-            if self.spin {
-                "busy-poll waiting"
-            } else {
-                "blocking waits"
-            }
-        )
-    }
-}
-
-fn kcfg(pl: Placement) -> KernelConfig {
+fn kcfg(pl: Mode) -> KernelConfig {
     KernelConfig {
         spin: pl.spin_budget(),
         // A placement is a fixed waiting strategy, not a learned one.
@@ -75,13 +18,13 @@ fn kcfg(pl: Placement) -> KernelConfig {
 }
 
 /// Two logical hosts on loopback that know each other.
-pub fn host_pair(pl: Placement, faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
+pub fn host_pair(pl: Mode, faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
     host_pair_with(pl, faults, |_, _| {})
 }
 
 /// Like [`host_pair`]; `adjust(i, cfg)` changes host i's (0 or 1) settings.
 pub fn host_pair_with(
-    pl: Placement,
+    pl: Mode,
     faults: FaultConfig,
     adjust: impl Fn(usize, &mut KernelConfig),
 ) -> Result<(Kernel, Kernel), String> {
@@ -125,12 +68,15 @@ const SEQ_READ: u32 = 0x48;
 const ECHO_SEG: u32 = 0x49;
 /// Set the server's spin budget to w1 µs (0: always block).
 const SPIN: u32 = 0x4a;
+/// Pin the server thread to CPU w1 − 1 (w1 = 0: back to where it started).
+const PIN: u32 = 0x4b;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
-fn server(p: Process, pl: Placement) {
+fn server(p: Process, pl: Mode) {
     pl.pin(1);
-    // The placement, not the host's default, decides how this server waits.
+    let home = vkernel_peers::placement::current_affinity();
+    // The mode, not the host's default, decides how this server waits.
     p.set_spin(pl.spin_budget());
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];
@@ -214,6 +160,15 @@ fn server(p: Process, pl: Placement) {
                 p.set_spin(Duration::from_micros(u64::from(m.0[1])));
                 p.reply(&m, i.from)
             }
+            PIN => {
+                // Best effort: an unpinnable server only widens the spread.
+                let _ = match (m.0[1], &home) {
+                    (0, Ok(cpus)) => vkernel_peers::placement::set_current_affinity(cpus),
+                    (0, Err(_)) => Ok(()),
+                    (c, _) => vkernel_peers::placement::pin_current_thread(c as usize - 1),
+                };
+                p.reply(&m, i.from)
+            }
             CPU => {
                 let ns = vkernel::sys::thread_cpu_time().as_nanos() as u64;
                 m.0[1] = (ns >> 32) as u32;
@@ -227,7 +182,7 @@ fn server(p: Process, pl: Placement) {
 }
 
 /// A server process on `k` (spawned thread) and its pid.
-pub fn start_server(k: &Kernel, pl: Placement) -> Result<(Pid, thread::JoinHandle<()>), String> {
+pub fn start_server(k: &Kernel, pl: Mode) -> Result<(Pid, thread::JoinHandle<()>), String> {
     k.spawn("bench-server", move |p| server(p, pl))
         .map_err(|e| e.to_string())
 }
@@ -256,9 +211,19 @@ pub enum Op {
     /// MoveTo n bytes into the client's segment by the server.
     MoveTo(usize),
     /// Program load of `total` bytes by MoveTo in units of `unit` bytes.
-    Load { total: usize, unit: usize },
+    Load {
+        /// Image bytes.
+        total: usize,
+        /// Bytes per MoveTo.
+        unit: usize,
+    },
     /// Sequential page read of n bytes with a server delay of `delay_us`.
-    SeqRead { n: usize, delay_us: u32 },
+    SeqRead {
+        /// Page bytes.
+        n: usize,
+        /// Server delay after each reply.
+        delay_us: u32,
+    },
     /// A message of 32 + n bytes each way: n bytes appended to the request
     /// and returned with the reply.
     Echo(usize),
@@ -273,19 +238,39 @@ pub fn server_cpu(c: &Process, server: Pid) -> Result<Duration, String> {
     ))
 }
 
+/// Batches of the CPU pass; each batch reads both CPU clocks once, and
+/// the figure is the median batch (one slow wake-up spoils a batch, not
+/// the figure).
+pub const CPU_BATCHES: usize = 5;
+
 /// Per-operation timings plus the CPU both sides spent on them.
 pub struct Timed {
     /// Elapsed time of each operation.
     pub samples: Vec<Duration>,
-    /// Client thread CPU per operation, measured with blocking waits.
+    /// Client thread CPU per operation, measured with blocking waits
+    /// (median of [`CPU_BATCHES`] batches).
     pub client_cpu: Duration,
-    /// Server thread CPU per operation, measured with blocking waits.
+    /// Server thread CPU per operation, likewise.
     pub server_cpu: Duration,
 }
 
 fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> {
-    let mut m = Message::with_code(SPIN);
-    m.0[1] = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    server_call(
+        c,
+        server,
+        SPIN,
+        u32::try_from(d.as_micros()).unwrap_or(u32::MAX),
+    )
+}
+
+/// Pins the server to `cpu`, or (None) returns it to where it started.
+fn pin_server(c: &Process, server: Pid, cpu: Option<usize>) -> Result<(), String> {
+    server_call(c, server, PIN, cpu.map_or(0, |c| c as u32 + 1))
+}
+
+fn server_call(c: &Process, server: Pid, code: u32, arg: u32) -> Result<(), String> {
+    let mut m = Message::with_code(code);
+    m.0[1] = arg;
     c.send(&mut m, server).map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -293,17 +278,21 @@ fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> 
 /// Like [`exchanges`], also measuring both sides' CPU per operation (the
 /// modern form of the papers' busywork counter).
 ///
-/// Elapsed times use the placement's waiting. CPU is measured in a second,
-/// shorter pass in which both sides block while they wait: under busy-polling
-/// every thread burns its whole wall time, which would say nothing about
-/// the work an operation costs.
+/// Elapsed times use the mode's waiting. CPU is measured in a separate pass
+/// in which both sides block while they wait: under busy-polling every
+/// thread burns its whole wall time, which would say nothing about the work
+/// an operation costs. Both threads run on CPU 0 for the pass: a wake-up
+/// across CPUs costs an interrupt (in a VM, an exit) several times the
+/// work of a small exchange, and where an unpinned scheduler puts the two
+/// threads would decide the figure. The pass runs [`CPU_BATCHES`] batches
+/// of at least 200 operations after a warm-up and keeps the median batch.
 pub fn timed(
     client_kernel: &Kernel,
     server_pid: Pid,
     op: Op,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<Timed, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     let (r, c) = pl.run_as(0, move || {
@@ -311,25 +300,56 @@ pub fn timed(
         (r, c)
     });
     let (samples, _) = r?;
-    // CPU pass: blocking waits on both sides, then the placement's spin back.
-    let cpu_iters = (iters / 4).max(2);
+    // CPU pass: blocking waits on both sides, then the mode's spin back.
+    // Bulk operations (few iterations) keep their own count per batch.
+    let batch = if iters < 200 {
+        iters.max(1)
+    } else {
+        (iters / 4).max(200)
+    };
     c.set_spin(Duration::ZERO);
     set_server_spin(&c, server_pid, Duration::ZERO)?;
-    let s0 = server_cpu(&c, server_pid)?;
-    let (r, c) = pl.run_as(0, move || {
+    pin_server(&c, server_pid, Some(0))?;
+    let one_cpu = Mode {
+        cpus: vkernel_peers::Placement::pinned(0, 0),
+        ..pl.blocking()
+    };
+    let (r, c) = one_cpu.run_as(0, move || {
         c.set_spin(Duration::ZERO);
-        let r = run_ops(&c, server_pid, op, cpu_iters, 0);
+        let r = (|| -> Result<Vec<(Duration, Duration)>, String> {
+            run_ops(&c, server_pid, op, 0, warmup.max(batch))?;
+            let mut per = Vec::with_capacity(CPU_BATCHES);
+            for _ in 0..CPU_BATCHES {
+                let s0 = server_cpu(&c, server_pid)?;
+                let (_, client) = run_ops(&c, server_pid, op, batch, 0)?;
+                let s1 = server_cpu(&c, server_pid)?;
+                let n = batch as u32;
+                per.push((client / n, s1.saturating_sub(s0) / n));
+            }
+            Ok(per)
+        })();
         (r, c)
     });
-    let s1 = server_cpu(&c, server_pid)?;
+    pin_server(&c, server_pid, None)?;
     set_server_spin(&c, server_pid, pl.spin_budget())?;
-    let (_, client) = r?;
-    let total = cpu_iters as u32;
+    let per = r?;
+    let mut cl: Vec<Duration> = per.iter().map(|p| p.0).collect();
+    let mut sv: Vec<Duration> = per.iter().map(|p| p.1).collect();
+    cl.sort_unstable();
+    sv.sort_unstable();
     Ok(Timed {
         samples,
-        client_cpu: client / total,
-        server_cpu: s1.saturating_sub(s0) / total,
+        client_cpu: cl[cl.len() / 2],
+        server_cpu: sv[sv.len() / 2],
     })
+}
+
+/// How a request lends its segment.
+#[derive(Clone, Copy)]
+enum Lend {
+    Read,
+    Write,
+    ReadWrite,
 }
 
 fn run_ops(
@@ -345,47 +365,37 @@ fn run_ops(
     };
     let mut buf = vec![0x5au8; size];
     let mut out = Vec::with_capacity(iters);
+    // The request (code, words 1–2) and the segment lent with it.
+    let (code, w1, w2, lend, len) = match op {
+        Op::Null => (1, 0, 0, None, 0),
+        Op::PageWrite(n) => (PAGE_WRITE, 0, 0, Some(Lend::Read), n),
+        Op::PageRead(n) => (PAGE_READ, n as u32, 0, Some(Lend::Write), n),
+        Op::SeqRead { n, delay_us } => (SEQ_READ, n as u32, delay_us, Some(Lend::Write), n),
+        Op::ThothWrite(n) | Op::MoveFrom(n) => (PULL_N, n as u32, 0, Some(Lend::Read), n),
+        Op::Echo(n) => (ECHO_SEG, 0, 0, Some(Lend::ReadWrite), n),
+        Op::MoveTo(n) => (PUSH_N, n as u32, 0, Some(Lend::Write), n),
+        Op::Load { total, unit } => (LOAD, unit as u32, 0, Some(Lend::Write), total),
+    };
+    let mut request = Message::with_code(code);
+    request.0[1] = w1;
+    request.0[2] = w2;
+    // The page is not appended: the server fetches it with MoveFrom.
+    request.set_flag(
+        vkernel_proto::message::NO_APPEND,
+        matches!(op, Op::ThothWrite(_) | Op::MoveFrom(_)),
+    );
     let cpu0 = vkernel::sys::thread_cpu_time();
     for k in 0..warmup + iters {
-        let mut m = Message::with_code(1);
+        let mut m = request;
         let t = Instant::now();
-        let r = match op {
-            Op::Null => c.send(&mut m, server_pid),
-            Op::PageWrite(n) => {
-                m.set_code(PAGE_WRITE);
-                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
+        let r = match lend {
+            None => c.send(&mut m, server_pid),
+            Some(Lend::Read) => c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..len])),
+            Some(Lend::Write) => {
+                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..len]))
             }
-            Op::PageRead(n) => {
-                m.set_code(PAGE_READ);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::SeqRead { n, delay_us } => {
-                m.set_code(SEQ_READ);
-                m.0[1] = n as u32;
-                m.0[2] = delay_us;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::ThothWrite(n) | Op::MoveFrom(n) => {
-                // The page is not appended: the server fetches it with MoveFrom.
-                m.set_code(PULL_N);
-                m.set_flag(vkernel_proto::message::NO_APPEND, true);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Read(&buf[..n]))
-            }
-            Op::Echo(n) => {
-                m.set_code(ECHO_SEG);
-                c.send_with_segment(&mut m, server_pid, Segment::ReadWrite(&mut buf[..n]))
-            }
-            Op::MoveTo(n) => {
-                m.set_code(PUSH_N);
-                m.0[1] = n as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..n]))
-            }
-            Op::Load { total, unit } => {
-                m.set_code(LOAD);
-                m.0[1] = unit as u32;
-                c.send_with_segment(&mut m, server_pid, Segment::Write(&mut buf[..total]))
+            Some(Lend::ReadWrite) => {
+                c.send_with_segment(&mut m, server_pid, Segment::ReadWrite(&mut buf[..len]))
             }
         };
         let dt = crate::stats::sample(t);
@@ -404,7 +414,7 @@ pub fn exchanges(
     op: Op,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<Vec<Duration>, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || run_ops(&c, server_pid, op, iters, warmup))
@@ -412,7 +422,7 @@ pub fn exchanges(
 }
 
 /// Times the GetTime null kernel operation (per call).
-pub fn get_time(k: &Kernel, iters: usize, pl: Placement) -> Result<Vec<Duration>, String> {
+pub fn get_time(k: &Kernel, iters: usize, pl: Mode) -> Result<Vec<Duration>, String> {
     let p = k.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {
         let batch = 100;
@@ -439,20 +449,39 @@ pub struct BulkRun {
     pub intact: bool,
 }
 
-/// One MoveTo (`to = true`) or MoveFrom of `bytes` between two hosts.
+/// One MoveTo (`to = true`) or MoveFrom of `bytes` between two hosts, the
+/// client's segment written before the move.
 pub fn bulk(
     client_kernel: &Kernel,
     server_pid: Pid,
     bytes: usize,
     to: bool,
-    pl: Placement,
+    pl: Mode,
+) -> Result<BulkRun, String> {
+    bulk_into(client_kernel, server_pid, bytes, to, pl, true)
+}
+
+/// Like [`bulk`]; with `touched = false` a MoveTo lands in freshly
+/// allocated memory never written, so the move also pays the kernel's
+/// first-touch page faults (what a program reading into a new buffer pays).
+pub fn bulk_into(
+    client_kernel: &Kernel,
+    server_pid: Pid,
+    bytes: usize,
+    to: bool,
+    pl: Mode,
+    touched: bool,
 ) -> Result<BulkRun, String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {
         let expect: Vec<u8> = (0..bytes)
             .map(|k| (k as u32).wrapping_mul(2654435761) as u8)
             .collect();
-        let mut seg = if to { vec![0u8; bytes] } else { expect.clone() };
+        let mut seg = match (to, touched) {
+            (false, _) => expect.clone(),
+            (true, true) => vec![0xa5u8; bytes],
+            (true, false) => vec![0u8; bytes],
+        };
         let mut m = Message::with_code(if to { MOVE_TO } else { MOVE_FROM });
         let r: Result<_, IpcError> = if to {
             c.send_with_segment(&mut m, server_pid, Segment::Write(&mut seg))
@@ -493,7 +522,7 @@ pub fn group_sends(
     gather: usize,
     iters: usize,
     warmup: usize,
-    pl: Placement,
+    pl: Mode,
 ) -> Result<(Vec<Duration>, Vec<Duration>), String> {
     let c = client_kernel.create_process().map_err(|e| e.to_string())?;
     pl.run_as(0, move || {

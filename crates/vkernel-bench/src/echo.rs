@@ -1,0 +1,169 @@
+//! The echo protocol of `vkernel echo` and `vkernel ping`: the server, and
+//! the client's timed exchanges (plain, with a segment, or bulk).
+
+use std::time::{Duration, Instant};
+
+use vkernel::{IpcError, Message, Pid, Process, Segment};
+
+use crate::stats::Summary;
+
+/// Request code of an echo exchange.
+pub const ECHO: u32 = 0x0e_c400;
+/// Request code of a bulk echo: the server MoveFroms the whole segment,
+/// flips every byte (XOR 0xff) and MoveTos it back before replying.
+pub const ECHO_BULK: u32 = 0x0e_c401;
+
+/// Largest segment a bulk echo accepts.
+pub const MAX_BULK: usize = 256 << 20;
+
+/// Serves echo requests until the host shuts down: the message comes back
+/// unchanged, and a read+write segment's first part is returned with the reply.
+pub fn serve(p: Process) {
+    let mut m = Message::zero();
+    let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
+    loop {
+        let i = match p.receive_with_segment(&mut m, &mut buf) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(_) => continue,
+        };
+        let access = m.seg_access();
+        if m.code() == ECHO_BULK {
+            // A failed move still gets an answer (word 1 = u32::MAX): an
+            // unanswered Send would wait on replyPending forever.
+            match bulk(&p, &mut m, i.from) {
+                Ok(()) => {}
+                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+                Err(e) => {
+                    tracing::debug!("bulk echo for {}: {e}", i.from);
+                    m.0[1] = u32::MAX;
+                }
+            }
+            if let Err(e) = p.reply(&m, i.from) {
+                tracing::debug!("bulk echo reply to {}: {e}", i.from);
+            }
+            continue;
+        }
+        let r = if m.code() == ECHO && access.write && i.seg_bytes > 0 {
+            p.reply_with_segment(&m, i.from, 0, &buf[..i.seg_bytes])
+        } else {
+            p.reply(&m, i.from)
+        };
+        if let Err(e) = r {
+            tracing::debug!("echo reply to {}: {e}", i.from);
+        }
+    }
+}
+
+fn bulk(p: &Process, m: &mut Message, from: vkernel::Pid) -> Result<(), IpcError> {
+    let n = m.seg_len() as usize;
+    let a = m.seg_access();
+    if !(a.read && a.write) || n > MAX_BULK {
+        m.0[1] = u32::MAX;
+        return Ok(());
+    }
+    let mut data = vec![0u8; n];
+    p.move_from(from, 0, &mut data)?;
+    for b in &mut data {
+        *b ^= 0xff;
+    }
+    p.move_to(from, 0, &data)?;
+    m.0[1] = n as u32;
+    Ok(())
+}
+
+/// What [`time_exchanges`] sends.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// Timed exchanges.
+    pub count: usize,
+    /// Untimed exchanges first.
+    pub warmup: usize,
+    /// Bytes per request (32: a bare message; more adds a segment).
+    pub size: usize,
+    /// Bulk echo of a segment of this many bytes instead.
+    pub bulk: Option<usize>,
+    /// Fail at the first failed exchange.
+    pub stop_on_error: bool,
+}
+
+impl Timing {
+    /// The outcome of a run in words.
+    pub fn describe(&self, s: &Summary, failures: usize) -> String {
+        match self.bulk {
+            Some(b) => format!(
+                "{} bulk exchanges of {b} bytes (MoveFrom + MoveTo): {s}  failures {failures}\n  {:.1} MB/s moved at the median",
+                self.count,
+                b as f64 * 2.0 / (s.median_us.max(1e-9) * 1e-6) / 1e6
+            ),
+            None => format!(
+                "{} exchanges of {} bytes: {s}  failures {failures}",
+                self.count, self.size
+            ),
+        }
+    }
+}
+
+/// Times exchanges with an echo server `server`, checking every reply:
+/// the summary of the good ones, the failures, the last error, and the
+/// wall time of the whole run.
+pub fn time_exchanges(
+    p: &Process,
+    server: Pid,
+    a: &Timing,
+) -> Result<(Summary, usize, Option<IpcError>, Duration), String> {
+    let seg_len = a.bulk.unwrap_or(a.size - 32);
+    let out: Vec<u8> = (0..seg_len).map(|i| (i * 7 + 3) as u8).collect();
+    let inverted: Vec<u8> = out.iter().map(|b| b ^ 0xff).collect();
+    let mut buf = out.clone();
+    let mut samples = Vec::with_capacity(a.count);
+    let mut failures = 0usize;
+    let mut last_err = None;
+    let started = Instant::now();
+    for i in 0..a.warmup + a.count {
+        let mut m = Message::with_code(ECHO);
+        m.0[1] = i as u32;
+        let t0 = Instant::now();
+        let r = if a.bulk.is_some() {
+            m.set_code(ECHO_BULK);
+            buf.copy_from_slice(&out);
+            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
+        } else if seg_len > 0 {
+            buf.copy_from_slice(&out);
+            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
+        } else {
+            p.send(&mut m, server)
+        };
+        let dt = t0.elapsed();
+        let ok = match r {
+            Ok(_) if a.bulk.is_some() && m.0[1] == u32::MAX && a.stop_on_error => {
+                return Err(format!(
+                    "exchange {i} failed after {:.0} ms: the server's move failed",
+                    dt.as_secs_f64() * 1e3
+                ));
+            }
+            Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
+            Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
+            Err(e) => {
+                if a.stop_on_error {
+                    return Err(format!(
+                        "exchange {i} failed after {:.0} ms: {e}",
+                        dt.as_secs_f64() * 1e3
+                    ));
+                }
+                last_err = Some(e);
+                false
+            }
+        };
+        if i >= a.warmup {
+            if ok {
+                samples.push(dt);
+            } else {
+                failures += 1;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let s = Summary::of(&mut samples);
+    Ok((s, failures, last_err, elapsed))
+}
