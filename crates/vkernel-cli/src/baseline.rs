@@ -17,7 +17,7 @@ fn wait(pl: Placement) -> raw::Wait {
 
 fn placement(pl: Placement) -> raw::Placement {
     if pl.pinned {
-        let n = vkernel::sys::online_cpus().max(1);
+        let n = vkernel::host::online_cpus().max(1);
         raw::Placement::pinned(0, 1 % n)
     } else {
         raw::Placement::UNPINNED

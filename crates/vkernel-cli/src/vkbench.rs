@@ -30,7 +30,7 @@ impl Placement {
     /// Pins the calling thread as a client (0) or server (1).
     pub fn pin(&self, role: usize) {
         if self.pinned {
-            let _ = vkernel::sys::pin_to_cpu(role % vkernel::sys::online_cpus());
+            let _ = vkernel::host::pin_to_cpu(role % vkernel::host::online_cpus());
         }
     }
 
@@ -215,7 +215,7 @@ fn server(p: Process, pl: Placement) {
                 p.reply(&m, i.from)
             }
             CPU => {
-                let ns = vkernel::sys::thread_cpu_time().as_nanos() as u64;
+                let ns = vkernel::host::thread_cpu_time().as_nanos() as u64;
                 m.0[1] = (ns >> 32) as u32;
                 m.0[2] = ns as u32;
                 p.reply(&m, i.from)
@@ -345,7 +345,7 @@ fn run_ops(
     };
     let mut buf = vec![0x5au8; size];
     let mut out = Vec::with_capacity(iters);
-    let cpu0 = vkernel::sys::thread_cpu_time();
+    let cpu0 = vkernel::host::thread_cpu_time();
     for k in 0..warmup + iters {
         let mut m = Message::with_code(1);
         let t = Instant::now();
@@ -394,7 +394,7 @@ fn run_ops(
             out.push(dt);
         }
     }
-    Ok((out, vkernel::sys::thread_cpu_time().saturating_sub(cpu0)))
+    Ok((out, vkernel::host::thread_cpu_time().saturating_sub(cpu0)))
 }
 
 /// Times `iters` exchanges of `op` from a client thread (after `warmup`).

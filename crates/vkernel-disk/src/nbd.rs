@@ -1661,10 +1661,35 @@ struct Shared {
     stats: Arc<GatewayStats>,
     stop: AtomicBool,
     /// Wakes the poller to see `stop`.
-    wake: vkernel::sys::EventFd,
+    wake: Wake,
     epoll: std::os::fd::OwnedFd,
     conns: Mutex<std::collections::HashMap<u64, Tracked>>,
     idle: Mutex<std::collections::HashMap<u64, Idle>>,
+}
+
+/// An eventfd that wakes the poller.
+struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    fn new() -> rustix::io::Result<Wake> {
+        use rustix::event::{eventfd, EventfdFlags};
+        eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).map(Wake)
+    }
+
+    /// Makes the eventfd readable. A failure (counter overflow) still
+    /// leaves it readable.
+    fn signal(&self) {
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
+    }
+
+    /// Makes the eventfd unreadable again.
+    fn drain(&self) {
+        let _ = rustix::io::read(&self.0, &mut [0u8; 8]);
+    }
+
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.0)
+    }
 }
 
 /// Epoll keys: the listener, the wake eventfd, then connection ids.
@@ -1870,7 +1895,7 @@ impl Gateway {
             limits,
             stats,
             stop: AtomicBool::new(false),
-            wake: vkernel::sys::EventFd::new()?,
+            wake: Wake::new()?,
             epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
             conns: Mutex::new(std::collections::HashMap::new()),
             idle: Mutex::new(std::collections::HashMap::new()),

@@ -15,10 +15,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
+use vkernel::service::ClientPool;
+use vkernel::{IpcError, Kernel, Message, Pid, Scope, Segment};
 
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN};
 
@@ -62,37 +63,6 @@ pub struct DirChunk {
     pub next: u32,
     /// True if the listing is complete.
     pub done: bool,
-}
-
-struct Pool {
-    free: Mutex<Vec<Process>>,
-    cv: Condvar,
-}
-
-impl Pool {
-    fn take(&self) -> Process {
-        let mut g = match self.free.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        loop {
-            if let Some(p) = g.pop() {
-                return p;
-            }
-            g = match self.cv.wait(g) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-        }
-    }
-
-    fn give(&self, p: Process) {
-        match self.free.lock() {
-            Ok(mut g) => g.push(p),
-            Err(e) => e.into_inner().push(p),
-        }
-        self.cv.notify_one();
-    }
 }
 
 /// Largest READ/WRITE request a client sends by default (bigger calls are
@@ -182,7 +152,7 @@ struct Reopen {
 pub struct Client {
     server: AtomicU32,
     max_request: usize,
-    pool: Pool,
+    pool: ClientPool,
     reopen: Option<Reopen>,
 }
 
@@ -231,21 +201,10 @@ impl Client {
         depth: usize,
         principal: u32,
     ) -> Result<Client, ClientError> {
-        let mut procs = Vec::with_capacity(depth.max(1));
-        for _ in 0..depth.max(1) {
-            let p = kernel.create_process()?;
-            if principal != 0 {
-                p.set_principal(principal);
-            }
-            procs.push(p);
-        }
         let c = Client {
             server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
-            pool: Pool {
-                free: Mutex::new(procs),
-                cv: Condvar::new(),
-            },
+            pool: ClientPool::new(kernel, depth, principal)?,
             reopen: None,
         };
         c.statfs()?;
@@ -320,7 +279,7 @@ impl Client {
             return self.exchange_once(m, seg, self.server());
         };
         let request = *m;
-        let code = request.0[0] & vkernel_proto::message::CODE_MASK;
+        let code = request.0[0] & vkernel::message::CODE_MASK;
         let retry = Request::decode(&request).is_ok_and(|q| safe_to_resend(&q));
         loop {
             let server = self.server();

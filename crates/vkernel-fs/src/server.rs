@@ -1,12 +1,12 @@
 //! The file server: V I/O requests executed against one exported tree.
 //!
-//! One registered pid, the *dispatcher*, receives every request and
-//! Forwards it to an idle *worker* process, so many clients are served at
-//! once behind one name (GetPid finds the dispatcher; a forwarded request
-//! keeps its sender, so the worker replies, moves data and reads the
-//! appended segment exactly as if the client had sent to it). A worker
-//! tells the dispatcher when it is idle again; requests that arrive while
-//! every worker is busy wait in the dispatcher's queue.
+//! The server runs in a [`vkernel::service::WorkerPool`]: one registered
+//! pid, the *dispatcher*, receives every request and Forwards it to an
+//! idle *worker* process, so many clients are served at once behind one
+//! name (GetPid finds the dispatcher; a forwarded request keeps its
+//! sender, so the worker replies, moves data and reads the appended
+//! segment exactly as if the client had sent to it). Requests that arrive
+//! while every worker is busy wait in the dispatcher's queue.
 //!
 //! Per file (device, inode) the server keeps a small I/O state under a
 //! mutex, which orders every data operation on the file:
@@ -23,14 +23,13 @@
 //!
 //! Bad requests are answered with an errno-like status and never panic.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 
-use vkernel::{HostId, IpcError, Kernel, Message, Pid, Process, Scope};
-use vkernel_proto::MAX_APPEND;
+use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
+use vkernel::{HostId, IpcError, Kernel, Message, Pid, Process};
 
 use crate::confine::{self, Root};
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
@@ -282,15 +281,14 @@ impl Shared {
 /// A running file server. Dropping it does not stop it; its processes end
 /// when their logical host shuts down.
 pub struct FileServer {
-    pid: Pid,
+    pool: WorkerPool,
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for FileServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileServer")
-            .field("pid", &self.pid)
+            .field("pid", &self.pool.pid())
             .field("root", &self.shared.root.path())
             .finish()
     }
@@ -318,35 +316,24 @@ impl FileServer {
             ra_bytes: AtomicUsize::new(0),
             stats: ServerStats::default(),
         });
-        let dispatcher = kernel.create_process()?;
-        let dpid = dispatcher.pid();
-        let mut workers = Vec::new();
-        let mut threads = Vec::new();
-        for i in 0..cfg.workers.max(1) {
-            let sh = shared.clone();
-            let (wpid, h) = kernel.spawn(&format!("vio-w{i}"), move |p| worker(p, dpid, sh))?;
-            workers.push(wpid);
-            threads.push(h);
-        }
-        if let Some(lid) = cfg.logical_id {
-            dispatcher.set_pid(lid, dpid, Scope::Any);
-        }
-        let queue = cfg.queue;
-        let h = std::thread::Builder::new()
-            .name("vio-dispatch".into())
-            .spawn(move || dispatch(dispatcher, workers, queue))
-            .map_err(ServerError::Root)?;
-        threads.push(h);
-        Ok(FileServer {
-            pid: dpid,
-            shared,
-            threads,
-        })
+        let pool = WorkerPool::start(
+            kernel,
+            PoolConfig {
+                name: "vio".into(),
+                workers: cfg.workers,
+                queue: cfg.queue,
+                idle_code: IDLE,
+                inline_upto: 0,
+                logical_id: cfg.logical_id,
+            },
+            shared.clone(),
+        )?;
+        Ok(FileServer { pool, shared })
     }
 
     /// The pid clients send to (the dispatcher).
     pub fn pid(&self) -> Pid {
-        self.pid
+        self.pool.pid()
     }
 
     /// The exported directory.
@@ -366,137 +353,41 @@ impl FileServer {
 
     /// Waits for the server's threads (they end when the host shuts down).
     pub fn join(self) {
-        for h in self.threads {
-            let _ = h.join();
-        }
+        self.pool.join();
     }
 }
 
-fn error_reply(p: &Process, to: Pid, e: Errno) {
-    let _ = p.reply(&vio::reply(e, &[]), to);
-}
+impl Handler for Shared {
+    type Scratch = Vec<u8>;
 
-/// The dispatcher: hands each request to an idle worker by Forward and
-/// queues it while every worker is busy.
-fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
-    let mut idle: Vec<Pid> = workers.clone();
-    let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
-    // Which client's request each busy worker was handed.
-    let mut assigned: Vec<(Pid, Pid)> = Vec::new();
-    let mut m = Message::zero();
-    loop {
-        let i = match p.receive(&mut m) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("vio dispatcher: receive: {e}");
-                continue;
-            }
-        };
-        if m.code() == IDLE && workers.contains(&i.from) {
-            let _ = p.reply(&Message::zero(), i.from);
-            assigned.retain(|&(w, _)| w != i.from);
-            if idle.contains(&i.from) {
-                continue;
-            }
-            let mut taken = false;
-            while let Some((pm, from)) = pending.pop_front() {
-                match p.forward(&pm, from, i.from) {
-                    Ok(()) => {
-                        assigned.push((i.from, from));
-                        taken = true;
-                        break;
-                    }
-                    Err(e) => tracing::debug!("vio: forward of a queued request: {e}"),
-                }
-            }
-            if !taken {
-                idle.push(i.from);
-            }
-            continue;
-        }
-        // A client has one Send outstanding: a new request from it means
-        // the kernel ended its previous exchange, so a queued request from
-        // the same pid is stale, and a worker handed its previous request
-        // may never see it — count that worker idle again.
-        pending.retain(|(_, f)| *f != i.from);
-        let superseded: Vec<Pid> = assigned
-            .iter()
-            .filter(|&&(_, c)| c == i.from)
-            .map(|&(w, _)| w)
-            .collect();
-        assigned.retain(|&(_, c)| c != i.from);
-        for w in superseded {
-            if !idle.contains(&w) {
-                idle.push(w);
-            }
-        }
-        if let Some(w) = idle.pop() {
-            assigned.push((w, i.from));
-            if let Err(e) = p.forward(&m, i.from, w) {
-                assigned.retain(|&(x, _)| x != w);
-                tracing::debug!("vio: forward to worker {w}: {e}");
-                idle.push(w);
-                error_reply(&p, i.from, Errno::EIO);
-            }
-        } else if pending.len() < cap {
-            pending.push_back((m, i.from));
-        } else {
-            error_reply(&p, i.from, Errno::EAGAIN);
-        }
-    }
-}
-
-/// A worker: executes one request at a time.
-fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
-    // The dispatcher receives every request, so it alone waits on the
-    // socket: a datagram then wakes it directly instead of an idle worker
-    // that would only pass it on. A worker's own remote waits (bulk moves)
-    // are served by whichever thread reads the socket next.
-    p.set_socket_reader(false);
-    let mut m = Message::zero();
-    let mut appended = vec![0u8; MAX_APPEND];
-    let mut scratch: Vec<u8> = Vec::new();
-    loop {
-        let i = match p.receive_with_segment(&mut m, &mut appended) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("vio worker: receive: {e}");
-                continue;
-            }
-        };
+    fn handle(&self, r: PoolRequest<'_>, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
         let req = Req {
-            p: &p,
-            sh: &sh,
-            m,
-            from: i.from,
-            principal: i.principal,
-            appended: &appended[..i.seg_bytes.min(appended.len())],
+            p: r.process,
+            sh: self,
+            m: r.message,
+            from: r.from,
+            principal: r.principal,
+            appended: r.appended,
         };
-        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match req.handle(&mut scratch) {
-            Ok(()) => {}
-            // The host is going away: the client sees it go (timeout or
-            // no such process) and may find a restarted server.
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                // A failed move (or reply) left the client unanswered:
-                // answer EIO so its Send ends (harmless if it is gone).
-                tracing::debug!("vio: request {:#x} from {}: {e}", m.code(), i.from);
-                sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                error_reply(&p, i.from, Errno::EIO);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let res = req.handle(scratch);
+        if let Err(e) = &res {
+            if !matches!(e, IpcError::Shutdown | IpcError::Destroyed) {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
         if scratch.capacity() > (32 << 20) {
-            scratch = Vec::new();
+            *scratch = Vec::new();
         }
-        let mut idle = Message::with_code(IDLE);
-        match p.send(&mut idle, dispatcher) {
-            Ok(_) => {}
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => tracing::debug!("vio worker: idle: {e}"),
-        }
+        res
+    }
+
+    fn failed(&self) -> Message {
+        vio::reply(Errno::EIO, &[])
+    }
+
+    fn busy(&self) -> Message {
+        vio::reply(Errno::EAGAIN, &[])
     }
 }
 

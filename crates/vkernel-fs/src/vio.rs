@@ -16,8 +16,8 @@
 //! Decoding never panics and never trusts a length: every decoder here
 //! returns an error for short or inconsistent input.
 
+use vkernel::message::{CODE_MASK, IDEMPOTENT};
 use vkernel::Message;
-use vkernel_proto::message::{CODE_MASK, IDEMPOTENT};
 
 /// Longest path a request may carry (bytes, like Linux `PATH_MAX`).
 pub const MAX_PATH: usize = 4096;
