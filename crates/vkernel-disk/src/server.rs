@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vkernel::service::{Handler, PoolConfig, Request, WorkerPool};
 use vkernel::MAX_APPEND;
-use vkernel::{IpcError, Kernel, Message, Pid, Process};
+use vkernel::{IpcError, Kernel, Message, Pid};
 
 use crate::backing::Backing;
 use crate::dvd::{AccessError, Dvd, DvdError, View};
@@ -258,14 +258,7 @@ impl Handler for Shared {
     type Scratch = Bufs;
 
     fn handle(&self, r: Request<'_>, bufs: &mut Bufs) -> Result<(), IpcError> {
-        let req = Req {
-            p: r.process,
-            sh: self,
-            m: r.message,
-            from: r.from,
-            principal: r.principal,
-            appended: r.appended,
-        };
+        let req = Req { r, sh: self };
         let now = self.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
         self.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
         let res = req.handle(bufs);
@@ -301,13 +294,10 @@ impl Handler for Shared {
     }
 }
 
+/// One request being executed, with the server's state.
 struct Req<'a> {
-    p: &'a Process,
+    r: Request<'a>,
     sh: &'a Shared,
-    m: Message,
-    from: Pid,
-    principal: u32,
-    appended: &'a [u8],
 }
 
 /// SCSI commands and batches whose segment is at most this large run in
@@ -377,7 +367,7 @@ fn access_response(e: AccessError) -> Response {
 
 impl Req<'_> {
     fn reply(&self, r: &Message) -> Result<(), IpcError> {
-        self.p.reply(r, self.from)
+        self.r.process.reply(r, self.r.from)
     }
 
     /// Delivers `data` into the sender's write segment and replies (a
@@ -385,9 +375,9 @@ impl Req<'_> {
     /// acknowledgement: READs are idempotent).
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         if data.is_empty() {
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         } else {
-            self.p.reply_with_segment(r, self.from, 0, data)
+            self.r.process.reply_with_segment(r, self.r.from, 0, data)
         }
     }
 
@@ -408,10 +398,16 @@ impl Req<'_> {
     /// segment: the appended part, then MoveFrom for the rest.
     fn gather_into(&self, dst: &mut [u8]) -> Result<(), IpcError> {
         let n = dst.len();
-        let have = self.appended.len().min(n);
-        dst[..have].copy_from_slice(&self.appended[..have]);
-        if have < n && self.p.move_from(self.from, have as u32, &mut dst[have..])? != n - have {
-            return Err(IpcError::OutOfBounds(self.from));
+        let have = self.r.appended.len().min(n);
+        dst[..have].copy_from_slice(&self.r.appended[..have]);
+        if have < n
+            && self
+                .r
+                .process
+                .move_from(self.r.from, have as u32, &mut dst[have..])?
+                != n - have
+        {
+            return Err(IpcError::OutOfBounds(self.r.from));
         }
         Ok(())
     }
@@ -419,7 +415,7 @@ impl Req<'_> {
     fn handle(&self, bufs: &mut Bufs) -> Result<(), IpcError> {
         let st = &self.sh.stats;
         let scratch = &mut bufs.a;
-        let Some(req) = msg::Request::decode(&self.m) else {
+        let Some(req) = msg::Request::decode(&self.r.message) else {
             st.refused.fetch_add(1, Ordering::Relaxed);
             return self.reply(&refuse(Response::Malformed));
         };
@@ -434,7 +430,7 @@ impl Req<'_> {
                 let r = self
                     .sh
                     .access()
-                    .open_as(self.from, self.principal, dvd, key);
+                    .open_as(self.r.from, self.r.principal, dvd, key);
                 match r {
                     Ok((handle, v)) => self.reply(
                         &msg::Opened {
@@ -453,7 +449,7 @@ impl Req<'_> {
                 }
             }
             msg::Request::Close { handle } => {
-                let r = self.sh.access().close(self.from, handle);
+                let r = self.sh.access().close(self.r.from, handle);
                 self.reply(&refuse(match r {
                     Ok(()) => Response::Complete,
                     Err(e) => access_response(e),
@@ -471,7 +467,11 @@ impl Req<'_> {
         handle: u32,
         scratch: &mut Vec<u8>,
     ) -> Result<(), IpcError> {
-        let owner = match self.sh.access().check_as(self.from, self.principal, handle) {
+        let owner = match self
+            .sh
+            .access()
+            .check_as(self.r.from, self.r.principal, handle)
+        {
             Ok(v) => v.owner,
             Err(_) => false,
         };
@@ -479,8 +479,8 @@ impl Req<'_> {
             self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
             return self.reply(&refuse(Response::Denied));
         }
-        let seg = self.m.seg_access();
-        let seg_len = self.m.seg_len() as usize;
+        let seg = self.r.message.seg_access();
+        let seg_len = self.r.message.seg_len() as usize;
         match req {
             msg::Request::DvdSet { .. } => {
                 let max =
@@ -531,7 +531,7 @@ impl Req<'_> {
     fn view(&self, handle: u32) -> Result<View, Response> {
         self.sh
             .access()
-            .check_as(self.from, self.principal, handle)
+            .check_as(self.r.from, self.r.principal, handle)
             .map_err(|e| {
                 self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
                 access_response(e)
@@ -543,8 +543,8 @@ impl Req<'_> {
             Ok(v) => v,
             Err(r) => return self.reply(&refuse(r)),
         };
-        let seg = self.m.seg_access();
-        let seg_len = u64::from(self.m.seg_len());
+        let seg = self.r.message.seg_access();
+        let seg_len = u64::from(self.r.message.seg_len());
         let caps = Caps {
             out: if seg.read { seg_len } else { 0 },
             data_in: if seg.write { seg_len } else { 0 },
@@ -754,8 +754,8 @@ impl Req<'_> {
             Ok(v) => v,
             Err(r) => return self.reply(&refuse(r)),
         };
-        let seg = self.m.seg_access();
-        let seg_len = self.m.seg_len() as usize;
+        let seg = self.r.message.seg_access();
+        let seg_len = self.r.message.seg_len() as usize;
         let table = n * msg::BATCH_ENTRY;
         if n == 0
             || n > msg::MAX_BATCH
@@ -825,15 +825,21 @@ impl Req<'_> {
         let good = msg::count_reply(n as u32);
         if din_at == table && table + used_in <= MAX_APPEND {
             // Entries and data-in are contiguous: one reply carries both.
-            return self
-                .p
-                .reply_with_segment(&good, self.from, 0, &wb[..table + used_in]);
+            return self.r.process.reply_with_segment(
+                &good,
+                self.r.from,
+                0,
+                &wb[..table + used_in],
+            );
         }
         if used_in > 0 {
-            self.p
-                .move_to(self.from, din_at as u32, &wb[table..table + used_in])?;
+            self.r
+                .process
+                .move_to(self.r.from, din_at as u32, &wb[table..table + used_in])?;
         }
-        self.p.reply_with_segment(&good, self.from, 0, &wb[..table])
+        self.r
+            .process
+            .reply_with_segment(&good, self.r.from, 0, &wb[..table])
     }
 
     fn checked(&self, s: Sense) -> Outcome {

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
-use vkernel::{HostId, IpcError, Kernel, Message, Pid, Process};
+use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
 use crate::confine::{self, Root};
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
@@ -361,14 +361,7 @@ impl Handler for Shared {
     type Scratch = Vec<u8>;
 
     fn handle(&self, r: PoolRequest<'_>, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
-        let req = Req {
-            p: r.process,
-            sh: self,
-            m: r.message,
-            from: r.from,
-            principal: r.principal,
-            appended: r.appended,
-        };
+        let req = Req { r, sh: self };
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let res = req.handle(scratch);
         if let Err(e) = &res {
@@ -401,18 +394,15 @@ enum Answer {
     Fail(Errno, Vec<u32>),
 }
 
+/// One request being executed, with the server's state.
 struct Req<'a> {
-    p: &'a Process,
+    r: PoolRequest<'a>,
     sh: &'a Shared,
-    m: Message,
-    from: Pid,
-    principal: u32,
-    appended: &'a [u8],
 }
 
 impl Req<'_> {
     fn seg_len(&self) -> usize {
-        self.m.seg_len() as usize
+        self.r.message.seg_len() as usize
     }
 
     /// Gathers the request's `n` input bytes from the read-granted
@@ -423,18 +413,19 @@ impl Req<'_> {
         if n == 0 {
             return Ok(Ok(()));
         }
-        if !self.m.seg_access().read || self.seg_len() < n {
+        if !self.r.message.seg_access().read || self.seg_len() < n {
             return Ok(Err(Errno::EPROTO));
         }
         buf.resize(n, 0);
-        let have = self.appended.len().min(n);
-        buf[..have].copy_from_slice(&self.appended[..have]);
+        let have = self.r.appended.len().min(n);
+        buf[..have].copy_from_slice(&self.r.appended[..have]);
         let unit = self.sh.cfg.transfer_unit.max(1024);
         let mut at = have;
         while at < n {
             let k = unit.min(n - at);
-            self.p
-                .move_from(self.from, at as u32, &mut buf[at..at + k])?;
+            self.r
+                .process
+                .move_from(self.r.from, at as u32, &mut buf[at..at + k])?;
             at += k;
         }
         Ok(Ok(()))
@@ -442,7 +433,7 @@ impl Req<'_> {
 
     /// Room for `n` output bytes in the write-granted segment?
     fn can_answer(&self, n: usize) -> bool {
-        self.m.seg_access().write && self.seg_len() >= n
+        self.r.message.seg_access().write && self.seg_len() >= n
     }
 
     /// Sends `data` into the client's segment at 0 and the reply: with the
@@ -452,41 +443,46 @@ impl Req<'_> {
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         let unit = self.sh.cfg.transfer_unit.max(1024);
         if data.is_empty() {
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         } else if data.len() <= unit.max(ATTR_LEN) {
-            self.p.reply_with_segment(r, self.from, 0, data)
+            self.r.process.reply_with_segment(r, self.r.from, 0, data)
         } else {
             let mut at = 0;
             while at < data.len() {
                 let k = unit.min(data.len() - at);
-                self.p.move_to(self.from, at as u32, &data[at..at + k])?;
+                self.r
+                    .process
+                    .move_to(self.r.from, at as u32, &data[at..at + k])?;
                 at += k;
             }
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         }
     }
 
     fn send(&self, r: Result<Answer, Errno>) -> Result<(), IpcError> {
         match r {
-            Ok(Answer::Words(w)) => self.p.reply(&vio::reply(Errno::OK, &w), self.from),
+            Ok(Answer::Words(w)) => self
+                .r
+                .process
+                .reply(&vio::reply(Errno::OK, &w), self.r.from),
             Ok(Answer::Data(w, d)) => self.reply_data(&vio::reply(Errno::OK, &w), &d),
             Ok(Answer::Fail(e, w)) => {
                 self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.p.reply(&vio::reply(e, &w), self.from)
+                self.r.process.reply(&vio::reply(e, &w), self.r.from)
             }
             Err(e) => {
                 self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.p.reply(&vio::reply(e, &[]), self.from)
+                self.r.process.reply(&vio::reply(e, &[]), self.r.from)
             }
         }
     }
 
     fn handle(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
-        let req = match Request::decode(&self.m) {
+        let req = match Request::decode(&self.r.message) {
             Ok(r) => r,
             Err(e) => return self.send(Err(e)),
         };
-        match self.sh.cfg.access.of(self.principal) {
+        match self.sh.cfg.access.of(self.r.principal) {
             Access::ReadWrite => {}
             Access::ReadOnly if !req.modifies() => {}
             Access::ReadOnly => return self.send(Err(Errno::EROFS)),
@@ -588,12 +584,15 @@ impl Req<'_> {
                     let mut io = lock(&inode.io);
                     sh.drop_ra(&mut io);
                 }
-                let h =
-                    sh.add_handle(self.from.host(), self.principal, Kind::File { file, inode })?;
+                let h = sh.add_handle(
+                    self.r.from.host(),
+                    self.r.principal,
+                    Kind::File { file, inode },
+                )?;
                 Ok(self.attr_answer(vec![h], confine::attr_of(&st)))
             }
             Request::Close { handle } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 lock(&sh.handles).map.remove(&handle);
                 if let Kind::File { inode, .. } = &h.kind {
                     let mut io = lock(&inode.io);
@@ -610,7 +609,7 @@ impl Req<'_> {
             }
             Request::Fstat { handle } => {
                 self.need_attr_room()?;
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 match &h.kind {
                     Kind::File { file, inode } => {
                         let _io = lock(&inode.io);
@@ -623,15 +622,16 @@ impl Req<'_> {
             Request::Opendir { path_len } => {
                 let entries = root.list(path(path_len)?)?;
                 let n = entries.len() as u32;
-                let h = sh.add_handle(self.from.host(), self.principal, Kind::Dir { entries })?;
+                let h =
+                    sh.add_handle(self.r.from.host(), self.r.principal, Kind::Dir { entries })?;
                 Ok(Answer::Words(vec![h, n]))
             }
             Request::Readdir { handle, index } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::Dir { entries } = &h.kind else {
                     return Err(Errno::ENOTDIR);
                 };
-                if !self.m.seg_access().write {
+                if !self.r.message.seg_access().write {
                     return Err(Errno::EPROTO);
                 }
                 let room = self.seg_len();
@@ -680,7 +680,7 @@ impl Req<'_> {
                 Ok(Answer::Words(vec![]))
             }
             Request::Ftruncate { handle, size } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Err(Errno::EISDIR);
                 };
@@ -694,7 +694,7 @@ impl Req<'_> {
                 datasync,
                 flush_only,
             } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Ok(Answer::Words(vec![]));
                 };
@@ -763,7 +763,7 @@ impl Req<'_> {
     }
 
     fn file(&self, handle: u32) -> Result<Arc<Handle>, Errno> {
-        let h = self.sh.handle(handle, self.from, self.principal)?;
+        let h = self.sh.handle(handle, self.r.from, self.r.principal)?;
         match h.kind {
             Kind::File { .. } => Ok(h),
             Kind::Dir { .. } => Err(Errno::EISDIR),
@@ -785,7 +785,7 @@ impl Req<'_> {
         let Kind::File { file, inode } = &h.kind else {
             return self.send(Err(Errno::EISDIR));
         };
-        if count as usize > self.seg_len() || (count > 0 && !self.m.seg_access().write) {
+        if count as usize > self.seg_len() || (count > 0 && !self.r.message.seg_access().write) {
             return self.send(Err(Errno::EPROTO));
         }
         let want = count.min(vio::MAX_IO) as usize;
@@ -903,7 +903,7 @@ impl Req<'_> {
         let ok = vio::reply(Errno::OK, &[n as u32]);
         if sh.cfg.write_behind {
             // Reply first; the file's lock keeps later requests behind the write.
-            let r = self.p.reply(&ok, self.from);
+            let r = self.r.process.reply(&ok, self.r.from);
             if let Err(e) = file.write_all_at(buf, offset) {
                 sh.stats.deferred_errors.fetch_add(1, Ordering::Relaxed);
                 io.error = Some(Errno::from_io(&e));
@@ -921,7 +921,7 @@ impl Req<'_> {
                     sh.stats
                         .bytes_written
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    self.p.reply(&ok, self.from)
+                    self.r.process.reply(&ok, self.r.from)
                 }
                 Err(e) => self.send(Err(Errno::from_io(&e))),
             }
