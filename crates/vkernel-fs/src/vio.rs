@@ -688,6 +688,38 @@ pub fn reply(status: Errno, words: &[u32]) -> Message {
     m
 }
 
+/// Words 1–5 of a reply (what each request answers there: the request
+/// table in docs/VIO.md).
+pub fn reply_words(m: &Message) -> [u32; 5] {
+    [m.0[1], m.0[2], m.0[3], m.0[4], m.0[5]]
+}
+
+/// The request code of a message (word 0 without the kernel's flags).
+pub fn code(m: &Message) -> u32 {
+    m.0[0] & CODE_MASK
+}
+
+/// Whether requests with this code carry a handle in word 1.
+pub fn carries_handle(code: u32) -> bool {
+    matches!(
+        code,
+        CLOSE | READ | WRITE | FSTAT | READDIR | FTRUNCATE | FSYNC
+    )
+}
+
+/// The handle of a request that carries one.
+pub fn request_handle(m: &Message) -> Option<u32> {
+    carries_handle(code(m)).then_some(m.0[1])
+}
+
+/// Replaces the handle of a request that carries one (a client maps its
+/// own handle numbers to the server's).
+pub fn set_request_handle(m: &mut Message, handle: u32) {
+    if carries_handle(code(m)) {
+        m.0[1] = handle;
+    }
+}
+
 /// The status of a reply message.
 pub fn status(m: &Message) -> Errno {
     Errno(m.0[0] & CODE_MASK)
