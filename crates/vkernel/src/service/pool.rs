@@ -150,8 +150,7 @@ impl WorkerPool {
                     workers,
                     cfg,
                     idle,
-                    pending: VecDeque::new(),
-                    assigned: Vec::new(),
+                    book: Book::default(),
                 }
                 .run(&*handler)
             })
@@ -248,9 +247,47 @@ struct Dispatcher {
     workers: Vec<Pid>,
     cfg: PoolConfig,
     idle: Arc<Idle>,
+    book: Book,
+}
+
+/// The dispatcher's queue and hand-outs, apart from IPC.
+#[derive(Default)]
+struct Book {
+    /// Requests waiting for a worker, oldest first.
     pending: VecDeque<(Message, Pid)>,
     /// Which client's request each busy worker was handed.
     assigned: Vec<(Pid, Pid)>,
+}
+
+impl Book {
+    /// The superseded-exchange rule. A process has one Send outstanding,
+    /// so a new request from `from` means the kernel has ended its
+    /// previous exchange (e.g. an idempotent request re-executed after a
+    /// late reply), and Forward names the exchange by pid only: a queued
+    /// request from the same pid is stale (forwarding it would pair it
+    /// with the new exchange's data and reply), and a worker handed the
+    /// previous request may never receive it. Returns those workers, to be
+    /// counted idle again.
+    fn supersede(&mut self, from: Pid) -> Vec<Pid> {
+        self.pending.retain(|(_, f)| *f != from);
+        let freed = self
+            .assigned
+            .iter()
+            .filter(|&&(_, c)| c == from)
+            .map(|&(w, _)| w)
+            .collect();
+        self.assigned.retain(|&(_, c)| c != from);
+        freed
+    }
+
+    /// `w` is idle: whatever it was handed is over.
+    fn release(&mut self, w: Pid) {
+        self.assigned.retain(|&(x, _)| x != w);
+    }
+
+    fn is_assigned(&self, w: Pid) -> bool {
+        self.assigned.iter().any(|&(x, _)| x == w)
+    }
 }
 
 impl Dispatcher {
@@ -302,8 +339,8 @@ impl Dispatcher {
                     if !execute(h, &self.p, m, &i, &appended, &mut scratch, &self.cfg.name) {
                         return;
                     }
-                } else if self.pending.len() < self.cfg.queue {
-                    self.pending.push_back((m, i.from));
+                } else if self.book.pending.len() < self.cfg.queue {
+                    self.book.pending.push_back((m, i.from));
                 } else {
                     let _ = self.p.reply(&h.busy(), i.from);
                 }
@@ -312,41 +349,32 @@ impl Dispatcher {
         }
     }
 
-    /// The superseded-exchange rule. A process has one Send outstanding,
-    /// so a new request from `from` means the kernel has ended its previous
-    /// exchange (e.g. an idempotent request re-executed after a late
-    /// reply), and Forward names the exchange by pid only: a queued request
-    /// from the same pid is stale (forwarding it would pair it with the new
-    /// exchange's data and reply), and a worker handed the previous request
-    /// may never receive it, so it counts as idle again.
+    /// Applies the superseded-exchange rule ([`Book::supersede`]).
     fn supersede(&mut self, from: Pid) {
-        self.pending.retain(|(_, f)| *f != from);
-        let idle = &self.idle;
-        self.assigned.retain(|&(w, c)| {
-            if c == from {
-                idle.add(w);
-            }
-            c != from
-        });
+        for w in self.book.supersede(from) {
+            self.idle.add(w);
+        }
     }
 
     /// Hands queued requests to idle workers, oldest first.
     fn hand_out<H: Handler>(&mut self, h: &H) {
         loop {
-            self.idle.queued.store(self.pending.len(), Ordering::SeqCst);
+            self.idle
+                .queued
+                .store(self.book.pending.len(), Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if self.pending.is_empty() {
+            if self.book.pending.is_empty() {
                 return;
             }
             let Some(w) = self.idle.set().pop() else {
                 return;
             };
-            self.assigned.retain(|&(x, _)| x != w);
+            self.book.release(w);
             // Skip senders that have gone.
-            while let Some((m, from)) = self.pending.pop_front() {
+            while let Some((m, from)) = self.book.pending.pop_front() {
                 match self.p.forward(&m, from, w) {
                     Ok(()) => {
-                        self.assigned.push((w, from));
+                        self.book.assigned.push((w, from));
                         break;
                     }
                     Err(e) => {
@@ -355,9 +383,36 @@ impl Dispatcher {
                     }
                 }
             }
-            if !self.assigned.iter().any(|&(x, _)| x == w) {
+            if !self.book.is_assigned(w) {
                 self.idle.add(w);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_request_supersedes_the_senders_queued_and_assigned_ones() {
+        let (c, d) = (Pid(0x0001_0101), Pid(0x0001_0102));
+        let (w1, w2) = (Pid(0x0001_0201), Pid(0x0001_0202));
+        let mut b = Book::default();
+        b.pending.push_back((Message::with_code(1), c));
+        b.pending.push_back((Message::with_code(2), d));
+        b.assigned.push((w1, c));
+        b.assigned.push((w2, d));
+        // C sends again: its queued request goes, and the worker handed
+        // its earlier one is free; D's are untouched.
+        assert_eq!(b.supersede(c), vec![w1]);
+        assert_eq!(b.pending.len(), 1);
+        assert_eq!(b.pending[0].1, d);
+        assert!(!b.is_assigned(w1));
+        assert!(b.is_assigned(w2));
+        // A sender with nothing outstanding frees nobody.
+        assert_eq!(b.supersede(c), Vec::<Pid>::new());
+        b.release(w2);
+        assert!(!b.is_assigned(w2));
     }
 }
