@@ -34,7 +34,7 @@ impl Mode {
     /// Client on CPU 0 and server on CPU 1 if `pinned` (both on CPU 0 on a
     /// one-CPU machine); busy-polling if `spin`, else blocking.
     pub fn new(pinned: bool, spin: bool) -> Mode {
-        let n = vkernel::sys::online_cpus().max(1);
+        let n = vkernel::host::online_cpus().max(1);
         Mode {
             cpus: if pinned {
                 Placement::pinned(0, 1 % n)

@@ -170,7 +170,7 @@ fn server(p: Process, pl: Mode) {
                 p.reply(&m, i.from)
             }
             CPU => {
-                let ns = vkernel::sys::thread_cpu_time().as_nanos() as u64;
+                let ns = vkernel::host::thread_cpu_time().as_nanos() as u64;
                 m.0[1] = (ns >> 32) as u32;
                 m.0[2] = ns as u32;
                 p.reply(&m, i.from)
@@ -384,7 +384,7 @@ fn run_ops(
         vkernel_proto::message::NO_APPEND,
         matches!(op, Op::ThothWrite(_) | Op::MoveFrom(_)),
     );
-    let cpu0 = vkernel::sys::thread_cpu_time();
+    let cpu0 = vkernel::host::thread_cpu_time();
     for k in 0..warmup + iters {
         let mut m = request;
         let t = Instant::now();
@@ -404,7 +404,7 @@ fn run_ops(
             out.push(dt);
         }
     }
-    Ok((out, vkernel::sys::thread_cpu_time().saturating_sub(cpu0)))
+    Ok((out, vkernel::host::thread_cpu_time().saturating_sub(cpu0)))
 }
 
 /// Times `iters` exchanges of `op` from a client thread (after `warmup`).

@@ -33,7 +33,7 @@ pub struct DiskArgs {
     #[arg(long, value_name = "SPEC")]
     backing: BackingSpec,
     /// Service name the disk registers under (GetPid logical id).
-    #[arg(long, default_value = "ipdisk")]
+    #[arg(long, default_value = vkernel::service::IPDISK)]
     name: String,
     /// Logical block size in bytes (power of two, 512..=65536).
     #[arg(long, default_value_t = 512)]
@@ -227,7 +227,7 @@ pub struct DiskCliArgs {
     #[command(flatten)]
     host: HostOpts,
     /// The disk: a service name or a 0x-hex pid, optionally `:DVD` (default 0 = whole device).
-    #[arg(long, default_value = "ipdisk")]
+    #[arg(long, default_value = vkernel::service::IPDISK)]
     disk: String,
     /// Key to present: the owner key for DVD 0 and management, or a DVD key.
     #[arg(long = "disk-key", value_parser = parse_key, default_value = "0")]

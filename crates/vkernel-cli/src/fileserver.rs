@@ -26,7 +26,7 @@ pub struct FileServerArgs {
     #[arg(long, value_name = "DIR")]
     root: std::path::PathBuf,
     /// Service name the server registers under (GetPid logical id).
-    #[arg(long, default_value = "fileserver")]
+    #[arg(long, default_value = vkernel::service::FILESERVER)]
     name: String,
     /// Worker processes (requests executed at once).
     #[arg(long, default_value_t = 8)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use vkernel::net::parse_duration;
-use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig, Pid};
+use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig};
 
 /// How to set up this command's logical host.
 #[derive(Args, Clone, Debug)]
@@ -154,21 +154,8 @@ impl HostOpts {
     }
 }
 
-/// Maps a service name to a logical id (FNV-1a, MSB clear).
-pub fn logical_id(name: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in name.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h & 0x7fff_ffff
-}
-
-/// The well-known process group of a service: servers of `name` join it,
-/// and clients find them with a group query (1-reply or multi-reply).
-pub fn service_group(name: &str) -> Pid {
-    Pid::well_known_group(logical_id(name) as u16)
-}
+/// Service names map to logical ids and groups as the library maps them.
+pub use vkernel::service::{group as service_group, id as logical_id};
 
 /// What to add to a "nobody answered" error when datagrams this host
 /// received failed authentication: how many, and the likely cause (keys

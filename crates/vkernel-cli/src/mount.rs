@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vkernel::service::FILESERVER;
 use vkernel::{Kernel, Pid, Scope};
 use vkernel_fs::client::{Client, Rediscover};
 use vkernel_fs::fuse::{self, FuseOptions};
@@ -79,7 +80,7 @@ pub(crate) fn service_logical_id(server: &str, default: &str) -> Option<u32> {
 
 /// Finds the server's pid from SERVER.
 fn locate(k: &Kernel, host: &mut HostOpts, server: &str) -> Result<Pid, String> {
-    locate_service(k, host, server, "fileserver", "a file server")
+    locate_service(k, host, server, FILESERVER, "a file server")
 }
 
 /// Finds a service's pid from ADDR (its `default` name looked up there),
@@ -136,7 +137,7 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
     let server = locate(&k, &mut a.host, &a.server)?;
     let mut client = Client::connect(&k, server, a.threads.max(1) + 2)
         .map_err(|e| format!("file server {server}: {e}"))?;
-    if let Some(logical_id) = service_logical_id(&a.server, "fileserver") {
+    if let Some(logical_id) = service_logical_id(&a.server, FILESERVER) {
         if !a.rediscover.is_zero() {
             client.set_rediscover(Rediscover {
                 logical_id,

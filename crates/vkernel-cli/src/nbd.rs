@@ -25,7 +25,7 @@ pub struct NbdArgs {
     #[command(flatten)]
     host: HostOpts,
     /// The disk: a service name or 0x-hex pid, optionally `:DVD`.
-    #[arg(long, default_value = "ipdisk")]
+    #[arg(long, default_value = vkernel::service::IPDISK)]
     disk: String,
     /// Key to present: the owner key (whole device) or a DVD key.
     #[arg(long = "disk-key", value_parser = parse_key, default_value = "0")]

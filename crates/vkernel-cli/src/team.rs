@@ -5,6 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vkernel::service::FILESERVER;
 use vkernel::Kernel;
 use vkernel_team::team::{self, TeamConfig, TeamServer};
 
@@ -94,7 +95,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOST")]
     on: Option<String>,
     /// The file server holding the program: ADDR, NAME@ADDR, NAME or 0xPID.
-    #[arg(long, default_value = "fileserver", value_name = "SERVER")]
+    #[arg(long, default_value = FILESERVER, value_name = "SERVER")]
     fs: String,
     /// For --on any: stop after this many answers.
     #[arg(long, default_value_t = 8)]
@@ -166,7 +167,7 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
         k.add_peer(p);
     }
     a.host.peers.extend(later);
-    let fs = locate_service(&k, &mut a.host, &a.fs, "fileserver", "a file server")?;
+    let fs = locate_service(&k, &mut a.host, &a.fs, FILESERVER, "a file server")?;
     let team = match (pinned, a.on.as_deref()) {
         (Some(t), _) => t,
         (None, Some("any")) => {

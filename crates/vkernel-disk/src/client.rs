@@ -7,11 +7,12 @@
 //! server as the command's segment: no copy on this side.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use vkernel::message::IDEMPOTENT;
+use vkernel::service::ClientPool;
 use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
-use vkernel_proto::message::IDEMPOTENT;
 
 use crate::dvd::{self, Dvd};
 use crate::msg::{self, Response};
@@ -97,40 +98,6 @@ pub struct Geometry {
     pub owner: bool,
 }
 
-struct Pool {
-    free: Mutex<Vec<Process>>,
-    cv: Condvar,
-    /// Segment buffers for batches, reused: a fresh large allocation
-    /// per batch would cost an mmap and its page faults each time.
-    bufs: Mutex<Vec<Vec<u8>>>,
-}
-
-impl Pool {
-    fn take(&self) -> Process {
-        let mut g = match self.free.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        loop {
-            if let Some(p) = g.pop() {
-                return p;
-            }
-            g = match self.cv.wait(g) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-        }
-    }
-
-    fn give(&self, p: Process) {
-        match self.free.lock() {
-            Ok(mut g) => g.push(p),
-            Err(e) => e.into_inner().push(p),
-        }
-        self.cv.notify_one();
-    }
-}
-
 /// How a client finds its server again after the server restarts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rediscover {
@@ -164,7 +131,10 @@ pub struct Client {
     session: AtomicU64,
     geo: Geometry,
     max_transfer: u64,
-    pool: Pool,
+    pool: ClientPool,
+    /// Segment buffers for batches, reused: a fresh large allocation
+    /// per batch would cost an mmap and its page faults each time.
+    bufs: Mutex<Vec<Vec<u8>>>,
     reopen: Option<Reopen>,
     dvd: u32,
     key: u64,
@@ -207,24 +177,17 @@ impl Client {
         depth: usize,
         principal: u32,
     ) -> Result<Client, ClientError> {
-        let mut procs = Vec::with_capacity(depth.max(1));
-        for _ in 0..depth.max(1) {
-            let p = kernel.create_process()?;
-            if principal != 0 {
-                p.set_principal(principal);
-            }
-            procs.push(p);
-        }
-        let (handle, geo) = open_handle(&procs[0], server, dvd, key)?;
+        let pool = ClientPool::new(kernel, depth, principal)?;
+        let p = pool.take();
+        let opened = open_handle(&p, server, dvd, key);
+        pool.give(p);
+        let (handle, geo) = opened?;
         let mut c = Client {
             session: AtomicU64::new(pack(server, handle)),
             geo,
             max_transfer: 1 << 20,
-            pool: Pool {
-                free: Mutex::new(procs),
-                cv: Condvar::new(),
-                bufs: Mutex::new(Vec::new()),
-            },
+            pool,
+            bufs: Mutex::new(Vec::new()),
             reopen: None,
             dvd,
             key,
@@ -368,7 +331,7 @@ impl Client {
             let s = self.session.load(Ordering::Acquire);
             let (server, handle) = unpack(s);
             *m = request;
-            m.0[5] = handle;
+            msg::set_handle(m, handle);
             let p = self.pool.take();
             let r = match (&mut seg, append) {
                 (Some(sg), Some(n)) => p.send_with_segment_append(m, server, reborrow(sg), n),
@@ -376,9 +339,8 @@ impl Client {
                 (None, _) => p.send(m, server),
             };
             self.pool.give(p);
-            let bad_handle = r.is_ok()
-                && msg::split_word0(m.0[0]).0 == Response::BadHandle
-                && self.reopen.is_some();
+            let bad_handle =
+                r.is_ok() && msg::reply_status(m).0 == Response::BadHandle && self.reopen.is_some();
             match r {
                 Err(e) if self.reopen.is_some() && Self::gone(&e, server) => {
                     self.rediscover(s, e.into())?
@@ -410,8 +372,8 @@ impl Client {
         // MoveFrom, which lands it straight in place: a first part
         // appended to the request would be copied four times more on the
         // way (into the datagram, the alien, the worker's buffer, the store).
-        if matches!(data, Data::Out(b) if b.len() > vkernel_proto::MAX_APPEND) {
-            m.set_flag(vkernel_proto::message::NO_APPEND, true);
+        if matches!(data, Data::Out(b) if b.len() > vkernel::MAX_APPEND) {
+            m.set_flag(vkernel::message::NO_APPEND, true);
         }
         let seg = match data {
             Data::None => None,
@@ -420,16 +382,16 @@ impl Client {
             Data::Out(b) => Some(Segment::Read(b)),
         };
         self.exchange(&mut m, seg, None)?;
-        let (resp, status) = msg::split_word0(m.0[0]);
+        let (resp, status) = msg::reply_status(&m);
         if resp != Response::Complete {
             return Err(ClientError::Refused(resp));
         }
         match status {
             scsi::STATUS_GOOD => Ok(Done {
-                transferred: m.0[1] as usize,
+                transferred: msg::reply_count(&m) as usize,
             }),
             scsi::STATUS_CHECK_CONDITION => {
-                let b = msg::get_bytes::<{ scsi::SENSE_LEN }>(&m, 1);
+                let b = msg::reply_sense(&m);
                 Sense::from_bytes(&b)
                     .map(|s| Err(ClientError::Check(s)))
                     .unwrap_or_else(|| Err(ClientError::Malformed("sense data".into())))
@@ -549,9 +511,12 @@ impl Client {
             };
             e.encode(&mut seg[k * msg::BATCH_ENTRY..]);
         }
-        let mut m = Message::with_code(msg::SCSI_BATCH);
-        m.0[1] = n as u32;
-        m.0[2] = din_at as u32;
+        let mut m = msg::Request::Batch {
+            commands: n as u32,
+            data_in_at: din_at as u32,
+            handle: 0,
+        }
+        .encode();
         if idempotent {
             m.set_flag(IDEMPOTENT, true);
         }
@@ -560,7 +525,7 @@ impl Client {
             self.give_buf(seg);
             return Err(e);
         }
-        let (resp, _) = msg::split_word0(m.0[0]);
+        let (resp, _) = msg::reply_status(&m);
         if resp != Response::Complete {
             self.give_buf(seg);
             return Err(ClientError::Refused(resp));
@@ -603,7 +568,7 @@ impl Client {
     }
 
     fn take_buf(&self) -> Vec<u8> {
-        match self.pool.bufs.lock() {
+        match self.bufs.lock() {
             Ok(mut g) => g.pop(),
             Err(p) => p.into_inner().pop(),
         }
@@ -614,7 +579,7 @@ impl Client {
         if b.capacity() > (32 << 20) {
             return;
         }
-        match self.pool.bufs.lock() {
+        match self.bufs.lock() {
             Ok(mut g) => g.push(b),
             Err(p) => p.into_inner().push(b),
         }
@@ -741,7 +706,7 @@ impl Client {
 
     fn manage(&self, m: &mut Message, seg: Option<Segment<'_>>) -> Result<(), ClientError> {
         self.exchange(m, seg, None)?;
-        match msg::split_word0(m.0[0]).0 {
+        match msg::reply_status(m).0 {
             Response::Complete => Ok(()),
             r => Err(ClientError::Refused(r)),
         }
@@ -750,15 +715,14 @@ impl Client {
     /// Owner: defines (id 0) or changes a DVD; returns its id.
     pub fn set_dvd(&self, d: &Dvd) -> Result<u32, ClientError> {
         let rec = d.encode();
-        let mut m = Message::with_code(msg::DVD_SET);
+        let mut m = msg::Request::DvdSet { handle: 0 }.encode();
         self.manage(&mut m, Some(Segment::Read(&rec)))?;
-        Ok(m.0[1])
+        Ok(msg::reply_count(&m))
     }
 
     /// Owner: revokes a DVD.
     pub fn revoke_dvd(&self, id: u32) -> Result<(), ClientError> {
-        let mut m = Message::with_code(msg::DVD_REVOKE);
-        m.0[1] = id;
+        let mut m = msg::Request::DvdRevoke { dvd: id, handle: 0 }.encode();
         self.manage(&mut m, None)
     }
 
@@ -767,9 +731,10 @@ impl Client {
         let mut size = 64 << 10;
         loop {
             let mut buf = vec![0u8; size];
-            let mut m = Message::with_code(msg::DVD_LIST | IDEMPOTENT);
+            let mut m = msg::Request::DvdList { handle: 0 }.encode();
+            m.set_flag(IDEMPOTENT, true);
             let r = self.manage(&mut m, Some(Segment::Write(&mut buf)));
-            let need = m.0[1] as usize;
+            let need = msg::reply_list_bytes(&m) as usize;
             match r {
                 Ok(()) => {
                     return dvd::decode_list(buf.get(..need).unwrap_or(&[]))
@@ -783,7 +748,7 @@ impl Client {
 
     /// Forgets the handle at the server.
     pub fn close(self) -> Result<(), ClientError> {
-        let mut m = Message::with_code(msg::CLOSE);
+        let mut m = msg::Request::Close { handle: 0 }.encode();
         self.manage(&mut m, None)
     }
 }
@@ -804,20 +769,14 @@ fn open_handle(
     dvd: u32,
     key: u64,
 ) -> Result<(u32, Geometry), ClientError> {
-    let mut m = Message::with_code(msg::OPEN);
-    m.0[1] = (key >> 32) as u32;
-    m.0[2] = key as u32;
-    m.0[3] = dvd;
+    let mut m = msg::Request::Open { key, dvd }.encode();
     p.send(&mut m, server)?;
-    let (resp, _) = msg::split_word0(m.0[0]);
-    if resp != Response::Complete {
-        return Err(ClientError::Refused(resp));
-    }
+    let o = msg::Opened::decode(&m).map_err(ClientError::Refused)?;
     let geo = Geometry {
-        blocks: (u64::from(m.0[2]) << 32) | u64::from(m.0[3]),
-        block_size: m.0[4],
-        read_only: m.0[5] & msg::FLAG_READ_ONLY != 0,
-        owner: m.0[5] & msg::FLAG_OWNER != 0,
+        blocks: o.blocks,
+        block_size: o.block_size,
+        read_only: o.read_only,
+        owner: o.owner,
     };
     if !geo.block_size.is_power_of_two() || geo.block_size < 512 {
         return Err(ClientError::Malformed(format!(
@@ -825,5 +784,5 @@ fn open_handle(
             geo.block_size
         )));
     }
-    Ok((m.0[1], geo))
+    Ok((o.handle, geo))
 }

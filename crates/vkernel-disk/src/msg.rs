@@ -106,9 +106,220 @@ pub fn split_word0(w: u32) -> (Response, u8) {
     (Response::from_u8((w >> 8) as u8), w as u8)
 }
 
+/// Word of every request but OPEN that carries the handle.
+const HANDLE_WORD: usize = 5;
+
+/// An IPdisk request, decoded. [`Request::encode`] and
+/// [`Request::decode`] are the only places that know the word layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// [`OPEN`]: DVD `dvd`, presenting `key` (0 = none).
+    Open {
+        /// The key presented.
+        key: u64,
+        /// The DVD (0 = the whole device).
+        dvd: u32,
+    },
+    /// [`SCSI`]: one command.
+    Scsi {
+        /// The CDB, zero-padded.
+        cdb: [u8; 16],
+        /// The handle.
+        handle: u32,
+    },
+    /// [`SCSI_BATCH`]: `commands` entries, data-in area at `data_in_at`.
+    Batch {
+        /// Entries in the segment.
+        commands: u32,
+        /// Offset of the data-in area in the segment.
+        data_in_at: u32,
+        /// The handle.
+        handle: u32,
+    },
+    /// [`CLOSE`].
+    Close {
+        /// The handle.
+        handle: u32,
+    },
+    /// [`DVD_SET`]: a record in the read segment.
+    DvdSet {
+        /// The owner's handle.
+        handle: u32,
+    },
+    /// [`DVD_LIST`]: records into the write segment.
+    DvdList {
+        /// The owner's handle.
+        handle: u32,
+    },
+    /// [`DVD_REVOKE`].
+    DvdRevoke {
+        /// The DVD to revoke.
+        dvd: u32,
+        /// The owner's handle.
+        handle: u32,
+    },
+}
+
+impl Request {
+    /// The request message (flags and segment are the sender's to add).
+    pub fn encode(&self) -> Message {
+        let (code, words): (u32, [u32; 5]) = match *self {
+            Request::Open { key, dvd } => (OPEN, [(key >> 32) as u32, key as u32, dvd, 0, 0]),
+            Request::Scsi { cdb, handle } => {
+                let mut m = Message::with_code(SCSI);
+                put_bytes(&mut m, 1, &cdb);
+                m.0[HANDLE_WORD] = handle;
+                return m;
+            }
+            Request::Batch {
+                commands,
+                data_in_at,
+                handle,
+            } => (SCSI_BATCH, [commands, data_in_at, 0, 0, handle]),
+            Request::Close { handle } => (CLOSE, [0, 0, 0, 0, handle]),
+            Request::DvdSet { handle } => (DVD_SET, [0, 0, 0, 0, handle]),
+            Request::DvdList { handle } => (DVD_LIST, [0, 0, 0, 0, handle]),
+            Request::DvdRevoke { dvd, handle } => (DVD_REVOKE, [dvd, 0, 0, 0, handle]),
+        };
+        let mut m = Message::with_code(code);
+        m.0[1..6].copy_from_slice(&words);
+        m
+    }
+
+    /// Decodes a request; `None` for an unknown code.
+    pub fn decode(m: &Message) -> Option<Request> {
+        let handle = m.0[HANDLE_WORD];
+        Some(match m.code() {
+            OPEN => Request::Open {
+                key: (u64::from(m.0[1]) << 32) | u64::from(m.0[2]),
+                dvd: m.0[3],
+            },
+            SCSI => Request::Scsi {
+                cdb: get_bytes::<16>(m, 1),
+                handle,
+            },
+            SCSI_BATCH => Request::Batch {
+                commands: m.0[1],
+                data_in_at: m.0[2],
+                handle,
+            },
+            CLOSE => Request::Close { handle },
+            DVD_SET => Request::DvdSet { handle },
+            DVD_LIST => Request::DvdList { handle },
+            DVD_REVOKE => Request::DvdRevoke {
+                dvd: m.0[1],
+                handle,
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// Puts `handle` into an encoded request (a client re-sending after it
+/// found its server again has a new one).
+pub fn set_handle(m: &mut Message, handle: u32) {
+    m.0[HANDLE_WORD] = handle;
+}
+
+/// A reply that carries only word 0: the service response and, for a
+/// SCSI command executed, its status.
+pub fn status_reply(resp: Response, status: u8) -> Message {
+    let mut r = Message::zero();
+    r.0[0] = reply_word0(resp, status);
+    r
+}
+
+/// The service response and SCSI status of a reply.
+pub fn reply_status(m: &Message) -> (Response, u8) {
+    split_word0(m.0[0])
+}
+
+/// A Complete reply with a count in word 1: bytes transferred (SCSI),
+/// commands executed (SCSI_BATCH) or the DVD id (DVD_SET).
+pub fn count_reply(n: u32) -> Message {
+    let mut r = status_reply(Response::Complete, 0);
+    r.0[1] = n;
+    r
+}
+
+/// The count of a [`count_reply`].
+pub fn reply_count(m: &Message) -> u32 {
+    m.0[1]
+}
+
+/// A CHECK CONDITION reply carrying fixed-format sense data.
+pub fn check_reply(sense: &[u8; crate::scsi::SENSE_LEN]) -> Message {
+    let mut r = status_reply(Response::Complete, crate::scsi::STATUS_CHECK_CONDITION);
+    put_bytes(&mut r, 1, sense);
+    r
+}
+
+/// The sense data of a [`check_reply`].
+pub fn reply_sense(m: &Message) -> [u8; crate::scsi::SENSE_LEN] {
+    get_bytes(m, 1)
+}
+
+/// A DVD_LIST reply: `bytes` of records, `count` of them (with
+/// [`Response::Malformed`] the segment was too small for `bytes`).
+pub fn list_reply(resp: Response, bytes: u32, count: u32) -> Message {
+    let mut r = status_reply(resp, 0);
+    r.0[1] = bytes;
+    r.0[2] = count;
+    r
+}
+
+/// The record bytes a [`list_reply`] announces.
+pub fn reply_list_bytes(m: &Message) -> u32 {
+    m.0[1]
+}
+
+/// What an OPEN reply carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The handle for later requests.
+    pub handle: u32,
+    /// Blocks visible through the handle.
+    pub blocks: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Writes fail with DATA PROTECT.
+    pub read_only: bool,
+    /// The handle is the owner's.
+    pub owner: bool,
+}
+
+impl Opened {
+    /// The Complete reply to OPEN.
+    pub fn encode(&self) -> Message {
+        let mut r = status_reply(Response::Complete, 0);
+        r.0[1] = self.handle;
+        r.0[2] = (self.blocks >> 32) as u32;
+        r.0[3] = self.blocks as u32;
+        r.0[4] = self.block_size;
+        r.0[5] = if self.read_only { FLAG_READ_ONLY } else { 0 }
+            | if self.owner { FLAG_OWNER } else { 0 };
+        r
+    }
+
+    /// Decodes a reply to OPEN: `Err` with the service response when it
+    /// was refused.
+    pub fn decode(m: &Message) -> Result<Opened, Response> {
+        match reply_status(m).0 {
+            Response::Complete => Ok(Opened {
+                handle: m.0[1],
+                blocks: (u64::from(m.0[2]) << 32) | u64::from(m.0[3]),
+                block_size: m.0[4],
+                read_only: m.0[5] & FLAG_READ_ONLY != 0,
+                owner: m.0[5] & FLAG_OWNER != 0,
+            }),
+            r => Err(r),
+        }
+    }
+}
+
 /// Writes bytes into message words `first..`, big-endian, zero-padded.
 /// Bytes past word 5 are dropped (words 6–7 belong to the kernel).
-pub fn put_bytes(m: &mut Message, first: usize, bytes: &[u8]) {
+fn put_bytes(m: &mut Message, first: usize, bytes: &[u8]) {
     for (i, w) in m.0.iter_mut().enumerate().take(6).skip(first) {
         let o = (i - first) * 4;
         let mut a = [0u8; 4];
@@ -120,7 +331,7 @@ pub fn put_bytes(m: &mut Message, first: usize, bytes: &[u8]) {
 }
 
 /// Reads `N` bytes from message words `first..` (big-endian).
-pub fn get_bytes<const N: usize>(m: &Message, first: usize) -> [u8; N] {
+fn get_bytes<const N: usize>(m: &Message, first: usize) -> [u8; N] {
     let mut out = [0u8; N];
     for (k, b) in out.iter_mut().enumerate() {
         let w = first + k / 4;
@@ -133,10 +344,10 @@ pub fn get_bytes<const N: usize>(m: &Message, first: usize) -> [u8; N] {
 
 /// A SCSI request message for a CDB (at most 16 bytes) and a handle.
 pub fn scsi_request(cdb: &[u8], handle: u32) -> Message {
-    let mut m = Message::with_code(SCSI);
-    put_bytes(&mut m, 1, &cdb[..cdb.len().min(16)]);
-    m.0[5] = handle;
-    m
+    let mut c = [0u8; 16];
+    let n = cdb.len().min(16);
+    c[..n].copy_from_slice(&cdb[..n]);
+    Request::Scsi { cdb: c, handle }.encode()
 }
 
 /// One entry of a [`SCSI_BATCH`] request.
@@ -210,14 +421,60 @@ mod tests {
         assert_eq!(m.0[4], 0x0d0e_0f10);
         assert_eq!(m.0[5], 0xabcd);
         assert_eq!(get_bytes::<16>(&m, 1).to_vec(), cdb);
-        let mut r = Message::zero();
-        let sense: Vec<u8> = (100..118).collect();
-        put_bytes(&mut r, 1, &sense);
-        assert_eq!(get_bytes::<18>(&r, 1).to_vec(), sense);
+        let mut sense = [0u8; 18];
+        for (k, b) in sense.iter_mut().enumerate() {
+            *b = 100 + k as u8;
+        }
+        let r = check_reply(&sense);
+        assert_eq!(reply_sense(&r), sense);
         assert_eq!(r.0[6], 0, "words 6-7 untouched");
         assert_eq!(
             split_word0(reply_word0(Response::Denied, 2)),
             (Response::Denied, 2)
+        );
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        let reqs = [
+            Request::Open {
+                key: 0x0123_4567_89ab_cdef,
+                dvd: 7,
+            },
+            Request::Scsi {
+                cdb: [9; 16],
+                handle: 3,
+            },
+            Request::Batch {
+                commands: 4,
+                data_in_at: 256,
+                handle: 3,
+            },
+            Request::Close { handle: 3 },
+            Request::DvdSet { handle: 3 },
+            Request::DvdList { handle: 3 },
+            Request::DvdRevoke { dvd: 2, handle: 3 },
+        ];
+        for r in reqs {
+            assert_eq!(Request::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(Request::decode(&Message::with_code(IDLE)), None);
+        let o = Opened {
+            handle: 5,
+            blocks: 1 << 40,
+            block_size: 4096,
+            read_only: true,
+            owner: false,
+        };
+        assert_eq!(Opened::decode(&o.encode()), Ok(o));
+        assert_eq!(
+            Opened::decode(&status_reply(Response::Denied, 0)),
+            Err(Response::Denied)
+        );
+        assert_eq!(reply_count(&count_reply(9)), 9);
+        assert_eq!(
+            reply_list_bytes(&list_reply(Response::Malformed, 77, 2)),
+            77
         );
     }
 

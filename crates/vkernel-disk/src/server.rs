@@ -1,21 +1,20 @@
 //! The IPdisk V service: SCSI commands in V messages, executed against a
 //! backing store, through derived virtual devices.
 //!
-//! One registered pid (the *dispatcher*) receives every request and
-//! Forwards it to an idle *worker* process, so several commands are in
-//! flight at once (tagged queueing: each command is its own exchange).
-//! A worker receives the request with the first part of any data-out
+//! The server runs in a [`vkernel::service::WorkerPool`]: one registered
+//! pid (the *dispatcher*) receives every request and Forwards it to an
+//! idle *worker* process, so several commands are in flight at once
+//! (tagged queueing: each command is its own exchange). Small commands
+//! run in the dispatcher itself ([`INLINE_BYTES`]). A worker receives the request with the first part of any data-out
 //! segment appended, pulls the rest with MoveFrom, executes, and answers
-//! with the data-in appended to the reply (small) or by MoveTo (large),
-//! then tells the dispatcher it is idle again.
+//! with the data-in appended to the reply (small) or by MoveTo (large).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
-use vkernel::{Incoming, IpcError, Kernel, Message, Pid, Process, Scope};
-use vkernel_proto::MAX_APPEND;
+use vkernel::service::{Handler, PoolConfig, Request, WorkerPool};
+use vkernel::MAX_APPEND;
+use vkernel::{IpcError, Kernel, Message, Pid};
 
 use crate::backing::Backing;
 use crate::dvd::{AccessError, Dvd, DvdError, View};
@@ -93,32 +92,9 @@ struct Shared {
     access: Mutex<crate::dvd::Access>,
     base: DeviceInfo,
     stats: ServerStats,
-    /// Workers waiting for a request. The server's processes are threads
-    /// of one team and share this set, so a worker that finishes joins it
-    /// without an exchange with the dispatcher (which would cost two
-    /// wake-ups per command).
-    idle: Mutex<Vec<Pid>>,
-    /// Requests queued at the dispatcher. A worker that joins the idle
-    /// set while this is non-zero Sends IDLE to wake the dispatcher.
-    queued: AtomicUsize,
 }
 
 impl Shared {
-    fn idle(&self) -> MutexGuard<'_, Vec<Pid>> {
-        match self.idle.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    /// Puts `w` in the idle set (once).
-    fn make_idle(&self, w: Pid) {
-        let mut g = self.idle();
-        if !g.contains(&w) {
-            g.push(w);
-        }
-    }
-
     fn access(&self) -> MutexGuard<'_, crate::dvd::Access> {
         match self.access.lock() {
             Ok(g) => g,
@@ -141,15 +117,14 @@ impl Shared {
 /// A running disk server. Dropping it does not stop it; the processes end
 /// when their logical host shuts down.
 pub struct DiskServer {
-    pid: Pid,
+    pool: WorkerPool,
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for DiskServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DiskServer")
-            .field("pid", &self.pid)
+            .field("pid", &self.pool.pid())
             .finish()
     }
 }
@@ -191,40 +166,25 @@ impl DiskServer {
             )),
             base,
             stats: ServerStats::default(),
-            idle: Mutex::new(Vec::new()),
-            queued: AtomicUsize::new(0),
         });
-        let dispatcher = kernel.create_process()?;
-        let dpid = dispatcher.pid();
-        let mut workers = Vec::new();
-        let mut threads = Vec::new();
-        for i in 0..cfg.workers.max(1) {
-            let sh = shared.clone();
-            let (wpid, h) = kernel.spawn(&format!("ipdisk-w{i}"), move |p| worker(p, dpid, sh))?;
-            workers.push(wpid);
-            threads.push(h);
-        }
-        if let Some(lid) = cfg.logical_id {
-            dispatcher.set_pid(lid, dpid, Scope::Any);
-        }
-        shared.idle().extend(workers.iter().copied());
-        let queue = cfg.queue;
-        let dsh = shared.clone();
-        let h = std::thread::Builder::new()
-            .name("ipdisk-dispatch".into())
-            .spawn(move || dispatch(dispatcher, workers, queue, dsh))
-            .map_err(|_| ServerError::Ipc(IpcError::TableFull))?;
-        threads.push(h);
-        Ok(DiskServer {
-            pid: dpid,
-            shared,
-            threads,
-        })
+        let pool = WorkerPool::start(
+            kernel,
+            PoolConfig {
+                name: "ipdisk".into(),
+                workers: cfg.workers,
+                queue: cfg.queue,
+                idle_code: msg::IDLE,
+                inline_upto: INLINE_BYTES,
+                logical_id: cfg.logical_id,
+            },
+            shared.clone(),
+        )?;
+        Ok(DiskServer { pool, shared })
     }
 
     /// The pid clients send to (the dispatcher).
     pub fn pid(&self) -> Pid {
-        self.pid
+        self.pool.pid()
     }
 
     /// Blocks of the whole device.
@@ -264,112 +224,7 @@ impl DiskServer {
 
     /// Waits for the server's threads (they end when the host shuts down).
     pub fn join(self) {
-        for h in self.threads {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The dispatcher: hands each request to an idle worker by Forward, queues
-/// it while every worker is busy.
-fn dispatch(p: Process, workers: Vec<Pid>, cap: usize, sh: Arc<Shared>) {
-    let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
-    // Which client's request each busy worker was handed.
-    let mut assigned: Vec<(Pid, Pid)> = Vec::new();
-    let mut m = Message::zero();
-    let mut appended = vec![0u8; MAX_APPEND];
-    let mut bufs = Bufs::default();
-    loop {
-        // The first part of a segment too large to run here is not copied:
-        // the worker it goes to receives it again. (A local sender's larger
-        // command that runs here gathers its data straight from the
-        // sender's segment instead: the same one copy.)
-        let i = match p.receive_with_segment_upto(&mut m, &mut appended, INLINE_BYTES) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("ipdisk dispatcher: receive: {e}");
-                continue;
-            }
-        };
-        // A client on this logical host moves its data by memory copies
-        // (no datagrams, no acknowledgements to wait for): with a RAM store
-        // its larger commands run here too.
-        let limit = if i.from.host() == p.pid().host() && sh.backing.in_memory() {
-            LOCAL_INLINE_BYTES
-        } else {
-            INLINE_BYTES
-        };
-        let inline = matches!(m.code(), msg::SCSI | msg::SCSI_BATCH)
-            && (m.seg_len() as usize) <= limit
-            && !workers.contains(&i.from)
-            && (sh.backing.in_memory()
-                || !may_wait(&sh.base, &m, &appended[..i.seg_bytes.min(appended.len())]));
-        if m.code() == msg::IDLE && workers.contains(&i.from) {
-            // A worker saw queued requests as it went idle: hand them out.
-            let _ = p.reply(&Message::zero(), i.from);
-        } else {
-            // A process has one Send outstanding: a new request from
-            // `i.from` means the kernel has ended its previous exchange
-            // (e.g. an idempotent request re-executed after a late reply),
-            // and Forward names the exchange by pid only. A queued request
-            // from the same pid is stale: forwarding it would pair its CDB
-            // with the new exchange's data and reply.
-            pending.retain(|(_, f)| *f != i.from);
-            // Likewise a worker handed this client's previous request may
-            // never receive it (the kernel dropped the superseded
-            // exchange): count it idle again rather than lose it.
-            assigned.retain(|&(w, c)| {
-                if c == i.from {
-                    sh.make_idle(w);
-                }
-                c != i.from
-            });
-            if inline {
-                // Small commands run here: a hand-off to a worker would
-                // cost a wake-up more than the command itself.
-                execute(&p, &sh, m, &i, &appended, &mut bufs);
-            } else if pending.len() < cap {
-                pending.push_back((m, i.from));
-            } else {
-                let mut r = Message::zero();
-                r.0[0] = msg::reply_word0(Response::Busy, 0);
-                let _ = p.reply(&r, i.from);
-            }
-        }
-        // Hand queued requests to idle workers, oldest first. Publishing
-        // the queue length before looking at the idle set (and a worker
-        // joining the set before reading the length) means one of the two
-        // always sees the other: no request waits while a worker idles.
-        loop {
-            sh.queued.store(pending.len(), Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if pending.is_empty() {
-                break;
-            }
-            let Some(w) = sh.idle().pop() else {
-                break;
-            };
-            assigned.retain(|&(x, _)| x != w);
-            // Skip senders that have gone.
-            while let Some((pm, from)) = pending.pop_front() {
-                match p.forward(&pm, from, w) {
-                    Ok(()) => {
-                        assigned.push((w, from));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!("ipdisk: forward to worker {w}: {e}");
-                        let mut r = Message::zero();
-                        r.0[0] = msg::reply_word0(Response::Failed, 0);
-                        let _ = p.reply(&r, from);
-                    }
-                }
-            }
-            if !assigned.iter().any(|&(x, _)| x == w) {
-                sh.make_idle(w);
-            }
-        }
+        self.pool.join();
     }
 }
 
@@ -386,10 +241,11 @@ fn may_wait(info: &DeviceInfo, m: &Message, appended: &[u8]) -> bool {
                 | Action::WriteSame { .. })
         )
     };
-    if m.code() == msg::SCSI {
-        return waits(&msg::get_bytes::<16>(m, 1));
-    }
-    let n = m.0[1] as usize;
+    let n = match msg::Request::decode(m) {
+        Some(msg::Request::Scsi { cdb, .. }) => return waits(&cdb),
+        Some(msg::Request::Batch { commands, .. }) => commands as usize,
+        _ => return true,
+    };
     if n == 0 || n > msg::MAX_BATCH || appended.len() < n * msg::BATCH_ENTRY {
         return true;
     }
@@ -398,79 +254,50 @@ fn may_wait(info: &DeviceInfo, m: &Message, appended: &[u8]) -> bool {
     })
 }
 
-/// A worker: executes one request at a time.
-fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
-    // The dispatcher receives every request, so it alone waits on the
-    // socket: a datagram then wakes it directly instead of an idle worker
-    // that would only pass it on. A worker's own remote waits (bulk moves)
-    // are served by whichever thread reads the socket next.
-    p.set_socket_reader(false);
-    let mut m = Message::zero();
-    let mut appended = vec![0u8; MAX_APPEND];
-    let mut bufs = Bufs::default();
-    loop {
-        let i = match p.receive_with_segment(&mut m, &mut appended) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("ipdisk worker: receive: {e}");
-                continue;
-            }
+impl Handler for Shared {
+    type Scratch = Bufs;
+
+    fn handle(&self, r: Request<'_>, bufs: &mut Bufs) -> Result<(), IpcError> {
+        let req = Req { r, sh: self };
+        let now = self.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        self.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
+        let res = req.handle(bufs);
+        self.stats.busy.fetch_sub(1, Ordering::AcqRel);
+        bufs.trim();
+        res
+    }
+
+    fn failed(&self) -> Message {
+        refuse(Response::Failed)
+    }
+
+    fn busy(&self) -> Message {
+        refuse(Response::Busy)
+    }
+
+    /// Small SCSI commands run in the dispatcher: a hand-off to a worker
+    /// would cost a wake-up more than the command itself. A client on
+    /// this logical host moves its data by memory copies (no datagrams,
+    /// no acknowledgements to wait for): with a RAM store its larger
+    /// commands run here too. A command that may wait on the device never
+    /// does, so the dispatcher does not stall behind a disk.
+    fn runs_inline(&self, r: &Request<'_>) -> bool {
+        let m = &r.message;
+        let limit = if r.from.host() == r.process.pid().host() && self.backing.in_memory() {
+            LOCAL_INLINE_BYTES
+        } else {
+            INLINE_BYTES
         };
-        execute(&p, &sh, m, &i, &appended, &mut bufs);
-        sh.make_idle(p.pid());
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if sh.queued.load(Ordering::SeqCst) == 0 {
-            continue;
-        }
-        let mut idle = Message::with_code(msg::IDLE);
-        match p.send(&mut idle, dispatcher) {
-            Ok(_) => {}
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => tracing::debug!("ipdisk worker: idle: {e}"),
-        }
+        matches!(m.code(), msg::SCSI | msg::SCSI_BATCH)
+            && (m.seg_len() as usize) <= limit
+            && (self.backing.in_memory() || !may_wait(&self.base, m, r.appended))
     }
 }
 
-/// Executes one request that `p` (the dispatcher or a worker) received,
-/// counted as busy while it runs.
-fn execute(p: &Process, sh: &Shared, m: Message, i: &Incoming, appended: &[u8], bufs: &mut Bufs) {
-    let req = Req {
-        p,
-        sh,
-        m,
-        from: i.from,
-        principal: i.principal,
-        appended: &appended[..i.seg_bytes.min(appended.len())],
-    };
-    let now = sh.stats.busy.fetch_add(1, Ordering::AcqRel) + 1;
-    sh.stats.peak_busy.fetch_max(now, Ordering::AcqRel);
-    let r = req.handle(bufs);
-    sh.stats.busy.fetch_sub(1, Ordering::AcqRel);
-    match r {
-        Ok(()) => {}
-        // The host is going away: the client sees it go (timeout or no
-        // such process) and may find a restarted disk.
-        Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => {}
-        Err(e) => {
-            // A failed move (or reply) left the client unanswered: answer
-            // Failed so its Send ends (harmless if the client is gone).
-            tracing::debug!("ipdisk: request from {}: {e}", i.from);
-            let mut f = Message::zero();
-            f.0[0] = msg::reply_word0(Response::Failed, 0);
-            let _ = p.reply(&f, i.from);
-        }
-    }
-    bufs.trim();
-}
-
+/// One request being executed, with the server's state.
 struct Req<'a> {
-    p: &'a Process,
+    r: Request<'a>,
     sh: &'a Shared,
-    m: Message,
-    from: Pid,
-    principal: u32,
-    appended: &'a [u8],
 }
 
 /// SCSI commands and batches whose segment is at most this large run in
@@ -527,9 +354,7 @@ impl Bufs {
 }
 
 fn refuse(resp: Response) -> Message {
-    let mut r = Message::zero();
-    r.0[0] = msg::reply_word0(resp, 0);
-    r
+    msg::status_reply(resp, 0)
 }
 
 fn access_response(e: AccessError) -> Response {
@@ -542,7 +367,7 @@ fn access_response(e: AccessError) -> Response {
 
 impl Req<'_> {
     fn reply(&self, r: &Message) -> Result<(), IpcError> {
-        self.p.reply(r, self.from)
+        self.r.process.reply(r, self.r.from)
     }
 
     /// Delivers `data` into the sender's write segment and replies (a
@@ -550,9 +375,9 @@ impl Req<'_> {
     /// acknowledgement: READs are idempotent).
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         if data.is_empty() {
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         } else {
-            self.p.reply_with_segment(r, self.from, 0, data)
+            self.r.process.reply_with_segment(r, self.r.from, 0, data)
         }
     }
 
@@ -573,10 +398,16 @@ impl Req<'_> {
     /// segment: the appended part, then MoveFrom for the rest.
     fn gather_into(&self, dst: &mut [u8]) -> Result<(), IpcError> {
         let n = dst.len();
-        let have = self.appended.len().min(n);
-        dst[..have].copy_from_slice(&self.appended[..have]);
-        if have < n && self.p.move_from(self.from, have as u32, &mut dst[have..])? != n - have {
-            return Err(IpcError::OutOfBounds(self.from));
+        let have = self.r.appended.len().min(n);
+        dst[..have].copy_from_slice(&self.r.appended[..have]);
+        if have < n
+            && self
+                .r
+                .process
+                .move_from(self.r.from, have as u32, &mut dst[have..])?
+                != n - have
+        {
+            return Err(IpcError::OutOfBounds(self.r.from));
         }
         Ok(())
     }
@@ -584,54 +415,62 @@ impl Req<'_> {
     fn handle(&self, bufs: &mut Bufs) -> Result<(), IpcError> {
         let st = &self.sh.stats;
         let scratch = &mut bufs.a;
-        match self.m.code() {
-            msg::SCSI => self.scsi(scratch),
-            msg::SCSI_BATCH => self.batch(bufs),
-            msg::OPEN => {
-                let key = (u64::from(self.m.0[1]) << 32) | u64::from(self.m.0[2]);
-                let dvd = self.m.0[3];
+        let Some(req) = msg::Request::decode(&self.r.message) else {
+            st.refused.fetch_add(1, Ordering::Relaxed);
+            return self.reply(&refuse(Response::Malformed));
+        };
+        match req {
+            msg::Request::Scsi { cdb, handle } => self.scsi(&cdb, handle, scratch),
+            msg::Request::Batch {
+                commands,
+                data_in_at,
+                handle,
+            } => self.batch(commands as usize, data_in_at as usize, handle, bufs),
+            msg::Request::Open { key, dvd } => {
                 let r = self
                     .sh
                     .access()
-                    .open_as(self.from, self.principal, dvd, key);
+                    .open_as(self.r.from, self.r.principal, dvd, key);
                 match r {
-                    Ok((h, v)) => {
-                        let mut r = Message::zero();
-                        r.0[0] = msg::reply_word0(Response::Complete, 0);
-                        r.0[1] = h;
-                        r.0[2] = (v.blocks >> 32) as u32;
-                        r.0[3] = v.blocks as u32;
-                        r.0[4] = self.sh.base.block_size;
-                        r.0[5] = if v.writable { 0 } else { msg::FLAG_READ_ONLY }
-                            | if v.owner { msg::FLAG_OWNER } else { 0 };
-                        self.reply(&r)
-                    }
+                    Ok((handle, v)) => self.reply(
+                        &msg::Opened {
+                            handle,
+                            blocks: v.blocks,
+                            block_size: self.sh.base.block_size,
+                            read_only: !v.writable,
+                            owner: v.owner,
+                        }
+                        .encode(),
+                    ),
                     Err(e) => {
                         st.refused.fetch_add(1, Ordering::Relaxed);
                         self.reply(&refuse(access_response(e)))
                     }
                 }
             }
-            msg::CLOSE => {
-                let r = self.sh.access().close(self.from, self.m.0[5]);
+            msg::Request::Close { handle } => {
+                let r = self.sh.access().close(self.r.from, handle);
                 self.reply(&refuse(match r {
                     Ok(()) => Response::Complete,
                     Err(e) => access_response(e),
                 }))
             }
-            msg::DVD_SET | msg::DVD_LIST | msg::DVD_REVOKE => self.manage(scratch),
-            _ => {
-                st.refused.fetch_add(1, Ordering::Relaxed);
-                self.reply(&refuse(Response::Malformed))
-            }
+            msg::Request::DvdSet { handle }
+            | msg::Request::DvdList { handle }
+            | msg::Request::DvdRevoke { handle, .. } => self.manage(req, handle, scratch),
         }
     }
 
-    fn manage(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+    fn manage(
+        &self,
+        req: msg::Request,
+        handle: u32,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), IpcError> {
         let owner = match self
             .sh
             .access()
-            .check_as(self.from, self.principal, self.m.0[5])
+            .check_as(self.r.from, self.r.principal, handle)
         {
             Ok(v) => v.owner,
             Err(_) => false,
@@ -640,11 +479,10 @@ impl Req<'_> {
             self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
             return self.reply(&refuse(Response::Denied));
         }
-        let seg = self.m.seg_access();
-        let seg_len = self.m.seg_len() as usize;
-        let mut r = refuse(Response::Complete);
-        match self.m.code() {
-            msg::DVD_SET => {
+        let seg = self.r.message.seg_access();
+        let seg_len = self.r.message.seg_len() as usize;
+        match req {
+            msg::Request::DvdSet { .. } => {
                 let max =
                     crate::dvd::RECORD_HEAD + crate::dvd::MAX_ALLOW * crate::dvd::RECORD_ENTRY;
                 if !seg.read || seg_len > max {
@@ -655,14 +493,13 @@ impl Req<'_> {
                     Ok((d, _)) => d,
                     Err(_) => return self.reply(&refuse(Response::Malformed)),
                 };
-                match self.sh.access().define(d) {
-                    Ok(id) => r.0[1] = id,
-                    Err(DvdError::NoSuchDvd(_)) => r = refuse(Response::NoSuchDvd),
-                    Err(_) => r = refuse(Response::Malformed),
-                }
-                self.reply(&r)
+                self.reply(&match self.sh.access().define(d) {
+                    Ok(id) => msg::count_reply(id),
+                    Err(DvdError::NoSuchDvd(_)) => refuse(Response::NoSuchDvd),
+                    Err(_) => refuse(Response::Malformed),
+                })
             }
-            msg::DVD_LIST => {
+            msg::Request::DvdList { .. } => {
                 let (bytes, n) = {
                     let a = self.sh.access();
                     let mut b = Vec::new();
@@ -673,55 +510,51 @@ impl Req<'_> {
                     }
                     (b, n)
                 };
-                r.0[1] = bytes.len() as u32;
-                r.0[2] = n;
                 if !seg.write || seg_len < bytes.len() {
-                    r.0[0] = msg::reply_word0(Response::Malformed, 0);
+                    let r = msg::list_reply(Response::Malformed, bytes.len() as u32, n);
                     return self.reply(&r);
                 }
+                let r = msg::list_reply(Response::Complete, bytes.len() as u32, n);
                 self.reply_data(&r, &bytes)
             }
-            _ => {
-                if let Err(e) = self.sh.access().revoke(self.m.0[1]) {
-                    r = refuse(match e {
-                        DvdError::NoSuchDvd(_) => Response::NoSuchDvd,
-                        _ => Response::Malformed,
-                    });
-                }
-                self.reply(&r)
+            msg::Request::DvdRevoke { dvd, .. } => {
+                self.reply(&refuse(match self.sh.access().revoke(dvd) {
+                    Ok(()) => Response::Complete,
+                    Err(DvdError::NoSuchDvd(_)) => Response::NoSuchDvd,
+                    Err(_) => Response::Malformed,
+                }))
             }
+            _ => self.reply(&refuse(Response::Malformed)),
         }
     }
 
-    fn view(&self) -> Result<View, Response> {
+    fn view(&self, handle: u32) -> Result<View, Response> {
         self.sh
             .access()
-            .check_as(self.from, self.principal, self.m.0[5])
+            .check_as(self.r.from, self.r.principal, handle)
             .map_err(|e| {
                 self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
                 access_response(e)
             })
     }
 
-    fn scsi(&self, buf: &mut Vec<u8>) -> Result<(), IpcError> {
-        let view = match self.view() {
+    fn scsi(&self, cdb: &[u8; 16], handle: u32, buf: &mut Vec<u8>) -> Result<(), IpcError> {
+        let view = match self.view(handle) {
             Ok(v) => v,
             Err(r) => return self.reply(&refuse(r)),
         };
-        let seg = self.m.seg_access();
-        let seg_len = u64::from(self.m.seg_len());
-        let cdb = msg::get_bytes::<16>(&self.m, 1);
+        let seg = self.r.message.seg_access();
+        let seg_len = u64::from(self.r.message.seg_len());
         let caps = Caps {
             out: if seg.read { seg_len } else { 0 },
             data_in: if seg.write { seg_len } else { 0 },
         };
-        let o = self.run_cdb(&view, &cdb, caps, None, buf, true)?;
+        let o = self.run_cdb(&view, cdb, caps, None, buf, true)?;
         match o {
             Outcome::Refused(r) => self.reply(&refuse(r)),
             Outcome::Check(s) => self.check(s),
             Outcome::GoodInStore { off, n } => {
-                let mut good = refuse(Response::Complete);
-                good.0[1] = n as u32;
+                let good = msg::count_reply(n as u32);
                 // Straight from the store into the datagrams (or, on this
                 // host, the client's buffer): one copy fewer.
                 match self
@@ -748,8 +581,7 @@ impl Req<'_> {
                 }
             }
             Outcome::Good { data_in } => {
-                let mut good = refuse(Response::Complete);
-                good.0[1] = data_in.unwrap_or(0) as u32;
+                let good = msg::count_reply(data_in.unwrap_or(0) as u32);
                 match data_in {
                     Some(n) => self.reply_data(&good, &buf[..n]),
                     None => self.reply(&good),
@@ -917,15 +749,13 @@ impl Req<'_> {
     }
 
     /// A SCSI_BATCH: every command in order against one view, one exchange.
-    fn batch(&self, bufs: &mut Bufs) -> Result<(), IpcError> {
-        let view = match self.view() {
+    fn batch(&self, n: usize, din_at: usize, handle: u32, bufs: &mut Bufs) -> Result<(), IpcError> {
+        let view = match self.view(handle) {
             Ok(v) => v,
             Err(r) => return self.reply(&refuse(r)),
         };
-        let n = self.m.0[1] as usize;
-        let din_at = self.m.0[2] as usize;
-        let seg = self.m.seg_access();
-        let seg_len = self.m.seg_len() as usize;
+        let seg = self.r.message.seg_access();
+        let seg_len = self.r.message.seg_len() as usize;
         let table = n * msg::BATCH_ENTRY;
         if n == 0
             || n > msg::MAX_BATCH
@@ -992,19 +822,24 @@ impl Req<'_> {
             };
             e.encode(&mut wb[k * msg::BATCH_ENTRY..]);
         }
-        let mut good = refuse(Response::Complete);
-        good.0[1] = n as u32;
+        let good = msg::count_reply(n as u32);
         if din_at == table && table + used_in <= MAX_APPEND {
             // Entries and data-in are contiguous: one reply carries both.
-            return self
-                .p
-                .reply_with_segment(&good, self.from, 0, &wb[..table + used_in]);
+            return self.r.process.reply_with_segment(
+                &good,
+                self.r.from,
+                0,
+                &wb[..table + used_in],
+            );
         }
         if used_in > 0 {
-            self.p
-                .move_to(self.from, din_at as u32, &wb[table..table + used_in])?;
+            self.r
+                .process
+                .move_to(self.r.from, din_at as u32, &wb[table..table + used_in])?;
         }
-        self.p.reply_with_segment(&good, self.from, 0, &wb[..table])
+        self.r
+            .process
+            .reply_with_segment(&good, self.r.from, 0, &wb[..table])
     }
 
     fn checked(&self, s: Sense) -> Outcome {
@@ -1016,10 +851,7 @@ impl Req<'_> {
     }
 
     fn check(&self, s: Sense) -> Result<(), IpcError> {
-        let mut r = Message::zero();
-        r.0[0] = msg::reply_word0(Response::Complete, scsi::STATUS_CHECK_CONDITION);
-        msg::put_bytes(&mut r, 1, &s.to_bytes());
-        self.reply(&r)
+        self.reply(&msg::check_reply(&s.to_bytes()))
     }
 }
 
@@ -1047,8 +879,12 @@ mod tests {
     use super::*;
 
     fn batch_of(cdbs: &[[u8; 16]]) -> (Message, Vec<u8>) {
-        let mut m = Message::with_code(msg::SCSI_BATCH);
-        m.0[1] = cdbs.len() as u32;
+        let m = msg::Request::Batch {
+            commands: cdbs.len() as u32,
+            data_in_at: 0,
+            handle: 0,
+        }
+        .encode();
         let mut b = vec![0u8; cdbs.len() * msg::BATCH_ENTRY];
         for (k, c) in cdbs.iter().enumerate() {
             msg::BatchEntry::new(c, 0, 0).encode(&mut b[k * msg::BATCH_ENTRY..]);

@@ -15,10 +15,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
+use vkernel::service::ClientPool;
+use vkernel::{IpcError, Kernel, Message, Pid, Scope, Segment};
 
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN};
 
@@ -62,37 +63,6 @@ pub struct DirChunk {
     pub next: u32,
     /// True if the listing is complete.
     pub done: bool,
-}
-
-struct Pool {
-    free: Mutex<Vec<Process>>,
-    cv: Condvar,
-}
-
-impl Pool {
-    fn take(&self) -> Process {
-        let mut g = match self.free.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        loop {
-            if let Some(p) = g.pop() {
-                return p;
-            }
-            g = match self.cv.wait(g) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-        }
-    }
-
-    fn give(&self, p: Process) {
-        match self.free.lock() {
-            Ok(mut g) => g.push(p),
-            Err(e) => e.into_inner().push(p),
-        }
-        self.cv.notify_one();
-    }
 }
 
 /// Largest READ/WRITE request a client sends by default (bigger calls are
@@ -182,22 +152,8 @@ struct Reopen {
 pub struct Client {
     server: AtomicU32,
     max_request: usize,
-    pool: Pool,
+    pool: ClientPool,
     reopen: Option<Reopen>,
-}
-
-/// Requests whose word 1 is a handle.
-fn carries_handle(code: u32) -> bool {
-    matches!(
-        code,
-        vio::CLOSE
-            | vio::READ
-            | vio::WRITE
-            | vio::FSTAT
-            | vio::READDIR
-            | vio::FTRUNCATE
-            | vio::FSYNC
-    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -231,21 +187,10 @@ impl Client {
         depth: usize,
         principal: u32,
     ) -> Result<Client, ClientError> {
-        let mut procs = Vec::with_capacity(depth.max(1));
-        for _ in 0..depth.max(1) {
-            let p = kernel.create_process()?;
-            if principal != 0 {
-                p.set_principal(principal);
-            }
-            procs.push(p);
-        }
         let c = Client {
             server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
-            pool: Pool {
-                free: Mutex::new(procs),
-                cv: Condvar::new(),
-            },
+            pool: ClientPool::new(kernel, depth, principal)?,
             reopen: None,
         };
         c.statfs()?;
@@ -320,18 +265,19 @@ impl Client {
             return self.exchange_once(m, seg, self.server());
         };
         let request = *m;
-        let code = request.0[0] & vkernel_proto::message::CODE_MASK;
+        let code = vio::code(&request);
+        let handle = vio::request_handle(&request);
         let retry = Request::decode(&request).is_ok_and(|q| safe_to_resend(&q));
         loop {
             let server = self.server();
             *m = request;
-            if carries_handle(code) {
+            if let Some(fh) = handle {
                 let h = lock(&r.handles);
-                match h.open.get(&request.0[1]) {
+                match h.open.get(&fh) {
                     Some(o) if o.broken && code != vio::CLOSE => {
                         return Err(ClientError::Server(Errno::EIO))
                     }
-                    Some(o) => m.0[1] = o.server_fh,
+                    Some(o) => vio::set_request_handle(m, o.server_fh),
                     None => return Err(ClientError::Server(Errno::EBADF)),
                 }
             }
@@ -347,19 +293,19 @@ impl Client {
                     }
                 }
                 res => {
-                    if res.is_ok() || code == vio::CLOSE {
+                    if let (true, Some(fh)) = (res.is_ok() || code == vio::CLOSE, handle) {
                         let mut h = lock(&r.handles);
                         match code {
                             vio::CLOSE => {
-                                h.open.remove(&request.0[1]);
+                                h.open.remove(&fh);
                             }
                             vio::WRITE | vio::FTRUNCATE => {
-                                if let Some(o) = h.open.get_mut(&request.0[1]) {
+                                if let Some(o) = h.open.get_mut(&fh) {
                                     o.dirty = true;
                                 }
                             }
                             vio::FSYNC => {
-                                if let Some(o) = h.open.get_mut(&request.0[1]) {
+                                if let Some(o) = h.open.get_mut(&fh) {
                                     o.dirty = false;
                                 }
                             }
@@ -455,7 +401,7 @@ impl Client {
             out.clear();
             match sent {
                 Ok(_) if vio::status(&m) == Errno::OK && !o.dirty => {
-                    o.server_fh = m.0[1];
+                    o.server_fh = vio::reply_words(&m)[0];
                     reopened += 1;
                 }
                 _ => {
@@ -532,7 +478,7 @@ impl Client {
         };
         let (m, out) = self.call(req, p, ATTR_LEN)?;
         let attr = Self::attr_of(&out)?;
-        Ok((self.track(m.0[1], p, flags, false), attr))
+        Ok((self.track(vio::reply_words(&m)[0], p, flags, false), attr))
     }
 
     /// Creates (or truncates) `path` for writing with `mode`.
@@ -561,7 +507,7 @@ impl Client {
             }
             .encode();
             self.exchange(&mut m, Some(Segment::Write(chunk)))?;
-            let got = m.0[1] as usize;
+            let got = vio::reply_words(&m)[0] as usize;
             if got > n {
                 return Err(ClientError::Malformed(format!(
                     "READ answered {got} bytes for {n}"
@@ -590,7 +536,7 @@ impl Client {
             }
             .encode();
             self.exchange(&mut m, Some(Segment::Read(&data[done..done + n])))?;
-            let took = m.0[1] as usize;
+            let took = vio::reply_words(&m)[0] as usize;
             if took == 0 || took > n {
                 return Err(ClientError::Malformed(format!(
                     "WRITE accepted {took} bytes of {n}"
@@ -634,7 +580,8 @@ impl Client {
             path_len: Self::len32(p)?,
         };
         let (m, _) = self.call(req, p, 0)?;
-        Ok((self.track(m.0[1], p, 0, true), m.0[2]))
+        let [fh, count, ..] = vio::reply_words(&m);
+        Ok((self.track(fh, p, 0, true), count))
     }
 
     /// Entries of an open listing from `index` on (as many as fit one reply).
@@ -644,13 +591,14 @@ impl Client {
             index,
         };
         let (m, out) = self.call(req, &[], READDIR_BYTES)?;
-        let n = (m.0[1] as usize).min(out.len());
+        let [bytes, _, next, done, _] = vio::reply_words(&m);
+        let n = (bytes as usize).min(out.len());
         let entries =
             Dirent::decode_all(&out[..n]).map_err(|e| ClientError::Malformed(e.to_string()))?;
         Ok(DirChunk {
             entries,
-            next: m.0[3],
-            done: m.0[4] != 0,
+            next,
+            done: done != 0,
         })
     }
 
@@ -794,7 +742,7 @@ impl Client {
             path_len: Self::len32(p)?,
         };
         let (m, mut out) = self.call(req, p, vio::MAX_PATH)?;
-        let n = m.0[1] as usize;
+        let n = vio::reply_words(&m)[0] as usize;
         if n > out.len() {
             return Err(ClientError::Malformed(format!("link target of {n} bytes")));
         }
@@ -905,7 +853,7 @@ impl Client {
                 }
                 .encode();
                 self.exchange(&mut m, Some(Segment::Write(&mut image[done..done + n])))?;
-                let r = m.0[1] as usize;
+                let r = vio::reply_words(&m)[0] as usize;
                 if r > n {
                     return Err(ClientError::Malformed(format!(
                         "READ answered {r} bytes for {n}"

@@ -1,12 +1,12 @@
 //! The file server: V I/O requests executed against one exported tree.
 //!
-//! One registered pid, the *dispatcher*, receives every request and
-//! Forwards it to an idle *worker* process, so many clients are served at
-//! once behind one name (GetPid finds the dispatcher; a forwarded request
-//! keeps its sender, so the worker replies, moves data and reads the
-//! appended segment exactly as if the client had sent to it). A worker
-//! tells the dispatcher when it is idle again; requests that arrive while
-//! every worker is busy wait in the dispatcher's queue.
+//! The server runs in a [`vkernel::service::WorkerPool`]: one registered
+//! pid, the *dispatcher*, receives every request and Forwards it to an
+//! idle *worker* process, so many clients are served at once behind one
+//! name (GetPid finds the dispatcher; a forwarded request keeps its
+//! sender, so the worker replies, moves data and reads the appended
+//! segment exactly as if the client had sent to it). Requests that arrive
+//! while every worker is busy wait in the dispatcher's queue.
 //!
 //! Per file (device, inode) the server keeps a small I/O state under a
 //! mutex, which orders every data operation on the file:
@@ -23,14 +23,13 @@
 //!
 //! Bad requests are answered with an errno-like status and never panic.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 
-use vkernel::{HostId, IpcError, Kernel, Message, Pid, Process, Scope};
-use vkernel_proto::MAX_APPEND;
+use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
+use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
 use crate::confine::{self, Root};
 use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
@@ -282,15 +281,14 @@ impl Shared {
 /// A running file server. Dropping it does not stop it; its processes end
 /// when their logical host shuts down.
 pub struct FileServer {
-    pid: Pid,
+    pool: WorkerPool,
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for FileServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileServer")
-            .field("pid", &self.pid)
+            .field("pid", &self.pool.pid())
             .field("root", &self.shared.root.path())
             .finish()
     }
@@ -318,35 +316,24 @@ impl FileServer {
             ra_bytes: AtomicUsize::new(0),
             stats: ServerStats::default(),
         });
-        let dispatcher = kernel.create_process()?;
-        let dpid = dispatcher.pid();
-        let mut workers = Vec::new();
-        let mut threads = Vec::new();
-        for i in 0..cfg.workers.max(1) {
-            let sh = shared.clone();
-            let (wpid, h) = kernel.spawn(&format!("vio-w{i}"), move |p| worker(p, dpid, sh))?;
-            workers.push(wpid);
-            threads.push(h);
-        }
-        if let Some(lid) = cfg.logical_id {
-            dispatcher.set_pid(lid, dpid, Scope::Any);
-        }
-        let queue = cfg.queue;
-        let h = std::thread::Builder::new()
-            .name("vio-dispatch".into())
-            .spawn(move || dispatch(dispatcher, workers, queue))
-            .map_err(ServerError::Root)?;
-        threads.push(h);
-        Ok(FileServer {
-            pid: dpid,
-            shared,
-            threads,
-        })
+        let pool = WorkerPool::start(
+            kernel,
+            PoolConfig {
+                name: "vio".into(),
+                workers: cfg.workers,
+                queue: cfg.queue,
+                idle_code: IDLE,
+                inline_upto: 0,
+                logical_id: cfg.logical_id,
+            },
+            shared.clone(),
+        )?;
+        Ok(FileServer { pool, shared })
     }
 
     /// The pid clients send to (the dispatcher).
     pub fn pid(&self) -> Pid {
-        self.pid
+        self.pool.pid()
     }
 
     /// The exported directory.
@@ -366,137 +353,34 @@ impl FileServer {
 
     /// Waits for the server's threads (they end when the host shuts down).
     pub fn join(self) {
-        for h in self.threads {
-            let _ = h.join();
-        }
+        self.pool.join();
     }
 }
 
-fn error_reply(p: &Process, to: Pid, e: Errno) {
-    let _ = p.reply(&vio::reply(e, &[]), to);
-}
+impl Handler for Shared {
+    type Scratch = Vec<u8>;
 
-/// The dispatcher: hands each request to an idle worker by Forward and
-/// queues it while every worker is busy.
-fn dispatch(p: Process, workers: Vec<Pid>, cap: usize) {
-    let mut idle: Vec<Pid> = workers.clone();
-    let mut pending: VecDeque<(Message, Pid)> = VecDeque::new();
-    // Which client's request each busy worker was handed.
-    let mut assigned: Vec<(Pid, Pid)> = Vec::new();
-    let mut m = Message::zero();
-    loop {
-        let i = match p.receive(&mut m) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("vio dispatcher: receive: {e}");
-                continue;
-            }
-        };
-        if m.code() == IDLE && workers.contains(&i.from) {
-            let _ = p.reply(&Message::zero(), i.from);
-            assigned.retain(|&(w, _)| w != i.from);
-            if idle.contains(&i.from) {
-                continue;
-            }
-            let mut taken = false;
-            while let Some((pm, from)) = pending.pop_front() {
-                match p.forward(&pm, from, i.from) {
-                    Ok(()) => {
-                        assigned.push((i.from, from));
-                        taken = true;
-                        break;
-                    }
-                    Err(e) => tracing::debug!("vio: forward of a queued request: {e}"),
-                }
-            }
-            if !taken {
-                idle.push(i.from);
-            }
-            continue;
-        }
-        // A client has one Send outstanding: a new request from it means
-        // the kernel ended its previous exchange, so a queued request from
-        // the same pid is stale, and a worker handed its previous request
-        // may never see it — count that worker idle again.
-        pending.retain(|(_, f)| *f != i.from);
-        let superseded: Vec<Pid> = assigned
-            .iter()
-            .filter(|&&(_, c)| c == i.from)
-            .map(|&(w, _)| w)
-            .collect();
-        assigned.retain(|&(_, c)| c != i.from);
-        for w in superseded {
-            if !idle.contains(&w) {
-                idle.push(w);
-            }
-        }
-        if let Some(w) = idle.pop() {
-            assigned.push((w, i.from));
-            if let Err(e) = p.forward(&m, i.from, w) {
-                assigned.retain(|&(x, _)| x != w);
-                tracing::debug!("vio: forward to worker {w}: {e}");
-                idle.push(w);
-                error_reply(&p, i.from, Errno::EIO);
-            }
-        } else if pending.len() < cap {
-            pending.push_back((m, i.from));
-        } else {
-            error_reply(&p, i.from, Errno::EAGAIN);
-        }
-    }
-}
-
-/// A worker: executes one request at a time.
-fn worker(p: Process, dispatcher: Pid, sh: Arc<Shared>) {
-    // The dispatcher receives every request, so it alone waits on the
-    // socket: a datagram then wakes it directly instead of an idle worker
-    // that would only pass it on. A worker's own remote waits (bulk moves)
-    // are served by whichever thread reads the socket next.
-    p.set_socket_reader(false);
-    let mut m = Message::zero();
-    let mut appended = vec![0u8; MAX_APPEND];
-    let mut scratch: Vec<u8> = Vec::new();
-    loop {
-        let i = match p.receive_with_segment(&mut m, &mut appended) {
-            Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                tracing::debug!("vio worker: receive: {e}");
-                continue;
-            }
-        };
-        let req = Req {
-            p: &p,
-            sh: &sh,
-            m,
-            from: i.from,
-            principal: i.principal,
-            appended: &appended[..i.seg_bytes.min(appended.len())],
-        };
-        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match req.handle(&mut scratch) {
-            Ok(()) => {}
-            // The host is going away: the client sees it go (timeout or
-            // no such process) and may find a restarted server.
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => {
-                // A failed move (or reply) left the client unanswered:
-                // answer EIO so its Send ends (harmless if it is gone).
-                tracing::debug!("vio: request {:#x} from {}: {e}", m.code(), i.from);
-                sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                error_reply(&p, i.from, Errno::EIO);
+    fn handle(&self, r: PoolRequest<'_>, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
+        let req = Req { r, sh: self };
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let res = req.handle(scratch);
+        if let Err(e) = &res {
+            if !matches!(e, IpcError::Shutdown | IpcError::Destroyed) {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
         if scratch.capacity() > (32 << 20) {
-            scratch = Vec::new();
+            *scratch = Vec::new();
         }
-        let mut idle = Message::with_code(IDLE);
-        match p.send(&mut idle, dispatcher) {
-            Ok(_) => {}
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
-            Err(e) => tracing::debug!("vio worker: idle: {e}"),
-        }
+        res
+    }
+
+    fn failed(&self) -> Message {
+        vio::reply(Errno::EIO, &[])
+    }
+
+    fn busy(&self) -> Message {
+        vio::reply(Errno::EAGAIN, &[])
     }
 }
 
@@ -510,18 +394,15 @@ enum Answer {
     Fail(Errno, Vec<u32>),
 }
 
+/// One request being executed, with the server's state.
 struct Req<'a> {
-    p: &'a Process,
+    r: PoolRequest<'a>,
     sh: &'a Shared,
-    m: Message,
-    from: Pid,
-    principal: u32,
-    appended: &'a [u8],
 }
 
 impl Req<'_> {
     fn seg_len(&self) -> usize {
-        self.m.seg_len() as usize
+        self.r.message.seg_len() as usize
     }
 
     /// Gathers the request's `n` input bytes from the read-granted
@@ -532,18 +413,19 @@ impl Req<'_> {
         if n == 0 {
             return Ok(Ok(()));
         }
-        if !self.m.seg_access().read || self.seg_len() < n {
+        if !self.r.message.seg_access().read || self.seg_len() < n {
             return Ok(Err(Errno::EPROTO));
         }
         buf.resize(n, 0);
-        let have = self.appended.len().min(n);
-        buf[..have].copy_from_slice(&self.appended[..have]);
+        let have = self.r.appended.len().min(n);
+        buf[..have].copy_from_slice(&self.r.appended[..have]);
         let unit = self.sh.cfg.transfer_unit.max(1024);
         let mut at = have;
         while at < n {
             let k = unit.min(n - at);
-            self.p
-                .move_from(self.from, at as u32, &mut buf[at..at + k])?;
+            self.r
+                .process
+                .move_from(self.r.from, at as u32, &mut buf[at..at + k])?;
             at += k;
         }
         Ok(Ok(()))
@@ -551,7 +433,7 @@ impl Req<'_> {
 
     /// Room for `n` output bytes in the write-granted segment?
     fn can_answer(&self, n: usize) -> bool {
-        self.m.seg_access().write && self.seg_len() >= n
+        self.r.message.seg_access().write && self.seg_len() >= n
     }
 
     /// Sends `data` into the client's segment at 0 and the reply: with the
@@ -561,41 +443,46 @@ impl Req<'_> {
     fn reply_data(&self, r: &Message, data: &[u8]) -> Result<(), IpcError> {
         let unit = self.sh.cfg.transfer_unit.max(1024);
         if data.is_empty() {
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         } else if data.len() <= unit.max(ATTR_LEN) {
-            self.p.reply_with_segment(r, self.from, 0, data)
+            self.r.process.reply_with_segment(r, self.r.from, 0, data)
         } else {
             let mut at = 0;
             while at < data.len() {
                 let k = unit.min(data.len() - at);
-                self.p.move_to(self.from, at as u32, &data[at..at + k])?;
+                self.r
+                    .process
+                    .move_to(self.r.from, at as u32, &data[at..at + k])?;
                 at += k;
             }
-            self.p.reply(r, self.from)
+            self.r.process.reply(r, self.r.from)
         }
     }
 
     fn send(&self, r: Result<Answer, Errno>) -> Result<(), IpcError> {
         match r {
-            Ok(Answer::Words(w)) => self.p.reply(&vio::reply(Errno::OK, &w), self.from),
+            Ok(Answer::Words(w)) => self
+                .r
+                .process
+                .reply(&vio::reply(Errno::OK, &w), self.r.from),
             Ok(Answer::Data(w, d)) => self.reply_data(&vio::reply(Errno::OK, &w), &d),
             Ok(Answer::Fail(e, w)) => {
                 self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.p.reply(&vio::reply(e, &w), self.from)
+                self.r.process.reply(&vio::reply(e, &w), self.r.from)
             }
             Err(e) => {
                 self.sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.p.reply(&vio::reply(e, &[]), self.from)
+                self.r.process.reply(&vio::reply(e, &[]), self.r.from)
             }
         }
     }
 
     fn handle(&self, scratch: &mut Vec<u8>) -> Result<(), IpcError> {
-        let req = match Request::decode(&self.m) {
+        let req = match Request::decode(&self.r.message) {
             Ok(r) => r,
             Err(e) => return self.send(Err(e)),
         };
-        match self.sh.cfg.access.of(self.principal) {
+        match self.sh.cfg.access.of(self.r.principal) {
             Access::ReadWrite => {}
             Access::ReadOnly if !req.modifies() => {}
             Access::ReadOnly => return self.send(Err(Errno::EROFS)),
@@ -697,12 +584,15 @@ impl Req<'_> {
                     let mut io = lock(&inode.io);
                     sh.drop_ra(&mut io);
                 }
-                let h =
-                    sh.add_handle(self.from.host(), self.principal, Kind::File { file, inode })?;
+                let h = sh.add_handle(
+                    self.r.from.host(),
+                    self.r.principal,
+                    Kind::File { file, inode },
+                )?;
                 Ok(self.attr_answer(vec![h], confine::attr_of(&st)))
             }
             Request::Close { handle } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 lock(&sh.handles).map.remove(&handle);
                 if let Kind::File { inode, .. } = &h.kind {
                     let mut io = lock(&inode.io);
@@ -719,7 +609,7 @@ impl Req<'_> {
             }
             Request::Fstat { handle } => {
                 self.need_attr_room()?;
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 match &h.kind {
                     Kind::File { file, inode } => {
                         let _io = lock(&inode.io);
@@ -732,15 +622,16 @@ impl Req<'_> {
             Request::Opendir { path_len } => {
                 let entries = root.list(path(path_len)?)?;
                 let n = entries.len() as u32;
-                let h = sh.add_handle(self.from.host(), self.principal, Kind::Dir { entries })?;
+                let h =
+                    sh.add_handle(self.r.from.host(), self.r.principal, Kind::Dir { entries })?;
                 Ok(Answer::Words(vec![h, n]))
             }
             Request::Readdir { handle, index } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::Dir { entries } = &h.kind else {
                     return Err(Errno::ENOTDIR);
                 };
-                if !self.m.seg_access().write {
+                if !self.r.message.seg_access().write {
                     return Err(Errno::EPROTO);
                 }
                 let room = self.seg_len();
@@ -789,7 +680,7 @@ impl Req<'_> {
                 Ok(Answer::Words(vec![]))
             }
             Request::Ftruncate { handle, size } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Err(Errno::EISDIR);
                 };
@@ -803,7 +694,7 @@ impl Req<'_> {
                 datasync,
                 flush_only,
             } => {
-                let h = sh.handle(handle, self.from, self.principal)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 let Kind::File { file, inode } = &h.kind else {
                     return Ok(Answer::Words(vec![]));
                 };
@@ -872,7 +763,7 @@ impl Req<'_> {
     }
 
     fn file(&self, handle: u32) -> Result<Arc<Handle>, Errno> {
-        let h = self.sh.handle(handle, self.from, self.principal)?;
+        let h = self.sh.handle(handle, self.r.from, self.r.principal)?;
         match h.kind {
             Kind::File { .. } => Ok(h),
             Kind::Dir { .. } => Err(Errno::EISDIR),
@@ -894,7 +785,7 @@ impl Req<'_> {
         let Kind::File { file, inode } = &h.kind else {
             return self.send(Err(Errno::EISDIR));
         };
-        if count as usize > self.seg_len() || (count > 0 && !self.m.seg_access().write) {
+        if count as usize > self.seg_len() || (count > 0 && !self.r.message.seg_access().write) {
             return self.send(Err(Errno::EPROTO));
         }
         let want = count.min(vio::MAX_IO) as usize;
@@ -1012,7 +903,7 @@ impl Req<'_> {
         let ok = vio::reply(Errno::OK, &[n as u32]);
         if sh.cfg.write_behind {
             // Reply first; the file's lock keeps later requests behind the write.
-            let r = self.p.reply(&ok, self.from);
+            let r = self.r.process.reply(&ok, self.r.from);
             if let Err(e) = file.write_all_at(buf, offset) {
                 sh.stats.deferred_errors.fetch_add(1, Ordering::Relaxed);
                 io.error = Some(Errno::from_io(&e));
@@ -1030,7 +921,7 @@ impl Req<'_> {
                     sh.stats
                         .bytes_written
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    self.p.reply(&ok, self.from)
+                    self.r.process.reply(&ok, self.r.from)
                 }
                 Err(e) => self.send(Err(Errno::from_io(&e))),
             }

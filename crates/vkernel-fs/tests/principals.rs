@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use vkernel::auth::Key;
 use vkernel::{Kernel, KernelConfig};
 use vkernel_fs::client::{Client, ClientError};
 use vkernel_fs::server::{Access, AccessPolicy, FileServer, ServerConfig};
 use vkernel_fs::vio::Errno;
-use vkernel_proto::auth::Key;
 
 fn keyed(peers: Vec<std::net::SocketAddr>) -> Kernel {
     Kernel::start(KernelConfig {

@@ -11,6 +11,7 @@
 //!   V pipes, returns its exit status, and kills it when the client that
 //!   asked is gone.
 
+pub mod msg;
 pub mod pipe;
 pub mod team;
 

@@ -26,6 +26,9 @@ use std::time::Duration;
 
 use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
 
+use crate::msg::{
+    count_reply, eof_reply, reply_count, reply_eof, reply_status, status_reply, PipeRequest,
+};
 use crate::Status;
 
 /// CREATE request code.
@@ -39,7 +42,7 @@ pub const CLOSE: u32 = 0x50_5004;
 /// HANDOFF request code.
 pub const HANDOFF: u32 = 0x50_5005;
 /// Internal: the watcher reports a holder that no longer exists (w1 pid).
-const GONE: u32 = 0x50_5006;
+pub(crate) const GONE: u32 = 0x50_5006;
 
 /// Largest WRITE or READ of one request (it travels appended to the
 /// message: one datagram each way).
@@ -54,7 +57,7 @@ pub const MAX_PIPES: usize = 1024;
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The service name a host's pipe server registers under (local scope).
-pub const SERVICE: &str = "pipe";
+pub const SERVICE: &str = vkernel::service::PIPE;
 
 /// Which end of a pipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +69,7 @@ pub enum End {
 }
 
 impl End {
-    fn from_word(w: u32) -> Option<End> {
+    pub(crate) fn from_word(w: u32) -> Option<End> {
         match w {
             1 => Some(End::Read),
             2 => Some(End::Write),
@@ -84,17 +87,6 @@ pub enum PipeError {
     /// The server refused the request.
     #[error("pipe server: {0}")]
     Status(Status),
-}
-
-/// The logical id services register under: FNV-1a of the name, MSB clear
-/// (the same mapping `vkernel` uses for every service name).
-pub fn service_id(name: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in name.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h & 0x7fff_ffff
 }
 
 struct Pipe {
@@ -128,7 +120,7 @@ impl PipeServer {
     pub fn start(kernel: &Kernel) -> Result<PipeServer, IpcError> {
         let server = kernel.create_process()?;
         let pid = server.pid();
-        server.set_pid(service_id(SERVICE), pid, Scope::Local);
+        vkernel::service::register(&server, SERVICE, pid, Scope::Local);
         let holders: Arc<Mutex<Vec<Pid>>> = Arc::default();
         let h2 = holders.clone();
         let (_, watcher) = kernel.spawn("pipe-watch", move |p| watch(p, pid, h2))?;
@@ -155,12 +147,6 @@ impl PipeServer {
     }
 }
 
-fn status_reply(s: Status) -> Message {
-    let mut r = Message::zero();
-    r.0[0] = s.0;
-    r
-}
-
 /// Reports holders that no longer exist (checked every
 /// [`WATCH_INTERVAL`]; a holder on an unreachable host counts as gone).
 fn watch(p: Process, server: Pid, holders: Arc<Mutex<Vec<Pid>>>) {
@@ -178,8 +164,7 @@ fn watch(p: Process, server: Pid, holders: Arc<Mutex<Vec<Pid>>>) {
                 Err(_) => true,
             };
             if gone {
-                let mut m = Message::with_code(GONE);
-                m.0[1] = h.0;
+                let mut m = PipeRequest::Gone { holder: h }.encode();
                 match p.send(&mut m, server) {
                     Ok(_) => {}
                     Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
@@ -235,21 +220,22 @@ fn serve(p: Process, holders: Arc<Mutex<Vec<Pid>>>) {
 impl Server {
     /// Handles one request; `None` = the reply is delayed (or was sent).
     fn handle(&mut self, m: &Message, from: Pid, data: &[u8]) -> Option<Message> {
-        let pipe = m.0[1];
-        match m.code() {
-            CREATE => Some(self.create(m.0[1] as usize, from)),
-            WRITE => self.write(pipe, m.0[2] as usize, from, data),
-            READ => self.read(pipe, m.0[2] as usize, m.seg_len() as usize, from),
-            CLOSE => Some(match End::from_word(m.0[2]) {
+        match PipeRequest::decode(m) {
+            Some(PipeRequest::Create { capacity }) => Some(self.create(capacity as usize, from)),
+            Some(PipeRequest::Write { pipe, len }) => self.write(pipe, len as usize, from, data),
+            Some(PipeRequest::Read { pipe, most }) => {
+                self.read(pipe, most as usize, m.seg_len() as usize, from)
+            }
+            Some(PipeRequest::Close { pipe, end }) => Some(match end {
                 Some(end) => self.close(pipe, end, from),
                 None => status_reply(Status::EINVAL),
             }),
-            HANDOFF => Some(match End::from_word(m.0[2]) {
-                Some(end) => self.hand_off(pipe, end, from, Pid(m.0[3])),
+            Some(PipeRequest::HandOff { pipe, end, to }) => Some(match end {
+                Some(end) => self.hand_off(pipe, end, from, to),
                 None => status_reply(Status::EINVAL),
             }),
-            GONE if from.host() == self.p.pid().host() => {
-                self.gone(Pid(m.0[1]));
+            Some(PipeRequest::Gone { holder }) if from.host() == self.p.pid().host() => {
+                self.gone(holder);
                 Some(status_reply(Status::OK))
             }
             _ => Some(status_reply(Status::ENOSYS)),
@@ -280,9 +266,7 @@ impl Server {
                 waiting_writer: None,
             },
         );
-        let mut r = status_reply(Status::OK);
-        r.0[1] = id;
-        r
+        count_reply(id)
     }
 
     fn write(&mut self, id: u32, len: usize, from: Pid, data: &[u8]) -> Option<Message> {
@@ -305,9 +289,7 @@ impl Server {
         }
         pp.buf.extend(&data[..len]);
         self.feed_reader(id);
-        let mut r = status_reply(Status::OK);
-        r.0[1] = len as u32;
-        Some(r)
+        Some(count_reply(len as u32))
     }
 
     fn read(&mut self, id: u32, want: usize, room: usize, from: Pid) -> Option<Message> {
@@ -337,14 +319,11 @@ impl Server {
                 let n = want.min(pp.buf.len());
                 let chunk: Vec<u8> = pp.buf.drain(..n).collect();
                 pp.waiting_reader = None;
-                let mut r = status_reply(Status::OK);
-                r.0[1] = n as u32;
+                let r = count_reply(n as u32);
                 let _ = self.p.reply_with_segment(&r, rd, 0, &chunk);
             } else if pp.writer.is_none() {
                 pp.waiting_reader = None;
-                let mut r = status_reply(Status::OK);
-                r.0[2] = 1;
-                let _ = self.p.reply(&r, rd);
+                let _ = self.p.reply(&eof_reply(), rd);
             }
         }
         let Some(pp) = self.pipes.get_mut(&id) else {
@@ -357,9 +336,7 @@ impl Server {
         if fits {
             if let Some((wr, d)) = pp.waiting_writer.take() {
                 pp.buf.extend(&d);
-                let mut r = status_reply(Status::OK);
-                r.0[1] = d.len() as u32;
-                let _ = self.p.reply(&r, wr);
+                let _ = self.p.reply(&count_reply(d.len() as u32), wr);
                 // The data just taken may answer a reader waiting again.
                 if pp.waiting_reader.is_some() {
                     self.feed_reader(id);
@@ -458,7 +435,7 @@ pub struct Pipes {
 }
 
 fn check(m: &Message) -> Result<(), PipeError> {
-    match Status(m.0[0]) {
+    match reply_status(m) {
         Status::OK => Ok(()),
         s => Err(PipeError::Status(s)),
     }
@@ -467,29 +444,27 @@ fn check(m: &Message) -> Result<(), PipeError> {
 impl Pipes {
     /// The pipe server of `p`'s own logical host.
     pub fn local(p: &Process) -> Result<Pipes, PipeError> {
-        let server = p.get_pid(service_id(SERVICE), Scope::Local)?;
-        if server.is_none() {
-            return Err(PipeError::Status(Status::ENOENT));
+        match vkernel::service::find(p, SERVICE, Scope::Local)? {
+            Some(server) => Ok(Pipes { server }),
+            None => Err(PipeError::Status(Status::ENOENT)),
         }
-        Ok(Pipes { server })
     }
 
     /// Creates a pipe (`capacity` bytes of buffer, 0 = default); `p`
     /// holds both ends.
     pub fn create(&self, p: &Process, capacity: usize) -> Result<u32, PipeError> {
-        let mut m = Message::with_code(CREATE);
-        m.0[1] = u32::try_from(capacity).unwrap_or(u32::MAX);
+        let capacity = u32::try_from(capacity).unwrap_or(u32::MAX);
+        let mut m = PipeRequest::Create { capacity }.encode();
         p.send(&mut m, self.server)?;
         check(&m)?;
-        Ok(m.0[1])
+        Ok(reply_count(&m))
     }
 
     /// Writes all of `data` (blocks while the pipe is full).
     pub fn write(&self, p: &Process, pipe: u32, data: &[u8]) -> Result<(), PipeError> {
         for c in data.chunks(CHUNK) {
-            let mut m = Message::with_code(WRITE);
-            m.0[1] = pipe;
-            m.0[2] = c.len() as u32;
+            let len = c.len() as u32;
+            let mut m = PipeRequest::Write { pipe, len }.encode();
             p.send_with_segment(&mut m, self.server, Segment::Read(c))?;
             check(&m)?;
         }
@@ -503,32 +478,38 @@ impl Pipes {
         if n == 0 {
             return Ok(0);
         }
-        let mut m = Message::with_code(READ);
-        m.0[1] = pipe;
-        m.0[2] = n as u32;
+        let mut m = PipeRequest::Read {
+            pipe,
+            most: n as u32,
+        }
+        .encode();
         let r = p.send_with_segment(&mut m, self.server, Segment::Write(&mut buf[..n]))?;
         check(&m)?;
-        if m.0[2] == 1 {
+        if reply_eof(&m) {
             return Ok(0);
         }
-        Ok((m.0[1] as usize).min(r.seg_bytes).min(n))
+        Ok((reply_count(&m) as usize).min(r.seg_bytes).min(n))
     }
 
     /// Closes an end `p` holds.
     pub fn close(&self, p: &Process, pipe: u32, end: End) -> Result<(), PipeError> {
-        let mut m = Message::with_code(CLOSE);
-        m.0[1] = pipe;
-        m.0[2] = end as u32;
+        let mut m = PipeRequest::Close {
+            pipe,
+            end: Some(end),
+        }
+        .encode();
         p.send(&mut m, self.server)?;
         check(&m)
     }
 
     /// Hands an end `p` holds to process `to`.
     pub fn hand_off(&self, p: &Process, pipe: u32, end: End, to: Pid) -> Result<(), PipeError> {
-        let mut m = Message::with_code(HANDOFF);
-        m.0[1] = pipe;
-        m.0[2] = end as u32;
-        m.0[3] = to.0;
+        let mut m = PipeRequest::HandOff {
+            pipe,
+            end: Some(end),
+            to,
+        }
+        .encode();
         p.send(&mut m, self.server)?;
         check(&m)
     }

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
 
-use crate::pipe::{service_id, End, PipeServer, Pipes};
+use crate::msg::{exit_reply, reply_exit, status_reply, Load, Started, TeamRequest};
+use crate::pipe::{End, PipeServer, Pipes};
 use crate::Status;
 
 /// RUN request code.
@@ -42,7 +43,7 @@ pub const KILL: u32 = 0x54_4d03;
 /// LOAD request code (also answered to group queries).
 pub const LOAD: u32 = 0x54_4d04;
 /// Internal: a job's program ended (w1 job, w2 code, w3 signal).
-const DONE: u32 = 0x54_4d05;
+pub(crate) const DONE: u32 = 0x54_4d05;
 
 /// Most bytes of `path\0args` in a RUN request.
 pub const MAX_ARGV: usize = 16 << 10;
@@ -50,11 +51,11 @@ pub const MAX_ARGV: usize = 16 << 10;
 pub const MAX_JOBS: usize = 64;
 /// The service name team servers register under and whose well-known
 /// group they join.
-pub const SERVICE: &str = "team";
+pub const SERVICE: &str = vkernel::service::TEAM;
 
 /// The well-known group of team servers (for `run --on any`).
 pub fn team_group() -> Pid {
-    Pid::well_known_group(service_id(SERVICE) as u16)
+    vkernel::service::group(SERVICE)
 }
 
 /// Policy and limits of a team server.
@@ -138,7 +139,7 @@ impl TeamServer {
         let pipes = PipeServer::start(&kernel)?;
         let p = kernel.create_process()?;
         let pid = p.pid();
-        p.set_pid(service_id(SERVICE), pid, vkernel::Scope::Any);
+        vkernel::service::register(&p, SERVICE, pid, vkernel::Scope::Any);
         p.join_group(team_group(), pid)?;
         let dir = tempfile::Builder::new()
             .prefix("vkernel-team-")
@@ -188,12 +189,6 @@ impl TeamServer {
     }
 }
 
-fn reply_status(s: Status) -> Message {
-    let mut r = Message::zero();
-    r.0[0] = s.0;
-    r
-}
-
 struct Team {
     k: Arc<Kernel>,
     p: Process,
@@ -218,19 +213,19 @@ impl Team {
                 }
             };
             let args = &seg[..inc.seg_bytes.min(seg.len())];
-            let r = match m.code() {
-                LOAD => Some(self.load()),
-                RUN => Some(match self.admit(&inc) {
-                    Ok(()) => self.run(Pid(m.0[1]), inc.from, args),
-                    Err(s) => reply_status(s),
+            let r = match TeamRequest::decode(&m) {
+                Some(TeamRequest::Load) => Some(self.load()),
+                Some(TeamRequest::Run { fs }) => Some(match self.admit(&inc) {
+                    Ok(()) => self.run(fs, inc.from, args),
+                    Err(s) => status_reply(s),
                 }),
-                WAIT => self.wait(m.0[1], inc.from),
-                KILL => Some(self.kill(m.0[1], m.0[2] as i32, inc.from)),
-                DONE if inc.from.host() == self.p.pid().host() => {
-                    self.done(m.0[1], m.0[2] as i32, m.0[3] as i32);
-                    Some(reply_status(Status::OK))
+                Some(TeamRequest::Wait { job }) => self.wait(job, inc.from),
+                Some(TeamRequest::Kill { job, signal }) => Some(self.kill(job, signal, inc.from)),
+                Some(TeamRequest::Done { job, exit }) if inc.from.host() == self.p.pid().host() => {
+                    self.done(job, exit);
+                    Some(status_reply(Status::OK))
                 }
-                _ => Some(reply_status(Status::ENOSYS)),
+                _ => Some(status_reply(Status::ENOSYS)),
             };
             if let Some(r) = r {
                 let _ = self.p.reply(&r, inc.from);
@@ -255,17 +250,18 @@ impl Team {
     }
 
     fn load(&self) -> Message {
-        let mut r = reply_status(Status::OK);
-        r.0[1] = (vkernel::sys::load_average() * 100.0).clamp(0.0, u32::MAX as f64) as u32;
-        r.0[2] = self.jobs.values().filter(|j| j.done.is_none()).count() as u32;
-        r.0[3] = vkernel::sys::online_cpus() as u32;
-        r
+        Load {
+            load_x100: (vkernel::host::load_average() * 100.0).clamp(0.0, u32::MAX as f64) as u32,
+            jobs: self.jobs.values().filter(|j| j.done.is_none()).count() as u32,
+            cpus: vkernel::host::online_cpus() as u32,
+        }
+        .encode()
     }
 
     fn run(&mut self, fs: Pid, client: Pid, argv: &[u8]) -> Message {
         match self.start_job(fs, client, argv) {
             Ok(r) => r,
-            Err(s) => reply_status(s),
+            Err(s) => status_reply(s),
         }
     }
 
@@ -392,10 +388,7 @@ impl Team {
             let exit = supervise(&mut child, &pwait, client, check);
             let _ = out_h.join();
             let _ = err_h.join();
-            let mut m = Message::with_code(DONE);
-            m.0[1] = job;
-            m.0[2] = exit.code as u32;
-            m.0[3] = exit.signal.unwrap_or(0) as u32;
+            let mut m = TeamRequest::Done { job, exit }.encode();
             let _ = pwait.send(&mut m, team);
         });
         self.jobs.insert(
@@ -409,22 +402,23 @@ impl Team {
                 image: file,
             },
         );
-        let mut r = reply_status(Status::OK);
-        r.0[1] = job;
-        r.0[2] = pipe_in;
-        r.0[3] = pipe_out;
-        r.0[4] = pipe_err;
-        r.0[5] = self.pipes.server.0;
-        r.0[6] = os_pid;
-        Ok(r)
+        Ok(Started {
+            job,
+            stdin: pipe_in,
+            stdout: pipe_out,
+            stderr: pipe_err,
+            pipe_server: self.pipes.server,
+            os_pid,
+        }
+        .encode())
     }
 
     fn wait(&mut self, job: u32, from: Pid) -> Option<Message> {
         let Some(j) = self.jobs.get_mut(&job) else {
-            return Some(reply_status(Status::EBADF));
+            return Some(status_reply(Status::EBADF));
         };
         if j.client != from {
-            return Some(reply_status(Status::EBADF));
+            return Some(status_reply(Status::EBADF));
         }
         match j.done {
             Some(e) => {
@@ -444,19 +438,15 @@ impl Team {
                 if j.done.is_none() && (1..=64).contains(&sig) {
                     kill_group(j.os_pid, sig);
                 }
-                reply_status(Status::OK)
+                status_reply(Status::OK)
             }
-            _ => reply_status(Status::EBADF),
+            _ => status_reply(Status::EBADF),
         }
     }
 
-    fn done(&mut self, job: u32, code: i32, sig: i32) {
+    fn done(&mut self, job: u32, e: Exit) {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
-        };
-        let e = Exit {
-            code,
-            signal: (sig != 0).then_some(sig),
         };
         j.done = Some(e);
         let _ = std::fs::remove_file(&j.image);
@@ -470,13 +460,6 @@ impl Team {
             self.jobs.remove(&job);
         }
     }
-}
-
-fn exit_reply(e: Exit) -> Message {
-    let mut r = reply_status(Status::OK);
-    r.0[1] = e.code as u32;
-    r.0[2] = e.signal.unwrap_or(0) as u32;
-    r
 }
 
 fn write_image(path: &std::path::Path, image: &[u8]) -> std::io::Result<()> {
@@ -507,7 +490,6 @@ fn kill_group(pgid: u32, sig: i32) {
 
 /// Waits for the program, killing its group if the client goes away.
 fn supervise(child: &mut std::process::Child, p: &Process, client: Pid, check: Duration) -> Exit {
-    use std::os::fd::AsRawFd;
     let mut last = Instant::now();
     let mut killed = false;
     // A pidfd becomes readable when the program exits: the reply goes out
@@ -560,7 +542,13 @@ fn supervise(child: &mut std::process::Child, p: &Process, client: Pid, check: D
             // Until the exit, or the next look at the client.
             Some(fd) => {
                 let wait = check.saturating_sub(last.elapsed());
-                vkernel::sys::poll2(fd.as_raw_fd(), None, wait.max(Duration::from_millis(1)));
+                let wait = rustix::event::Timespec::try_from(wait.max(Duration::from_millis(1)))
+                    .unwrap_or(rustix::event::Timespec {
+                        tv_sec: 1,
+                        tv_nsec: 0,
+                    });
+                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                let _ = rustix::event::poll(&mut fds, Some(&wait));
             }
             None => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -576,22 +564,27 @@ pub fn select_team(
     limit: Duration,
     idle_load: f64,
 ) -> Result<Pid, RunError> {
-    let mut m = Message::with_code(LOAD);
-    m.set_group_mode(vkernel_proto::GroupMode::Many);
+    let mut m = TeamRequest::Load.encode();
+    m.set_group_mode(vkernel::GroupMode::Many);
     let t = Instant::now();
     let r = match p.send(&mut m, team_group()) {
         Ok(r) => r,
         Err(IpcError::Timeout(_)) => return Err(RunError::NoTeamServer),
         Err(e) => return Err(e.into()),
     };
-    let per_cpu = |m: &Message| f64::from(m.0[1]) / 100.0 / f64::from(m.0[3].max(1));
-    let mut best = (per_cpu(&m), m.0[2], r.from);
+    let rank = |m: &Message| {
+        let l = Load::decode(m);
+        (l.per_cpu(), l.jobs)
+    };
+    let (load, jobs) = rank(&m);
+    let mut best = (load, jobs, r.from);
     let mut n = 1;
     while n < max.max(1) && t.elapsed() < limit && best.0 >= idle_load {
         match p.get_reply(&mut m) {
             Some(from) => {
                 n += 1;
-                let c = (per_cpu(&m), m.0[2], from);
+                let (load, jobs) = rank(&m);
+                let c = (load, jobs, from);
                 if c.0 < best.0 || (c.0 == best.0 && c.1 < best.1) {
                     best = c;
                 }
@@ -644,15 +637,12 @@ pub fn run_as(
     if principal != 0 {
         main.set_principal(principal);
     }
-    let mut m = Message::with_code(RUN);
-    m.0[1] = fs.0;
+    let mut m = TeamRequest::Run { fs }.encode();
     main.send_with_segment(&mut m, team, Segment::Read(&spec))?;
-    if m.0[0] != 0 {
-        return Err(RunError::Status(Status(m.0[0])));
-    }
-    let (job, pin, pout, perr) = (m.0[1], m.0[2], m.0[3], m.0[4]);
+    let s = Started::decode(&m).map_err(RunError::Status)?;
+    let (job, pin, pout, perr) = (s.job, s.stdin, s.stdout, s.stderr);
     let pipes = Pipes {
-        server: Pid(m.0[5]),
+        server: s.pipe_server,
     };
     // The outer ends were handed to `main`; pass them to one process per
     // stream so each can block on its own.
@@ -697,14 +687,7 @@ pub fn run_as(
     }
     let _ = ho.join();
     let _ = he.join();
-    let mut w = Message::with_code(WAIT);
-    w.0[1] = job;
+    let mut w = TeamRequest::Wait { job }.encode();
     main.send(&mut w, team)?;
-    if w.0[0] != 0 {
-        return Err(RunError::Status(Status(w.0[0])));
-    }
-    Ok(Exit {
-        code: w.0[1] as i32,
-        signal: (w.0[2] != 0).then_some(w.0[2] as i32),
-    })
+    reply_exit(&w).map_err(RunError::Status)
 }

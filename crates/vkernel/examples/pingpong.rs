@@ -36,7 +36,7 @@ fn main() {
     let (spid, _h) = server_host
         .spawn("echo", |p| {
             if std::env::var("PIN").is_ok() {
-                let _ = vkernel::sys::pin_to_cpu(1);
+                let _ = vkernel::host::pin_to_cpu(1);
             }
             let mut m = Message::zero();
             while let Ok(i) = p.receive(&mut m) {
@@ -46,7 +46,7 @@ fn main() {
         .expect("server");
     let c = b.create_process().expect("client");
     if std::env::var("PIN").is_ok() {
-        let _ = vkernel::sys::pin_to_cpu(0);
+        let _ = vkernel::host::pin_to_cpu(0);
     }
     let mut lat = Vec::with_capacity(n);
     for _ in 0..n {

@@ -26,14 +26,16 @@
 #![warn(missing_docs)]
 
 mod clock;
+pub mod host;
 mod kernel;
 pub mod kernel_server;
 mod lent;
 pub mod metrics;
 pub mod net;
 mod process;
+pub mod service;
 mod spin;
-pub mod sys;
+mod sys;
 pub mod trace;
 mod waiter;
 
@@ -41,6 +43,7 @@ pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};
 pub use spin::AUTO_SPIN_CAP;
+pub use vkernel_proto::{auth, MAX_APPEND};
 pub use vkernel_proto::{
     message, DropReason, GroupMode, GroupPolicy, HostId, IpcError, Message, Pid, Scope, SegAccess,
     Stats,

@@ -1,0 +1,165 @@
+use super::*;
+use proptest::prelude::*;
+
+fn all_requests() -> Vec<Request> {
+    vec![
+        Request::Open {
+            path_len: 7,
+            flags: 0o1101,
+            mode: 0o644,
+        },
+        Request::Close { handle: 9 },
+        Request::Read {
+            handle: 3,
+            offset: 0x1_0000_0007,
+            count: 4096,
+        },
+        Request::Write {
+            handle: 3,
+            offset: u64::MAX - 1,
+            count: 1,
+        },
+        Request::Stat {
+            path_len: 4,
+            nofollow: true,
+        },
+        Request::Fstat { handle: 1 },
+        Request::Opendir { path_len: 0 },
+        Request::Readdir {
+            handle: 5,
+            index: 77,
+        },
+        Request::Mkdir {
+            path_len: 3,
+            mode: 0o755,
+        },
+        Request::Rmdir { path_len: 3 },
+        Request::Unlink { path_len: 3 },
+        Request::Rename {
+            old_len: 1,
+            new_len: 2,
+            flags: RENAME_NOREPLACE,
+        },
+        Request::Truncate {
+            path_len: 1,
+            size: 1 << 40,
+        },
+        Request::Ftruncate { handle: 2, size: 0 },
+        Request::Fsync {
+            handle: 2,
+            datasync: true,
+            flush_only: false,
+        },
+        Request::Symlink {
+            target_len: 9,
+            path_len: 2,
+        },
+        Request::Readlink { path_len: 2 },
+        Request::Setattr { path_len: 5 },
+        Request::Link {
+            old_len: 1,
+            new_len: 1,
+        },
+        Request::Statfs,
+    ]
+}
+
+#[test]
+fn every_request_round_trips() {
+    for r in all_requests() {
+        let m = r.encode();
+        assert_eq!(m.idempotent(), r.idempotent(), "{r:?}");
+        assert_eq!(Request::decode(&m), Ok(r));
+        assert_eq!(m.0[6], 0);
+        assert_eq!(m.0[7], 0);
+    }
+}
+
+#[test]
+fn bad_requests_get_codes() {
+    assert_eq!(
+        Request::decode(&Message::with_code(0x56_00ff)),
+        Err(Errno::ENOSYS)
+    );
+    let mut m = Message::with_code(STAT);
+    m.0[1] = MAX_PATH as u32 + 1;
+    assert_eq!(Request::decode(&m), Err(Errno::ENAMETOOLONG));
+    m.0[1] = 1;
+    m.0[2] = 6;
+    assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+    let mut m = Message::with_code(RENAME);
+    m.0[3] = 3;
+    assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+}
+
+#[test]
+fn records_round_trip_and_reject_short_input() {
+    let a = Attr {
+        ino: 1,
+        size: 2,
+        blocks: 3,
+        atime: -4,
+        mtime: 5,
+        ctime: 6,
+        atime_ns: 7,
+        mtime_ns: 8,
+        ctime_ns: 9,
+        mode: 0o100644,
+        nlink: 1,
+        uid: 1000,
+        gid: 100,
+        rdev: 0,
+        blksize: 4096,
+        dev: 42,
+    };
+    assert_eq!(Attr::decode(&a.encode()), Ok(a));
+    assert!(Attr::decode(&a.encode()[..ATTR_LEN - 1]).is_err());
+    let s = SetAttr {
+        valid: SET_MODE | SET_MTIME,
+        mode: 0o600,
+        mtime: 12,
+        mtime_ns: 999_999_999,
+        ..SetAttr::default()
+    };
+    assert_eq!(SetAttr::decode(&s.encode()), Ok(s));
+    let mut bad = s.encode();
+    bad[3] = 0xff;
+    bad[2] = 1;
+    assert!(SetAttr::decode(&bad).is_err());
+    let f = StatFs {
+        blocks: 1,
+        bfree: 2,
+        bavail: 3,
+        files: 4,
+        ffree: 5,
+        bsize: 4096,
+        namelen: 255,
+        frsize: 4096,
+    };
+    assert_eq!(StatFs::decode(&f.encode()), Ok(f));
+    let mut b = Vec::new();
+    for n in ["a", "bc", "d.e"] {
+        Dirent {
+            ino: 9,
+            kind: 8,
+            name: n.as_bytes().to_vec(),
+        }
+        .encode_into(&mut b);
+    }
+    let d = Dirent::decode_all(&b).unwrap();
+    assert_eq!(d.len(), 3);
+    assert_eq!(d[2].name, b"d.e");
+    assert!(Dirent::decode_all(&b[..b.len() - 1]).is_err());
+}
+
+proptest! {
+    #[test]
+    fn decoders_never_panic(words in proptest::array::uniform8(any::<u32>()),
+                            bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = Request::decode(&Message(words));
+        let _ = Attr::decode(&bytes);
+        let _ = SetAttr::decode(&bytes);
+        let _ = StatFs::decode(&bytes);
+        let _ = Dirent::decode_all(&bytes);
+    }
+}
