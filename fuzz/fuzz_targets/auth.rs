@@ -19,6 +19,7 @@ fn keyed(host: u16, encrypt: bool) -> Engine {
             send_key: 1,
             encrypt,
             counter_start: 1 << 40,
+            max_skew: 1_000_000,
             salt: host as u32,
         }),
         ..Config::default()
