@@ -280,7 +280,7 @@ fn demo_and_bench_run_and_report() {
     let pos = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
     // The fit is a measurement: with few quick-mode sizes, blocking waits
     // and a loaded machine, wake-up noise can swamp the per-byte cost and
-    // make either coefficient negative (CI saw a slope of -1.8e-5 µs/B), so
+    // make either coefficient negative, so
     // only their presence and finiteness are checked.
     for k in ["fit_us", "fit_us_per_byte"] {
         assert!(
