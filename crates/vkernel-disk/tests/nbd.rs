@@ -894,7 +894,11 @@ fn contiguous_large_requests_are_merged_and_each_answered() {
         c.s.read_exact(&mut d).unwrap();
         got.insert(ck, d);
     }
-    assert_eq!(commands() - before, 2, "eight reads in two merged runs");
+    // Two runs when the pump finds all eight buffered (the usual case); a
+    // pump that wakes between segments splits a run, so the bound is
+    // loose. Without merging it is eight.
+    let n = commands() - before;
+    assert!(n <= 4, "eight reads in {n} device commands: merging failed");
     for k in 0..8usize {
         assert!(
             got[&(300 + k as u64)] == data[k * K..(k + 1) * K],
