@@ -4,6 +4,8 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::RECV_TIMEOUT;
+
 /// Why a baseline run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -52,5 +54,23 @@ impl BenchError {
     /// Wraps an I/O error with what was being done.
     pub(crate) fn io(context: &'static str) -> impl FnOnce(io::Error) -> BenchError {
         move |source| BenchError::Io { context, source }
+    }
+
+    /// Wraps a non-I/O error (libzmq's, tonic's) with what was being done.
+    pub(crate) fn other<E: std::fmt::Display>(
+        context: &'static str,
+    ) -> impl FnOnce(E) -> BenchError {
+        move |e| BenchError::Io {
+            context,
+            source: io::Error::other(e.to_string()),
+        }
+    }
+
+    /// Nothing arrived for `what` within [`RECV_TIMEOUT`].
+    pub(crate) fn timeout(what: &'static str) -> BenchError {
+        BenchError::Timeout {
+            what,
+            after: RECV_TIMEOUT,
+        }
     }
 }

@@ -13,7 +13,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::placement::run_pair;
+use crate::pingpong::{run_pingpong, total_rounds};
 use crate::{BenchError, Placement, Samples, Wait, RECV_TIMEOUT};
 
 /// Code generated from `proto/echo.proto`.
@@ -54,13 +54,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .map_err(BenchError::io("tokio runtime"))
 }
 
-fn other(context: &'static str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Io {
-        context,
-        source: std::io::Error::other(e.to_string()),
-    }
-}
-
 /// Round-trip times of unary gRPC calls carrying `size` bytes (0 up to
 /// [`MAX_GRPC_PAYLOAD`]) each way, between a tonic client thread and a
 /// tonic server thread on 127.0.0.1 (an ephemeral port, one HTTP/2
@@ -82,9 +75,7 @@ pub fn grpc_pingpong(
     _wait: Wait,
     placement: Placement,
 ) -> Result<Samples, BenchError> {
-    let total = iters
-        .checked_add(warmup)
-        .ok_or_else(|| BenchError::InvalidArgument("iters + warmup overflows".into()))?;
+    let total = total_rounds(iters, warmup)?;
     if size > MAX_GRPC_PAYLOAD {
         return Err(BenchError::InvalidArgument(format!(
             "gRPC payload of {size} bytes is over {MAX_GRPC_PAYLOAD} bytes (tonic's default limit)"
@@ -125,14 +116,14 @@ pub fn grpc_pingpong(
                     let _ = tokio::time::timeout(Duration::from_secs(600), stop_rx).await;
                 })
                 .await
-                .map_err(|e| other("gRPC server", e))
+                .map_err(BenchError::other("gRPC server"))
         })
     };
     let client = move || -> Result<Samples, BenchError> {
         let rt = runtime()?;
         let r = rt.block_on(async move {
             let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| other("gRPC endpoint", e))?
+                .map_err(BenchError::other("gRPC endpoint"))?
                 .tcp_nodelay(true)
                 .connect_timeout(RECV_TIMEOUT);
             let start = Instant::now();
@@ -142,7 +133,7 @@ pub fn grpc_pingpong(
                     Err(_) if start.elapsed() < RECV_TIMEOUT => {
                         tokio::time::sleep(Duration::from_millis(5)).await
                     }
-                    Err(e) => return Err(other("gRPC connect", e)),
+                    Err(e) => return Err(BenchError::other("gRPC connect")(e)),
                 }
             };
             let mut c = EchoClient::new(channel)
@@ -155,11 +146,8 @@ pub fn grpc_pingpong(
                 let t = Instant::now();
                 let r = tokio::time::timeout(RECV_TIMEOUT, c.echo(req))
                     .await
-                    .map_err(|_| BenchError::Timeout {
-                        what: "gRPC call",
-                        after: RECV_TIMEOUT,
-                    })?
-                    .map_err(|e| other("gRPC call", e))?;
+                    .map_err(|_| BenchError::timeout("gRPC call"))?
+                    .map_err(BenchError::other("gRPC call"))?;
                 let dt = t.elapsed();
                 if r.get_ref().data != data {
                     return Err(BenchError::Protocol("gRPC echo differs".into()));
@@ -173,58 +161,37 @@ pub fn grpc_pingpong(
         let _ = stop_tx.send(());
         r
     };
-    let (c, s) = run_pair(placement, client, server);
-    let samples = c?;
-    s?;
-    Ok(samples)
+    run_pingpong(placement, client, server)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sane(s: &Samples, n: usize) {
-        assert_eq!(s.n(), n);
-        let sum = s.summary().expect("samples");
-        assert!(sum.min_us > 0.0 && sum.min_us <= sum.median_us && sum.median_us <= sum.p99_us);
-    }
+    use crate::{assert_refuses_bad_counts, assert_round_trips, assert_sane};
 
     #[test]
     fn grpc_unary_round_trips() {
         let _g = crate::net_test_lock();
         // Wait::Spin is accepted and behaves as Wait::Block.
-        for wait in [Wait::Block, Wait::Spin] {
-            for size in [32, 8192] {
-                let s = grpc_pingpong(size, 200, 20, wait, Placement::UNPINNED)
-                    .unwrap_or_else(|e| panic!("{wait} {size} B: {e}"));
-                sane(&s, 200);
-            }
-        }
+        assert_round_trips(grpc_pingpong, &[32, 8192]);
     }
 
     #[test]
     fn grpc_empty_largest_and_pinned() {
         let _g = crate::net_test_lock();
         let s = grpc_pingpong(0, 50, 5, Wait::Block, Placement::UNPINNED).expect("0 B");
-        sane(&s, 50);
+        assert_sane(&s, 50);
         // Exactly the limit: the codecs must allow for the protobuf framing.
         let s = grpc_pingpong(MAX_GRPC_PAYLOAD, 2, 0, Wait::Block, Placement::UNPINNED)
             .expect("largest");
-        sane(&s, 2);
+        assert_sane(&s, 2);
         let p = Placement::spread().expect("spread");
         let s = grpc_pingpong(32, 200, 20, Wait::Block, p).expect("pinned");
-        sane(&s, 200);
+        assert_sane(&s, 200);
     }
 
     #[test]
     fn grpc_refuses_bad_arguments() {
-        assert!(matches!(
-            grpc_pingpong(MAX_GRPC_PAYLOAD + 1, 1, 0, Wait::Block, Placement::UNPINNED),
-            Err(BenchError::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            grpc_pingpong(32, usize::MAX, 1, Wait::Block, Placement::UNPINNED),
-            Err(BenchError::InvalidArgument(_))
-        ));
+        assert_refuses_bad_counts(grpc_pingpong, MAX_GRPC_PAYLOAD + 1);
     }
 }

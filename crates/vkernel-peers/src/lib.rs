@@ -45,6 +45,7 @@
 mod error;
 pub mod grpcpeer;
 mod net;
+mod pingpong;
 pub mod placement;
 pub mod stats;
 pub mod tcp;
@@ -69,4 +70,50 @@ pub use zmqpeer::{zmq_pingpong, MAX_ZMQ_MESSAGE};
 pub(crate) fn net_test_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks a ping-pong's samples: `n` of them, all positive, in order
+/// min ≤ median ≤ p99 ≤ max.
+#[cfg(test)]
+pub(crate) fn assert_sane(s: &Samples, n: usize) {
+    assert_eq!(s.n(), n);
+    let sum = s.summary().expect("samples");
+    assert!(sum.min_us > 0.0 && sum.min_us <= sum.median_us, "{sum:?}");
+    assert!(
+        sum.median_us <= sum.p99_us && sum.p99_us <= sum.max_us,
+        "{sum:?}"
+    );
+}
+
+/// The signature all four ping-pongs share.
+#[cfg(test)]
+pub(crate) type PingPong = fn(usize, usize, usize, Wait, Placement) -> Result<Samples, BenchError>;
+
+/// Runs 200 round trips (after 20 warm-up ones) of each size, blocking and
+/// spinning, unpinned, and checks the samples. The caller holds
+/// [`net_test_lock`].
+#[cfg(test)]
+pub(crate) fn assert_round_trips(pingpong: PingPong, sizes: &[usize]) {
+    for wait in [Wait::Block, Wait::Spin] {
+        for &size in sizes {
+            let s = pingpong(size, 200, 20, wait, Placement::UNPINNED)
+                .unwrap_or_else(|e| panic!("{wait} {size} B: {e}"));
+            assert_sane(&s, 200);
+        }
+    }
+}
+
+/// Checks that a message of `bad_size` bytes and a round count that
+/// overflows are refused as invalid arguments.
+#[cfg(test)]
+pub(crate) fn assert_refuses_bad_counts(pingpong: PingPong, bad_size: usize) {
+    for (size, iters) in [(bad_size, 1), (32, usize::MAX)] {
+        assert!(
+            matches!(
+                pingpong(size, iters, 1, Wait::Block, Placement::UNPINNED),
+                Err(BenchError::InvalidArgument(_))
+            ),
+            "{size} B, {iters} rounds"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! Socket helpers shared by the UDP and TCP baselines.
 
 use std::io::{self, ErrorKind};
-use std::net::{IpAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,9 @@ use crate::{BenchError, Wait};
 /// Longest any single receive (or blocked send) waits before the run is
 /// declared stalled.
 pub const RECV_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// 127.0.0.1, where the peers run unless told otherwise.
+pub(crate) const LOCALHOST_V4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Socket buffer size the blast asks for on each socket: 8 MiB.
 pub const DEFAULT_SOCKET_BUFFER: usize = 8 << 20;
@@ -127,6 +130,24 @@ pub(crate) fn is_retry(e: &io::Error) -> bool {
     )
 }
 
+/// [`BenchError::Timeout`] for `what` once [`RECV_TIMEOUT`] has passed
+/// since `start`: the bound on every retry loop of a send, read or accept.
+pub(crate) fn check_deadline(start: Instant, what: &'static str) -> Result<(), BenchError> {
+    if start.elapsed() >= RECV_TIMEOUT {
+        Err(BenchError::timeout(what))
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes the iteration number into the first (up to 8) bytes, so a stale
+/// or misdirected echo is detected.
+pub(crate) fn stamp(buf: &mut [u8], k: usize) {
+    let b = (k as u64).to_le_bytes();
+    let n = buf.len().min(8);
+    buf[..n].copy_from_slice(&b[..n]);
+}
+
 /// Sets up a socket's waiting: non-blocking for [`Wait::Spin`], blocking
 /// with `timeout` on receives and sends for [`Wait::Block`].
 pub(crate) fn prepare_udp(s: &UdpSocket, wait: Wait, timeout: Duration) -> Result<(), BenchError> {
@@ -178,12 +199,7 @@ pub(crate) fn send_dgram(s: &UdpSocket, buf: &[u8]) -> Result<(), BenchError> {
                 )))
             }
             Err(e) if is_retry(&e) || e.raw_os_error() == Some(libc::ENOBUFS) => {
-                if start.elapsed() >= RECV_TIMEOUT {
-                    return Err(BenchError::Timeout {
-                        what: "send (buffer full)",
-                        after: RECV_TIMEOUT,
-                    });
-                }
+                check_deadline(start, "send (buffer full)")?;
                 std::hint::spin_loop();
             }
             Err(e) => return Err(BenchError::io("send")(e)),

@@ -3,11 +3,11 @@
 //! Erlang distribution) use.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Instant;
 
-use crate::net::{check_loopback, is_retry};
-use crate::placement::run_pair;
+use crate::net::{check_deadline, check_loopback, is_retry, stamp, LOCALHOST_V4};
+use crate::pingpong::{run_pingpong, timed_rounds, total_rounds};
 use crate::{BenchError, Placement, Samples, Wait, RECV_TIMEOUT};
 
 /// [`tcp_pingpong_at`] on 127.0.0.1.
@@ -18,14 +18,7 @@ pub fn tcp_pingpong(
     wait: Wait,
     placement: Placement,
 ) -> Result<Samples, BenchError> {
-    tcp_pingpong_at(
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
-        size,
-        iters,
-        warmup,
-        wait,
-        placement,
-    )
+    tcp_pingpong_at(LOCALHOST_V4, size, iters, warmup, wait, placement)
 }
 
 /// Round-trip times of `size`-byte messages (size ≥ 1) over one TCP
@@ -51,9 +44,7 @@ pub fn tcp_pingpong_at(
             "TCP ping-pong size must be at least 1 byte".into(),
         ));
     }
-    let total = iters
-        .checked_add(warmup)
-        .ok_or_else(|| BenchError::InvalidArgument("iters + warmup overflows".into()))?;
+    let total = total_rounds(iters, warmup)?;
     let (mut cli, mut srv) = connected_streams(bind)?;
     for s in [&cli, &srv] {
         s.set_nodelay(true).map_err(BenchError::io("TCP_NODELAY"))?;
@@ -68,10 +59,8 @@ pub fn tcp_pingpong_at(
     let client = move || -> Result<Samples, BenchError> {
         let mut out = vec![0x5au8; size];
         let mut inb = vec![0u8; size];
-        let mut samples = Samples::with_capacity(iters);
-        for k in 0..total {
-            let n = size.min(8);
-            out[..n].copy_from_slice(&(k as u64).to_le_bytes()[..n]);
+        timed_rounds(total, warmup, |k| {
+            stamp(&mut out, k);
             let t = Instant::now();
             write_all(&mut cli, &out)?;
             read_exact(&mut cli, &mut inb)?;
@@ -81,11 +70,8 @@ pub fn tcp_pingpong_at(
                     "TCP echo {k} differs from the request"
                 )));
             }
-            if k >= warmup {
-                samples.push(rtt);
-            }
-        }
-        Ok(samples)
+            Ok(rtt)
+        })
     };
     let server = move || -> Result<(), BenchError> {
         let mut buf = vec![0u8; size];
@@ -95,10 +81,7 @@ pub fn tcp_pingpong_at(
         }
         Ok(())
     };
-    let (c, s) = run_pair(placement, client, server);
-    let samples = c?;
-    s?;
-    Ok(samples)
+    run_pingpong(placement, client, server)
 }
 
 /// A connected (client, server) pair on `ip`: the client connects in this
@@ -119,12 +102,7 @@ fn connected_streams(ip: IpAddr) -> Result<(TcpStream, TcpStream), BenchError> {
             Ok((s, peer)) if peer == cli_addr => return Ok((cli, s)),
             Ok(_) => continue,
             Err(e) if is_retry(&e) => {
-                if start.elapsed() >= RECV_TIMEOUT {
-                    return Err(BenchError::Timeout {
-                        what: "TCP accept",
-                        after: RECV_TIMEOUT,
-                    });
-                }
+                check_deadline(start, "TCP accept")?;
                 std::thread::yield_now();
             }
             Err(e) => return Err(BenchError::io("TCP accept")(e)),
@@ -146,12 +124,7 @@ fn read_exact(s: &mut TcpStream, buf: &mut [u8]) -> Result<(), BenchError> {
             }
             Ok(n) => got += n,
             Err(e) if is_retry(&e) => {
-                if start.elapsed() >= RECV_TIMEOUT {
-                    return Err(BenchError::Timeout {
-                        what: "TCP read",
-                        after: RECV_TIMEOUT,
-                    });
-                }
+                check_deadline(start, "TCP read")?;
                 if e.kind() == ErrorKind::WouldBlock {
                     std::hint::spin_loop();
                 }
@@ -171,12 +144,7 @@ fn write_all(s: &mut TcpStream, buf: &[u8]) -> Result<(), BenchError> {
             Ok(0) => return Err(BenchError::Protocol("TCP write returned 0".into())),
             Ok(n) => put += n,
             Err(e) if is_retry(&e) => {
-                if start.elapsed() >= RECV_TIMEOUT {
-                    return Err(BenchError::Timeout {
-                        what: "TCP write",
-                        after: RECV_TIMEOUT,
-                    });
-                }
+                check_deadline(start, "TCP write")?;
                 std::hint::spin_loop();
             }
             Err(e) => return Err(BenchError::io("TCP write")(e)),
@@ -189,22 +157,13 @@ fn write_all(s: &mut TcpStream, buf: &[u8]) -> Result<(), BenchError> {
 mod tests {
     use super::*;
     use crate::net_test_lock;
-    use std::net::Ipv6Addr;
-
-    fn sane(s: &Samples, n: usize) {
-        assert_eq!(s.n(), n);
-        let sum = s.summary().expect("samples");
-        assert!(sum.min_us <= sum.median_us && sum.median_us <= sum.p99_us);
-        assert!(sum.min_us > 0.0);
-    }
+    use crate::{assert_refuses_bad_counts, assert_round_trips, assert_sane};
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
     fn pingpong_block_and_spin() {
         let _g = net_test_lock();
-        for wait in [Wait::Block, Wait::Spin] {
-            let s = tcp_pingpong(32, 200, 20, wait, Placement::UNPINNED).expect("run");
-            sane(&s, 200);
-        }
+        assert_round_trips(tcp_pingpong, &[32]);
         let s = tcp_pingpong(
             32,
             200,
@@ -213,7 +172,7 @@ mod tests {
             Placement::spread().expect("spread"),
         )
         .expect("pinned");
-        sane(&s, 200);
+        assert_sane(&s, 200);
     }
 
     #[test]
@@ -222,21 +181,18 @@ mod tests {
         // Larger than a loopback segment and the default socket buffers.
         for wait in [Wait::Block, Wait::Spin] {
             let s = tcp_pingpong(1 << 20, 5, 1, wait, Placement::UNPINNED).expect("run");
-            sane(&s, 5);
+            assert_sane(&s, 5);
         }
         let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
         if TcpListener::bind(SocketAddr::new(v6, 0)).is_ok() {
             let s = tcp_pingpong_at(v6, 64, 50, 5, Wait::Block, Placement::UNPINNED).expect("v6");
-            sane(&s, 50);
+            assert_sane(&s, 50);
         }
     }
 
     #[test]
     fn refuses_bad_arguments() {
-        assert!(matches!(
-            tcp_pingpong(0, 1, 0, Wait::Block, Placement::UNPINNED),
-            Err(BenchError::InvalidArgument(_))
-        ));
+        assert_refuses_bad_counts(tcp_pingpong, 0);
         assert!(matches!(
             tcp_pingpong_at(
                 IpAddr::V4(Ipv4Addr::new(8, 8, 8, 8)),

@@ -1,14 +1,17 @@
 //! Raw UDP baselines: the network penalty (ping-pong round trip) and a
 //! memory-to-memory stream (blast), optionally windowed.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::net::{check_loopback, prepare_udp, recv_dgram, send_dgram};
+use crate::net::{
+    check_deadline, check_loopback, prepare_udp, recv_dgram, send_dgram, stamp, LOCALHOST_V4,
+};
+use crate::pingpong::{run_pingpong, timed_rounds, total_rounds};
 use crate::placement::run_pair;
 use crate::{
     set_socket_buffers, BenchError, Placement, Samples, SocketBuffers, Wait, DEFAULT_SOCKET_BUFFER,
@@ -51,8 +54,9 @@ fn max_payload(ip: IpAddr) -> usize {
 /// Two UDP sockets on `ip`, each connected to the other.
 fn connected_pair(ip: IpAddr) -> Result<(UdpSocket, UdpSocket), BenchError> {
     check_loopback(ip)?;
-    let a = UdpSocket::bind(SocketAddr::new(ip, 0)).map_err(BenchError::io("bind UDP socket"))?;
-    let b = UdpSocket::bind(SocketAddr::new(ip, 0)).map_err(BenchError::io("bind UDP socket"))?;
+    let bind =
+        || UdpSocket::bind(SocketAddr::new(ip, 0)).map_err(BenchError::io("bind UDP socket"));
+    let (a, b) = (bind()?, bind()?);
     let aa = a.local_addr().map_err(BenchError::io("local_addr"))?;
     let ba = b.local_addr().map_err(BenchError::io("local_addr"))?;
     a.connect(ba)
@@ -60,14 +64,6 @@ fn connected_pair(ip: IpAddr) -> Result<(UdpSocket, UdpSocket), BenchError> {
     b.connect(aa)
         .map_err(BenchError::io("connect UDP socket"))?;
     Ok((a, b))
-}
-
-/// Writes the iteration number into the first (up to 8) bytes, so a stale
-/// or misdirected echo is detected.
-fn stamp(buf: &mut [u8], k: usize) {
-    let b = (k as u64).to_le_bytes();
-    let n = buf.len().min(8);
-    buf[..n].copy_from_slice(&b[..n]);
 }
 
 /// [`udp_pingpong_at`] on 127.0.0.1.
@@ -78,14 +74,7 @@ pub fn udp_pingpong(
     wait: Wait,
     placement: Placement,
 ) -> Result<Samples, BenchError> {
-    udp_pingpong_at(
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
-        size,
-        iters,
-        warmup,
-        wait,
-        placement,
-    )
+    udp_pingpong_at(LOCALHOST_V4, size, iters, warmup, wait, placement)
 }
 
 /// Round-trip times of `size`-byte UDP datagrams between a client thread
@@ -117,9 +106,7 @@ pub fn udp_pingpong_at(
             "UDP ping-pong size {size} exceeds the {max}-byte datagram limit"
         )));
     }
-    let total = iters
-        .checked_add(warmup)
-        .ok_or_else(|| BenchError::InvalidArgument("iters + warmup overflows".into()))?;
+    let total = total_rounds(iters, warmup)?;
     let (cli, srv) = connected_pair(bind)?;
     prepare_udp(&cli, wait, RECV_TIMEOUT)?;
     prepare_udp(&srv, wait, RECV_TIMEOUT)?;
@@ -128,42 +115,31 @@ pub fn udp_pingpong_at(
         let mut out = vec![0x5au8; size];
         // One spare byte so an oversized echo shows up as a wrong length.
         let mut inb = vec![0u8; size + 1];
-        let mut samples = Samples::with_capacity(iters);
-        for k in 0..total {
+        timed_rounds(total, warmup, |k| {
             stamp(&mut out, k);
             let t = Instant::now();
             send_dgram(&cli, &out)?;
-            let n = recv_dgram(&cli, &mut inb, wait, RECV_TIMEOUT)?.ok_or(BenchError::Timeout {
-                what: "UDP ping-pong client awaiting echo",
-                after: RECV_TIMEOUT,
-            })?;
+            let n = recv_dgram(&cli, &mut inb, wait, RECV_TIMEOUT)?
+                .ok_or(BenchError::timeout("UDP ping-pong client awaiting echo"))?;
             let rtt = t.elapsed();
             if n != size || inb[..n] != out[..] {
                 return Err(BenchError::Protocol(format!(
                     "UDP echo {k}: {n} bytes, expected {size} identical bytes"
                 )));
             }
-            if k >= warmup {
-                samples.push(rtt);
-            }
-        }
-        Ok(samples)
+            Ok(rtt)
+        })
     };
     let server = || -> Result<(), BenchError> {
         let mut buf = vec![0u8; max + 1];
         for _ in 0..total {
-            let n = recv_dgram(&srv, &mut buf, wait, RECV_TIMEOUT)?.ok_or(BenchError::Timeout {
-                what: "UDP echo server awaiting ping",
-                after: RECV_TIMEOUT,
-            })?;
+            let n = recv_dgram(&srv, &mut buf, wait, RECV_TIMEOUT)?
+                .ok_or(BenchError::timeout("UDP echo server awaiting ping"))?;
             send_dgram(&srv, &buf[..n])?;
         }
         Ok(())
     };
-    let (c, s) = run_pair(placement, client, server);
-    let samples = c?;
-    s?;
-    Ok(samples)
+    run_pingpong(placement, client, server)
 }
 
 /// Parameters of a [`udp_blast_with`] run.
@@ -201,7 +177,7 @@ impl BlastConfig {
     /// [`DEFAULT_SOCKET_BUFFER`] buffers and a 60 s limit.
     pub fn new(total_bytes: usize, datagram_size: usize) -> BlastConfig {
         BlastConfig {
-            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            bind: LOCALHOST_V4,
             total_bytes,
             datagram_size,
             window: None,
@@ -354,10 +330,7 @@ pub fn udp_blast_with(cfg: &BlastConfig) -> Result<Throughput, BenchError> {
         let r = (|| {
             ready_rx
                 .recv_timeout(RECV_TIMEOUT)
-                .map_err(|_| BenchError::Timeout {
-                    what: "blast sender awaiting receiver",
-                    after: RECV_TIMEOUT,
-                })?;
+                .map_err(|_| BenchError::timeout("blast sender awaiting receiver"))?;
             let mut out = vec![0u8; cfg.datagram_size];
             let mut ackbuf = [0u8; ACK_LEN + 1];
             let mut st = SenderStats {
@@ -442,12 +415,7 @@ pub fn udp_blast_with(cfg: &BlastConfig) -> Result<Throughput, BenchError> {
                 if done.load(Ordering::Acquire) {
                     break;
                 }
-                if last_activity.elapsed() >= RECV_TIMEOUT {
-                    return Err(BenchError::Timeout {
-                        what: "blast receiver awaiting data",
-                        after: RECV_TIMEOUT,
-                    });
-                }
+                check_deadline(last_activity, "blast receiver awaiting data")?;
                 continue;
             };
             let now = Instant::now();
@@ -563,25 +531,16 @@ fn await_ack(
 mod tests {
     use super::*;
     use crate::net_test_lock;
-    use std::net::Ipv6Addr;
-
-    fn sane(s: &Samples, n: usize) {
-        assert_eq!(s.n(), n);
-        let sum = s.summary().expect("samples");
-        assert!(sum.min_us <= sum.median_us && sum.median_us <= sum.p99_us);
-        assert!(sum.p99_us <= sum.max_us && sum.min_us > 0.0);
-    }
+    use crate::{assert_refuses_bad_counts, assert_round_trips, assert_sane};
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
     fn pingpong_block_and_spin() {
         let _g = net_test_lock();
-        for wait in [Wait::Block, Wait::Spin] {
-            let s = udp_pingpong(32, 200, 20, wait, Placement::UNPINNED).expect("run");
-            sane(&s, 200);
-        }
+        assert_round_trips(udp_pingpong, &[32]);
         let pinned = Placement::spread().expect("spread");
         let s = udp_pingpong(32, 200, 20, Wait::Spin, pinned).expect("pinned run");
-        sane(&s, 200);
+        assert_sane(&s, 200);
     }
 
     #[test]
@@ -589,7 +548,7 @@ mod tests {
         let _g = net_test_lock();
         for size in [0, 1, 7, 8, 1024, MAX_UDP_PAYLOAD_V4] {
             let s = udp_pingpong(size, 20, 2, Wait::Block, Placement::UNPINNED).expect("run");
-            sane(&s, 20);
+            assert_sane(&s, 20);
         }
         let s = udp_pingpong(8, 0, 3, Wait::Block, Placement::UNPINNED).expect("run");
         assert!(s.is_empty());
@@ -604,7 +563,7 @@ mod tests {
             return;
         }
         let s = udp_pingpong_at(v6, 32, 200, 10, Wait::Block, Placement::UNPINNED).expect("run");
-        sane(&s, 200);
+        assert_sane(&s, 200);
         let s = udp_pingpong_at(
             v6,
             MAX_UDP_PAYLOAD_V6,
@@ -614,7 +573,7 @@ mod tests {
             Placement::UNPINNED,
         )
         .expect("max v6 datagram");
-        sane(&s, 5);
+        assert_sane(&s, 5);
     }
 
     #[test]
@@ -624,16 +583,7 @@ mod tests {
             udp_pingpong_at(lan, 32, 1, 0, Wait::Block, Placement::UNPINNED),
             Err(BenchError::NotLoopback(_))
         ));
-        assert!(matches!(
-            udp_pingpong(
-                MAX_UDP_PAYLOAD_V4 + 1,
-                1,
-                0,
-                Wait::Block,
-                Placement::UNPINNED
-            ),
-            Err(BenchError::InvalidArgument(_))
-        ));
+        assert_refuses_bad_counts(udp_pingpong, MAX_UDP_PAYLOAD_V4 + 1);
         let bad =
             |c: BlastConfig| matches!(udp_blast_with(&c), Err(BenchError::InvalidArgument(_)));
         assert!(bad(BlastConfig::new(1000, 65_536)));

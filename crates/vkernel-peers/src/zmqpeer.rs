@@ -1,9 +1,9 @@
 //! ZeroMQ REQ/REP ping-pong through the real libzmq (the `zmq` crate binds
 //! the system library; Debian `libzmq3-dev`), over TCP on loopback.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::placement::run_pair;
+use crate::pingpong::{run_pingpong, timed_rounds, total_rounds};
 use crate::{BenchError, Placement, Samples, Wait, RECV_TIMEOUT};
 
 /// Largest message [`zmq_pingpong`] accepts: 64 MiB.
@@ -14,18 +14,9 @@ fn timeout_ms() -> i32 {
     i32::try_from(RECV_TIMEOUT.as_millis()).unwrap_or(i32::MAX)
 }
 
-fn timeout(what: &'static str) -> BenchError {
-    BenchError::Timeout {
-        what,
-        after: RECV_TIMEOUT,
-    }
-}
-
+/// A libzmq error, with what was being done.
 fn zerr(context: &'static str) -> impl FnOnce(zmq::Error) -> BenchError {
-    move |e| BenchError::Io {
-        context,
-        source: std::io::Error::other(e.to_string()),
-    }
+    BenchError::other(context)
 }
 
 /// Receives one message into `buf`: blocking with a timeout, or busy-polling
@@ -33,7 +24,7 @@ fn zerr(context: &'static str) -> impl FnOnce(zmq::Error) -> BenchError {
 fn recv(sock: &zmq::Socket, buf: &mut zmq::Message, wait: Wait) -> Result<(), BenchError> {
     match wait {
         Wait::Block => sock.recv(buf, 0).map_err(|e| match e {
-            zmq::Error::EAGAIN => timeout("ZeroMQ receive"),
+            zmq::Error::EAGAIN => BenchError::timeout("ZeroMQ receive"),
             e => zerr("zmq recv")(e),
         }),
         Wait::Spin => {
@@ -53,7 +44,7 @@ fn recv(sock: &zmq::Socket, buf: &mut zmq::Message, wait: Wait) -> Result<(), Be
                             std::hint::spin_loop();
                         }
                     }
-                    Err(zmq::Error::EAGAIN) => return Err(timeout("ZeroMQ receive")),
+                    Err(zmq::Error::EAGAIN) => return Err(BenchError::timeout("ZeroMQ receive")),
                     Err(e) => return Err(zerr("zmq recv")(e)),
                 }
             }
@@ -65,7 +56,7 @@ fn recv(sock: &zmq::Socket, buf: &mut zmq::Message, wait: Wait) -> Result<(), Be
 /// (ZMQ_SNDTIMEO) while libzmq has no room for it.
 fn send(sock: &zmq::Socket, data: &[u8]) -> Result<(), BenchError> {
     sock.send(data, 0).map_err(|e| match e {
-        zmq::Error::EAGAIN => timeout("ZeroMQ send"),
+        zmq::Error::EAGAIN => BenchError::timeout("ZeroMQ send"),
         e => zerr("zmq send")(e),
     })
 }
@@ -93,9 +84,7 @@ pub fn zmq_pingpong(
     wait: Wait,
     placement: Placement,
 ) -> Result<Samples, BenchError> {
-    let total = iters
-        .checked_add(warmup)
-        .ok_or_else(|| BenchError::InvalidArgument("iters + warmup overflows".into()))?;
+    let total = total_rounds(iters, warmup)?;
     if size > MAX_ZMQ_MESSAGE {
         return Err(BenchError::InvalidArgument(format!(
             "ZeroMQ ping-pong size {size} is over {MAX_ZMQ_MESSAGE} bytes"
@@ -136,63 +125,45 @@ pub fn zmq_pingpong(
     let client = move || -> Result<Samples, BenchError> {
         let out: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let mut m = zmq::Message::new();
-        let mut s = Samples::with_capacity(iters);
-        for k in 0..total {
+        timed_rounds(total, warmup, |_| {
             let t = Instant::now();
             send(&req, &out)?;
             recv(&req, &mut m, wait)?;
-            let dt: Duration = t.elapsed();
+            let dt = t.elapsed();
             if m.len() != size || m[..] != out[..] {
                 return Err(BenchError::Protocol(format!(
                     "ZeroMQ echo of {} bytes, expected {size}",
                     m.len()
                 )));
             }
-            if k >= warmup {
-                s.push(dt);
-            }
-        }
-        Ok(s)
+            Ok(dt)
+        })
     };
-    let (c, s) = run_pair(placement, client, server);
-    let samples = c?;
-    s?;
-    Ok(samples)
+    run_pingpong(placement, client, server)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sane(s: &Samples, n: usize) {
-        assert_eq!(s.n(), n);
-        let sum = s.summary().expect("samples");
-        assert!(sum.min_us > 0.0 && sum.min_us <= sum.median_us && sum.median_us <= sum.p99_us);
-    }
+    use crate::{assert_refuses_bad_counts, assert_round_trips, assert_sane};
 
     #[test]
     fn zmq_round_trips_in_both_waiting_modes() {
         let _g = crate::net_test_lock();
-        for wait in [Wait::Block, Wait::Spin] {
-            for size in [32, 8192] {
-                let s = zmq_pingpong(size, 200, 20, wait, Placement::UNPINNED)
-                    .unwrap_or_else(|e| panic!("{wait} {size} B: {e}"));
-                sane(&s, 200);
-            }
-        }
+        assert_round_trips(zmq_pingpong, &[32, 8192]);
     }
 
     #[test]
     fn zmq_empty_large_and_pinned() {
         let _g = crate::net_test_lock();
         let s = zmq_pingpong(0, 50, 5, Wait::Block, Placement::UNPINNED).expect("0 B");
-        sane(&s, 50);
+        assert_sane(&s, 50);
         // Larger than libzmq's 8 KiB I/O batches and a loopback segment.
         let s = zmq_pingpong(1 << 20, 5, 1, Wait::Block, Placement::UNPINNED).expect("1 MiB");
-        sane(&s, 5);
+        assert_sane(&s, 5);
         let p = Placement::spread().expect("spread");
         let s = zmq_pingpong(32, 200, 20, Wait::Spin, p).expect("pinned");
-        sane(&s, 200);
+        assert_sane(&s, 200);
         // No warm-up and no samples are fine too.
         let s = zmq_pingpong(32, 0, 0, Wait::Block, Placement::UNPINNED).expect("empty");
         assert!(s.is_empty());
@@ -200,13 +171,6 @@ mod tests {
 
     #[test]
     fn zmq_refuses_bad_arguments() {
-        assert!(matches!(
-            zmq_pingpong(MAX_ZMQ_MESSAGE + 1, 1, 0, Wait::Block, Placement::UNPINNED),
-            Err(BenchError::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            zmq_pingpong(32, usize::MAX, 1, Wait::Spin, Placement::UNPINNED),
-            Err(BenchError::InvalidArgument(_))
-        ));
+        assert_refuses_bad_counts(zmq_pingpong, MAX_ZMQ_MESSAGE + 1);
     }
 }
