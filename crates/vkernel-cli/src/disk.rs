@@ -1,8 +1,8 @@
 //! `vkernel disk` (an IPdisk server) and `vkernel disk-cli` (its client).
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vkernel::{Kernel, Pid, Scope};
 use vkernel_disk::backing::{parse_size, Backing, BackingSpec};
@@ -11,7 +11,7 @@ use vkernel_disk::dvd::Dvd;
 use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
 use vkernel_disk::server::{DiskServer, ServerConfig};
 
-use crate::hostopts::{auth_hint, logical_id, HostOpts};
+use crate::hostopts::{auth_hint, counter, logical_id, wait_exit, HostOpts};
 
 /// Arguments of `vkernel disk`.
 ///
@@ -150,30 +150,22 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let _ = std::io::stdout().flush();
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
-            if let Some(g) = gw.as_mut() {
-                g.stop();
-            }
-            let s = srv.stats();
-            let ld =
-                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
-            println!(
-                "vkernel disk: exiting after {:.1} s; {} commands ({} CHECK CONDITION, {} refused), {} bytes read, {} written, {} syncs",
-                start.elapsed().as_secs_f64(),
-                ld(&s.commands),
-                ld(&s.check_conditions),
-                ld(&s.refused),
-                ld(&s.bytes_read),
-                ld(&s.bytes_written),
-                ld(&s.syncs)
-            );
-            return Ok(());
-        }
+    let start = wait_exit(a.exit_after);
+    if let Some(g) = gw.as_mut() {
+        g.stop();
     }
+    let s = srv.stats();
+    println!(
+        "vkernel disk: exiting after {:.1} s; {} commands ({} CHECK CONDITION, {} refused), {} bytes read, {} written, {} syncs",
+        start.elapsed().as_secs_f64(),
+        counter(&s.commands),
+        counter(&s.check_conditions),
+        counter(&s.refused),
+        counter(&s.bytes_read),
+        counter(&s.bytes_written),
+        counter(&s.syncs)
+    );
+    Ok(())
 }
 
 /// The logical id of a disk named by service name (`NAME[:DVD]`); `None`

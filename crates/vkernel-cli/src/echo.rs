@@ -1,11 +1,11 @@
 //! `vkernel echo`: a logical host with an echo server registered by name.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vkernel::{Kernel, Scope};
 use vkernel_bench::echo::serve;
 
-use crate::hostopts::{logical_id, service_group, HostOpts};
+use crate::hostopts::{logical_id, service_group, wait_exit, HostOpts};
 
 /// Arguments of `vkernel echo`.
 #[derive(clap::Args, Debug)]
@@ -67,20 +67,15 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         lid,
         pids[0]
     );
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
-            let s = k.stats();
-            let auth: u64 = s.auth_rejects.iter().sum();
-            println!(
-                "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped ({} of them failed authentication)",
-                start.elapsed().as_secs_f64(),
-                s.rx_of(vkernel_proto::wire::PacketType::RemoteSend),
-                s.malformed() + auth,
-                auth
-            );
-            return Ok(());
-        }
-    }
+    let start = wait_exit(a.exit_after);
+    let s = k.stats();
+    let auth: u64 = s.auth_rejects.iter().sum();
+    println!(
+        "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped ({} of them failed authentication)",
+        start.elapsed().as_secs_f64(),
+        s.rx_of(vkernel_proto::wire::PacketType::RemoteSend),
+        s.malformed() + auth,
+        auth
+    );
+    Ok(())
 }

@@ -1,13 +1,12 @@
 //! `vkernel fileserver`: a logical host serving one directory tree over the
 //! V I/O protocol (docs/VIO.md), registered under a name for GetPid.
 
-use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vkernel::Kernel;
 use vkernel_fs::server::{Access, AccessPolicy, FileServer, ServerConfig};
 
-use crate::hostopts::{logical_id, HostOpts};
+use crate::hostopts::{counter, logical_id, wait_exit, HostOpts};
 
 /// Arguments of `vkernel fileserver`.
 ///
@@ -105,25 +104,17 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
         srv.pid(),
         a.root.display()
     );
-    let _ = std::io::stdout().flush();
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
-            let s = srv.stats();
-            let ld =
-                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
-            println!(
-                "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",
-                start.elapsed().as_secs_f64(),
-                ld(&s.requests),
-                ld(&s.errors),
-                ld(&s.bytes_read),
-                ld(&s.read_ahead_hits),
-                ld(&s.bytes_written),
-                ld(&s.syncs)
-            );
-            return Ok(());
-        }
-    }
+    let start = wait_exit(a.exit_after);
+    let s = srv.stats();
+    println!(
+        "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",
+        start.elapsed().as_secs_f64(),
+        counter(&s.requests),
+        counter(&s.errors),
+        counter(&s.bytes_read),
+        counter(&s.read_ahead_hits),
+        counter(&s.bytes_written),
+        counter(&s.syncs)
+    );
+    Ok(())
 }

@@ -1,7 +1,9 @@
 //! Command-line options shared by every command that starts a logical host.
 
+use std::io::Write;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use vkernel::net::parse_duration;
@@ -242,4 +244,22 @@ impl std::fmt::Display for Spin {
             write!(f, "spin {:?} then block", self.max)
         }
     }
+}
+
+/// Flushes the start-up lines out, then waits until `exit_after` has passed
+/// (forever without it). Returns when the wait began.
+pub fn wait_exit(exit_after: Option<Duration>) -> Instant {
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if exit_after.is_some_and(|d| start.elapsed() >= d) {
+            return start;
+        }
+    }
+}
+
+/// The value of a statistics counter.
+pub fn counter(x: &AtomicU64) -> u64 {
+    x.load(Ordering::Relaxed)
 }

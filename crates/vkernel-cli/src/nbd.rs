@@ -1,14 +1,14 @@
 //! `vkernel nbd`: an NBD gateway in front of an IPdisk (or one of its DVDs).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vkernel::Kernel;
 use vkernel_disk::client::Rediscover;
 use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
 use crate::disk::{connect, parse_key};
-use crate::hostopts::HostOpts;
+use crate::hostopts::{counter, wait_exit, HostOpts};
 
 /// Arguments of `vkernel nbd`.
 ///
@@ -116,27 +116,18 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         a.disk,
         gw.addr()
     );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
-            let s = gw.stats();
-            let ld =
-                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
-            println!(
-                "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",
-                start.elapsed().as_secs_f64(),
-                ld(&s.connections),
-                ld(&s.errors),
-                ld(&s.refused),
-                ld(&s.handshake_timeouts),
-                ld(&s.memory_peak),
-                ld(&s.memory_waits)
-            );
-            gw.stop();
-            return Ok(());
-        }
-    }
+    let start = wait_exit(a.exit_after);
+    let s = gw.stats();
+    println!(
+        "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",
+        start.elapsed().as_secs_f64(),
+        counter(&s.connections),
+        counter(&s.errors),
+        counter(&s.refused),
+        counter(&s.handshake_timeouts),
+        counter(&s.memory_peak),
+        counter(&s.memory_waits)
+    );
+    gw.stop();
+    Ok(())
 }

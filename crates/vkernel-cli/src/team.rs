@@ -3,13 +3,13 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vkernel::service::FILESERVER;
 use vkernel::Kernel;
 use vkernel_team::team::{self, TeamConfig, TeamServer};
 
-use crate::hostopts::HostOpts;
+use crate::hostopts::{wait_exit, HostOpts};
 use crate::mount::locate_service;
 
 /// Arguments of `vkernel teamserver`.
@@ -72,14 +72,8 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
             format!("; principals {:?} only", a.allow_principal)
         }
     );
-    let _ = std::io::stdout().flush();
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if a.exit_after.is_some_and(|d| start.elapsed() >= d) {
-            return Ok(());
-        }
-    }
+    wait_exit(a.exit_after);
+    Ok(())
 }
 
 /// Arguments of `vkernel run`.

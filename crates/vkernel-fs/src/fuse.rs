@@ -278,6 +278,24 @@ fn file_attr(ino: u64, a: &Attr) -> FileAttr {
     }
 }
 
+/// Asks in `valid` for a time that a FUSE setattr sets: the bit `now` for
+/// the current time, or the bit `given` with the time put in `at`.
+fn set_time(
+    valid: &mut u32,
+    t: Option<TimeOrNow>,
+    (now, given): (u32, u32),
+    at: (&mut i64, &mut u32),
+) {
+    match t {
+        Some(TimeOrNow::Now) => *valid |= now,
+        Some(TimeOrNow::SpecificTime(t)) => {
+            *valid |= given;
+            (*at.0, *at.1) = split_time(t);
+        }
+        None => {}
+    }
+}
+
 fn split_time(t: SystemTime) -> (i64, u32) {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (
@@ -406,22 +424,18 @@ impl Filesystem for VioFs {
             s.valid |= vio::SET_GID;
             s.gid = g;
         }
-        match atime {
-            Some(TimeOrNow::Now) => s.valid |= vio::SET_ATIME_NOW,
-            Some(TimeOrNow::SpecificTime(t)) => {
-                s.valid |= vio::SET_ATIME;
-                (s.atime, s.atime_ns) = split_time(t);
-            }
-            None => {}
-        }
-        match mtime {
-            Some(TimeOrNow::Now) => s.valid |= vio::SET_MTIME_NOW,
-            Some(TimeOrNow::SpecificTime(t)) => {
-                s.valid |= vio::SET_MTIME;
-                (s.mtime, s.mtime_ns) = split_time(t);
-            }
-            None => {}
-        }
+        set_time(
+            &mut s.valid,
+            atime,
+            (vio::SET_ATIME_NOW, vio::SET_ATIME),
+            (&mut s.atime, &mut s.atime_ns),
+        );
+        set_time(
+            &mut s.valid,
+            mtime,
+            (vio::SET_MTIME_NOW, vio::SET_MTIME),
+            (&mut s.mtime, &mut s.mtime_ns),
+        );
         if s.valid == 0 {
             if let Some(fh) = fh {
                 let a = tryf!(reply, self.client.fstat(Fh(fh.0 as u32)).map_err(cerr));

@@ -493,12 +493,25 @@ impl Req<'_> {
                 handle,
                 offset,
                 count,
-            } => return self.read(handle, offset, count, scratch),
-            Request::Write {
+            }
+            | Request::Write {
                 handle,
                 offset,
                 count,
-            } => return self.write(handle, offset, count, scratch),
+            } => {
+                let h = match self.file(handle) {
+                    Ok(h) => h,
+                    Err(e) => return self.send(Err(e)),
+                };
+                let Kind::File { file, inode } = &h.kind else {
+                    return self.send(Err(Errno::EISDIR));
+                };
+                return if matches!(req, Request::Read { .. }) {
+                    self.read(file, inode, offset, count, scratch)
+                } else {
+                    self.write(file, inode, offset, count, scratch)
+                };
+            }
             _ => {}
         }
         let n = req.seg_input_len();
@@ -772,19 +785,13 @@ impl Req<'_> {
 
     fn read(
         &self,
-        handle: u32,
+        file: &std::fs::File,
+        inode: &Arc<Inode>,
         offset: u64,
         count: u32,
         buf: &mut Vec<u8>,
     ) -> Result<(), IpcError> {
         let sh = self.sh;
-        let h = match self.file(handle) {
-            Ok(h) => h,
-            Err(e) => return self.send(Err(e)),
-        };
-        let Kind::File { file, inode } = &h.kind else {
-            return self.send(Err(Errno::EISDIR));
-        };
         if count as usize > self.seg_len() || (count > 0 && !self.r.message.seg_access().write) {
             return self.send(Err(Errno::EPROTO));
         }
@@ -871,19 +878,13 @@ impl Req<'_> {
 
     fn write(
         &self,
-        handle: u32,
+        file: &std::fs::File,
+        inode: &Arc<Inode>,
         offset: u64,
         count: u32,
         buf: &mut Vec<u8>,
     ) -> Result<(), IpcError> {
         let sh = self.sh;
-        let h = match self.file(handle) {
-            Ok(h) => h,
-            Err(e) => return self.send(Err(e)),
-        };
-        let Kind::File { file, inode } = &h.kind else {
-            return self.send(Err(Errno::EISDIR));
-        };
         let n = count.min(vio::MAX_IO) as usize;
         if let Err(e) = self.gather(buf, n)? {
             return self.send(Err(e));

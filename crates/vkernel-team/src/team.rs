@@ -351,17 +351,7 @@ impl Team {
         let pump = |from: Option<Box<dyn Read + Send>>, p: Process, pipe: u32| {
             std::thread::spawn(move || {
                 if let Some(mut from) = from {
-                    let mut buf = vec![0u8; crate::pipe::CHUNK];
-                    loop {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if ps.write(&p, pipe, &buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                    copy_in(&mut *from, ps, &p, pipe);
                 }
                 let _ = ps.close(&p, pipe, End::Write);
             })
@@ -458,6 +448,22 @@ impl Team {
         } else if !matches!(self.p.process_exists(j.client), Ok(true)) {
             // Nobody will ask.
             self.jobs.remove(&job);
+        }
+    }
+}
+
+/// Copies `from` into `pipe`, written by `p`, up to the end of the input
+/// or a read error. False if the pipe refused a write.
+fn copy_in(from: &mut dyn Read, pipes: Pipes, p: &Process, pipe: u32) -> bool {
+    let mut buf = vec![0u8; crate::pipe::CHUNK];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => return true,
+            Ok(n) => {
+                if pipes.write(p, pipe, &buf[..n]).is_err() {
+                    return false;
+                }
+            }
         }
     }
 }
@@ -669,18 +675,9 @@ pub fn run_as(
             pipes.hand_off(&main, pin, End::Write, p.pid())?;
             // Detached: a program that never reads stdin must not keep us.
             std::thread::spawn(move || {
-                let mut buf = vec![0u8; crate::pipe::CHUNK];
-                loop {
-                    match input.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if pipes.write(&p, pin, &buf[..n]).is_err() {
-                                return;
-                            }
-                        }
-                    }
+                if copy_in(&mut *input, pipes, &p, pin) {
+                    let _ = pipes.close(&p, pin, End::Write);
                 }
-                let _ = pipes.close(&p, pin, End::Write);
             });
         }
         None => pipes.close(&main, pin, End::Write)?,

@@ -104,6 +104,43 @@ impl Engine {
         (self.cfg.window / chunk.max(1)).max(1)
     }
 
+    /// A remote move of `buf` at `base` in `peer`'s segment, for the
+    /// exchange `(xseq, addr, on_behalf)`: nothing sent or received yet.
+    fn new_move(
+        &mut self,
+        now: Micros,
+        dir: Dir,
+        peer: Pid,
+        base: u32,
+        buf: Seg,
+        (xseq, addr, on_behalf): (u32, SocketAddr, Pid),
+    ) -> MoveOp {
+        let chunk = self.cfg.chunk_bytes();
+        let total = buf.len();
+        let nc = nchunks(total, chunk);
+        MoveOp {
+            dir,
+            peer,
+            xseq,
+            xfer: self.random_u32(),
+            base,
+            total,
+            chunk,
+            buf,
+            done: BitSet::new(nc),
+            next_new: 0,
+            last_tx: Vec::new(),
+            tx_counter: 0,
+            rto: self.rto_for(peer.host()),
+            timer: 0,
+            deadline: now + self.cfg.host_timeout,
+            addr,
+            on_behalf,
+            max_seen: 0,
+            probe: None,
+        }
+    }
+
     /// MoveTo: copies `src` into `target`'s write-granted segment at
     /// `dest_off`. `target` must be awaiting reply from `mover`. Returns the
     /// byte count at once for a local target, or `None` (blocked until a
@@ -129,8 +166,7 @@ impl Engine {
             rights::write(o.access, o.seg.as_mut(), dest_off as usize, n)
                 .map_err(|e| e.error(target))?
                 .copy_from_slice(src.bytes());
-            self.stats.bulk_bytes += n as u64;
-            self.stats.bulk_moves += 1;
+            self.count_move(n);
             return Ok(Some(n));
         }
         let i = self.aliens.received(target, mover)?;
@@ -150,29 +186,8 @@ impl Engine {
             let k = (head.len() - off).min(n);
             head[off..off + k].copy_from_slice(&src.bytes()[..k]);
         }
-        let chunk = self.cfg.chunk_bytes();
-        let nc = nchunks(n, chunk);
-        let op = MoveOp {
-            dir: super::bulk::Dir::To,
-            peer: target,
-            xseq,
-            xfer: self.random_u32(),
-            base: dest_off,
-            total: n,
-            chunk,
-            buf: src,
-            done: BitSet::new(nc),
-            next_new: 0,
-            last_tx: vec![0; nc],
-            tx_counter: 0,
-            rto: self.rto_for(target.host()),
-            timer: 0,
-            deadline: now + self.cfg.host_timeout,
-            addr,
-            on_behalf,
-            max_seen: 0,
-            probe: None,
-        };
+        let mut op = self.new_move(now, Dir::To, target, dest_off, src, (xseq, addr, on_behalf));
+        op.last_tx = vec![0; op.done.len()];
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.pump_move_to(now, mover);
         Ok(None)
@@ -202,8 +217,7 @@ impl Engine {
             let from =
                 rights::read(o.access, o.seg.as_ref(), off, n).map_err(|e| e.error(source))?;
             dest.bytes_mut().copy_from_slice(from);
-            self.stats.bulk_bytes += n as u64;
-            self.stats.bulk_moves += 1;
+            self.count_move(n);
             return Ok(Some(n));
         }
         let i = self.aliens.received(source, mover)?;
@@ -218,34 +232,19 @@ impl Engine {
         let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         if let Some(head) = self.aliens.data(i).get(off..off + n) {
             dest.bytes_mut().copy_from_slice(head);
-            self.stats.bulk_bytes += n as u64;
-            self.stats.bulk_moves += 1;
+            self.count_move(n);
             return Ok(Some(n));
         }
-        let chunk = self.cfg.chunk_bytes();
-        let nc = nchunks(n, chunk);
-        let first = nc.min(self.window_chunks(chunk));
-        let op = MoveOp {
-            dir: Dir::From,
-            peer: source,
-            xseq,
-            xfer: self.random_u32(),
-            base: src_off,
-            total: n,
-            chunk,
-            buf: dest,
-            done: BitSet::new(nc),
-            next_new: first,
-            last_tx: Vec::new(),
-            tx_counter: 0,
-            rto: self.rto_for(source.host()),
-            timer: 0,
-            deadline: now + self.cfg.host_timeout,
-            addr,
-            on_behalf,
-            max_seen: 0,
-            probe: None,
-        };
+        let mut op = self.new_move(
+            now,
+            Dir::From,
+            source,
+            src_off,
+            dest,
+            (xseq, addr, on_behalf),
+        );
+        let first = op.done.len().min(self.window_chunks(op.chunk));
+        op.next_new = first;
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.request_range(now, mover, 0, first, false);
         Ok(None)
@@ -354,6 +353,32 @@ impl Engine {
             PState::Moving(op) => Some(op),
             _ => None,
         }
+    }
+
+    /// After an answer to `mover`'s move: feeds the RTT sample and, if the
+    /// answer made progress, restarts the retransmission timer.
+    #[inline]
+    fn move_answered(&mut self, now: Micros, mover: Pid, progressed: bool) -> Option<&mut MoveOp> {
+        self.bulk_sample(mover, now);
+        let op = self.move_op(mover)?;
+        if progressed {
+            op.timer = now + op.rto;
+        }
+        Some(op)
+    }
+
+    /// Counts a finished move of `n` bytes in the statistics.
+    #[inline]
+    fn count_move(&mut self, n: usize) {
+        self.stats.bulk_bytes += n as u64;
+        self.stats.bulk_moves += 1;
+    }
+
+    /// Completes `mover`'s remote move, all `n` bytes of it done.
+    #[inline]
+    fn move_done(&mut self, mover: Pid, n: usize) {
+        self.count_move(n);
+        self.complete(mover, Completion::Move(Ok(n)));
     }
 
     /// Sends new MoveTo chunks while the window allows.
@@ -743,19 +768,12 @@ impl Engine {
             op.deadline = now + host_timeout;
             op.rto = rto;
         }
-        self.bulk_sample(h.dst, now);
-        let Some(op) = self.move_op(h.dst) else {
+        let Some(op) = self.move_answered(now, h.dst, progressed) else {
             return;
         };
-        if progressed {
-            op.timer = now + op.rto;
-        }
         if op.done.full() {
             let n = op.total;
-            self.stats.bulk_bytes += n as u64;
-            self.stats.bulk_moves += 1;
-            self.complete(h.dst, Completion::Move(Ok(n)));
-            return;
+            return self.move_done(h.dst, n);
         }
         // Chunks sent before the latest-sent acknowledged one and still
         // missing were lost (the path delivers in order, or nearly so).
@@ -874,19 +892,12 @@ impl Engine {
             op.deadline = now + host_timeout;
             op.rto = rto;
         }
-        self.bulk_sample(h.dst, now);
-        let Some(op) = self.move_op(h.dst) else {
+        let Some(op) = self.move_answered(now, h.dst, fresh) else {
             return;
         };
-        if fresh {
-            op.timer = now + op.rto;
-        }
         if op.done.full() {
             let n = op.total;
-            self.stats.bulk_bytes += n as u64;
-            self.stats.bulk_moves += 1;
-            self.complete(h.dst, Completion::Move(Ok(n)));
-            return;
+            return self.move_done(h.dst, n);
         }
         let nc = op.done.len();
         let outstanding = op.next_new - op.done.ones().min(op.next_new);
