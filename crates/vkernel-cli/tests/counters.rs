@@ -1,31 +1,14 @@
 //! What `ping` reports agrees with what happened: bulk chunks re-sent
 //! under loss are counted as retransmissions.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 mod common;
-use common::{Proc, BIN};
+use common::BIN;
 
 #[test]
 fn ping_counts_bulk_retransmissions() {
-    let mut c = Command::new(BIN)
-        .args(["echo", "--bind", "127.0.0.1:0", "--exit-after", "60s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn echo");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    let _echo = Proc(c);
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .expect("address")
-        .to_string();
+    let (_echo, addr, _) = common::echo(&[]);
     let o = Command::new(BIN)
         .args(["ping", "--peer", &addr, "-n", "8", "--bulk", "4194304"])
         .args(["--fault", "loss=0.05,seed=11"])

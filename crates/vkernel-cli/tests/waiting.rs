@@ -3,11 +3,10 @@
 //! CPUs while it runs (with more runnable threads than CPUs the adaptive
 //! spin rightly blocks).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 mod common;
-use common::{Proc, BIN};
+use common::BIN;
 
 /// Issue 19 item 8: under 10 % injected loss, the exchanges that lose
 /// nothing must stay fast. With a fixed 50 µs spin on both hosts, a loss
@@ -17,23 +16,7 @@ use common::{Proc, BIN};
 /// adaptive default, only about the lost exchanges' waits block.
 #[test]
 fn under_ten_percent_loss_most_waits_do_not_block() {
-    let mut c = Command::new(BIN)
-        .args(["echo", "--bind", "127.0.0.1:0", "--exit-after", "60s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn echo");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    let _echo = Proc(c);
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .expect("address")
-        .to_string();
+    let (_echo, addr, _) = common::echo(&[]);
     let o = Command::new(BIN)
         .args(["ping", "--peer", &addr, "-n", "3000", "--json"])
         .args(["--fault", "loss=0.1,seed=3"])

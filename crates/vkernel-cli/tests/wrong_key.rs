@@ -1,11 +1,10 @@
 //! A client with the wrong cluster key is told so, not that the name is
 //! unknown or the host silent.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 mod common;
-use common::{Proc, BIN};
+use common::BIN;
 
 fn keyfile(tag: &str, hex: char) -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("vk-wrongkey-{tag}-{}", std::process::id()));
@@ -17,31 +16,7 @@ fn keyfile(tag: &str, hex: char) -> std::path::PathBuf {
 fn ping_with_the_wrong_key_says_authentication_failed() {
     let good = keyfile("a", 'a');
     let bad = keyfile("b", 'b');
-    let mut c = Command::new(BIN)
-        .args([
-            "echo",
-            "--bind",
-            "127.0.0.1:0",
-            "--exit-after",
-            "60s",
-            "--key-file",
-        ])
-        .arg(&good)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn echo");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    let _echo = Proc(c);
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .expect("address")
-        .to_string();
+    let (_echo, addr, line) = common::echo(&["--key-file".as_ref(), good.as_os_str()]);
     let pid = line
         .rsplit("= pid ")
         .next()

@@ -1,7 +1,8 @@
 //! Helpers shared by the CLI's integration tests.
 #![allow(dead_code)] // each test binary uses a part
 
-use std::process::Child;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `vkernel` binary under test.
@@ -32,4 +33,28 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut cond: impl FnMut() -> Option
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Starts `vkernel echo` on a free loopback port with `extra` arguments
+/// (it stops by itself after 60 s); returns it, its address and its
+/// banner line.
+pub fn echo(extra: &[&std::ffi::OsStr]) -> (Proc, String, String) {
+    let mut c = Command::new(BIN)
+        .args(["echo", "--bind", "127.0.0.1:0", "--exit-after", "60s"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn echo");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .expect("address")
+        .to_string();
+    (Proc(c), addr, line)
 }
