@@ -77,6 +77,44 @@ fn tmp(tag: &str) -> std::path::PathBuf {
     d
 }
 
+/// `vkernel disk` on `backing` with owner key `key`, bound to `bind`
+/// (stops by itself after 120 s).
+fn file_disk(backing: &str, key: &str, bind: &str) -> (Proc, Vec<String>) {
+    start(
+        &[
+            "disk",
+            "--bind",
+            bind,
+            "--backing",
+            backing,
+            "--owner-key",
+            key,
+            "--exit-after",
+            "120s",
+        ],
+        1,
+    )
+}
+
+/// `vkernel nbd` in front of the disk at `disk_addr` (stops by itself
+/// after 120 s).
+fn gateway_to(disk_addr: &str, key: &str) -> (Proc, Vec<String>) {
+    start(
+        &[
+            "nbd",
+            "--peer",
+            disk_addr,
+            "--disk-key",
+            key,
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-after",
+            "120s",
+        ],
+        1,
+    )
+}
+
 #[test]
 fn disk_with_nbd_disk_cli_and_a_remote_gateway_agree_on_the_bytes() {
     let dir = tmp("agree");
@@ -575,38 +613,10 @@ fn nbd_gateway_finds_a_restarted_disk_and_the_workload_finishes_intact() {
 
     let dir = tmp("restart");
     let backing = format!("file:{}:8M", dir.join("disk.img").display());
-    let disk = |bind: &str| {
-        start(
-            &[
-                "disk",
-                "--bind",
-                bind,
-                "--backing",
-                &backing,
-                "--owner-key",
-                "0x99",
-                "--exit-after",
-                "120s",
-            ],
-            1,
-        )
-    };
+    let disk = |bind: &str| file_disk(&backing, "0x99", bind);
     let (mut first, lines) = disk("127.0.0.1:0");
     let disk_addr = after(&lines[0], "on");
-    let (_gw, glines) = start(
-        &[
-            "nbd",
-            "--peer",
-            &disk_addr,
-            "--disk-key",
-            "0x99",
-            "--listen",
-            "127.0.0.1:0",
-            "--exit-after",
-            "120s",
-        ],
-        1,
-    );
+    let (_gw, glines) = gateway_to(&disk_addr, "0x99");
     let nbd = after(&glines[0], "on");
 
     // A writer fills the disk with 128 blocks of 64 KiB, one request at a
@@ -690,38 +700,10 @@ fn fio_through_the_gateway_survives_a_disk_restart() {
     }
     let dir = tmp("fio-restart");
     let backing = format!("file:{}:16M", dir.join("disk.img").display());
-    let disk = |bind: &str| {
-        start(
-            &[
-                "disk",
-                "--bind",
-                bind,
-                "--backing",
-                &backing,
-                "--owner-key",
-                "0x77",
-                "--exit-after",
-                "120s",
-            ],
-            1,
-        )
-    };
+    let disk = |bind: &str| file_disk(&backing, "0x77", bind);
     let (mut first, lines) = disk("127.0.0.1:0");
     let disk_addr = after(&lines[0], "on");
-    let (_gw, glines) = start(
-        &[
-            "nbd",
-            "--peer",
-            &disk_addr,
-            "--disk-key",
-            "0x77",
-            "--listen",
-            "127.0.0.1:0",
-            "--exit-after",
-            "120s",
-        ],
-        1,
-    );
+    let (_gw, glines) = gateway_to(&disk_addr, "0x77");
     let uri = format!("nbd://{}", after(&glines[0], "on"));
     let log = dir.join("fio.log");
     // 2,048 random 4 KiB writes, 8 in flight, paced to about 2 s so the

@@ -44,9 +44,10 @@ impl Handler for Echo {
             if self.gather == 0 {
                 std::thread::sleep(Duration::from_millis(300));
             }
-            let t = std::time::Instant::now();
+            // Bounded, so that serialized workers fail the test, not hang it.
+            let until = std::time::Instant::now() + Duration::from_secs(10);
             while self.slow_entered.load(Ordering::SeqCst) < self.gather
-                && t.elapsed() < Duration::from_secs(10)
+                && std::time::Instant::now() < until
             {
                 std::thread::sleep(Duration::from_millis(1));
             }
