@@ -64,4 +64,101 @@ pub enum IpcError {
     /// The kernel is shutting down.
     #[error("kernel shut down")]
     Shutdown,
+    /// The machine host this program attached to has gone (killed,
+    /// stopped or restarted): its processes are no more; attach again.
+    #[error("the machine host this program attached to has gone (attach again)")]
+    HostLost,
+}
+
+impl IpcError {
+    /// A stable numeric form: (code, argument). Codes start at 1 (0 is
+    /// success where a code travels in place of a result).
+    pub fn code(&self) -> (u32, u32) {
+        use IpcError::*;
+        match *self {
+            NoSuchProcess(p) => (1, p.0),
+            Timeout(p) => (2, p.0),
+            NotAwaitingReply(p) => (3, p.0),
+            AccessDenied(p) => (4, p.0),
+            OutOfBounds(p) => (5, p.0),
+            SegmentTooLarge { max } => (6, u32::try_from(max).unwrap_or(u32::MAX)),
+            InvalidPid(p) => (7, p.0),
+            NotAProcess(p) => (8, p.0),
+            Busy(p) => (9, p.0),
+            NoHostId => (10, 0),
+            TableFull => (11, 0),
+            OutOfDescriptors => (12, 0),
+            NoResources => (13, 0),
+            Destroyed => (14, 0),
+            GroupUnsupported => (15, 0),
+            Refused(p) => (16, p.0),
+            Deadline(p) => (17, p.0),
+            Shutdown => (18, 0),
+            HostLost => (19, 0),
+        }
+    }
+
+    /// The error a [`IpcError::code`] pair names; an unknown code (from a
+    /// newer peer, or a corrupted one) reads as `Refused(arg)`.
+    pub fn from_code(code: u32, arg: u32) -> IpcError {
+        use IpcError::*;
+        let p = Pid(arg);
+        match code {
+            1 => NoSuchProcess(p),
+            2 => Timeout(p),
+            3 => NotAwaitingReply(p),
+            4 => AccessDenied(p),
+            5 => OutOfBounds(p),
+            6 => SegmentTooLarge { max: arg as usize },
+            7 => InvalidPid(p),
+            8 => NotAProcess(p),
+            9 => Busy(p),
+            10 => NoHostId,
+            11 => TableFull,
+            12 => OutOfDescriptors,
+            13 => NoResources,
+            14 => Destroyed,
+            15 => GroupUnsupported,
+            17 => Deadline(p),
+            18 => Shutdown,
+            19 => HostLost,
+            _ => Refused(p),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_round_trips_through_its_code() {
+        let p = Pid(0x0001_0002);
+        let all = [
+            IpcError::NoSuchProcess(p),
+            IpcError::Timeout(p),
+            IpcError::NotAwaitingReply(p),
+            IpcError::AccessDenied(p),
+            IpcError::OutOfBounds(p),
+            IpcError::SegmentTooLarge { max: 1400 },
+            IpcError::InvalidPid(p),
+            IpcError::NotAProcess(p),
+            IpcError::Busy(p),
+            IpcError::NoHostId,
+            IpcError::TableFull,
+            IpcError::OutOfDescriptors,
+            IpcError::NoResources,
+            IpcError::Destroyed,
+            IpcError::GroupUnsupported,
+            IpcError::Refused(p),
+            IpcError::Deadline(p),
+            IpcError::Shutdown,
+            IpcError::HostLost,
+        ];
+        for e in all {
+            let (c, a) = e.code();
+            assert_eq!(IpcError::from_code(c, a), e);
+        }
+        assert_eq!(IpcError::from_code(999, 7), IpcError::Refused(Pid(7)));
+    }
 }

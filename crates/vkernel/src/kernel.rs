@@ -23,8 +23,9 @@ use vkernel_proto::engine::KERNEL_SERVER_LOCAL_ID;
 use vkernel_proto::wire::MAX_DATAGRAM;
 use vkernel_proto::{Completion, Config, Engine, Event, HostId, IpcError, Micros, Pid, Stats};
 
+use crate::attach::program::Attachment;
 use crate::net::{FaultConfig, Net};
-use crate::process::Process;
+use crate::process::{LocalProcess, Process};
 use crate::sys::{poll2, poll3, EventFd};
 use crate::waiter::Waiter;
 
@@ -581,11 +582,23 @@ impl Shared {
     }
 }
 
-/// One logical host: a kernel instance with its own UDP port.
+/// One logical host: a kernel instance with its own UDP port, run by this
+/// program ([`Kernel::start`]) or by a machine host this program attached
+/// to ([`Kernel::attach`]). The API is the same either way.
 ///
-/// Dropping it shuts the host down: blocked operations fail with
-/// [`IpcError::Shutdown`].
+/// Dropping it shuts the host down (or detaches): blocked operations fail
+/// with [`IpcError::Shutdown`].
 pub struct Kernel {
+    imp: Imp,
+}
+
+enum Imp {
+    Embedded(Embedded),
+    Attached(Arc<Attachment>),
+}
+
+/// A logical host run by this program.
+struct Embedded {
     shared: Arc<Shared>,
     bg: Option<JoinHandle<()>>,
     ks: Option<JoinHandle<()>>,
@@ -769,58 +782,116 @@ impl Kernel {
                 .name(format!("vk-{host}-timer"))
                 .spawn(move || s.background())?
         };
-        let mut k = Kernel {
+        let mut emb = Embedded {
             shared,
             bg: Some(bg),
             ks: None,
         };
-        let ks = k.create_kernel_server()?;
-        k.ks = Some(
+        let kpid = emb.shared.with_engine(|e, _| e.create_kernel_server())?;
+        let ks = LocalProcess::new(emb.shared.clone(), kpid)?;
+        emb.ks = Some(
             std::thread::Builder::new()
                 .name(format!("vk-{host}-kserver"))
                 .spawn(move || crate::kernel_server::run(ks))?,
         );
-        Ok(k)
+        Ok(Kernel {
+            imp: Imp::Embedded(emb),
+        })
     }
 
-    fn create_kernel_server(&self) -> Result<Process, IpcError> {
-        let pid = self.shared.with_engine(|e, _| e.create_kernel_server())?;
-        Process::new(self.shared.clone(), pid)
+    /// Attaches this program to the machine host listening on `path` (see
+    /// `vkernel host`): processes created through the returned handle are
+    /// that host's processes, in its pid space, with its names, groups,
+    /// kernel server and sockets.
+    pub fn attach(path: impl AsRef<std::path::Path>) -> Result<Kernel, KernelError> {
+        let a = Attachment::connect(path.as_ref())?;
+        Ok(Kernel {
+            imp: Imp::Attached(a),
+        })
+    }
+
+    /// [`Kernel::attach`] to the machine host at
+    /// [`crate::attach::default_path`] (`$VKERNEL_HOST`, or the per-user
+    /// default).
+    pub fn attach_default() -> Result<Kernel, KernelError> {
+        Kernel::attach(crate::attach::default_path())
+    }
+
+    /// True if this handle is attached to a machine host rather than
+    /// running its own.
+    pub fn is_attached(&self) -> bool {
+        matches!(self.imp, Imp::Attached(_))
+    }
+
+    /// Makes this host a machine host: programs may attach to it through
+    /// a Unix socket at `path` whose permission bits are `mode` (who may
+    /// attach). Stops serving when the returned handle is dropped.
+    pub fn serve_attach(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        mode: u32,
+    ) -> Result<crate::attach::AttachServer, KernelError> {
+        match &self.imp {
+            Imp::Embedded(e) => Ok(crate::attach::AttachServer::start(
+                e.shared.clone(),
+                path.as_ref(),
+                mode,
+            )?),
+            Imp::Attached(_) => Err(KernelError::Config(
+                "an attached program cannot serve attachments; run `vkernel host`".into(),
+            )),
+        }
     }
 
     /// This host's logical id.
     pub fn host_id(&self) -> HostId {
-        self.shared.host
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.host,
+            Imp::Attached(a) => a.host,
+        }
     }
 
     /// The pid of this host's kernel-server process.
     pub fn kernel_server(&self) -> Pid {
-        Pid::new(self.shared.host, KERNEL_SERVER_LOCAL_ID)
+        Pid::new(self.host_id(), KERNEL_SERVER_LOCAL_ID)
     }
 
     /// The UDP address this host listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared
-            .net
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+        let a = match &self.imp {
+            Imp::Embedded(e) => e.shared.net.local_addr().ok(),
+            Imp::Attached(a) => a.host_addr,
+        };
+        a.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
     /// Receive buffer granted by the OS.
+    /// (0 for an attached program, which has no socket of its own.)
     pub fn socket_buffer(&self) -> usize {
-        self.shared.net.rcvbuf()
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.net.rcvbuf(),
+            Imp::Attached(_) => 0,
+        }
     }
 
     /// Adds a peer address (static peer list) at run time.
     pub fn add_peer(&self, a: SocketAddr) {
-        self.shared.with_engine(|e, _| e.add_discovery(a));
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.with_engine(|e, _| e.add_discovery(a)),
+            Imp::Attached(at) => at.add_peer(a),
+        }
     }
 
     /// Creates a process owned by the caller (a V process is a thread that
     /// uses this handle).
     pub fn create_process(&self) -> Result<Process, IpcError> {
-        let pid = self.shared.with_engine(|e, _| e.create_process())?;
-        Process::new(self.shared.clone(), pid)
+        match &self.imp {
+            Imp::Embedded(e) => {
+                let pid = e.shared.with_engine(|e, _| e.create_process())?;
+                Ok(LocalProcess::new(e.shared.clone(), pid)?.into())
+            }
+            Imp::Attached(a) => Ok(a.create_process()?.into()),
+        }
     }
 
     /// Creates a process and runs `f` with it on a new thread.
@@ -839,56 +910,92 @@ impl Kernel {
 
     /// True if `pid` is a live process of this host.
     pub fn process_exists(&self, pid: Pid) -> bool {
-        self.shared.with_engine(|e, _| e.process_exists(pid))
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.with_engine(|e, _| e.process_exists(pid)),
+            Imp::Attached(a) => a.process_exists(pid),
+        }
     }
 
     /// A copy of the protocol counters.
+    /// (Attached: the machine host's, read from its JSON document.)
     pub fn stats(&self) -> Stats {
-        self.shared.with_engine(|e, _| e.stats().clone())
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.with_engine(|e, _| e.stats().clone()),
+            Imp::Attached(a) => crate::metrics::stats_from_json(
+                &a.document(crate::attach::control::ask::STATS_JSON),
+            ),
+        }
     }
 
     /// Every counter and gauge as JSON (the same document `vkernel stats`
     /// reads from a host's kernel server).
     pub fn stats_json(&self) -> String {
-        let (s, g) = self.shared.snapshot();
-        crate::metrics::to_json(&s, &g)
+        match &self.imp {
+            Imp::Embedded(e) => {
+                let (s, g) = e.shared.snapshot();
+                crate::metrics::to_json(&s, &g)
+            }
+            Imp::Attached(a) => a.document(crate::attach::control::ask::STATS_JSON),
+        }
     }
 
     /// Every counter and gauge in the Prometheus text format.
     pub fn prometheus(&self) -> String {
-        let (s, g) = self.shared.snapshot();
-        crate::metrics::to_prometheus(&s, &g)
+        match &self.imp {
+            Imp::Embedded(e) => {
+                let (s, g) = e.shared.snapshot();
+                crate::metrics::to_prometheus(&s, &g)
+            }
+            Imp::Attached(a) => a.document(crate::attach::control::ask::PROMETHEUS),
+        }
     }
 
     /// Serves `/metrics` (Prometheus) and `/stats.json` over HTTP on
     /// `addr` until the host shuts down; returns the bound address.
     pub fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-        crate::metrics::serve(self.shared.clone(), addr)
+        match &self.imp {
+            Imp::Embedded(e) => crate::metrics::serve(e.shared.clone(), addr),
+            Imp::Attached(_) => Err(std::io::Error::other(
+                "an attached program's metrics are the machine host's: serve them there (`vkernel host --metrics`)",
+            )),
+        }
     }
 
     /// Datagram-layer counters (injected faults, send errors).
+    /// (An attached program sends no datagrams itself: all zero.)
     pub fn net_counters(&self) -> &crate::net::NetCounters {
-        &self.shared.net.counters
+        match &self.imp {
+            Imp::Embedded(e) => &e.shared.net.counters,
+            Imp::Attached(a) => &a.net_counters,
+        }
     }
 
     /// Measured smoothed RTT to a host, if any.
     pub fn srtt(&self, host: HostId) -> Option<Duration> {
-        self.shared
-            .with_engine(|e, _| e.srtt(host))
-            .map(Duration::from_micros)
+        match &self.imp {
+            Imp::Embedded(e) => e
+                .shared
+                .with_engine(|e, _| e.srtt(host))
+                .map(Duration::from_micros),
+            Imp::Attached(a) => a.srtt(host),
+        }
     }
 
     /// Stops the host; blocked operations fail with `Shutdown`.
     pub fn shutdown(&mut self) {
-        if self.shared.stop.swap(true, Ordering::AcqRel) {
+        let e = match &mut self.imp {
+            Imp::Embedded(e) => e,
+            Imp::Attached(a) => return a.close(),
+        };
+        if e.shared.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.shared.with_engine(|e, _| e.shutdown());
-        self.shared.bg_efd.signal();
-        if let Some(h) = self.bg.take() {
+        e.shared.with_engine(|e, _| e.shutdown());
+        e.shared.bg_efd.signal();
+        if let Some(h) = e.bg.take() {
             let _ = h.join();
         }
-        if let Some(h) = self.ks.take() {
+        if let Some(h) = e.ks.take() {
             let _ = h.join();
         }
     }

@@ -8,7 +8,7 @@
 use vkernel_proto::{IpcError, Message, Pid};
 
 use crate::kernel::destroy_local;
-use crate::process::Process;
+use crate::process::LocalProcess;
 
 /// GetTime: reply w1 = high, w2 = low 32 bits of the host clock in µs.
 pub const GET_TIME: u32 = 0x4b_0001;
@@ -89,7 +89,7 @@ pub(crate) fn error_of(code: u32, group: Pid, pid: Pid) -> Result<(), IpcError> 
 }
 
 /// Serves kernel requests until the host shuts down.
-pub(crate) fn run(p: Process) {
+pub(crate) fn run(p: LocalProcess) {
     // Kernel requests are rare: never burn a CPU waiting for them.
     p.set_spin(std::time::Duration::ZERO);
     p.set_socket_reader(false);

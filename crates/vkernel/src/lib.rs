@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod attach;
 mod clock;
 pub mod host;
 mod kernel;
@@ -39,6 +40,7 @@ mod sys;
 pub mod trace;
 mod waiter;
 
+pub use attach::AttachServer;
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};

@@ -1,4 +1,5 @@
-//! The public IPC API: a [`Process`] handle and its primitives.
+//! A process of a logical host whose engine runs in this program: the
+//! primitives on the engine directly.
 //!
 //! Every call is the same whether the peer is on this logical host or
 //! another; the engine decides. A blocking call lends the caller's buffers
@@ -23,6 +24,8 @@ use crate::sys::poll2;
 use crate::trace::Phase;
 use crate::waiter::Waiter;
 
+use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
+
 /// Counts a thread in one role (spinning, or blocked reading the socket)
 /// while it lives: adds `add` on entry and takes 1 away on exit (see
 /// `Shared::spinners` for why those differ).
@@ -41,72 +44,6 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// How a process's waits (for a reply, a message, a move) ended: the
-/// answer was there, or came while the process busy-polled, or the process
-/// had to block and be woken (which costs tens of µs across CPUs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WaitCounts {
-    /// Waits that ended without blocking.
-    pub unblocked: u64,
-    /// Waits that blocked.
-    pub blocked: u64,
-    /// Of the blocked waits, those that did not spin because the CPUs
-    /// were taken (as many spinners on the host as CPUs, or more runnable
-    /// threads on the machine than CPUs): blocking was the policy's
-    /// choice for the machine, not a miss of its own.
-    pub blocked_crowded: u64,
-}
-
-/// A segment lent with a Send: the receiver may read and/or write it while
-/// the sender awaits its reply.
-pub enum Segment<'a> {
-    /// Receiver may read (MoveFrom; the first part travels with the message).
-    Read(&'a [u8]),
-    /// Receiver may write (MoveTo; reply-with-segment).
-    Write(&'a mut [u8]),
-    /// Receiver may read and write.
-    ReadWrite(&'a mut [u8]),
-}
-
-/// What a Send got back besides the reply message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reply {
-    /// The process that replied.
-    pub from: Pid,
-    /// Bytes the replier wrote into the segment with its reply (in the
-    /// reply datagram or sent ahead of it; not bytes moved by MoveTo).
-    pub seg_bytes: usize,
-}
-
-/// A logical host's answer to a host-selection query.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HostLoad {
-    /// The host's kernel server (its pid names the host).
-    pub kernel_server: Pid,
-    /// Processes on the logical host.
-    pub processes: u32,
-    /// The machine's 1-minute load average.
-    pub load: f64,
-    /// Online CPUs of the machine.
-    pub cpus: u32,
-    /// When the answer arrived, from the start of the query.
-    pub after: Duration,
-}
-
-/// A message taken by Receive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Incoming {
-    /// The sender (reply to it).
-    pub from: Pid,
-    /// Bytes of the sender's segment copied into the receive buffer.
-    pub seg_bytes: usize,
-    /// The process that forwarded the message (== `from` if not forwarded).
-    pub forwarder: Pid,
-    /// The principal the sender runs as (authenticated as far as the
-    /// cluster key authenticates its host; 0 = none).
-    pub principal: u32,
-}
-
 /// How a wait should poll the socket while spinning.
 #[derive(Clone, Copy)]
 enum Expect {
@@ -119,9 +56,9 @@ enum Expect {
     Local,
 }
 
-/// A V process: a pid and the IPC primitives. Use it from one thread at a
-/// time (it is `Send` but not `Sync`). Dropping it destroys the process.
-pub struct Process {
+/// A process of this logical host, driven by the engine in this program
+/// (see [`super::Process`] for the public handle).
+pub(crate) struct LocalProcess {
     shared: Arc<Shared>,
     pid: Pid,
     waiter: Arc<Waiter>,
@@ -134,17 +71,19 @@ pub struct Process {
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
-impl std::fmt::Debug for Process {
+impl std::fmt::Debug for LocalProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Process").field("pid", &self.pid).finish()
+        f.debug_struct("LocalProcess")
+            .field("pid", &self.pid)
+            .finish()
     }
 }
 
-/// The largest STATS document [`Process::host_stats`] takes.
+/// The largest STATS document [`super::Process::host_stats`] takes.
 const MAX_STATS: usize = 64 << 20;
 
-impl Process {
-    pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<Process, IpcError> {
+impl LocalProcess {
+    pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<LocalProcess, IpcError> {
         let Some(waiter) = Waiter::new() else {
             // Out of file descriptors: undo the creation.
             let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
@@ -154,7 +93,7 @@ impl Process {
         shared.register(pid, waiter.clone());
         let spin = std::cell::Cell::new(shared.spin);
         let send_deadline = std::cell::Cell::new(shared.send_deadline);
-        Ok(Process {
+        Ok(LocalProcess {
             shared,
             pid,
             waiter,
@@ -174,25 +113,25 @@ impl Process {
     /// Makes this process busy-poll exactly `d` before it blocks when it
     /// waits, whatever happens (zero: always block). By default it follows
     /// the host's `KernelConfig::spin` and `adaptive_spin`.
-    pub fn set_spin(&self, d: Duration) {
+    pub(crate) fn set_spin(&self, d: Duration) {
         self.spin.set(SpinPolicy::fixed(d));
     }
 
     /// Makes this process busy-poll at most `cap` before it blocks, and
     /// only as long as spinning pays (see `KernelConfig::adaptive_spin`).
-    pub fn set_spin_auto(&self, cap: Duration) {
+    pub(crate) fn set_spin_auto(&self, cap: Duration) {
         self.spin.set(SpinPolicy::adaptive(cap));
     }
 
     /// How this process's waits have ended so far.
-    pub fn wait_counts(&self) -> WaitCounts {
+    pub(crate) fn wait_counts(&self) -> WaitCounts {
         self.waits.get()
     }
 
     /// Sets the principal this process runs as (the thesis's
     /// `userNumber`): it travels with every Send and services may decide
     /// by it.
-    pub fn set_principal(&self, principal: u32) {
+    pub(crate) fn set_principal(&self, principal: u32) {
         let _ = self
             .shared
             .with_engine(|e, _| e.set_principal(self.pid, principal));
@@ -200,7 +139,7 @@ impl Process {
 
     /// Only senders running as one of `principals` may Send to this
     /// process (`None`: anyone); others get [`IpcError::AccessDenied`].
-    pub fn restrict_senders(&self, principals: Option<Vec<u32>>) {
+    pub(crate) fn restrict_senders(&self, principals: Option<Vec<u32>>) {
         let _ = self
             .shared
             .with_engine(|e, _| e.restrict_senders(self.pid, principals));
@@ -210,12 +149,12 @@ impl Process {
     /// (default true: a waiting process usually reads its own reply). A
     /// process that rarely talks to other hosts can turn it off to avoid
     /// being woken by every datagram.
-    pub fn set_socket_reader(&self, on: bool) {
+    pub(crate) fn set_socket_reader(&self, on: bool) {
         self.socket_reader.set(on);
     }
 
     /// This process's pid.
-    pub fn pid(&self) -> Pid {
+    pub(crate) fn pid(&self) -> Pid {
         self.pid
     }
 
@@ -408,7 +347,7 @@ impl Process {
 
     /// Send: delivers `msg` to `to` and blocks until it is received and
     /// replied to; the reply overwrites `msg`.
-    pub fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
+    pub(crate) fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
         self.send_within(msg, to, self.send_deadline.get())
     }
 
@@ -416,17 +355,17 @@ impl Process {
     /// `KernelConfig::send_deadline` by default): a Send not replied to
     /// within it fails with [`IpcError::Deadline`] and its exchange is
     /// abandoned. `None` waits as long as the server's host answers.
-    pub fn set_send_deadline(&self, d: Option<Duration>) {
+    pub(crate) fn set_send_deadline(&self, d: Option<Duration>) {
         self.send_deadline.set(d);
     }
 
     /// The deadline of this process's Sends.
-    pub fn send_deadline(&self) -> Option<Duration> {
+    pub(crate) fn send_deadline(&self) -> Option<Duration> {
         self.send_deadline.get()
     }
 
-    /// [`Process::send`] with this call's own deadline (`None`: none).
-    pub fn send_within(
+    /// [`super::Process::send`] with this call's own deadline (`None`: none).
+    pub(crate) fn send_within(
         &self,
         msg: &mut Message,
         to: Pid,
@@ -447,7 +386,7 @@ impl Process {
 
     /// Send with a segment the receiver may access while this process awaits
     /// its reply. The segment's rights are set in `msg` from `seg`.
-    pub fn send_with_segment(
+    pub(crate) fn send_with_segment(
         &self,
         msg: &mut Message,
         to: Pid,
@@ -456,12 +395,12 @@ impl Process {
         self.send_with_segment_append(msg, to, seg, usize::MAX)
     }
 
-    /// [`Process::send_with_segment`] with at most `append` bytes of a
+    /// [`super::Process::send_with_segment`] with at most `append` bytes of a
     /// readable segment travelling with the message (the receiver gets
     /// them by receive-with-segment and may MoveFrom the rest). A segment
     /// laid out as data-out followed by room for data-in keeps the room
     /// off the wire by appending only the data-out part.
-    pub fn send_with_segment_append(
+    pub(crate) fn send_with_segment_append(
         &self,
         msg: &mut Message,
         to: Pid,
@@ -471,9 +410,9 @@ impl Process {
         self.send_with_segment_within(msg, to, seg, append, self.send_deadline.get())
     }
 
-    /// [`Process::send_with_segment_append`] with this call's own deadline
-    /// (`None`: none); see [`Process::set_send_deadline`].
-    pub fn send_with_segment_within(
+    /// [`super::Process::send_with_segment_append`] with this call's own deadline
+    /// (`None`: none); see [`super::Process::set_send_deadline`].
+    pub(crate) fn send_with_segment_within(
         &self,
         msg: &mut Message,
         to: Pid,
@@ -542,25 +481,15 @@ impl Process {
     }
 
     /// Receive: blocks until a message arrives (first come, first served).
-    pub fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
+    pub(crate) fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
         self.receive_inner(msg, None, None, usize::MAX)
     }
 
-    /// Receive-with-segment: also copies the first part of a read-granted
-    /// segment into `buf` (`Incoming::seg_bytes` says how much).
-    pub fn receive_with_segment(
-        &self,
-        msg: &mut Message,
-        buf: &mut [u8],
-    ) -> Result<Incoming, IpcError> {
-        self.receive_inner(msg, None, Some(buf), usize::MAX)
-    }
-
-    /// [`Process::receive_with_segment`] that copies only from a segment
+    /// [`super::Process::receive_with_segment`] that copies only from a segment
     /// at most `upto` bytes long (`Incoming::seg_bytes` is 0 otherwise): a
     /// dispatcher that hands large requests to workers, which receive them
     /// again, need not copy their first part.
-    pub fn receive_with_segment_upto(
+    pub(crate) fn receive_with_segment_upto(
         &self,
         msg: &mut Message,
         buf: &mut [u8],
@@ -571,7 +500,7 @@ impl Process {
 
     /// ReceiveSpecific: waits for a message from `from` only. Returns
     /// `Ok(None)` if `from` does not exist (the V convention of returning 0).
-    pub fn receive_specific(
+    pub(crate) fn receive_specific(
         &self,
         msg: &mut Message,
         from: Pid,
@@ -629,7 +558,7 @@ impl Process {
     }
 
     /// Reply: `to` must be awaiting reply from this process. Does not block.
-    pub fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
+    pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
         self.shared
@@ -643,7 +572,7 @@ impl Process {
     /// makes the request run again), and otherwise by MoveTo before the
     /// reply (blocking until acknowledged; the sender's
     /// [`Reply::seg_bytes`] then does not count them).
-    pub fn reply_with_segment(
+    pub(crate) fn reply_with_segment(
         &self,
         msg: &Message,
         to: Pid,
@@ -676,14 +605,14 @@ impl Process {
 
     /// Forward: passes `from`'s request (as `msg`) to `to` as if `from` had
     /// sent it; `from` must be awaiting reply from this process.
-    pub fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
+    pub(crate) fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
         let m = *msg;
         self.shared
             .with_engine(|e, now| e.forward(now, self.pid, from, to, m))
     }
 
     /// MoveTo: copies `src` into `to`'s write-granted segment at `offset`.
-    pub fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+    pub(crate) fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
         let (lease, lent) = Lease::shared(src);
         let r = self
             .shared
@@ -694,7 +623,12 @@ impl Process {
     }
 
     /// MoveFrom: copies from `from`'s read-granted segment at `offset` into `dest`.
-    pub fn move_from(&self, from: Pid, offset: u32, dest: &mut [u8]) -> Result<usize, IpcError> {
+    pub(crate) fn move_from(
+        &self,
+        from: Pid,
+        offset: u32,
+        dest: &mut [u8],
+    ) -> Result<usize, IpcError> {
         let (lease, lent) = Lease::exclusive(dest);
         let r = self
             .shared
@@ -719,13 +653,13 @@ impl Process {
     }
 
     /// SetPid: registers `pid` under `logical` with a scope.
-    pub fn set_pid(&self, logical: u32, pid: Pid, scope: Scope) {
+    pub(crate) fn set_pid(&self, logical: u32, pid: Pid, scope: Scope) {
         self.shared
             .with_engine(|e, _| e.set_pid(logical, pid, scope));
     }
 
     /// GetPid: looks up `logical`; the null pid if nobody answers.
-    pub fn get_pid(&self, logical: u32, scope: Scope) -> Result<Pid, IpcError> {
+    pub(crate) fn get_pid(&self, logical: u32, scope: Scope) -> Result<Pid, IpcError> {
         let r = self
             .shared
             .with_engine(|e, now| e.get_pid(now, self.pid, logical, scope))?;
@@ -741,7 +675,7 @@ impl Process {
     /// AllocateGroupId: a new process group with this process as its first
     /// member. Send to the group id reaches every member on every host;
     /// the reply mode is set in the message ([`Message::set_group_mode`]).
-    pub fn allocate_group_id(&self) -> Result<Pid, IpcError> {
+    pub(crate) fn allocate_group_id(&self) -> Result<Pid, IpcError> {
         self.shared
             .with_engine(|e, _| e.allocate_group_id(self.pid))
     }
@@ -749,13 +683,13 @@ impl Process {
     /// JoinGroup: makes `pid` a member of `group`. For a process on another
     /// host the request goes to that host's kernel server, whose group
     /// policy may refuse it ([`IpcError::AccessDenied`]).
-    pub fn join_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+    pub(crate) fn join_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
         self.group_op(ks::JOIN_GROUP, group, pid)
     }
 
     /// LeaveGroup: `pid` stops being a member of `group` (not an error if
     /// it was not one).
-    pub fn leave_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+    pub(crate) fn leave_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
         self.group_op(ks::LEAVE_GROUP, group, pid)
     }
 
@@ -786,7 +720,7 @@ impl Process {
     /// GetReply: the next queued reply to this process's latest
     /// multi-reply group Send (it overwrites `msg`) and who sent it, or
     /// `None` if none is queued.
-    pub fn get_reply(&self, msg: &mut Message) -> Option<Pid> {
+    pub(crate) fn get_reply(&self, msg: &mut Message) -> Option<Pid> {
         // Replies that arrived since the Send returned may still sit in the
         // socket (no one waits on it then): read them first.
         self.shared.poll_socket(64);
@@ -797,7 +731,7 @@ impl Process {
 
     /// The counters of logical host `host` as JSON, read by message from
     /// its kernel server (this host's too).
-    pub fn host_stats(&self, host: vkernel_proto::HostId) -> Result<String, IpcError> {
+    pub(crate) fn host_stats(&self, host: vkernel_proto::HostId) -> Result<String, IpcError> {
         let ks = Pid::new(host, KERNEL_SERVER_LOCAL_ID);
         // One datagram's worth first; a larger document says its size and
         // is asked for again with room for it (it may have grown meanwhile).
@@ -824,7 +758,7 @@ impl Process {
     /// host's kernel server. Gathers answers until one comes from an idle
     /// host (load below `idle_load`), `max` have arrived, or `limit` passes;
     /// returns them least loaded first.
-    pub fn select_hosts(
+    pub(crate) fn select_hosts(
         &self,
         max: usize,
         limit: Duration,
@@ -860,13 +794,13 @@ impl Process {
     }
 
     /// GetTime: the null kernel operation (enter the kernel, read its clock).
-    pub fn get_time(&self) -> Duration {
+    pub(crate) fn get_time(&self) -> Duration {
         Duration::from_micros(self.shared.with_engine(|_, now| now))
     }
 
     /// True if `pid` names a live process; remote pids are asked of their
     /// host's kernel server.
-    pub fn process_exists(&self, pid: Pid) -> Result<bool, IpcError> {
+    pub(crate) fn process_exists(&self, pid: Pid) -> Result<bool, IpcError> {
         if !pid.is_process() {
             return Ok(false);
         }
@@ -883,7 +817,7 @@ impl Process {
     }
 
     /// Destroys a process, local or (through its kernel server) remote.
-    pub fn destroy(&self, pid: Pid) -> Result<(), IpcError> {
+    pub(crate) fn destroy(&self, pid: Pid) -> Result<(), IpcError> {
         if pid == self.pid {
             return Err(IpcError::Busy(pid));
         }
@@ -901,7 +835,7 @@ impl Process {
     }
 }
 
-impl Drop for Process {
+impl Drop for LocalProcess {
     fn drop(&mut self) {
         let pid = self.pid;
         if !self.waiter.destroyed.load(Ordering::Acquire) {

@@ -1,0 +1,619 @@
+//! The machine host's side: the attach socket, one thread per attached
+//! program reading its records, and one proxy thread per attached process
+//! that runs the calls its program posts in the call slot, with the same
+//! `LocalProcess` code an embedded program runs.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vkernel_proto::{HostId, IpcError, Message, Pid};
+
+use crate::kernel::{destroy_local, Shared};
+use crate::process::{LocalProcess, Segment};
+use crate::spin::SpinPolicy;
+
+use super::control::{self, ask, kind, Record};
+use super::shm::{futex_wake, Shm};
+use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
+use super::wait::{publish, Pace, Waited};
+use super::{MAX_WINDOW, MIN_WINDOW};
+
+/// Processes one attached program may have at once.
+pub const MAX_PROCESSES_PER_PROGRAM: usize = 4096;
+
+/// A machine host's attach socket: programs connect to it and their
+/// processes become processes of this host. Dropping it closes the socket
+/// and destroys every attached program's processes.
+pub struct AttachServer {
+    path: PathBuf,
+    inner: Arc<Inner>,
+    accept: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    listener: OwnedFd,
+    stop: AtomicBool,
+    /// Every connection, to end them on shutdown.
+    conns: Mutex<HashMap<u64, (Arc<OwnedFd>, Option<JoinHandle<()>>)>>,
+    next_conn: AtomicU64,
+    pace: Arc<Pace>,
+    /// This host's effective uid: programs of the same uid (or root) may
+    /// change the host's configuration.
+    owner_uid: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl std::fmt::Debug for AttachServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachServer")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl AttachServer {
+    /// Listens on `path` with permission bits `mode` (who may attach).
+    /// A socket file left by a host that died is replaced; one a live host
+    /// still serves is an error.
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        path: &Path,
+        mode: u32,
+    ) -> std::io::Result<AttachServer> {
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() && !dir.exists() {
+                std::fs::create_dir_all(dir)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+            }
+        }
+        let addr = rustix::net::SocketAddrUnix::new(path)?;
+        if path.exists() {
+            let probe = control::socket()?;
+            if rustix::net::connect(&probe, &addr).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("a machine host already serves {}", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = control::socket()?;
+        rustix::net::bind(&listener, &addr)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))?;
+        }
+        rustix::net::listen(&listener, 128)?;
+        let inner = Arc::new(Inner {
+            shared,
+            listener,
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            pace: Arc::new(Pace::new()),
+            owner_uid: rustix::process::geteuid().as_raw(),
+        });
+        let i = inner.clone();
+        let accept = std::thread::Builder::new()
+            .name("vk-attach-accept".into())
+            .spawn(move || i.accept_loop())?;
+        Ok(AttachServer {
+            path: path.to_path_buf(),
+            inner,
+            accept: Some(accept),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Programs attached now.
+    pub fn attached(&self) -> usize {
+        lock(&self.inner.conns).len()
+    }
+}
+
+impl Drop for AttachServer {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        let _ = rustix::net::shutdown(&self.inner.listener, rustix::net::Shutdown::Both);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        let conns: Vec<_> = lock(&self.inner.conns).drain().collect();
+        for (_, (fd, _)) in &conns {
+            let _ = rustix::net::shutdown(&**fd, rustix::net::Shutdown::Both);
+        }
+        for (_, (_, h)) in conns {
+            if let Some(h) = h {
+                let _ = h.join();
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Inner {
+    fn accept_loop(self: Arc<Self>) {
+        while !self.stop.load(Ordering::Acquire) {
+            let fd =
+                match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
+                    Ok(fd) => Arc::new(fd),
+                    Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => continue,
+                    Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) => {
+                        tracing::warn!(
+                            "attach: out of file descriptors; refusing programs for 100 ms"
+                        );
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    Err(_) => break,
+                };
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+            let me = self.clone();
+            let f = fd.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("vk-attach-{id}"))
+                .spawn(move || {
+                    me.serve(&f);
+                    lock(&me.conns).remove(&id);
+                });
+            match h {
+                Ok(h) => {
+                    let mut c = lock(&self.conns);
+                    // The thread may already have ended and removed itself.
+                    if !h.is_finished() {
+                        c.insert(id, (fd, Some(h)));
+                    }
+                }
+                Err(e) => tracing::warn!("attach: cannot start a connection thread: {e}"),
+            }
+        }
+    }
+
+    /// Serves one attached program until its socket ends, then destroys
+    /// its processes.
+    fn serve(&self, fd: &OwnedFd) {
+        let Ok(cred) = rustix::net::sockopt::socket_peercred(fd) else {
+            return;
+        };
+        let uid = cred.uid.as_raw();
+        let hello = match control::recv(fd) {
+            Ok(Some(r)) => r,
+            _ => return,
+        };
+        if hello.kind() != kind::HELLO || hello.words[1] != control::MAGIC {
+            tracing::warn!(
+                "attach: a program (pid {}) did not say hello; closed",
+                cred.pid.as_raw_nonzero()
+            );
+            return;
+        }
+        // Root's programs run as principal 0 (none, as an embedded program
+        // does); anyone else's as their uid.
+        let principal = uid;
+        let addr = self
+            .shared
+            .net
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let welcome = [
+            kind::WELCOME,
+            control::MAGIC,
+            control::VERSION,
+            u32::from(self.shared.host.0),
+            principal,
+            0,
+            0,
+            0,
+        ];
+        if control::send(fd, &welcome, addr.as_bytes(), &[]).is_err() {
+            return;
+        }
+        tracing::debug!(
+            uid,
+            pid = cred.pid.as_raw_nonzero(),
+            "attach: program attached"
+        );
+        let mut procs: HashMap<Pid, Proxy> = HashMap::new();
+        while let Ok(Some(r)) = control::recv(fd) {
+            let id = r.words[1];
+            let answer = match r.kind() {
+                kind::CREATE => self.create(r, uid, principal, &mut procs),
+                kind::WINDOW => adopt_window(r, &procs),
+                kind::ASK => self.answer(&r, uid),
+                _ => Err(IpcError::Refused(Pid(0))),
+            };
+            procs.retain(|_, p| !p.thread.as_ref().is_some_and(|t| t.is_finished()));
+            let (words, payload) = match answer {
+                Ok((v, payload)) => ([kind::ANSWER, id, 0, 0, v[0], v[1], 0, 0], payload),
+                Err(e) => {
+                    let (c, a) = e.code();
+                    ([kind::ANSWER, id, c, a, 0, 0, 0, 0], Vec::new())
+                }
+            };
+            if control::send(fd, &words, &payload, &[]).is_err() {
+                break;
+            }
+        }
+        // The program detached or died: its processes go with it.
+        for (pid, p) in &procs {
+            p.stop.store(true, Ordering::SeqCst);
+            let _ = destroy_local(&self.shared, *pid);
+            // SAFETY: the slot mapping is SLOT_BYTES long and page-aligned.
+            futex_wake(&unsafe { Slot::at(p.slot.as_ptr()) }.req);
+        }
+        for (_, mut p) in procs {
+            if let Some(t) = p.thread.take() {
+                let _ = t.join();
+            }
+        }
+        tracing::debug!(uid, "attach: program detached");
+    }
+
+    fn create(
+        &self,
+        r: Record,
+        uid: u32,
+        principal: u32,
+        procs: &mut HashMap<Pid, Proxy>,
+    ) -> Result<([u32; 2], Vec<u8>), IpcError> {
+        let [slot_fd, window_fd] =
+            <[OwnedFd; 2]>::try_from(r.fds).map_err(|_| IpcError::Refused(Pid(0)))?;
+        if procs.len() >= MAX_PROCESSES_PER_PROGRAM {
+            return Err(IpcError::TableFull);
+        }
+        let slot =
+            Shm::adopt(&slot_fd, SLOT_BYTES, SLOT_BYTES).map_err(|_| IpcError::Refused(Pid(0)))?;
+        let window = Shm::adopt(&window_fd, MIN_WINDOW, MAX_WINDOW)
+            .map_err(|_| IpcError::Refused(Pid(0)))?;
+        let pid = self.shared.with_engine(|e, _| e.create_process())?;
+        let p = LocalProcess::new(self.shared.clone(), pid)?;
+        if principal != 0 {
+            p.set_principal(principal);
+        }
+        let slot = Arc::new(slot);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pending = Arc::new(Mutex::new(None));
+        let ctx = Ctx {
+            p,
+            slot: slot.clone(),
+            window,
+            pending: pending.clone(),
+            stop: stop.clone(),
+            uid,
+            principal,
+        };
+        let pace = self.pace.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("vk-proxy-{pid}"))
+            .spawn(move || ctx.run(&pace))
+            .map_err(|_| IpcError::NoResources)?;
+        procs.insert(
+            pid,
+            Proxy {
+                slot,
+                stop,
+                pending,
+                thread: Some(thread),
+            },
+        );
+        Ok(([pid.0, 0], Vec::new()))
+    }
+
+    fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
+        let a = r.words[3];
+        match r.words[2] {
+            ask::PROCESS_EXISTS => {
+                let e = self.shared.with_engine(|e, _| e.process_exists(Pid(a)));
+                Ok(([u32::from(e), 0], Vec::new()))
+            }
+            ask::STATS_JSON | ask::PROMETHEUS => {
+                let (s, g) = self.shared.snapshot();
+                let doc = if r.words[2] == ask::STATS_JSON {
+                    crate::metrics::to_json(&s, &g)
+                } else {
+                    crate::metrics::to_prometheus(&s, &g)
+                };
+                if doc.len() > control::MAX_PAYLOAD {
+                    return Err(IpcError::SegmentTooLarge {
+                        max: control::MAX_PAYLOAD,
+                    });
+                }
+                Ok(([0, 0], doc.into_bytes()))
+            }
+            ask::SRTT => {
+                let t = self.shared.with_engine(|e, _| e.srtt(HostId(a as u16)));
+                Ok((
+                    [
+                        u32::from(t.is_some()),
+                        t.map_or(0, |t| t.min(u64::from(u32::MAX)) as u32),
+                    ],
+                    Vec::new(),
+                ))
+            }
+            ask::ADD_PEER => {
+                if uid != 0 && uid != self.owner_uid {
+                    return Err(IpcError::AccessDenied(Pid(0)));
+                }
+                let addr = std::str::from_utf8(&r.payload)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or(IpcError::Refused(Pid(0)))?;
+                self.shared.with_engine(|e, _| e.add_discovery(addr));
+                Ok(([0, 0], Vec::new()))
+            }
+            _ => Err(IpcError::Refused(Pid(0))),
+        }
+    }
+}
+
+/// Takes a larger window a program sent for one of its processes; its
+/// proxy switches to it at the next ADOPT_WINDOW call.
+fn adopt_window(r: Record, procs: &HashMap<Pid, Proxy>) -> Result<([u32; 2], Vec<u8>), IpcError> {
+    let pid = Pid(r.words[2]);
+    let p = procs.get(&pid).ok_or(IpcError::NoSuchProcess(pid))?;
+    let fd = r.fds.into_iter().next().ok_or(IpcError::Refused(pid))?;
+    let w = Shm::adopt(&fd, MIN_WINDOW, MAX_WINDOW).map_err(|_| IpcError::Refused(pid))?;
+    *lock(&p.pending) = Some(w);
+    Ok(([0, 0], Vec::new()))
+}
+
+/// The connection thread's handle on one proxy.
+struct Proxy {
+    slot: Arc<Shm>,
+    stop: Arc<AtomicBool>,
+    pending: Arc<Mutex<Option<Shm>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What a proxy thread owns.
+struct Ctx {
+    p: LocalProcess,
+    slot: Arc<Shm>,
+    window: Shm,
+    pending: Arc<Mutex<Option<Shm>>>,
+    stop: Arc<AtomicBool>,
+    uid: u32,
+    principal: u32,
+}
+
+fn deadline(us: u64) -> Option<Duration> {
+    (us != NONE64).then(|| Duration::from_micros(us))
+}
+
+fn len_in(window: &Shm, n: u32, pid: Pid) -> Result<usize, IpcError> {
+    let n = n as usize;
+    if n > window.len() {
+        return Err(IpcError::OutOfBounds(pid));
+    }
+    Ok(n)
+}
+
+impl Ctx {
+    fn run(mut self, pace: &Pace) {
+        // SAFETY: the slot mapping is SLOT_BYTES long, page-aligned, and
+        // owned (through the Arc) for as long as this thread runs.
+        let slot = unsafe { Slot::at(self.slot.as_ptr()) };
+        let slot: &Slot = slot;
+        // From the last call answered (none yet: 0), not from `req`: the
+        // program may have posted its first call before this thread ran.
+        let mut last = slot.done.load(Ordering::Acquire);
+        let mut policy = SpinPolicy::adaptive(crate::spin::AUTO_SPIN_CAP);
+        loop {
+            let w = pace.wait(&slot.req, &slot.host_parked, last, &mut policy, || {
+                self.stop.load(Ordering::Acquire)
+            });
+            if matches!(w, Waited::Gone) {
+                break;
+            }
+            let seq = slot.req.load(Ordering::Acquire);
+            last = seq;
+            let op = Op::from_u32(slot.op.load(Ordering::Relaxed));
+            let r = match op {
+                Some(op) => self.call(op, slot),
+                None => Err(IpcError::Refused(self.p.pid())),
+            };
+            // A call ended by the host ending this program's attachment
+            // says so, rather than how the engine ended it.
+            let r = match r {
+                Err(_) if self.stop.load(Ordering::Acquire) => Err(IpcError::HostLost),
+                r => r,
+            };
+            slot.set_result(r.as_ref().err().map_or(Ok(()), Err));
+            publish(&slot.done, &slot.prog_parked, seq);
+            if op == Some(Op::Exit) || self.stop.load(Ordering::Acquire) {
+                break;
+            }
+        }
+    }
+
+    /// A slice of the window; the program may scribble on it meanwhile,
+    /// which only garbles its own data (bytes are only copied).
+    #[allow(clippy::mut_from_ref)]
+    fn win(&self, n: usize) -> &mut [u8] {
+        // SAFETY: `n` was checked against the window's length; the slice
+        // lives for one call of this proxy, the only user of this mapping
+        // in the host (see `Shm::bytes_mut` on the program's writes).
+        unsafe { self.window.bytes_mut(n) }
+    }
+
+    fn call(&mut self, op: Op, s: &Slot) -> Result<(), IpcError> {
+        let p = &self.p;
+        let me = p.pid();
+        match op {
+            Op::Send => {
+                let mut m = s.msg();
+                let r = p.send_within(&mut m, Pid(s.arg(0)), deadline(s.arg64(1)))?;
+                s.set_rmsg(&m);
+                s.set_out(0, r.from.0);
+                s.set_out(1, r.seg_bytes as u32);
+            }
+            Op::SendSegment => {
+                let n = len_in(&self.window, s.arg(2), me)?;
+                let append = usize::try_from(s.arg64(3)).unwrap_or(usize::MAX);
+                let buf = self.win(n);
+                let seg = match s.arg(1) {
+                    1 => Segment::Read(buf),
+                    2 => Segment::Write(buf),
+                    3 => Segment::ReadWrite(buf),
+                    _ => return Err(IpcError::Refused(me)),
+                };
+                let mut m = s.msg();
+                let r = p.send_with_segment_within(
+                    &mut m,
+                    Pid(s.arg(0)),
+                    seg,
+                    append,
+                    deadline(s.arg64(5)),
+                )?;
+                s.set_rmsg(&m);
+                s.set_out(0, r.from.0);
+                s.set_out(1, r.seg_bytes as u32);
+            }
+            Op::Receive => {
+                let mut m = Message::zero();
+                let r = if s.arg(5) != 0 {
+                    p.receive_specific(&mut m, Pid(s.arg(4)))?
+                } else if s.arg(0) != 0 {
+                    let n = len_in(&self.window, s.arg(1), me)?;
+                    let upto = usize::try_from(s.arg64(2)).unwrap_or(usize::MAX);
+                    Some(p.receive_with_segment_upto(&mut m, self.win(n), upto)?)
+                } else {
+                    Some(p.receive(&mut m)?)
+                };
+                s.set_out(4, u32::from(r.is_some()));
+                if let Some(i) = r {
+                    s.set_rmsg(&m);
+                    s.set_out(0, i.from.0);
+                    s.set_out(1, i.seg_bytes as u32);
+                    s.set_out(2, i.forwarder.0);
+                    s.set_out(3, i.principal);
+                }
+            }
+            Op::Reply => p.reply(&s.msg(), Pid(s.arg(0)))?,
+            Op::ReplySegment => {
+                let n = len_in(&self.window, s.arg(2), me)?;
+                p.reply_with_segment(&s.msg(), Pid(s.arg(0)), s.arg(1), self.win(n))?;
+            }
+            Op::Forward => p.forward(&s.msg(), Pid(s.arg(0)), Pid(s.arg(1)))?,
+            Op::MoveTo => {
+                let n = len_in(&self.window, s.arg(2), me)?;
+                let k = p.move_to(Pid(s.arg(0)), s.arg(1), self.win(n))?;
+                s.set_out(0, k as u32);
+            }
+            Op::MoveFrom => {
+                let n = len_in(&self.window, s.arg(2), me)?;
+                let k = p.move_from(Pid(s.arg(0)), s.arg(1), self.win(n))?;
+                s.set_out(0, k as u32);
+            }
+            Op::SetPid => {
+                let scope = super::scope_of(s.arg(2)).ok_or(IpcError::Refused(me))?;
+                p.set_pid(s.arg(0), Pid(s.arg(1)), scope);
+            }
+            Op::GetPid => {
+                let scope = super::scope_of(s.arg(1)).ok_or(IpcError::Refused(me))?;
+                s.set_out(0, p.get_pid(s.arg(0), scope)?.0);
+            }
+            Op::AllocateGroup => s.set_out(0, p.allocate_group_id()?.0),
+            Op::JoinGroup => p.join_group(Pid(s.arg(0)), Pid(s.arg(1)))?,
+            Op::LeaveGroup => p.leave_group(Pid(s.arg(0)), Pid(s.arg(1)))?,
+            Op::GetReply => {
+                let mut m = Message::zero();
+                let from = p.get_reply(&mut m);
+                s.set_out(0, u32::from(from.is_some()));
+                s.set_out(1, from.map_or(0, |f| f.0));
+                s.set_rmsg(&m);
+            }
+            Op::HostStats => {
+                let doc = p.host_stats(HostId(s.arg(0) as u16))?;
+                if doc.len() > self.window.len() {
+                    return Err(IpcError::SegmentTooLarge { max: doc.len() });
+                }
+                self.win(doc.len()).copy_from_slice(doc.as_bytes());
+                s.set_out(0, doc.len() as u32);
+            }
+            Op::SelectHosts => {
+                let room = self.window.len() / super::HOST_LOAD_BYTES;
+                let max = (s.arg(0) as usize).min(room);
+                let limit = Duration::from_micros(s.arg64(1).min(60_000_000));
+                let idle = f64::from_bits(s.arg64(3));
+                let idle = if idle.is_finite() { idle } else { 0.0 };
+                let mut hosts = p.select_hosts(max, limit, idle)?;
+                hosts.truncate(room);
+                let w = self.win(hosts.len() * super::HOST_LOAD_BYTES);
+                for (h, c) in hosts.iter().zip(w.chunks_exact_mut(super::HOST_LOAD_BYTES)) {
+                    super::host_load_to(h, c);
+                }
+                s.set_out(0, hosts.len() as u32);
+            }
+            Op::GetTime => s.set_out64(0, p.get_time().as_micros() as u64),
+            Op::ProcessExists => s.set_out(0, u32::from(p.process_exists(Pid(s.arg(0)))?)),
+            Op::Destroy => {
+                let target = Pid(s.arg(0));
+                // A program may end only its own principal's processes
+                // here, unless it is root (the kernel server's rule for
+                // remote destroys).
+                if self.uid != 0 && target.host() == me.host() {
+                    let owner = p.shared().with_engine(|e, _| e.principal_of(target));
+                    if owner != self.principal {
+                        return Err(IpcError::AccessDenied(target));
+                    }
+                }
+                p.destroy(target)?;
+            }
+            Op::SetPrincipal => {
+                let want = s.arg(0);
+                if self.uid != 0 && want != self.principal {
+                    return Err(IpcError::AccessDenied(me));
+                }
+                p.set_principal(want);
+            }
+            Op::RestrictSenders => {
+                let n = s.arg(0);
+                if n == u32::MAX {
+                    p.restrict_senders(None);
+                } else {
+                    let bytes = len_in(&self.window, n.saturating_mul(4), me)?;
+                    let list = self
+                        .win(bytes)
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    p.restrict_senders(Some(list));
+                }
+            }
+            Op::SetSpin => {
+                let d = Duration::from_micros(s.arg64(1).min(1_000_000));
+                if s.arg(0) != 0 {
+                    p.set_spin_auto(d);
+                } else {
+                    p.set_spin(d);
+                }
+            }
+            Op::SetSocketReader => p.set_socket_reader(s.arg(0) != 0),
+            Op::AdoptWindow => {
+                let w = lock(&self.pending).take().ok_or(IpcError::Refused(me))?;
+                self.window = w;
+            }
+            Op::Exit => {}
+        }
+        Ok(())
+    }
+}

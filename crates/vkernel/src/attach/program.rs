@@ -1,0 +1,704 @@
+//! The program's side of an attachment: [`Attachment`] is the connection to
+//! the machine host, [`AttachedProcess`] a process whose calls run in the
+//! host through its call slot.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use vkernel_proto::{HostId, IpcError, Message, Pid, Scope};
+
+use crate::process::{HostLoad, Incoming, Reply, Segment, WaitCounts};
+use crate::spin::SpinPolicy;
+
+use super::control::{self, ask, kind, Record};
+use super::shm::{futex_wake, Shm};
+use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
+use super::wait::{publish, Pace, Waited};
+use super::{MAX_WINDOW, MIN_WINDOW};
+
+/// A program's connection to its machine host.
+pub(crate) struct Attachment {
+    sock: OwnedFd,
+    send_lock: Mutex<()>,
+    pub(crate) host: HostId,
+    pub(crate) host_addr: Option<SocketAddr>,
+    /// The host went away (the socket ended).
+    lost: AtomicBool,
+    /// This program detached (dropped its `Kernel`).
+    closed: AtomicBool,
+    answers: Mutex<HashMap<u32, Record>>,
+    answered: Condvar,
+    next_id: AtomicU32,
+    /// Every live process's slot, to wake their waits when the host goes.
+    slots: Mutex<HashMap<Pid, Arc<Shm>>>,
+    pub(crate) pace: Pace,
+    pub(crate) net_counters: crate::net::NetCounters,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("host", &self.host)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn io_err(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl Attachment {
+    /// Connects to the machine host at `path` and says hello; starts the
+    /// thread that reads the host's answers.
+    pub(crate) fn connect(path: &Path) -> std::io::Result<Arc<Attachment>> {
+        let sock = control::socket()?;
+        let addr = rustix::net::SocketAddrUnix::new(path)?;
+        rustix::net::connect(&sock, &addr).map_err(|e| {
+            std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!(
+                    "cannot attach to the machine host at {}: {e} (is `vkernel host` running? the path can be set with {})",
+                    path.display(),
+                    super::ENV
+                ),
+            )
+        })?;
+        control::send(
+            &sock,
+            &[kind::HELLO, control::MAGIC, control::VERSION, 0, 0, 0, 0, 0],
+            &[],
+            &[],
+        )?;
+        let w = control::recv(&sock)?
+            .ok_or_else(|| io_err("the machine host closed the connection (refused?)"))?;
+        if w.kind() != kind::WELCOME || w.words[1] != control::MAGIC {
+            return Err(io_err("not a vkernel machine host"));
+        }
+        if w.words[2] != control::VERSION {
+            return Err(io_err(format!(
+                "the machine host speaks attach protocol {} (this program {})",
+                w.words[2],
+                control::VERSION
+            )));
+        }
+        let host_addr = std::str::from_utf8(&w.payload)
+            .ok()
+            .and_then(|s| s.parse().ok());
+        let a = Arc::new(Attachment {
+            sock,
+            send_lock: Mutex::new(()),
+            host: HostId(w.words[3] as u16),
+            host_addr,
+            lost: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            answers: Mutex::new(HashMap::new()),
+            answered: Condvar::new(),
+            next_id: AtomicU32::new(1),
+            slots: Mutex::new(HashMap::new()),
+            pace: Pace::new(),
+            net_counters: crate::net::NetCounters::default(),
+        });
+        let r = a.clone();
+        std::thread::Builder::new()
+            .name("vk-attach".into())
+            .spawn(move || r.read_answers())?;
+        Ok(a)
+    }
+
+    fn read_answers(&self) {
+        while let Ok(Some(r)) = control::recv(&self.sock) {
+            if r.kind() == kind::ANSWER {
+                lock(&self.answers).insert(r.words[1], r);
+                self.answered.notify_all();
+            }
+        }
+        self.lost.store(true, Ordering::SeqCst);
+        // Hold the lock while notifying so no asker misses it.
+        drop(lock(&self.answers));
+        self.answered.notify_all();
+        for s in lock(&self.slots).values() {
+            // SAFETY: a slot mapping is SLOT_BYTES long and page-aligned.
+            let slot = unsafe { Slot::at(s.as_ptr()) };
+            futex_wake(&slot.done);
+        }
+    }
+
+    /// Why calls fail now, if they do.
+    fn gone(&self) -> Option<IpcError> {
+        if self.closed.load(Ordering::Acquire) {
+            Some(IpcError::Shutdown)
+        } else if self.lost.load(Ordering::Acquire) {
+            Some(IpcError::HostLost)
+        } else {
+            None
+        }
+    }
+
+    /// Sends a record that asks something and waits for its answer.
+    fn ask(
+        &self,
+        mut words: [u32; 8],
+        payload: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<Record, IpcError> {
+        if let Some(e) = self.gone() {
+            return Err(e);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        words[1] = id;
+        {
+            let _g = lock(&self.send_lock);
+            control::send(&self.sock, &words, payload, fds).map_err(|_| IpcError::HostLost)?;
+        }
+        let mut answers = lock(&self.answers);
+        loop {
+            if let Some(r) = answers.remove(&id) {
+                return match r.words[2] {
+                    0 => Ok(r),
+                    c => Err(IpcError::from_code(c, r.words[3])),
+                };
+            }
+            if let Some(e) = self.gone() {
+                return Err(e);
+            }
+            answers = self
+                .answered
+                .wait_timeout(answers, Duration::from_millis(100))
+                .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// Asks a question about the host (see `control::ask`).
+    pub(crate) fn question(&self, what: u32, a: u32, payload: &[u8]) -> Result<Record, IpcError> {
+        self.ask([kind::ASK, 0, what, a, 0, 0, 0, 0], payload, &[])
+    }
+
+    /// Creates a process on the host.
+    pub(crate) fn create_process(self: &Arc<Self>) -> Result<AttachedProcess, IpcError> {
+        let res = |_| IpcError::NoResources;
+        let (slot, slot_fd) = Shm::create("vkernel-slot", SLOT_BYTES).map_err(res)?;
+        let (window, window_fd) = Shm::create("vkernel-window", MIN_WINDOW).map_err(res)?;
+        let r = self.ask(
+            [kind::CREATE, 0, 0, 0, 0, 0, 0, 0],
+            &[],
+            &[slot_fd.as_fd(), window_fd.as_fd()],
+        )?;
+        let pid = Pid(r.words[4]);
+        let slot = Arc::new(slot);
+        lock(&self.slots).insert(pid, slot.clone());
+        Ok(AttachedProcess {
+            at: self.clone(),
+            pid,
+            slot,
+            window: RefCell::new(window),
+            seq: Cell::new(0),
+            spin: Cell::new(SpinPolicy::adaptive(crate::spin::AUTO_SPIN_CAP)),
+            waits: Cell::new(WaitCounts::default()),
+            send_deadline: Cell::new(None),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Detaches: the host destroys this program's processes; their calls
+    /// fail with `Shutdown`.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
+    }
+}
+
+/// A process of the machine host, driven from this program.
+pub(crate) struct AttachedProcess {
+    at: Arc<Attachment>,
+    pid: Pid,
+    slot: Arc<Shm>,
+    /// Bytes that travel with a call (segments, moved data, documents).
+    window: RefCell<Shm>,
+    seq: Cell<u32>,
+    spin: Cell<SpinPolicy>,
+    waits: Cell<WaitCounts>,
+    send_deadline: Cell<Option<Duration>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl std::fmt::Debug for AttachedProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedProcess")
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+fn micros64(d: Option<Duration>) -> u64 {
+    d.map_or(NONE64, |d| {
+        u64::try_from(d.as_micros()).unwrap_or(NONE64 - 1)
+    })
+}
+
+fn clamp32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl AttachedProcess {
+    fn slot(&self) -> &Slot {
+        // SAFETY: the slot mapping is SLOT_BYTES long, page-aligned, and
+        // lives as long as `self`.
+        unsafe { Slot::at(self.slot.as_ptr()) }
+    }
+
+    /// Runs `op` (its arguments already in the slot) and waits for it.
+    fn call(&self, op: Op) -> Result<(), IpcError> {
+        if let Some(e) = self.at.gone() {
+            return Err(e);
+        }
+        let s = self.slot();
+        let seq = self.seq.get().wrapping_add(1);
+        s.op.store(op as u32, Ordering::Relaxed);
+        publish(&s.req, &s.host_parked, seq);
+        self.seq.set(seq);
+        let mut policy = self.spin.get();
+        let r = self.at.pace.wait(
+            &s.done,
+            &s.prog_parked,
+            seq.wrapping_sub(1),
+            &mut policy,
+            || self.at.gone().is_some(),
+        );
+        self.spin.set(policy);
+        let mut w = self.waits.get();
+        match r {
+            Waited::Spun => w.unblocked += 1,
+            Waited::Blocked => w.blocked += 1,
+            Waited::Gone => {
+                return Err(self.at.gone().unwrap_or(IpcError::HostLost));
+            }
+        }
+        self.waits.set(w);
+        if s.done.load(Ordering::Acquire) != seq {
+            // A host that answers out of turn is broken or hostile.
+            return Err(IpcError::HostLost);
+        }
+        s.result()
+    }
+
+    /// Makes the window at least `n` bytes long.
+    fn window_for(&self, n: usize) -> Result<(), IpcError> {
+        if n <= self.window.borrow().len() {
+            return Ok(());
+        }
+        if n > MAX_WINDOW {
+            return Err(IpcError::SegmentTooLarge { max: MAX_WINDOW });
+        }
+        let len = n.next_power_of_two().clamp(MIN_WINDOW, MAX_WINDOW);
+        let (w, fd) = Shm::create("vkernel-window", len).map_err(|_| IpcError::NoResources)?;
+        self.at.ask(
+            [kind::WINDOW, 0, self.pid.0, 0, 0, 0, 0, 0],
+            &[],
+            &[fd.as_fd()],
+        )?;
+        self.call(Op::AdoptWindow)?;
+        *self.window.borrow_mut() = w;
+        Ok(())
+    }
+
+    /// Copies `data` to the start of the window.
+    fn put(&self, data: &[u8]) -> Result<(), IpcError> {
+        self.window_for(data.len())?;
+        let w = self.window.borrow();
+        // SAFETY: no call is in flight, so the host does not use the
+        // window now; bytes are only copied.
+        unsafe { w.bytes_mut(data.len()) }.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Copies the start of the window into `out` (at most `n` bytes).
+    fn get(&self, out: &mut [u8], n: usize) -> usize {
+        let w = self.window.borrow();
+        let n = n.min(out.len()).min(w.len());
+        // SAFETY: as in `put`: the call has completed.
+        out[..n].copy_from_slice(unsafe { &w.bytes_mut(n)[..n] });
+        n
+    }
+
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    pub(crate) fn set_spin(&self, d: Duration) {
+        self.spin.set(SpinPolicy::fixed(d));
+        self.set_host_spin(0, d);
+    }
+
+    pub(crate) fn set_spin_auto(&self, cap: Duration) {
+        self.spin.set(SpinPolicy::adaptive(cap));
+        self.set_host_spin(1, cap);
+    }
+
+    fn set_host_spin(&self, adaptive: u32, d: Duration) {
+        let s = self.slot();
+        s.set_arg(0, adaptive);
+        s.set_arg64(1, micros64(Some(d)));
+        let _ = self.call(Op::SetSpin);
+    }
+
+    pub(crate) fn wait_counts(&self) -> WaitCounts {
+        self.waits.get()
+    }
+
+    pub(crate) fn set_principal(&self, principal: u32) {
+        self.slot().set_arg(0, principal);
+        let _ = self.call(Op::SetPrincipal);
+    }
+
+    pub(crate) fn restrict_senders(&self, principals: Option<Vec<u32>>) {
+        let s = self.slot();
+        match principals {
+            None => s.set_arg(0, u32::MAX),
+            Some(list) => {
+                let bytes: Vec<u8> = list.iter().flat_map(|p| p.to_le_bytes()).collect();
+                if self.put(&bytes).is_err() {
+                    return;
+                }
+                s.set_arg(0, clamp32(list.len()));
+            }
+        }
+        let _ = self.call(Op::RestrictSenders);
+    }
+
+    pub(crate) fn set_socket_reader(&self, on: bool) {
+        self.slot().set_arg(0, u32::from(on));
+        let _ = self.call(Op::SetSocketReader);
+    }
+
+    pub(crate) fn set_send_deadline(&self, d: Option<Duration>) {
+        self.send_deadline.set(d);
+    }
+
+    pub(crate) fn send_deadline(&self) -> Option<Duration> {
+        self.send_deadline.get()
+    }
+
+    pub(crate) fn send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
+        self.send_within(msg, to, self.send_deadline.get())
+    }
+
+    pub(crate) fn send_within(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, IpcError> {
+        let s = self.slot();
+        s.set_arg(0, to.0);
+        s.set_arg64(1, micros64(deadline));
+        s.set_msg(msg);
+        self.call(Op::Send)?;
+        *msg = s.rmsg();
+        Ok(Reply {
+            from: Pid(s.out(0)),
+            seg_bytes: s.out(1) as usize,
+        })
+    }
+
+    pub(crate) fn send_with_segment_within(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        seg: Segment<'_>,
+        append: usize,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, IpcError> {
+        let (data, access): (&[u8], u32) = match &seg {
+            Segment::Read(b) => (b, 1),
+            Segment::Write(b) => (b, 2),
+            Segment::ReadWrite(b) => (b, 3),
+        };
+        let len = data.len();
+        self.put(data)?;
+        let s = self.slot();
+        s.set_arg(0, to.0);
+        s.set_arg(1, access);
+        s.set_arg(2, clamp32(len));
+        s.set_arg64(3, append.min(u64::MAX as usize) as u64);
+        s.set_arg64(5, micros64(deadline));
+        s.set_msg(msg);
+        let r = self.call(Op::SendSegment);
+        // What the receiver wrote (by MoveTo or with its reply) comes back
+        // even when the exchange then failed, as it would in place.
+        match seg {
+            Segment::Write(b) | Segment::ReadWrite(b) => {
+                self.get(b, len);
+            }
+            Segment::Read(_) => {}
+        }
+        r?;
+        *msg = s.rmsg();
+        Ok(Reply {
+            from: Pid(s.out(0)),
+            seg_bytes: (s.out(1) as usize).min(len),
+        })
+    }
+
+    pub(crate) fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
+        self.receive_op(msg, None, None, usize::MAX).map(|(i, _)| i)
+    }
+
+    pub(crate) fn receive_with_segment_upto(
+        &self,
+        msg: &mut Message,
+        buf: &mut [u8],
+        upto: usize,
+    ) -> Result<Incoming, IpcError> {
+        self.receive_op(msg, None, Some(buf), upto).map(|(i, _)| i)
+    }
+
+    pub(crate) fn receive_specific(
+        &self,
+        msg: &mut Message,
+        from: Pid,
+    ) -> Result<Option<Incoming>, IpcError> {
+        let (i, found) = self.receive_op(msg, Some(from), None, usize::MAX)?;
+        Ok(found.then_some(i))
+    }
+
+    /// Receive in all its forms; the flag is false when ReceiveSpecific's
+    /// process does not exist.
+    fn receive_op(
+        &self,
+        msg: &mut Message,
+        from: Option<Pid>,
+        buf: Option<&mut [u8]>,
+        upto: usize,
+    ) -> Result<(Incoming, bool), IpcError> {
+        let want = buf.as_ref().map_or(0, |b| b.len());
+        self.window_for(want)?;
+        let s = self.slot();
+        s.set_arg(0, u32::from(buf.is_some()));
+        s.set_arg(1, clamp32(want));
+        s.set_arg64(2, upto.min(u64::MAX as usize) as u64);
+        s.set_arg(4, from.map_or(0, |p| p.0));
+        s.set_arg(5, u32::from(from.is_some()));
+        self.call(Op::Receive)?;
+        let seg_bytes = (s.out(1) as usize).min(want);
+        if let Some(b) = buf {
+            self.get(b, seg_bytes);
+        }
+        *msg = s.rmsg();
+        Ok((
+            Incoming {
+                from: Pid(s.out(0)),
+                seg_bytes,
+                forwarder: Pid(s.out(2)),
+                principal: s.out(3),
+            },
+            s.out(4) != 0,
+        ))
+    }
+
+    pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
+        let s = self.slot();
+        s.set_arg(0, to.0);
+        s.set_msg(msg);
+        self.call(Op::Reply)
+    }
+
+    pub(crate) fn reply_with_segment(
+        &self,
+        msg: &Message,
+        to: Pid,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), IpcError> {
+        self.put(data)?;
+        let s = self.slot();
+        s.set_arg(0, to.0);
+        s.set_arg(1, offset);
+        s.set_arg(2, clamp32(data.len()));
+        s.set_msg(msg);
+        self.call(Op::ReplySegment)
+    }
+
+    pub(crate) fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
+        let s = self.slot();
+        s.set_arg(0, from.0);
+        s.set_arg(1, to.0);
+        s.set_msg(msg);
+        self.call(Op::Forward)
+    }
+
+    pub(crate) fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+        self.put(src)?;
+        let s = self.slot();
+        s.set_arg(0, to.0);
+        s.set_arg(1, offset);
+        s.set_arg(2, clamp32(src.len()));
+        self.call(Op::MoveTo)?;
+        Ok(s.out(0) as usize)
+    }
+
+    pub(crate) fn move_from(
+        &self,
+        from: Pid,
+        offset: u32,
+        dest: &mut [u8],
+    ) -> Result<usize, IpcError> {
+        self.window_for(dest.len())?;
+        let s = self.slot();
+        s.set_arg(0, from.0);
+        s.set_arg(1, offset);
+        s.set_arg(2, clamp32(dest.len()));
+        self.call(Op::MoveFrom)?;
+        let n = s.out(0) as usize;
+        Ok(self.get(dest, n))
+    }
+
+    pub(crate) fn set_pid(&self, logical: u32, pid: Pid, scope: Scope) {
+        let s = self.slot();
+        s.set_arg(0, logical);
+        s.set_arg(1, pid.0);
+        s.set_arg(2, super::scope_code(scope));
+        let _ = self.call(Op::SetPid);
+    }
+
+    pub(crate) fn get_pid(&self, logical: u32, scope: Scope) -> Result<Pid, IpcError> {
+        let s = self.slot();
+        s.set_arg(0, logical);
+        s.set_arg(1, super::scope_code(scope));
+        self.call(Op::GetPid)?;
+        Ok(Pid(s.out(0)))
+    }
+
+    pub(crate) fn allocate_group_id(&self) -> Result<Pid, IpcError> {
+        self.call(Op::AllocateGroup)?;
+        Ok(Pid(self.slot().out(0)))
+    }
+
+    pub(crate) fn join_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        self.group_op(Op::JoinGroup, group, pid)
+    }
+
+    pub(crate) fn leave_group(&self, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        self.group_op(Op::LeaveGroup, group, pid)
+    }
+
+    fn group_op(&self, op: Op, group: Pid, pid: Pid) -> Result<(), IpcError> {
+        let s = self.slot();
+        s.set_arg(0, group.0);
+        s.set_arg(1, pid.0);
+        self.call(op)
+    }
+
+    pub(crate) fn get_reply(&self, msg: &mut Message) -> Option<Pid> {
+        self.call(Op::GetReply).ok()?;
+        let s = self.slot();
+        if s.out(0) == 0 {
+            return None;
+        }
+        *msg = s.rmsg();
+        Some(Pid(s.out(1)))
+    }
+
+    pub(crate) fn host_stats(&self, host: HostId) -> Result<String, IpcError> {
+        for _ in 0..4 {
+            self.slot().set_arg(0, u32::from(host.0));
+            match self.call(Op::HostStats) {
+                Ok(()) => {
+                    let n = self.slot().out(0) as usize;
+                    let mut b = vec![0u8; n];
+                    let n = self.get(&mut b, n);
+                    b.truncate(n);
+                    return String::from_utf8(b).map_err(|_| IpcError::Refused(self.pid));
+                }
+                // The document is larger than the window: make room.
+                Err(IpcError::SegmentTooLarge { max }) if max > self.window.borrow().len() => {
+                    self.window_for(max)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(IpcError::SegmentTooLarge {
+            max: self.window.borrow().len(),
+        })
+    }
+
+    pub(crate) fn select_hosts(
+        &self,
+        max: usize,
+        limit: Duration,
+        idle_load: f64,
+    ) -> Result<Vec<HostLoad>, IpcError> {
+        let s = self.slot();
+        s.set_arg(0, clamp32(max));
+        s.set_arg64(1, micros64(Some(limit)));
+        s.set_arg64(3, idle_load.to_bits());
+        self.call(Op::SelectHosts)?;
+        let n = s.out(0) as usize;
+        let mut b = vec![0u8; n * super::HOST_LOAD_BYTES];
+        let want = b.len();
+        let got = self.get(&mut b, want);
+        Ok(b[..got]
+            .chunks_exact(super::HOST_LOAD_BYTES)
+            .map(super::host_load_from)
+            .collect())
+    }
+
+    pub(crate) fn get_time(&self) -> Duration {
+        match self.call(Op::GetTime) {
+            Ok(()) => Duration::from_micros(self.slot().out64(0)),
+            Err(_) => Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn process_exists(&self, pid: Pid) -> Result<bool, IpcError> {
+        self.slot().set_arg(0, pid.0);
+        self.call(Op::ProcessExists)?;
+        Ok(self.slot().out(0) != 0)
+    }
+
+    pub(crate) fn destroy(&self, pid: Pid) -> Result<(), IpcError> {
+        self.slot().set_arg(0, pid.0);
+        self.call(Op::Destroy)
+    }
+}
+
+impl Drop for AttachedProcess {
+    fn drop(&mut self) {
+        let _ = self.call(Op::Exit);
+        lock(&self.at.slots).remove(&self.pid);
+    }
+}
+
+/// Kernel-level questions an attached program asks its host.
+impl Attachment {
+    pub(crate) fn process_exists(&self, pid: Pid) -> bool {
+        self.question(ask::PROCESS_EXISTS, pid.0, &[])
+            .is_ok_and(|r| r.words[4] != 0)
+    }
+
+    pub(crate) fn document(&self, what: u32) -> String {
+        self.question(what, 0, &[])
+            .ok()
+            .and_then(|r| String::from_utf8(r.payload).ok())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn srtt(&self, host: HostId) -> Option<Duration> {
+        let r = self.question(ask::SRTT, u32::from(host.0), &[]).ok()?;
+        (r.words[4] != 0).then(|| Duration::from_micros(u64::from(r.words[5])))
+    }
+
+    pub(crate) fn add_peer(&self, a: SocketAddr) {
+        let _ = self.question(ask::ADD_PEER, 0, a.to_string().as_bytes());
+    }
+}

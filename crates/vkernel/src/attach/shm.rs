@@ -1,0 +1,191 @@
+//! Sealed memory files shared between a program and its machine host, and
+//! futex waits on words in them.
+//!
+//! The program creates each file and seals its size before it hands it
+//! over, so the host can check that it will never shrink: a mapping whose
+//! file shrank would fault (SIGBUS) on access, and a hostile program must
+//! not be able to crash the host that way.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// One shared mapping of a whole sealed memory file.
+pub(crate) struct Shm {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access through `Shm`
+// goes through atomics or through byte copies whose callers own the
+// protocol step that makes the range theirs (see `slot.rs`).
+unsafe impl Send for Shm {}
+// SAFETY: as above: `&Shm` only hands out atomics and raw byte ranges.
+unsafe impl Sync for Shm {}
+
+impl std::fmt::Debug for Shm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shm").field("len", &self.len).finish()
+    }
+}
+
+impl Shm {
+    /// Creates a sealed memory file of `len` bytes and maps it; returns the
+    /// mapping and the file to hand over.
+    pub(crate) fn create(name: &str, len: usize) -> io::Result<(Shm, OwnedFd)> {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        let shm = Shm::map_fd(&fd, len)?;
+        Ok((shm, fd))
+    }
+
+    /// Maps a file handed over by a program, after checking that it is
+    /// sealed against shrinking and at least `min` bytes long. Returns the
+    /// mapping of the whole file.
+    pub(crate) fn adopt(fd: &OwnedFd, min: usize, max: usize) -> io::Result<Shm> {
+        let seals = rustix::fs::fcntl_get_seals(fd)?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "shared memory file is not sealed against shrinking",
+            ));
+        }
+        let size = rustix::fs::fstat(fd)?.st_size;
+        let len = usize::try_from(size).unwrap_or(usize::MAX);
+        if len < min || len > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shared memory file of {len} bytes (want {min}..={max})"),
+            ));
+        }
+        Shm::map_fd(fd, len)
+    }
+
+    fn map_fd(fd: impl AsFd, len: usize) -> io::Result<Shm> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: a fresh shared mapping chosen by the kernel (null hint);
+        // it aliases no Rust object. Its lifetime ends in `Drop`.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )?
+        };
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "mmap returned null"))?;
+        Ok(Shm { ptr, len })
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The start of the mapping (page-aligned).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// `len` bytes at the start, as a slice the caller may read and write.
+    ///
+    /// # Safety
+    /// The caller must own the range for the slice's life by the slot
+    /// protocol (no other thread of this program touches it), and must
+    /// only copy bytes in and out of it: the other side may write the same
+    /// memory at any time if it breaks the protocol, which can tear the
+    /// data but, for byte copies, not memory safety.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn bytes_mut(&self, len: usize) -> &mut [u8] {
+        let len = len.min(self.len);
+        // SAFETY: in bounds of the mapping; exclusivity is the caller's.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map_fd`; nothing
+        // borrowed from it outlives `self`.
+        unsafe {
+            let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// Blocks while `word` holds `val`, for at most `timeout` (the word may be
+/// in memory shared with another program: not a private futex).
+pub(crate) fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
+    use rustix::thread::futex;
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // EAGAIN (the word changed), EINTR and ETIMEDOUT all mean: look again.
+    let _ = futex::wait(word, futex::Flags::empty(), val, Some(&ts));
+}
+
+/// Wakes every waiter on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    use rustix::thread::futex;
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_sealed_file_is_adopted_and_shared() {
+        let (a, fd) = Shm::create("t", 8192).unwrap();
+        let b = Shm::adopt(&fd, 4096, 1 << 20).unwrap();
+        assert_eq!(b.len(), 8192);
+        // SAFETY: this test owns both mappings; nothing else touches them.
+        unsafe {
+            a.bytes_mut(4)[..4].copy_from_slice(b"abcd");
+            assert_eq!(&b.bytes_mut(4)[..4], b"abcd");
+        }
+    }
+
+    #[test]
+    fn an_unsealed_or_short_file_is_refused() {
+        let fd = rustix::fs::memfd_create("u", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 8192).unwrap();
+        assert!(Shm::adopt(&fd, 4096, 1 << 20).is_err());
+        let (_a, fd) = Shm::create("s", 4096).unwrap();
+        assert!(Shm::adopt(&fd, 8192, 1 << 20).is_err());
+        assert!(rustix::fs::ftruncate(&fd, 0).is_err(), "sealed");
+    }
+
+    #[test]
+    fn futex_wake_ends_a_wait_on_shared_memory() {
+        let (a, fd) = Shm::create("f", 4096).unwrap();
+        let b = Shm::adopt(&fd, 4096, 4096).unwrap();
+        // SAFETY: page-aligned, in bounds; AtomicU32 has no invalid values.
+        let wa = unsafe { &*(a.as_ptr() as *const AtomicU32) };
+        // SAFETY: as above, through the second mapping of the same page.
+        let wb = unsafe { &*(b.as_ptr() as *const AtomicU32) };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while wa.load(Ordering::Acquire) == 0 {
+                    futex_wait(wa, 0, Duration::from_secs(5));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            wb.store(1, Ordering::Release);
+            futex_wake(wb);
+        });
+    }
+}

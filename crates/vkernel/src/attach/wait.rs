@@ -1,0 +1,109 @@
+//! Waiting for the other side of a call slot: spin while the policy says
+//! spinning pays, then block on a futex. Used alike by a program waiting
+//! for its result and by the host's proxy waiting for the next request.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::spin::{RunQueue, SpinPolicy};
+
+use super::shm::{futex_wait, futex_wake};
+
+/// The longest one futex wait lasts before `gone` is asked again.
+const SLICE: Duration = Duration::from_millis(20);
+
+/// How a wait ended.
+pub(crate) enum Waited {
+    /// The word changed without blocking.
+    Spun,
+    /// The word changed after blocking.
+    Blocked,
+    /// `gone` said stop.
+    Gone,
+}
+
+/// What a side needs to decide how to wait.
+pub(crate) struct Pace {
+    pub(crate) clock: Clock,
+    pub(crate) run_queue: RunQueue,
+    pub(crate) cpus: u64,
+}
+
+impl Pace {
+    pub(crate) fn new() -> Pace {
+        Pace {
+            clock: Clock::new(),
+            run_queue: RunQueue::new(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        }
+    }
+
+    /// Waits until `word` no longer holds `old`, spinning first as
+    /// `policy` allows, and teaches `policy` how long the wait took.
+    /// `parked` is this side's flag that asks the other for a wake-up.
+    pub(crate) fn wait(
+        &self,
+        word: &AtomicU32,
+        parked: &AtomicU32,
+        old: u32,
+        policy: &mut SpinPolicy,
+        gone: impl Fn() -> bool,
+    ) -> Waited {
+        if word.load(Ordering::Acquire) != old {
+            return Waited::Spun;
+        }
+        let start = self.clock.now();
+        let spin_us = if policy.wants_to_spin() {
+            let busy = policy.is_adaptive() && self.run_queue.contended(start, self.cpus);
+            policy.budget_us(0, self.cpus, busy)
+        } else {
+            0
+        };
+        let mut i: u32 = 0;
+        let r = loop {
+            if word.load(Ordering::Acquire) != old {
+                break Waited::Spun;
+            }
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(64) && (gone() || self.clock.now() - start >= spin_us) {
+                break self.block(word, parked, old, &gone);
+            }
+            std::hint::spin_loop();
+        };
+        policy.record(self.clock.now().saturating_sub(start));
+        r
+    }
+
+    fn block(
+        &self,
+        word: &AtomicU32,
+        parked: &AtomicU32,
+        old: u32,
+        gone: &impl Fn() -> bool,
+    ) -> Waited {
+        loop {
+            if gone() {
+                return Waited::Gone;
+            }
+            parked.store(1, Ordering::SeqCst);
+            if word.load(Ordering::SeqCst) != old {
+                parked.store(0, Ordering::Relaxed);
+                return Waited::Blocked;
+            }
+            futex_wait(word, old, SLICE);
+            parked.store(0, Ordering::Relaxed);
+            if word.load(Ordering::Acquire) != old {
+                return Waited::Blocked;
+            }
+        }
+    }
+}
+
+/// Publishes `val` in `word` and wakes the other side if it blocked.
+pub(crate) fn publish(word: &AtomicU32, parked: &AtomicU32, val: u32) {
+    word.store(val, Ordering::SeqCst);
+    if parked.load(Ordering::SeqCst) != 0 {
+        futex_wake(word);
+    }
+}
