@@ -98,7 +98,7 @@ fn random_key() -> u64 {
 /// Runs `vkernel disk`.
 pub fn run(a: DiskArgs) -> Result<(), String> {
     let store = Backing::open(&a.backing).map_err(|e| e.to_string())?;
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let key = a.owner_key.unwrap_or_else(random_key);
     let lid = logical_id(&a.name);
     let srv = DiskServer::start(
@@ -290,7 +290,7 @@ fn parse_sz(s: &str) -> Result<u64, String> {
 
 /// Runs `vkernel disk-cli`.
 pub fn run_cli(a: DiskCliArgs) -> Result<(), String> {
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
     let e = |e: vkernel_disk::client::ClientError| e.to_string();
     match a.op {

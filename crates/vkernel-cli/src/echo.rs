@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use vkernel::{Kernel, Scope};
+use vkernel::Scope;
 use vkernel_bench::echo::serve;
 
 use crate::hostopts::{logical_id, service_group, wait_exit, HostOpts};
@@ -33,7 +33,7 @@ pub struct EchoArgs {
 
 /// Runs `vkernel echo`.
 pub fn run(a: EchoArgs) -> Result<(), String> {
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     if let Some(m) = a.metrics {
         let bound = k
             .serve_metrics(m)

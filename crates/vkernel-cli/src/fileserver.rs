@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use vkernel::Kernel;
 use vkernel_fs::server::{Access, AccessPolicy, FileServer, ServerConfig};
 
 use crate::hostopts::{counter, logical_id, wait_exit, HostOpts};
@@ -72,7 +71,7 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
     if !a.root.is_dir() {
         return Err(format!("--root {}: not a directory", a.root.display()));
     }
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let lid = logical_id(&a.name);
     let access = AccessPolicy {
         default: a.default_access,

@@ -85,6 +85,13 @@ pub struct HostOpts {
     /// NAT or port mapping sits between hosts and would not map that port.
     #[arg(long)]
     pub no_side_sockets: bool,
+    /// Attach to the machine host at PATH (see `vkernel host`) instead of
+    /// starting a logical host of this program's own: its processes are
+    /// then that host's. Without PATH: $VKERNEL_HOST, else the default
+    /// socket (/run/vkernel/host.sock for root). The socket options above
+    /// are the machine host's business then; --spin still applies.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
+    pub attach: Option<std::path::PathBuf>,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {
@@ -152,6 +159,29 @@ impl HostOpts {
             },
             side_sockets: !self.no_side_sockets,
             ..KernelConfig::default()
+        }
+    }
+}
+
+impl HostOpts {
+    /// Starts the logical host these options describe, or attaches to the
+    /// machine host (`--attach`).
+    pub fn start(&self) -> Result<vkernel::Kernel, String> {
+        self.start_with(self.config())
+    }
+
+    /// [`HostOpts::start`] with a configuration the command adjusted.
+    pub fn start_with(&self, cfg: KernelConfig) -> Result<vkernel::Kernel, String> {
+        match &self.attach {
+            None => vkernel::Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}")),
+            Some(p) => {
+                let path = if p.as_os_str().is_empty() {
+                    vkernel::attach::default_path()
+                } else {
+                    p.clone()
+                };
+                vkernel::Kernel::attach_with(&path, &cfg).map_err(|e| format!("cannot attach: {e}"))
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use vkernel::{GroupMode, Kernel, Message, Pid};
+use vkernel::{GroupMode, Message, Pid};
 
 use crate::hostopts::{service_group, HostOpts};
 use vkernel_bench::echo::ECHO;
@@ -35,7 +35,7 @@ pub fn run(a: LocateArgs) -> Result<(), String> {
     if a.host.peers.is_empty() && a.host.multicast_port.is_none() {
         return Err("give --peer ADDR (hosts to ask) or --multicast-port PORT".into());
     }
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;
     let g = service_group(&a.name);
     let mut m = Message::with_code(ECHO);
@@ -100,7 +100,7 @@ pub fn run_hosts(a: HostsArgs) -> Result<(), String> {
     if a.host.peers.is_empty() && a.host.multicast_port.is_none() {
         return Err("give --peer ADDR (hosts to ask) or --multicast-port PORT".into());
     }
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;
     let hs = p
         .select_hosts(a.max, a.wait, a.idle_below.unwrap_or(f64::NEG_INFINITY))

@@ -7,6 +7,7 @@ mod echo;
 mod fileserver;
 mod hostopts;
 mod locate;
+mod machine;
 mod mount;
 mod nbd;
 mod ping;
@@ -40,6 +41,9 @@ enum Cmd {
     /// beside today's, peers in the same run, JSON and SVG charts (the
     /// default command).
     Bench(bench::BenchArgs),
+    /// Run this machine's logical host, which other programs attach to
+    /// (`--attach`): their processes share its pid space and sockets.
+    Host(machine::HostArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
     /// Find an echo server by name (via --peer) and time N exchanges.
@@ -89,6 +93,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Some(Cmd::Host(a)) => machine::run(a),
         Some(Cmd::Echo(a)) => echo::run(a),
         Some(Cmd::Ping(a)) => ping::run(a),
         Some(Cmd::Locate(a)) => locate::run(a),

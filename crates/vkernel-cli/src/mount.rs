@@ -133,7 +133,7 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
     }
     let mut cfg = a.host.config();
     cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
-    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start_with(cfg)?;
     let server = locate(&k, &mut a.host, &a.server)?;
     let mut client = Client::connect(&k, server, a.threads.max(1) + 2)
         .map_err(|e| format!("file server {server}: {e}"))?;

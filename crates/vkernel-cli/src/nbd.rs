@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vkernel::Kernel;
 use vkernel_disk::client::Rediscover;
 use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
@@ -88,7 +87,7 @@ pub fn limits(memory: usize, max_connections: usize, handshake: Duration) -> Lim
 pub fn run(a: NbdArgs) -> Result<(), String> {
     let mut cfg = a.host.config();
     cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
-    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start_with(cfg)?;
     let mut c = connect(&k, &a.disk, a.disk_key, a.depth.max(1))?;
     if let Some(logical_id) = crate::disk::named_logical_id(&a.disk) {
         if !a.rediscover.is_zero() {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use vkernel::{Kernel, Pid, Scope};
+use vkernel::{Pid, Scope};
 
 use crate::hostopts::{auth_hint, logical_id, HostOpts};
 use vkernel_bench::echo::{time_exchanges, Timing, MAX_BULK};
@@ -53,9 +53,13 @@ fn parse_pid(s: &str) -> Result<Pid, String> {
 
 /// Runs `vkernel ping`.
 pub fn run(a: PingArgs) -> Result<(), String> {
-    if a.host.peers.is_empty() && a.pid.is_none() && a.host.multicast_port.is_none() {
+    if a.host.peers.is_empty()
+        && a.pid.is_none()
+        && a.host.multicast_port.is_none()
+        && a.host.attach.is_none()
+    {
         return Err(
-            "give --peer ADDR (where an echo host listens), --multicast-port PORT, or --pid".into(),
+            "give --peer ADDR (where an echo host listens), --multicast-port PORT, --pid, or --attach (a server on the machine host)".into(),
         );
     }
     if a.size < 32 || a.size > 32 + vkernel_proto::MAX_APPEND {
@@ -67,15 +71,21 @@ pub fn run(a: PingArgs) -> Result<(), String> {
     if a.bulk.is_some_and(|b| b == 0 || b > MAX_BULK) {
         return Err(format!("--bulk must be in 1..={MAX_BULK}"));
     }
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;
     p.set_send_deadline((!a.deadline.is_zero()).then_some(a.deadline));
     let t = Instant::now();
     let server = match a.pid {
         Some(pid) => pid,
         None => {
+            // Attached, the server is usually a process of the same host.
+            let scope = if k.is_attached() {
+                Scope::Any
+            } else {
+                Scope::Remote
+            };
             let pid = p
-                .get_pid(logical_id(&a.name), Scope::Remote)
+                .get_pid(logical_id(&a.name), scope)
                 .map_err(|e| format!("GetPid(\"{}\"): {e}{}", a.name, auth_hint(&k)))?;
             if pid.is_none() {
                 return Err(format!(

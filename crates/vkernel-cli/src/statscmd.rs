@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use vkernel::{HostId, Kernel};
+use vkernel::HostId;
 use vkernel_bench::hoststats::HostView;
 
 use crate::hostopts::{auth_hint, HostOpts};
@@ -38,7 +38,7 @@ fn parse_host(s: &str) -> Result<HostId, String> {
 
 /// Runs `vkernel stats`.
 pub fn run(a: StatsArgs) -> Result<(), String> {
-    let k = Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;
     let hosts: Vec<HostId> = if a.hosts.is_empty() {
         let mut hs: Vec<HostId> = p

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vkernel::service::FILESERVER;
-use vkernel::Kernel;
 use vkernel_team::team::{self, TeamConfig, TeamServer};
 
 use crate::hostopts::{wait_exit, HostOpts};
@@ -46,8 +45,7 @@ fn size(s: &str) -> Result<u64, String> {
 
 /// Runs `vkernel teamserver`.
 pub fn serve(a: TeamServerArgs) -> Result<(), String> {
-    let k =
-        Arc::new(Kernel::start(a.host.config()).map_err(|e| format!("cannot start host: {e}"))?);
+    let k = Arc::new(a.host.start()?);
     let cfg = TeamConfig {
         refuse_remote: a.refuse_remote,
         allowed_principals: (!a.allow_principal.is_empty()).then(|| a.allow_principal.clone()),
@@ -146,7 +144,7 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
     } else {
         cfg.peers.clone_from(&later);
     }
-    let k = Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}"))?;
+    let k = a.host.start_with(cfg)?;
     let pinned = match (on_addr, a.on.as_deref()) {
         (Some(_), Some(h)) => Some(locate_service(
             &k,

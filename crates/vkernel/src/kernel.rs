@@ -804,7 +804,22 @@ impl Kernel {
     /// that host's processes, in its pid space, with its names, groups,
     /// kernel server and sockets.
     pub fn attach(path: impl AsRef<std::path::Path>) -> Result<Kernel, KernelError> {
-        let a = Attachment::connect(path.as_ref())?;
+        Kernel::attach_with(path, &KernelConfig::default())
+    }
+
+    /// [`Kernel::attach`] whose processes wait as `cfg.spin` and
+    /// `cfg.adaptive_spin` say and default to `cfg.send_deadline`; the
+    /// rest of `cfg` is the machine host's business.
+    pub fn attach_with(
+        path: impl AsRef<std::path::Path>,
+        cfg: &KernelConfig,
+    ) -> Result<Kernel, KernelError> {
+        let spin = if cfg.adaptive_spin {
+            crate::spin::SpinPolicy::adaptive(cfg.spin)
+        } else {
+            crate::spin::SpinPolicy::fixed(cfg.spin)
+        };
+        let a = Attachment::connect(path.as_ref(), spin, cfg.send_deadline)?;
         Ok(Kernel {
             imp: Imp::Attached(a),
         })

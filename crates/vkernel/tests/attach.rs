@@ -100,3 +100,146 @@ fn a_lost_host_fails_calls_promptly() {
     assert_eq!(t.join().unwrap(), Err(IpcError::HostLost));
     assert!(a.create_process().is_err());
 }
+
+/// `attach_role` (examples/attach_role.rs), a separate program.
+fn role(args: &[&str]) -> std::process::Child {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/attach_role");
+    std::process::Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run examples/attach_role (built by cargo test)")
+}
+
+fn pid_line(c: &mut std::process::Child) -> vkernel::Pid {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    vkernel::Pid(u32::from_str_radix(line.trim(), 16).expect("a pid"))
+}
+
+#[test]
+fn a_program_killed_with_sigkill_loses_its_processes_and_names() {
+    let (host, _srv, path) = machine_host("k");
+    let mut child = role(&["sleeper", path.to_str().unwrap(), "sleepy"]);
+    let pid = pid_line(&mut child);
+    let client = host.create_process().unwrap();
+    assert_eq!(
+        client.get_pid(vkernel::service::id("sleepy"), Scope::Local),
+        Ok(pid)
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::with_code(1);
+        let r = client.send(&mut m, pid);
+        tx.send(std::time::Instant::now()).unwrap();
+        (r, client)
+    });
+    // The Send is queued at the sleeper's process, which never receives.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rx.try_recv().is_err(), "the Send should still be blocked");
+    child.kill().unwrap();
+    let killed = std::time::Instant::now();
+    child.wait().unwrap();
+    let (r, client) = t.join().unwrap();
+    let failed = rx.recv().unwrap();
+    eprintln!(
+        "blocked Send failed {:.1} ms after kill -9",
+        failed.saturating_duration_since(killed).as_secs_f64() * 1e3
+    );
+    assert_eq!(r, Err(IpcError::NoSuchProcess(pid)));
+    assert!(!host.process_exists(pid));
+    assert!(client
+        .get_pid(vkernel::service::id("sleepy"), Scope::Local)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn a_hostile_program_scribbling_on_its_pages_harms_no_one_else() {
+    let (host, srv, path) = machine_host("h");
+    let mut hostile = role(&["hostile", path.to_str().unwrap(), "2"]);
+    let a = Kernel::attach(&path).unwrap();
+    let server = a.create_process().unwrap();
+    let spid = server.pid();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        let mut buf = [0u8; 64];
+        let mut n = 0;
+        loop {
+            let i = match server.receive_with_segment(&mut m, &mut buf) {
+                Ok(i) => i,
+                Err(e) => panic!("server: {e:?}"),
+            };
+            if m.code() == 2 {
+                let _ = server.reply(&m, i.from);
+                break;
+            }
+            m.set_word(1, m.word(1) ^ 0xffff_ffff);
+            if let Err(e) = server.reply_with_segment(&m, i.from, 0, &buf[..i.seg_bytes]) {
+                panic!("server reply: {e:?}");
+            }
+            n += 1;
+        }
+        n
+    });
+    let c = a.create_process().unwrap();
+    let mut rounds = 0u32;
+    let start = std::time::Instant::now();
+    while hostile.try_wait().unwrap().is_none() || rounds < 100 {
+        let mut m = Message::with_code(1);
+        m.set_word(1, rounds);
+        let mut seg = rounds.to_le_bytes().repeat(8);
+        let want = seg.clone();
+        c.send_with_segment(&mut m, spid, Segment::ReadWrite(&mut seg))
+            .unwrap();
+        assert_eq!(m.word(1), rounds ^ 0xffff_ffff);
+        assert_eq!(seg, want);
+        rounds += 1;
+        assert!(start.elapsed() < Duration::from_secs(60), "hang guard");
+    }
+    assert!(
+        hostile.wait().unwrap().success(),
+        "the hostile program ran to its end"
+    );
+    let mut m = Message::with_code(2);
+    c.send(&mut m, spid).unwrap();
+    assert_eq!(t.join().unwrap(), rounds);
+    // The host still serves new programs.
+    assert!(Kernel::attach(&path).unwrap().create_process().is_ok());
+    assert!(srv.attached() >= 1);
+    drop(host);
+}
+
+#[test]
+fn a_hundred_programs_attach_to_one_host() {
+    let (host, srv, path) = machine_host("c");
+    let p = path.to_str().unwrap().to_string();
+    let mut kids: Vec<_> = (0..100)
+        .map(|i| role(&["sleeper", &p, &format!("s{i}")]))
+        .collect();
+    let pids: Vec<_> = kids.iter_mut().map(pid_line).collect();
+    assert_eq!(srv.attached(), 100);
+    let client = host.create_process().unwrap();
+    for (i, pid) in pids.iter().enumerate() {
+        let found = client.get_pid(vkernel::service::id(&format!("s{i}")), Scope::Local);
+        assert_eq!(found, Ok(*pid));
+    }
+    for k in &mut kids {
+        k.kill().unwrap();
+        k.wait().unwrap();
+    }
+    let t = std::time::Instant::now();
+    while pids.iter().any(|p| host.process_exists(*p)) || srv.attached() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "hang guard");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

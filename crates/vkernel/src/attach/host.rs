@@ -23,6 +23,12 @@ use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
 use super::{MAX_WINDOW, MIN_WINDOW};
 
+/// The longest a proxy spins for its program's next call: a program's
+/// next call usually follows at once (a Reply after a Receive, the next
+/// Send of a loop) or not for a long time, and a proxy spinning longer
+/// only takes the CPU its program needs.
+const PROXY_SPIN_CAP: Duration = Duration::from_micros(50);
+
 /// Processes one attached program may have at once.
 pub const MAX_PROCESSES_PER_PROGRAM: usize = 4096;
 
@@ -167,6 +173,9 @@ impl Inner {
             let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
             let me = self.clone();
             let f = fd.clone();
+            // Registered under the lock the thread takes to remove itself,
+            // so its removal comes after this.
+            let mut conns = lock(&self.conns);
             let h = std::thread::Builder::new()
                 .name(format!("vk-attach-{id}"))
                 .spawn(move || {
@@ -175,11 +184,7 @@ impl Inner {
                 });
             match h {
                 Ok(h) => {
-                    let mut c = lock(&self.conns);
-                    // The thread may already have ended and removed itself.
-                    if !h.is_finished() {
-                        c.insert(id, (fd, Some(h)));
-                    }
+                    conns.insert(id, (fd, Some(h)));
                 }
                 Err(e) => tracing::warn!("attach: cannot start a connection thread: {e}"),
             }
@@ -192,6 +197,13 @@ impl Inner {
         let Ok(cred) = rustix::net::sockopt::socket_peercred(fd) else {
             return;
         };
+        // A program that stops reading its answers is cut off, rather
+        // than holding this thread (and its processes' cleanup) forever.
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            fd,
+            rustix::net::sockopt::Timeout::Send,
+            Some(Duration::from_secs(2)),
+        );
         let uid = cred.uid.as_raw();
         let hello = match control::recv(fd) {
             Ok(Some(r)) => r,
@@ -415,7 +427,7 @@ impl Ctx {
         // From the last call answered (none yet: 0), not from `req`: the
         // program may have posted its first call before this thread ran.
         let mut last = slot.done.load(Ordering::Acquire);
-        let mut policy = SpinPolicy::adaptive(crate::spin::AUTO_SPIN_CAP);
+        let mut policy = SpinPolicy::adaptive(PROXY_SPIN_CAP);
         loop {
             let w = pace.wait(&slot.req, &slot.host_parked, last, &mut policy, || {
                 self.stop.load(Ordering::Acquire)

@@ -39,6 +39,9 @@ pub(crate) struct Attachment {
     /// Every live process's slot, to wake their waits when the host goes.
     slots: Mutex<HashMap<Pid, Arc<Shm>>>,
     pub(crate) pace: Pace,
+    /// Every new process's waiting strategy and Send deadline.
+    spin: SpinPolicy,
+    send_deadline: Option<Duration>,
     pub(crate) net_counters: crate::net::NetCounters,
 }
 
@@ -61,7 +64,11 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 impl Attachment {
     /// Connects to the machine host at `path` and says hello; starts the
     /// thread that reads the host's answers.
-    pub(crate) fn connect(path: &Path) -> std::io::Result<Arc<Attachment>> {
+    pub(crate) fn connect(
+        path: &Path,
+        spin: SpinPolicy,
+        send_deadline: Option<Duration>,
+    ) -> std::io::Result<Arc<Attachment>> {
         let sock = control::socket()?;
         let addr = rustix::net::SocketAddrUnix::new(path)?;
         rustix::net::connect(&sock, &addr).map_err(|e| {
@@ -107,6 +114,8 @@ impl Attachment {
             next_id: AtomicU32::new(1),
             slots: Mutex::new(HashMap::new()),
             pace: Pace::new(),
+            spin,
+            send_deadline,
             net_counters: crate::net::NetCounters::default(),
         });
         let r = a.clone();
@@ -197,17 +206,18 @@ impl Attachment {
         let pid = Pid(r.words[4]);
         let slot = Arc::new(slot);
         lock(&self.slots).insert(pid, slot.clone());
-        Ok(AttachedProcess {
+        let p = AttachedProcess {
             at: self.clone(),
             pid,
             slot,
             window: RefCell::new(window),
             seq: Cell::new(0),
-            spin: Cell::new(SpinPolicy::adaptive(crate::spin::AUTO_SPIN_CAP)),
+            spin: Cell::new(self.spin),
             waits: Cell::new(WaitCounts::default()),
-            send_deadline: Cell::new(None),
+            send_deadline: Cell::new(self.send_deadline),
             _not_sync: PhantomData,
-        })
+        };
+        Ok(p)
     }
 
     /// Detaches: the host destroys this program's processes; their calls
