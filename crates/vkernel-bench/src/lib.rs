@@ -23,6 +23,7 @@
 
 #![warn(missing_docs)]
 
+mod attach;
 pub mod baseline;
 pub mod chart;
 pub mod demo;

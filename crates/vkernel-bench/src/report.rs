@@ -102,6 +102,8 @@ pub enum SectionReport {
     Files(Files),
     /// 12.
     Security(Security),
+    /// 13.
+    Attach(crate::attach::Attach),
 }
 
 /// Section 1.

@@ -16,7 +16,7 @@ use vkernel_proto::Pid;
 
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
-use crate::{disk, files, kernel_ops, loading, overhead, peers, Mode};
+use crate::{attach, disk, files, kernel_ops, loading, overhead, peers, Mode};
 
 /// What [`run`] measures and where it writes.
 #[derive(Clone, Debug)]
@@ -110,11 +110,13 @@ pub enum Section {
     Files,
     /// 12: authenticated datagrams.
     Security,
+    /// 13: programs attached to one machine host.
+    Attach,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 12] = [
+    pub const ALL: [Section; 13] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -127,6 +129,7 @@ impl Section {
         Section::Disk,
         Section::Files,
         Section::Security,
+        Section::Attach,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -154,6 +157,7 @@ impl Section {
             Section::Disk => "Network disk",
             Section::Files => "File service",
             Section::Security => "Security",
+            Section::Attach => "One machine host",
         }
     }
 
@@ -184,6 +188,7 @@ impl Section {
             Section::Disk => SectionReport::Disk(disk::disk(c)?).into(),
             Section::Files => files::section(c)?,
             Section::Security => overhead::security(c)?,
+            Section::Attach => attach::section(c)?,
         })
     }
 }

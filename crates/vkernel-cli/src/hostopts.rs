@@ -88,9 +88,10 @@ pub struct HostOpts {
     /// Attach to the machine host at PATH (see `vkernel host`) instead of
     /// starting a logical host of this program's own: its processes are
     /// then that host's. Without PATH: $VKERNEL_HOST, else the default
-    /// socket (/run/vkernel/host.sock for root). The socket options above
-    /// are the machine host's business then; --spin still applies.
-    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
+    /// socket (/run/vkernel/host.sock for root); `--attach auto` is the
+    /// same. The socket options above are the machine host's business
+    /// then; --spin still applies.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "auto")]
     pub attach: Option<std::path::PathBuf>,
 }
 
@@ -172,17 +173,22 @@ impl HostOpts {
 
     /// [`HostOpts::start`] with a configuration the command adjusted.
     pub fn start_with(&self, cfg: KernelConfig) -> Result<vkernel::Kernel, String> {
-        match &self.attach {
+        match self.attach_path() {
             None => vkernel::Kernel::start(cfg).map_err(|e| format!("cannot start host: {e}")),
-            Some(p) => {
-                let path = if p.as_os_str().is_empty() {
-                    vkernel::attach::default_path()
-                } else {
-                    p.clone()
-                };
+            Some(path) => {
                 vkernel::Kernel::attach_with(&path, &cfg).map_err(|e| format!("cannot attach: {e}"))
             }
         }
+    }
+
+    /// The machine host's socket, with `--attach`.
+    pub fn attach_path(&self) -> Option<std::path::PathBuf> {
+        let p = self.attach.as_ref()?;
+        Some(if p.as_os_str() == "auto" {
+            vkernel::attach::default_path()
+        } else {
+            p.clone()
+        })
     }
 }
 

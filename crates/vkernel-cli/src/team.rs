@@ -50,6 +50,7 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
         refuse_remote: a.refuse_remote,
         allowed_principals: (!a.allow_principal.is_empty()).then(|| a.allow_principal.clone()),
         max_image: a.max_image,
+        machine_host: a.host.attach_path(),
         ..TeamConfig::default()
     };
     let ts = TeamServer::start(k.clone(), cfg).map_err(|e| e.to_string())?;

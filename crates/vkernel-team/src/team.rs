@@ -69,6 +69,11 @@ pub struct TeamConfig {
     pub max_image: u64,
     /// How often a job checks that its client still exists.
     pub client_check: Duration,
+    /// The machine host this team server is attached to: programs it
+    /// starts get `VKERNEL_HOST` set to it, so a program that attaches
+    /// (`Kernel::attach_default`, `--attach`) runs its processes on this
+    /// host, as V processes of the host it was started on.
+    pub machine_host: Option<std::path::PathBuf>,
 }
 
 impl Default for TeamConfig {
@@ -78,6 +83,7 @@ impl Default for TeamConfig {
             allowed_principals: None,
             max_image: 256 << 20,
             client_check: Duration::from_millis(200),
+            machine_host: None,
         }
     }
 }
@@ -317,6 +323,9 @@ impl Team {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .process_group(0);
+        if let Some(h) = &self.cfg.machine_host {
+            cmd.env(vkernel::attach::ENV, h);
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {

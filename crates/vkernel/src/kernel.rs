@@ -345,7 +345,15 @@ impl Shared {
                         // Hand the completion over now, so the woken
                         // thread need not take the engine lock again.
                         if let Some(c) = st.engine.take_completion(p) {
-                            w.deliver(c);
+                            match w.complete_armed(c) {
+                                Ok(wake) => {
+                                    if wake {
+                                        wakes.push(w.clone());
+                                    }
+                                    continue;
+                                }
+                                Err(c) => w.deliver(c),
+                            }
                         }
                         // A spinning process sees the flag; only one
                         // blocked in the kernel needs a signal, sent

@@ -8,6 +8,7 @@
 //! datagram wakes one blocked process rather than all of them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use vkernel_proto::engine::Completion;
@@ -27,6 +28,25 @@ pub(crate) struct Waiter {
     /// The eventfd (data 0) and, while blocked, the host's socket
     /// (data 1, exclusive).
     pub(crate) epoll: std::os::fd::OwnedFd,
+    /// Where an armed operation's completion goes instead (an attached
+    /// program's call slot): set once.
+    sink: OnceLock<Arc<dyn Sink>>,
+    /// The operation in progress completes into `sink`.
+    armed: AtomicBool,
+    /// The last completion went to `sink`, which must be woken.
+    sink_wake: AtomicBool,
+}
+
+/// Takes completions for a process that nobody waits for in this program:
+/// the proxy of an attached process starts an operation and goes back to
+/// its call slot, and whoever runs the engine when the operation completes
+/// writes the result straight into the slot (one wake-up fewer).
+pub(crate) trait Sink: Send + Sync {
+    /// Takes the completion (under the engine lock); true if the waiting
+    /// side must be woken with [`Sink::wake`] once the lock is released.
+    fn complete(&self, c: Completion) -> bool;
+    /// Wakes the waiting side.
+    fn wake(&self);
 }
 
 impl Waiter {
@@ -49,6 +69,9 @@ impl Waiter {
             sock_in_epoll: AtomicBool::new(false),
             efd,
             epoll: ep,
+            sink: OnceLock::new(),
+            armed: AtomicBool::new(false),
+            sink_wake: AtomicBool::new(false),
         })
     }
 
@@ -144,9 +167,49 @@ impl Waiter {
         self.parked.load(Ordering::SeqCst)
     }
 
-    /// Signals the eventfd of a process blocked in the kernel.
+    /// Signals the eventfd of a process blocked in the kernel (or wakes
+    /// the sink that took its last completion).
     pub(crate) fn signal(&self) {
+        if self.sink_wake.swap(false, Ordering::AcqRel) {
+            if let Some(s) = self.sink.get() {
+                s.wake();
+            }
+            return;
+        }
         self.efd.signal();
+    }
+
+    /// Sets where armed operations complete.
+    pub(crate) fn set_sink(&self, s: Arc<dyn Sink>) {
+        let _ = self.sink.set(s);
+    }
+
+    /// The next completion goes to the sink (call under the engine lock,
+    /// before starting the operation); returns the previous setting, to
+    /// put back if the operation did not start (an operation still in
+    /// progress keeps its arming).
+    pub(crate) fn arm(&self, on: bool) -> bool {
+        self.armed
+            .swap(on && self.sink.get().is_some(), Ordering::Relaxed)
+    }
+
+    /// Hands `c` to the sink if an operation is armed: true if it took it
+    /// and must be woken ([`Waiter::signal`]) after the lock is released;
+    /// `Err(c)` gives it back otherwise.
+    pub(crate) fn complete_armed(&self, c: Completion) -> Result<bool, Completion> {
+        if !self.armed.swap(false, Ordering::Relaxed) {
+            return Err(c);
+        }
+        match self.sink.get() {
+            Some(s) => {
+                let wake = s.complete(c);
+                if wake {
+                    self.sink_wake.store(true, Ordering::Release);
+                }
+                Ok(wake)
+            }
+            None => Err(c),
+        }
     }
 
     pub(crate) fn destroy(&self) {

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use vkernel_proto::engine::{Completion, Received};
 use vkernel_proto::{HostId, IpcError, Message, Pid};
 
 use crate::kernel::{destroy_local, Shared};
@@ -41,12 +42,15 @@ pub struct AttachServer {
     accept: Option<JoinHandle<()>>,
 }
 
+/// A program's connection: its socket and the thread serving it.
+type Conn = (Arc<OwnedFd>, Option<JoinHandle<()>>);
+
 struct Inner {
     shared: Arc<Shared>,
     listener: OwnedFd,
     stop: AtomicBool,
     /// Every connection, to end them on shutdown.
-    conns: Mutex<HashMap<u64, (Arc<OwnedFd>, Option<JoinHandle<()>>)>>,
+    conns: Mutex<HashMap<u64, Conn>>,
     next_conn: AtomicU64,
     pace: Arc<Pace>,
     /// This host's effective uid: programs of the same uid (or root) may
@@ -271,11 +275,10 @@ impl Inner {
             // SAFETY: the slot mapping is SLOT_BYTES long and page-aligned.
             futex_wake(&unsafe { Slot::at(p.slot.as_ptr()) }.req);
         }
-        for (_, mut p) in procs {
-            if let Some(t) = p.thread.take() {
-                let _ = t.join();
-            }
-        }
+        // Not joined: a proxy in the middle of a long call (a host
+        // query, say) ends by itself when that call fails or returns, and
+        // must not hold up this cleanup (or the host's shutdown).
+        drop(procs);
         tracing::debug!(uid, "attach: program detached");
     }
 
@@ -303,8 +306,15 @@ impl Inner {
         let slot = Arc::new(slot);
         let stop = Arc::new(AtomicBool::new(false));
         let pending = Arc::new(Mutex::new(None));
+        let sink = Arc::new(SlotSink {
+            slot: slot.clone(),
+            seq: AtomicU32::new(0),
+            stop: stop.clone(),
+        });
+        p.set_sink(sink.clone());
         let ctx = Ctx {
             p,
+            sink,
             slot: slot.clone(),
             window,
             pending: pending.clone(),
@@ -395,9 +405,70 @@ struct Proxy {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Writes a directly completed Send or Receive into the call slot (see
+/// `waiter::Sink`): the proxy started it and went back to its slot.
+struct SlotSink {
+    slot: Arc<Shm>,
+    /// The call it answers.
+    seq: AtomicU32,
+    stop: Arc<AtomicBool>,
+}
+
+impl crate::waiter::Sink for SlotSink {
+    fn complete(&self, c: Completion) -> bool {
+        // SAFETY: the slot mapping is SLOT_BYTES long, page-aligned, and
+        // kept by this sink.
+        let s = unsafe { Slot::at(self.slot.as_ptr()) };
+        let r = match c {
+            Completion::Send(Ok(r)) => {
+                s.set_rmsg(&r.msg);
+                s.set_out(0, r.from.0);
+                s.set_out(1, r.seg_bytes as u32);
+                Ok(())
+            }
+            Completion::Receive(Ok(r)) => {
+                write_received(s, &r);
+                Ok(())
+            }
+            Completion::Send(Err(e)) | Completion::Receive(Err(e)) => Err(e),
+            _ => Err(IpcError::Refused(Pid(0))),
+        };
+        let r = match r {
+            Err(_) if self.stop.load(Ordering::Acquire) => Err(IpcError::HostLost),
+            r => r,
+        };
+        s.set_result(r.as_ref().err().map_or(Ok(()), Err));
+        s.done
+            .store(self.seq.load(Ordering::Relaxed), Ordering::SeqCst);
+        s.prog_parked.load(Ordering::SeqCst) != 0
+    }
+
+    fn wake(&self) {
+        // SAFETY: as in `complete`.
+        futex_wake(&unsafe { Slot::at(self.slot.as_ptr()) }.done);
+    }
+}
+
+fn write_received(s: &Slot, r: &Received) {
+    s.set_rmsg(&r.msg);
+    s.set_out(0, r.from.0);
+    s.set_out(1, r.seg_bytes as u32);
+    s.set_out(2, r.forwarder.0);
+    s.set_out(3, r.principal);
+    s.set_out(4, 1);
+}
+
+/// Who answers a call: the proxy now, or the sink when it completes.
+#[derive(PartialEq, Eq)]
+enum Answer {
+    Now,
+    Later,
+}
+
 /// What a proxy thread owns.
 struct Ctx {
     p: LocalProcess,
+    sink: Arc<SlotSink>,
     slot: Arc<Shm>,
     window: Shm,
     pending: Arc<Mutex<Option<Shm>>>,
@@ -438,10 +509,15 @@ impl Ctx {
             let seq = slot.req.load(Ordering::Acquire);
             last = seq;
             let op = Op::from_u32(slot.op.load(Ordering::Relaxed));
+            self.sink.seq.store(seq, Ordering::Relaxed);
             let r = match op {
                 Some(op) => self.call(op, slot),
                 None => Err(IpcError::Refused(self.p.pid())),
             };
+            if matches!(r, Ok(Answer::Later)) {
+                // The sink answers when the engine completes the call.
+                continue;
+            }
             // A call ended by the host ending this program's attachment
             // says so, rather than how the engine ended it.
             let r = match r {
@@ -466,16 +542,13 @@ impl Ctx {
         unsafe { self.window.bytes_mut(n) }
     }
 
-    fn call(&mut self, op: Op, s: &Slot) -> Result<(), IpcError> {
+    fn call(&mut self, op: Op, s: &Slot) -> Result<Answer, IpcError> {
         let p = &self.p;
         let me = p.pid();
         match op {
             Op::Send => {
-                let mut m = s.msg();
-                let r = p.send_within(&mut m, Pid(s.arg(0)), deadline(s.arg64(1)))?;
-                s.set_rmsg(&m);
-                s.set_out(0, r.from.0);
-                s.set_out(1, r.seg_bytes as u32);
+                p.send_direct(&s.msg(), Pid(s.arg(0)), deadline(s.arg64(1)))?;
+                return Ok(Answer::Later);
             }
             Op::SendSegment => {
                 let n = len_in(&self.window, s.arg(2), me)?;
@@ -499,6 +572,10 @@ impl Ctx {
                 s.set_out(0, r.from.0);
                 s.set_out(1, r.seg_bytes as u32);
             }
+            Op::Receive if s.arg(0) == 0 && s.arg(5) == 0 => match p.receive_direct()? {
+                Some(r) => write_received(s, &r),
+                None => return Ok(Answer::Later),
+            },
             Op::Receive => {
                 let mut m = Message::zero();
                 let r = if s.arg(5) != 0 {
@@ -564,7 +641,7 @@ impl Ctx {
             Op::SelectHosts => {
                 let room = self.window.len() / super::HOST_LOAD_BYTES;
                 let max = (s.arg(0) as usize).min(room);
-                let limit = Duration::from_micros(s.arg64(1).min(60_000_000));
+                let limit = Duration::from_micros(s.arg64(1).min(10_000_000));
                 let idle = f64::from_bits(s.arg64(3));
                 let idle = if idle.is_finite() { idle } else { 0.0 };
                 let mut hosts = p.select_hosts(max, limit, idle)?;
@@ -626,6 +703,6 @@ impl Ctx {
             }
             Op::Exit => {}
         }
-        Ok(())
+        Ok(Answer::Now)
     }
 }

@@ -83,8 +83,8 @@ impl Shm {
                 0,
             )?
         };
-        let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "mmap returned null"))?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Shm { ptr, len })
     }
 

@@ -480,6 +480,66 @@ impl LocalProcess {
         }
     }
 
+    /// Completions of operations started with `*_direct` go to `sink`.
+    pub(crate) fn set_sink(&self, sink: Arc<dyn crate::waiter::Sink>) {
+        self.waiter.set_sink(sink);
+    }
+
+    /// Starts a Send whose completion goes to this process's sink, and
+    /// returns without waiting for it.
+    pub(crate) fn send_direct(
+        &self,
+        msg: &Message,
+        to: Pid,
+        deadline: Option<Duration>,
+    ) -> Result<(), IpcError> {
+        let mut m = *msg;
+        m.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
+        self.trace(Phase::Send, self.pid, to, true);
+        let w = &self.waiter;
+        self.shared.with_engine(|e, now| {
+            let was = w.arm(true);
+            let r = e.send(now, self.pid, to, m, None);
+            match r {
+                Ok(()) => {
+                    if let Some(d) = deadline {
+                        e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
+                    }
+                }
+                Err(_) => {
+                    w.arm(was);
+                }
+            }
+            r
+        })
+    }
+
+    /// Starts a Receive whose completion goes to this process's sink;
+    /// returns the message at once if one was queued.
+    pub(crate) fn receive_direct(
+        &self,
+    ) -> Result<Option<vkernel_proto::engine::Received>, IpcError> {
+        let w = &self.waiter;
+        let r = self.shared.with_engine(|e, now| {
+            let was = w.arm(true);
+            let r = e.receive_upto(now, self.pid, None, None, usize::MAX);
+            match r {
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    w.arm(false);
+                }
+                Err(_) => {
+                    w.arm(was);
+                }
+            }
+            r
+        })?;
+        if let Some(rcv) = &r {
+            self.trace(Phase::Deliver, rcv.from, self.pid, true);
+        }
+        Ok(r)
+    }
+
     /// Receive: blocks until a message arrives (first come, first served).
     pub(crate) fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
         self.receive_inner(msg, None, None, usize::MAX)

@@ -1,0 +1,274 @@
+//! Section 13: one machine host shared by programs. The null exchange
+//! between two attached programs, between two threads of one program,
+//! and a Unix-domain datagram ping-pong, each busy-polling and blocking;
+//! a 64 MiB MoveTo between attached programs against memcpy.
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vkernel::{Kernel, KernelConfig, Message, Pid, Process, Segment};
+
+use crate::report::{Goal, SectionReport};
+use crate::section::{us, Ctx, Outcome, Section};
+use crate::stats::median;
+
+/// Section 13.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attach {
+    /// One row per pair and waiting mode.
+    pub rows: Vec<AttachRow>,
+    /// 64 MiB MoveTo between two attached programs, MB/s.
+    pub move_mbps: f64,
+    /// Single-thread memcpy of 64 MiB, MB/s.
+    pub memcpy_mbps: f64,
+}
+
+/// A null exchange's round trip.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttachRow {
+    /// What exchanges.
+    pub what: String,
+    /// "spin" (busy-polling) or "block".
+    pub wait: String,
+    /// Median round trip, µs.
+    pub median_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+}
+
+const BIG: usize = 64 << 20;
+const STOP: u32 = 0xdead;
+
+fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    (at(0.5), at(0.99))
+}
+
+/// Times `n` null exchanges from `c` to a server process that echoes
+/// until it gets STOP.
+fn exchanges(c: &Process, server: Pid, n: usize) -> Result<Vec<f64>, String> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let mut m = Message::with_code(1);
+        let t = Instant::now();
+        c.send(&mut m, server).map_err(|e| e.to_string())?;
+        if i >= n / 10 {
+            v.push(us(t.elapsed()));
+        }
+    }
+    Ok(v)
+}
+
+fn echo_server(p: Process) {
+    let mut m = Message::zero();
+    while let Ok(i) = p.receive(&mut m) {
+        let stop = m.code() == STOP;
+        let _ = p.reply(&m, i.from);
+        if stop {
+            break;
+        }
+    }
+}
+
+fn stop(c: &Process, server: Pid) {
+    let mut m = Message::with_code(STOP);
+    let _ = c.send(&mut m, server);
+}
+
+fn set_wait(p: &Process, spin: bool) {
+    p.set_spin(if spin {
+        Duration::from_micros(500)
+    } else {
+        Duration::ZERO
+    });
+}
+
+/// A pair of processes on `ks` and `kc` exchanging null messages.
+fn pair(ks: &Kernel, kc: &Kernel, spin: bool, n: usize) -> Result<(f64, f64), String> {
+    let s = ks.create_process().map_err(|e| e.to_string())?;
+    let c = kc.create_process().map_err(|e| e.to_string())?;
+    set_wait(&s, spin);
+    set_wait(&c, spin);
+    let spid = s.pid();
+    let t = std::thread::spawn(move || echo_server(s));
+    let v = exchanges(&c, spid, n);
+    stop(&c, spid);
+    let _ = t.join();
+    Ok(quantiles(v?))
+}
+
+/// A Unix-domain datagram ping-pong between two threads.
+fn unix_pingpong(spin: bool, n: usize) -> Result<(f64, f64), String> {
+    let (a, b) = UnixDatagram::pair().map_err(|e| e.to_string())?;
+    a.set_nonblocking(spin).map_err(|e| e.to_string())?;
+    b.set_nonblocking(spin).map_err(|e| e.to_string())?;
+    let recv = move |s: &UnixDatagram, buf: &mut [u8]| loop {
+        match s.recv(buf) {
+            Ok(k) => return Some(k),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(_) => return None,
+        }
+    };
+    let total = n + n / 10;
+    let t = std::thread::spawn(move || {
+        let mut buf = [0u8; 32];
+        for _ in 0..total {
+            if recv(&b, &mut buf).is_none() || b.send(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut v = Vec::with_capacity(n);
+    let mut buf = [0u8; 32];
+    for i in 0..total {
+        let t0 = Instant::now();
+        a.send(&buf).map_err(|e| e.to_string())?;
+        recv(&a, &mut buf).ok_or("unix recv failed")?;
+        if i >= n / 10 {
+            v.push(us(t0.elapsed()));
+        }
+    }
+    let _ = t.join();
+    Ok(quantiles(v))
+}
+
+/// 64 MiB MoveTo from an attached server into an attached client's
+/// segment, MB/s (median of `rounds`).
+fn big_move(ks: &Kernel, kc: &Kernel, rounds: usize) -> Result<f64, String> {
+    let s = ks.create_process().map_err(|e| e.to_string())?;
+    let c = kc.create_process().map_err(|e| e.to_string())?;
+    let spid = s.pid();
+    let t = std::thread::spawn(move || -> Vec<f64> {
+        let src = vec![7u8; BIG];
+        let mut m = Message::zero();
+        let mut out = Vec::new();
+        while let Ok(i) = s.receive(&mut m) {
+            if m.code() == STOP {
+                let _ = s.reply(&m, i.from);
+                break;
+            }
+            let t0 = Instant::now();
+            if s.move_to(i.from, 0, &src).is_ok() {
+                out.push(BIG as f64 / t0.elapsed().as_secs_f64() / 1e6);
+            }
+            let _ = s.reply(&m, i.from);
+        }
+        out
+    });
+    let mut dst = vec![0u8; BIG];
+    for _ in 0..rounds {
+        let mut m = Message::with_code(1);
+        c.send_with_segment(&mut m, spid, Segment::Write(&mut dst))
+            .map_err(|e| e.to_string())?;
+    }
+    stop(&c, spid);
+    let mut v = t.join().map_err(|_| "mover panicked")?;
+    if dst[BIG - 1] != 7 {
+        return Err("the moved data did not arrive".into());
+    }
+    Ok(median(&mut v))
+}
+
+fn memcpy_mbps(rounds: usize) -> f64 {
+    let src = vec![7u8; BIG];
+    let mut dst = vec![0u8; BIG];
+    let mut v: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+            BIG as f64 / t.elapsed().as_secs_f64() / 1e6
+        })
+        .collect();
+    median(&mut v)
+}
+
+pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
+    Section::Attach.heading("(programs attached to one machine host; shared-memory call slots)");
+    let n = if c.quick {
+        2_000
+    } else {
+        c.n.clamp(5_000, 20_000)
+    };
+    let dir = std::env::temp_dir().join(format!("vkernel-bench-{}", std::process::id()));
+    let path = dir.join("host.sock");
+    let host = Kernel::start(KernelConfig::default()).map_err(|e| e.to_string())?;
+    let srv = host.serve_attach(&path, 0o600).map_err(|e| e.to_string())?;
+    let a = Kernel::attach(&path).map_err(|e| e.to_string())?;
+    let b = Kernel::attach(&path).map_err(|e| e.to_string())?;
+    let threads = Kernel::start(KernelConfig::default()).map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for spin in [true, false] {
+        let wait = if spin { "spin" } else { "block" };
+        for (what, r) in [
+            ("two attached programs", pair(&a, &b, spin, n)?),
+            (
+                "two threads of one program",
+                pair(&threads, &threads, spin, n)?,
+            ),
+            ("Unix datagram ping-pong", unix_pingpong(spin, n)?),
+        ] {
+            println!(
+                "  {what:<30} {wait:<5}  median {:>8.2} µs  p99 {:>9.2} µs",
+                r.0, r.1
+            );
+            rows.push(AttachRow {
+                what: what.into(),
+                wait: wait.into(),
+                median_us: r.0,
+                p99_us: r.1,
+            });
+        }
+    }
+    let rounds = if c.quick { 3 } else { 7 };
+    let move_mbps = big_move(&a, &b, rounds)?;
+    let memcpy = memcpy_mbps(rounds);
+    println!(
+        "  64 MiB MoveTo between attached programs {move_mbps:>8.0} MB/s; memcpy {memcpy:>8.0} MB/s ({:.2}×)",
+        move_mbps / memcpy
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+    let med = |what: &str, wait: &str| {
+        rows.iter()
+            .find(|r| r.what == what && r.wait == wait)
+            .map_or(f64::NAN, |r| r.median_us)
+    };
+    let (att, thr, unx) = (
+        "two attached programs",
+        "two threads of one program",
+        "Unix datagram ping-pong",
+    );
+    let goals = vec![
+        Goal::at_most("attached null exchange, spin", med(att, "spin"), 1.0, " µs"),
+        Goal::at_most(
+            "attached / Unix datagram, spin",
+            med(att, "spin") / med(unx, "spin"),
+            0.3,
+            "×",
+        ),
+        Goal::at_most(
+            "attached / Unix datagram, block",
+            med(att, "block") / med(unx, "block"),
+            1.0,
+            "×",
+        ),
+        Goal::at_most("threads null exchange, spin", med(thr, "spin"), 0.7, " µs"),
+        Goal::at_least("64 MiB MoveTo / memcpy", move_mbps / memcpy, 0.7, "×"),
+    ];
+    Ok(Outcome {
+        report: SectionReport::Attach(Attach {
+            rows,
+            move_mbps,
+            memcpy_mbps: memcpy,
+        }),
+        goals,
+        charts: Vec::new(),
+    })
+}

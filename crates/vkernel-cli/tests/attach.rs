@@ -1,0 +1,192 @@
+//! The services as separate programs attached to one `vkernel host`, and
+//! what they see when that host is killed and started again.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_for, Proc, BIN};
+
+fn host(sock: &std::path::Path) -> Proc {
+    let mut c = Command::new(BIN)
+        .args(["host", "--exit-after", "120s", "--socket"])
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn host");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    assert!(line.contains("programs attach at"), "{line}");
+    Proc(c)
+}
+
+fn attached_echo(sock: &std::path::Path) -> Proc {
+    let mut c = Command::new(BIN)
+        .args(["echo", "--exit-after", "120s", "--attach"])
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn echo");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    Proc(c)
+}
+
+fn ping(sock: &std::path::Path, n: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args(["ping", "-n", n, "--attach"])
+        .arg(sock)
+        .output()
+        .expect("ping")
+}
+
+#[test]
+fn services_share_one_host_and_reattach_after_it_restarts() {
+    let dir = std::env::temp_dir().join(format!("vk-cli-attach-{}", std::process::id()));
+    let sock = dir.join("host.sock");
+    let mut h = host(&sock);
+    let _echo = attached_echo(&sock);
+    let out = ping(&sock, "500");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("failures 0"), "{text}");
+
+    // A long run, then the host is killed under it.
+    let mut long = Command::new(BIN)
+        .args(["ping", "-n", "100000000", "--stop-on-error", "--attach"])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("long ping");
+    std::thread::sleep(Duration::from_millis(300));
+    h.0.kill().unwrap();
+    h.0.wait().unwrap();
+    let status = wait_for(
+        Duration::from_secs(30),
+        "ping ends when its host is killed",
+        || long.try_wait().unwrap(),
+    );
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut long.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("has gone"), "{err}");
+
+    // A new host on the same socket (the dead one's file is replaced), and
+    // the services attach again.
+    let _h2 = host(&sock);
+    let _echo2 = attached_echo(&sock);
+    let out = ping(&sock, "200");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("failures 0"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attaching_without_a_host_says_what_to_do() {
+    let out = Command::new(BIN)
+        .args(["ping", "-n", "1", "--attach", "/nonexistent/vk.sock"])
+        .output()
+        .expect("ping");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("vkernel host") && err.contains("VKERNEL_HOST"),
+        "{err}"
+    );
+}
+
+fn banner_addr(c: &mut std::process::Child) -> String {
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    line.split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .expect("address")
+        .to_string()
+}
+
+#[test]
+fn a_program_run_by_an_attached_team_server_is_a_process_of_its_host() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("vk-cli-attach-run-{}", std::process::id()));
+    let root = dir.join("export");
+    std::fs::create_dir_all(&root).unwrap();
+    let sock = dir.join("host.sock");
+    // The program: attaches to the host it runs on ($VKERNEL_HOST, set by
+    // the team server) and exchanges with a server found there by name.
+    let prog = root.join("client.sh");
+    std::fs::write(&prog, format!("#!/bin/sh\nexec {BIN} ping --attach -n 5\n")).unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut fs = Command::new(BIN)
+        .args(["fileserver", "--exit-after", "60s", "--root"])
+        .arg(&root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("fileserver");
+    let fs_addr = banner_addr(&mut fs);
+    let _fs = Proc(fs);
+    let mut h = Command::new(BIN)
+        .args([
+            "host",
+            "--exit-after",
+            "60s",
+            "--peer",
+            &fs_addr,
+            "--socket",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("host");
+    let host_addr = banner_addr(&mut h);
+    let _h = Proc(h);
+    let _echo = attached_echo(&sock);
+    let mut ts = Command::new(BIN)
+        .args(["teamserver", "--exit-after", "60s", "--attach"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("teamserver");
+    let _ = banner_addr(&mut ts);
+    let _ts = Proc(ts);
+    let out = Command::new(BIN)
+        .args([
+            "run", "--peer", &fs_addr, "--peer", &host_addr, "--fs", &fs_addr, "--on",
+        ])
+        .arg(&host_addr)
+        .arg("client.sh")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("failures 0"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
