@@ -12,6 +12,7 @@ use vkernel::{Kernel, KernelConfig, Message, Pid, Process, Segment};
 use crate::report::{Goal, SectionReport};
 use crate::section::{us, Ctx, Outcome, Section};
 use crate::stats::median;
+use crate::Mode;
 
 /// Section 13.
 #[derive(Clone, Debug, Serialize)]
@@ -203,9 +204,20 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let a = Kernel::attach(&path).map_err(|e| e.to_string())?;
     let b = Kernel::attach(&path).map_err(|e| e.to_string())?;
     let threads = Kernel::start(KernelConfig::default()).map_err(|e| e.to_string())?;
+    // Another logical host on loopback, known to the machine host.
+    let remote = Kernel::start(KernelConfig {
+        peers: vec![host.local_addr()],
+        ..KernelConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    host.add_peer(remote.local_addr());
+    threads.add_peer(remote.local_addr());
+    remote.add_peer(threads.local_addr());
     let mut rows = Vec::new();
     for spin in [true, false] {
         let wait = if spin { "spin" } else { "block" };
+        let mode = if spin { Mode::SPIN } else { Mode::BLOCK };
+        let udp = crate::baseline::udp_rtt(32, n, n / 10, mode)?;
         for (what, r) in [
             ("two attached programs", pair(&a, &b, spin, n)?),
             (
@@ -213,9 +225,18 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 pair(&threads, &threads, spin, n)?,
             ),
             ("Unix datagram ping-pong", unix_pingpong(spin, n)?),
+            (
+                "attached program to a remote host",
+                pair(&remote, &a, spin, n)?,
+            ),
+            (
+                "embedded program to a remote host",
+                pair(&remote, &threads, spin, n)?,
+            ),
+            ("raw UDP ping-pong", (udp.median_us, udp.p99_us)),
         ] {
             println!(
-                "  {what:<30} {wait:<5}  median {:>8.2} µs  p99 {:>9.2} µs",
+                "  {what:<34} {wait:<5}  median {:>8.2} µs  p99 {:>9.2} µs",
                 r.0, r.1
             );
             rows.push(AttachRow {
@@ -226,6 +247,28 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             });
         }
     }
+    // Many programs attached, each with an idle process: does the pair's
+    // exchange slow down?
+    let many = if c.quick { 100 } else { 1000 };
+    let mut crowd = Vec::with_capacity(many);
+    for _ in 2..many {
+        let k = Kernel::attach(&path).map_err(|e| e.to_string())?;
+        let p = k.create_process().map_err(|e| e.to_string())?;
+        crowd.push((k, p));
+    }
+    let crowded = pair(&a, &b, false, n)?;
+    let crowd_what = format!("two attached programs among {many}");
+    println!(
+        "  {crowd_what:<34} block  median {:>8.2} µs  p99 {:>9.2} µs",
+        crowded.0, crowded.1
+    );
+    rows.push(AttachRow {
+        what: crowd_what.clone(),
+        wait: "block".into(),
+        median_us: crowded.0,
+        p99_us: crowded.1,
+    });
+    drop(crowd);
     let rounds = if c.quick { 3 } else { 7 };
     let move_mbps = big_move(&a, &b, rounds)?;
     let memcpy = memcpy_mbps(rounds);
@@ -245,6 +288,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "two threads of one program",
         "Unix datagram ping-pong",
     );
+    let (rem, udp) = ("attached program to a remote host", "raw UDP ping-pong");
     let goals = vec![
         Goal::at_most("attached null exchange, spin", med(att, "spin"), 1.0, " µs"),
         Goal::at_most(
@@ -261,6 +305,24 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         ),
         Goal::at_most("threads null exchange, spin", med(thr, "spin"), 0.7, " µs"),
         Goal::at_least("64 MiB MoveTo / memcpy", move_mbps / memcpy, 0.7, "×"),
+        Goal::at_most(
+            "remote from attached / raw UDP, spin",
+            med(rem, "spin") / med(udp, "spin"),
+            1.3,
+            "×",
+        ),
+        Goal::at_most(
+            "remote from attached / raw UDP, block",
+            med(rem, "block") / med(udp, "block"),
+            1.3,
+            "×",
+        ),
+        Goal::at_most(
+            &format!("attached exchange among {many} / among 2, block"),
+            med(&crowd_what, "block") / med(att, "block"),
+            1.5,
+            "×",
+        ),
     ];
     Ok(Outcome {
         report: SectionReport::Attach(Attach {

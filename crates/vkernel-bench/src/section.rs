@@ -347,7 +347,7 @@ mod tests {
         }
         assert_eq!(Section::from_number(0), None);
         assert_eq!(Section::from_number(13), None);
-        assert_eq!(Options::default().sections.len(), 12);
+        assert_eq!(Options::default().sections.len(), 13);
     }
 
     #[test]

@@ -264,6 +264,7 @@ fn demo_and_bench_run_and_report() {
         "10. Network disk",
         "11. File service",
         "12. Security",
+        "13. One machine host",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -309,6 +310,11 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section11"]["page_read"]["median_us"]), "{s}");
     assert_eq!(s["section12"]["rows"].as_array().unwrap().len(), 3);
     assert!(pos(&s["section12"]["rows"][2]["moveto_mbps"]), "{s}");
+    // Section 13: every row measured, the move's data arrived.
+    let r13 = s["section13"]["rows"].as_array().unwrap();
+    assert_eq!(r13.len(), 13, "{s}");
+    assert!(r13.iter().all(|r| pos(&r["median_us"])), "{s}");
+    assert!(pos(&s["section13"]["move_mbps"]), "{s}");
     assert!(pos(&s["section11"]["program_load"][1]["mbps"]), "{s}");
     // The FUSE mount is measured where FUSE exists (CI requires it).
     if std::env::var("VKERNEL_REQUIRE_FUSE").as_deref() == Ok("1") {

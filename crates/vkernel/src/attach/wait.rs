@@ -10,8 +10,11 @@ use crate::spin::{RunQueue, SpinPolicy};
 
 use super::shm::{futex_wait, futex_wake};
 
-/// The longest one futex wait lasts before `gone` is asked again.
-const SLICE: Duration = Duration::from_millis(20);
+/// The longest one futex wait lasts before `gone` is asked again: a safety
+/// net only, since whoever makes `gone` true also wakes the word (the
+/// connection thread a proxy's `req`, the answer reader a program's
+/// `done`), so a thousand idle processes cost no wake-ups.
+const SLICE: Duration = Duration::from_millis(500);
 
 /// How a wait ended.
 pub(crate) enum Waited {
