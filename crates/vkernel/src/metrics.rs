@@ -443,6 +443,32 @@ pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<So
     Ok(bound)
 }
 
+/// The scalar counters of a [`to_json`] document, as a [`Stats`] (what an
+/// attached program's `Kernel::stats` returns; histograms, per-type and
+/// per-peer counts are only in the document itself).
+pub(crate) fn stats_from_json(doc: &str) -> Stats {
+    let v: serde_json::Value = serde_json::from_str(doc).unwrap_or_default();
+    let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Stats {
+        aliens_in_use: n("aliens_in_use"),
+        rx_bytes: n("bytes_rx"),
+        tx_bytes: n("bytes_tx"),
+        retransmits: n("retransmits"),
+        bulk_retransmits: n("bulk_retransmits"),
+        duplicates: n("duplicates"),
+        saved_replies_resent: n("saved_replies_resent"),
+        timeouts: n("timeouts"),
+        local_exchanges: n("local_exchanges"),
+        remote_exchanges: n("remote_exchanges"),
+        bulk_moves: n("bulk_moves"),
+        bulk_bytes: n("bulk_bytes"),
+        group_sends: n("group_sends"),
+        group_deliveries: n("group_deliveries"),
+        group_replies: n("group_replies"),
+        ..Stats::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::read_head;
@@ -473,31 +499,5 @@ mod tests {
         let long = vec![b'a'; 5000];
         let n = read_head(&mut Trickle(&long, 1000), &mut buf);
         assert_eq!(n, 2048);
-    }
-}
-
-/// The scalar counters of a [`to_json`] document, as a [`Stats`] (what an
-/// attached program's `Kernel::stats` returns; histograms, per-type and
-/// per-peer counts are only in the document itself).
-pub(crate) fn stats_from_json(doc: &str) -> Stats {
-    let v: serde_json::Value = serde_json::from_str(doc).unwrap_or_default();
-    let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    Stats {
-        aliens_in_use: n("aliens_in_use"),
-        rx_bytes: n("bytes_rx"),
-        tx_bytes: n("bytes_tx"),
-        retransmits: n("retransmits"),
-        bulk_retransmits: n("bulk_retransmits"),
-        duplicates: n("duplicates"),
-        saved_replies_resent: n("saved_replies_resent"),
-        timeouts: n("timeouts"),
-        local_exchanges: n("local_exchanges"),
-        remote_exchanges: n("remote_exchanges"),
-        bulk_moves: n("bulk_moves"),
-        bulk_bytes: n("bulk_bytes"),
-        group_sends: n("group_sends"),
-        group_deliveries: n("group_deliveries"),
-        group_replies: n("group_replies"),
-        ..Stats::default()
     }
 }
