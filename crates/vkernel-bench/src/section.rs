@@ -346,7 +346,7 @@ mod tests {
             assert_eq!(Section::from_number(s.number()), Some(*s));
         }
         assert_eq!(Section::from_number(0), None);
-        assert_eq!(Section::from_number(13), None);
+        assert_eq!(Section::from_number(14), None);
         assert_eq!(Options::default().sections.len(), 13);
     }
 
