@@ -233,6 +233,17 @@ fn a_hundred_programs_attach_to_one_host() {
         let found = client.get_pid(vkernel::service::id(&format!("s{i}")), Scope::Local);
         assert_eq!(found, Ok(*pid));
     }
+    // The host maps each program's slot and window ...
+    let mapped = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("memfd:vkernel-"))
+            .count()
+    };
+    // (Other tests in this process may map some too: count the change.)
+    let before = mapped();
+    assert!(before >= 200, "{before} mappings");
     for k in &mut kids {
         k.kill().unwrap();
         k.wait().unwrap();
@@ -240,6 +251,15 @@ fn a_hundred_programs_attach_to_one_host() {
     let t = std::time::Instant::now();
     while pids.iter().any(|p| host.process_exists(*p)) || srv.attached() > 0 {
         assert!(t.elapsed() < Duration::from_secs(30), "hang guard");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // ... and unmaps them once the programs are gone.
+    while mapped() > before - 200 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "hang guard: {} mappings left",
+            mapped()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
