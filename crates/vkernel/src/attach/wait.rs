@@ -69,8 +69,13 @@ impl Pace {
                 break Waited::Spun;
             }
             i = i.wrapping_add(1);
-            if i.is_multiple_of(64) && (gone() || self.clock.now() - start >= spin_us) {
-                break self.block(word, parked, old, &gone);
+            if i.is_multiple_of(64) {
+                if gone() || self.clock.now() - start >= spin_us {
+                    break self.block(word, parked, old, &gone);
+                }
+                // The other side of a call is often a thread waiting for a
+                // CPU (the host's proxy): let it run.
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         };
