@@ -546,9 +546,19 @@ impl Ctx {
         let p = &self.p;
         let me = p.pid();
         match op {
-            Op::Send => {
+            Op::Send if Pid(s.arg(0)).host() == me.host() && !Pid(s.arg(0)).is_group() => {
                 p.send_direct(&s.msg(), Pid(s.arg(0)), deadline(s.arg64(1)))?;
                 return Ok(Answer::Later);
+            }
+            // To another host (or a group): the proxy waits for the answer
+            // itself, reading the socket as an embedded sender does, so
+            // the reply does not wait for the host's timer thread.
+            Op::Send => {
+                let mut m = s.msg();
+                let r = p.send_within(&mut m, Pid(s.arg(0)), deadline(s.arg64(1)))?;
+                s.set_rmsg(&m);
+                s.set_out(0, r.from.0);
+                s.set_out(1, r.seg_bytes as u32);
             }
             Op::SendSegment => {
                 let n = len_in(&self.window, s.arg(2), me)?;
