@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use super::control::{self, ask, kind, Record};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
-use super::{MAX_WINDOW, MIN_WINDOW};
+use super::{lock, MAX_WINDOW, MIN_WINDOW};
 
 /// The longest a proxy spins for its program's next call: a program's
 /// next call usually follows at once (a Reply after a Receive, the next
@@ -56,10 +56,6 @@ struct Inner {
     /// This host's effective uid: programs of the same uid (or root) may
     /// change the host's configuration.
     owner_uid: u32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for AttachServer {

@@ -60,6 +60,11 @@ pub fn default_path() -> PathBuf {
     }
 }
 
+/// Locks `m`, also after a panic elsewhere (the data stays usable).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub(crate) fn scope_code(s: Scope) -> u32 {
     match s {
         Scope::Local => 0,

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use vkernel_proto::{HostId, IpcError, Message, Pid, Scope};
@@ -21,7 +21,7 @@ use super::control::{self, ask, kind, Record};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
-use super::{MAX_WINDOW, MIN_WINDOW};
+use super::{lock, MAX_WINDOW, MIN_WINDOW};
 
 /// A program's connection to its machine host.
 pub(crate) struct Attachment {
@@ -51,10 +51,6 @@ impl std::fmt::Debug for Attachment {
             .field("host", &self.host)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
