@@ -263,3 +263,52 @@ fn a_hundred_programs_attach_to_one_host() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn large_moves_between_attached_programs_are_exact_and_checked() {
+    let (_host, _srv, path) = machine_host("m");
+    let a = Kernel::attach(&path).unwrap();
+    let b = Kernel::attach(&path).unwrap();
+    let server = b.create_process().unwrap();
+    let spid = server.pid();
+    const N: usize = 3 << 20;
+    let pattern: Vec<u8> = (0..N).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let want = pattern.clone();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        // 1: fill the client's segment from offset 1000; 2: read it back.
+        let i = server.receive(&mut m).unwrap();
+        assert_eq!(
+            server.move_to(i.from, 1000, &pattern[..N - 1000]),
+            Ok(N - 1000)
+        );
+        assert_eq!(
+            server.move_to(i.from, 1001, &pattern[..N - 1000]),
+            Err(IpcError::OutOfBounds(i.from))
+        );
+        server.reply(&m, i.from).unwrap();
+        let i = server.receive(&mut m).unwrap();
+        let mut back = vec![0u8; N];
+        assert_eq!(server.move_from(i.from, 0, &mut back), Ok(N));
+        assert_eq!(
+            server.move_from(i.from, 1, &mut back),
+            Err(IpcError::OutOfBounds(i.from))
+        );
+        server.reply(&m, i.from).unwrap();
+        back
+    });
+    let c = a.create_process().unwrap();
+    let mut seg = vec![0xaa_u8; N];
+    let mut m = Message::with_code(1);
+    c.send_with_segment(&mut m, spid, Segment::Write(&mut seg))
+        .unwrap();
+    assert!(
+        seg[..1000].iter().all(|&x| x == 0xaa),
+        "bytes not moved to stay"
+    );
+    assert!(seg[1000..] == want[..N - 1000], "moved bytes exact");
+    let mut m = Message::with_code(2);
+    c.send_with_segment(&mut m, spid, Segment::Read(&seg))
+        .unwrap();
+    assert!(t.join().unwrap() == seg, "read back exact");
+}
