@@ -38,3 +38,17 @@ pub fn pattern(n: usize, salt: u8) -> Vec<u8> {
         .map(|i| (i as u32).wrapping_mul(2654435761).to_be_bytes()[0] ^ salt)
         .collect()
 }
+
+/// Polls `cond` every few milliseconds until it gives a value; panics
+/// with `what` after `limit`. A hang guard, never a speed check.
+#[allow(dead_code)] // not every test binary uses it
+pub fn wait_for<T>(limit: Duration, what: &str, mut cond: impl FnMut() -> Option<T>) -> T {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < end, "{what} (waited {limit:?})");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
