@@ -190,3 +190,73 @@ fn a_program_run_by_an_attached_team_server_is_a_process_of_its_host() {
     assert!(text.contains("failures 0"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_disk_and_its_client_attached_to_one_host() {
+    let dir = std::env::temp_dir().join(format!("vk-cli-attach-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("host.sock");
+    let _h = host(&sock);
+    let mut d = Command::new(BIN)
+        .args([
+            "disk",
+            "--backing",
+            "ram:4M",
+            "--owner-key",
+            "0x55",
+            "--exit-after",
+            "60s",
+            "--attach",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("disk");
+    let mut line = String::new();
+    BufReader::new(d.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("banner");
+    let _d = Proc(d);
+    let cli = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(["disk-cli", "--disk-key", "0x55", "--attach"])
+            .arg(&sock)
+            .args(args)
+            .output()
+            .expect("disk-cli");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text)
+    };
+    let (ok, out) = cli(&["capacity"]);
+    assert!(ok && out.contains("8192 blocks of 512 bytes"), "{out}");
+    // 1 MiB through MoveTo/MoveFrom between the two attached programs.
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 251) as u8).collect();
+    let input = dir.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let (ok, out) = cli(&[
+        "write",
+        "--offset",
+        "64K",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("wrote 1048576 bytes"), "{out}");
+    let back = dir.join("back.bin");
+    let (ok, out) = cli(&[
+        "read",
+        "--offset",
+        "64K",
+        "--length",
+        "1M",
+        "--out",
+        back.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(std::fs::read(&back).unwrap() == data, "read back exact");
+    let _ = std::fs::remove_dir_all(&dir);
+}
