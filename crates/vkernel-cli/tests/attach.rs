@@ -3,41 +3,32 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::ffi::OsStr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_for, Proc, BIN};
+use common::{listening_addr, spawn_serving, wait_for, Proc, BIN};
 
 fn host(sock: &std::path::Path) -> Proc {
-    let mut c = Command::new(BIN)
-        .args(["host", "--exit-after", "120s", "--socket"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn host");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
+    let (p, line) = spawn_serving([
+        OsStr::new("host"),
+        OsStr::new("--exit-after"),
+        OsStr::new("120s"),
+        OsStr::new("--socket"),
+        sock.as_os_str(),
+    ]);
     assert!(line.contains("programs attach at"), "{line}");
-    Proc(c)
+    p
+}
+
+/// `vkernel ARGS --attach SOCK`, once it serves.
+fn attached(args: &[&str], sock: &std::path::Path) -> (Proc, String) {
+    let args = args.iter().map(OsStr::new);
+    spawn_serving(args.chain([OsStr::new("--attach"), sock.as_os_str()]))
 }
 
 fn attached_echo(sock: &std::path::Path) -> Proc {
-    let mut c = Command::new(BIN)
-        .args(["echo", "--exit-after", "120s", "--attach"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn echo");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    Proc(c)
+    attached(&["echo", "--exit-after", "120s"], sock).0
 }
 
 fn ping(sock: &std::path::Path, n: &str) -> std::process::Output {
@@ -113,18 +104,6 @@ fn attaching_without_a_host_says_what_to_do() {
     );
 }
 
-fn banner_addr(c: &mut std::process::Child) -> String {
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    line.split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .expect("address")
-        .to_string()
-}
-
 #[test]
 fn a_program_run_by_an_attached_team_server_is_a_process_of_its_host() {
     use std::os::unix::fs::PermissionsExt;
@@ -137,41 +116,26 @@ fn a_program_run_by_an_attached_team_server_is_a_process_of_its_host() {
     let prog = root.join("client.sh");
     std::fs::write(&prog, format!("#!/bin/sh\nexec {BIN} ping --attach -n 5\n")).unwrap();
     std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut fs = Command::new(BIN)
-        .args(["fileserver", "--exit-after", "60s", "--root"])
-        .arg(&root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("fileserver");
-    let fs_addr = banner_addr(&mut fs);
-    let _fs = Proc(fs);
-    let mut h = Command::new(BIN)
-        .args([
-            "host",
-            "--exit-after",
-            "60s",
-            "--peer",
-            &fs_addr,
-            "--socket",
-        ])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("host");
-    let host_addr = banner_addr(&mut h);
-    let _h = Proc(h);
+    let (_fs, line) = spawn_serving([
+        OsStr::new("fileserver"),
+        OsStr::new("--exit-after"),
+        OsStr::new("60s"),
+        OsStr::new("--root"),
+        root.as_os_str(),
+    ]);
+    let fs_addr = listening_addr(&line);
+    let (_h, line) = spawn_serving([
+        OsStr::new("host"),
+        OsStr::new("--exit-after"),
+        OsStr::new("60s"),
+        OsStr::new("--peer"),
+        OsStr::new(&fs_addr),
+        OsStr::new("--socket"),
+        sock.as_os_str(),
+    ]);
+    let host_addr = listening_addr(&line);
     let _echo = attached_echo(&sock);
-    let mut ts = Command::new(BIN)
-        .args(["teamserver", "--exit-after", "60s", "--attach"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("teamserver");
-    let _ = banner_addr(&mut ts);
-    let _ts = Proc(ts);
+    let (_ts, _) = attached(&["teamserver", "--exit-after", "60s"], &sock);
     let out = Command::new(BIN)
         .args([
             "run", "--peer", &fs_addr, "--peer", &host_addr, "--fs", &fs_addr, "--on",
@@ -197,27 +161,16 @@ fn a_disk_and_its_client_attached_to_one_host() {
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("host.sock");
     let _h = host(&sock);
-    let mut d = Command::new(BIN)
-        .args([
-            "disk",
-            "--backing",
-            "ram:4M",
-            "--owner-key",
-            "0x55",
-            "--exit-after",
-            "60s",
-            "--attach",
-        ])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("disk");
-    let mut line = String::new();
-    BufReader::new(d.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("banner");
-    let _d = Proc(d);
+    let args = [
+        "disk",
+        "--backing",
+        "ram:4M",
+        "--owner-key",
+        "0x55",
+        "--exit-after",
+        "60s",
+    ];
+    let (_d, _) = attached(&args, &sock);
     let cli = |args: &[&str]| {
         let o = Command::new(BIN)
             .args(["disk-cli", "--disk-key", "0x55", "--attach"])

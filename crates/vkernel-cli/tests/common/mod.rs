@@ -35,26 +35,44 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut cond: impl FnMut() -> Option
     }
 }
 
-/// Starts `vkernel echo` on a free loopback port with `extra` arguments
-/// (it stops by itself after 60 s); returns it, its address and its
-/// banner line.
-pub fn echo(extra: &[&std::ffi::OsStr]) -> (Proc, String, String) {
+/// Starts `vkernel` with `args` and reads its first stdout line (the
+/// banner a service prints once it serves); returns both.
+pub fn spawn_serving<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (Proc, String) {
     let mut c = Command::new(BIN)
-        .args(["echo", "--bind", "127.0.0.1:0", "--exit-after", "60s"])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn echo");
+        .expect("spawn vkernel");
     let mut line = String::new();
     BufReader::new(c.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("banner");
-    let addr = line
+    (Proc(c), line)
+}
+
+/// The address in a banner's "listening on ADDR;".
+pub fn listening_addr(banner: &str) -> String {
+    banner
         .split("listening on ")
         .nth(1)
         .and_then(|s| s.split(';').next())
         .expect("address")
-        .to_string();
-    (Proc(c), addr, line)
+        .to_string()
+}
+
+/// Starts `vkernel echo` on a free loopback port with `extra` arguments
+/// (it stops by itself after 60 s); returns it, its address and its
+/// banner line.
+pub fn echo(extra: &[&std::ffi::OsStr]) -> (Proc, String, String) {
+    let args = ["echo", "--bind", "127.0.0.1:0", "--exit-after", "60s"];
+    let (p, line) = spawn_serving(
+        args.iter()
+            .map(std::ffi::OsStr::new)
+            .chain(extra.iter().copied()),
+    );
+    let addr = listening_addr(&line);
+    (p, addr, line)
 }
