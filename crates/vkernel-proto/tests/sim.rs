@@ -443,7 +443,7 @@ impl World {
                     self.fail(format!("host {h}: unexpected conflict on host id {id}"))
                 }
                 // No multicast in the simulated network (no groups either).
-                Event::JoinMulticast(_) | Event::LeaveMulticast(_) => {}
+                Event::JoinMulticast(_) | Event::LeaveMulticast(_) | Event::Queued(_) => {}
             }
         }
         for t in out {

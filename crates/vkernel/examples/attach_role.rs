@@ -5,6 +5,10 @@
 //! - `attach_role hostile PATH SECONDS`: speaks the attach protocol by
 //!   hand, then scribbles random words over its call slot and window while
 //!   posting calls, and sends garbage records, for SECONDS.
+//! - `attach_role holder PATH`: prints its pid, receives one message,
+//!   prints "got PID", and never replies (waits to be killed).
+//! - `attach_role send PATH PID N`: sends N messages to PID, each with a
+//!   counter the receiver is to add one to; prints "ok" or the error.
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -18,8 +22,48 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("sleeper") => sleeper(&args[2], &args[3]),
         Some("hostile") => hostile(&args[2], args[3].parse().unwrap_or(1.0)),
-        _ => eprintln!("usage: attach_role sleeper PATH NAME | hostile PATH SECONDS"),
+        Some("holder") => holder(&args[2]),
+        Some("send") => send(&args[2], &args[3], args[4].parse().unwrap_or(1)),
+        _ => eprintln!(
+            "usage: attach_role sleeper PATH NAME | hostile PATH SECONDS | holder PATH | send PATH PID N"
+        ),
     }
+}
+
+fn holder(path: &str) {
+    let k = Kernel::attach(path).expect("attach");
+    let p = k.create_process().expect("process");
+    println!("{}", p.pid());
+    let _ = std::io::stdout().flush();
+    let mut m = vkernel::Message::zero();
+    match p.receive(&mut m) {
+        Ok(i) => println!("got {}", i.from),
+        Err(e) => println!("receive failed: {e}"),
+    }
+    let _ = std::io::stdout().flush();
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+fn send(path: &str, pid: &str, n: u32) {
+    let k = Kernel::attach(path).expect("attach");
+    let p = k.create_process().expect("process");
+    let to = vkernel::Pid(u32::from_str_radix(pid, 16).expect("a pid in hex"));
+    for i in 0..n {
+        let mut m = vkernel::Message::with_code(1);
+        m.set_word(1, i);
+        match p.send(&mut m, to) {
+            Ok(_) if m.word(1) == i + 1 => {}
+            Ok(_) => {
+                println!("wrong reply {} to {i}", m.word(1));
+                return;
+            }
+            Err(e) => {
+                println!("{e}");
+                return;
+            }
+        }
+    }
+    println!("ok");
 }
 
 fn sleeper(path: &str, name: &str) {

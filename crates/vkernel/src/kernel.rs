@@ -345,8 +345,12 @@ impl Shared {
                         // Hand the completion over now, so the woken
                         // thread need not take the engine lock again.
                         if let Some(c) = st.engine.take_completion(p) {
+                            let receive = matches!(c, Completion::Receive(_));
                             match w.complete_armed(c) {
                                 Ok(wake) => {
+                                    if receive {
+                                        w.queue_state(st.engine.has_queued(p));
+                                    }
                                     if wake {
                                         wakes.push(w.clone());
                                     }
@@ -361,6 +365,11 @@ impl Shared {
                         if w.wake_spinning() {
                             wakes.push(w.clone());
                         }
+                    }
+                }
+                Event::Queued(p) => {
+                    if let Some(w) = st.waiters.get(&p) {
+                        w.queue_state(true);
                     }
                 }
                 Event::HostIdConflict(h) => st.conflict = Some(h),

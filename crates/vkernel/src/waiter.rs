@@ -47,6 +47,12 @@ pub(crate) trait Sink: Send + Sync {
     fn complete(&self, c: Completion) -> bool;
     /// Wakes the waiting side.
     fn wake(&self);
+    /// Whether messages wait in the process's queue (under the engine
+    /// lock): a process that also receives outside the engine must then
+    /// receive through it.
+    fn queue_state(&self, _nonempty: bool) {}
+    /// The process was destroyed (not under the engine lock).
+    fn destroyed(&self) {}
 }
 
 impl Waiter {
@@ -212,8 +218,19 @@ impl Waiter {
         }
     }
 
+    /// Tells the sink whether messages wait in this process's queue (under
+    /// the engine lock).
+    pub(crate) fn queue_state(&self, nonempty: bool) {
+        if let Some(s) = self.sink.get() {
+            s.queue_state(nonempty);
+        }
+    }
+
     pub(crate) fn destroy(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
+        if let Some(s) = self.sink.get() {
+            s.destroyed();
+        }
         self.wake();
     }
 }

@@ -309,3 +309,193 @@ fn large_moves_between_attached_programs_are_exact_and_checked() {
         .unwrap();
     assert!(t.join().unwrap() == seg, "read back exact");
 }
+
+/// Both ways attached programs of one uid exchange: through peer pages
+/// (the default) and through the host's engine.
+const PEER_MODES: [&str; 2] = ["on", "off"];
+
+fn role_with(args: &[&str], peer: &str) -> std::process::Child {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/attach_role");
+    std::process::Command::new(bin)
+        .args(args)
+        .env("VKERNEL_ATTACH_PEER", peer)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run examples/attach_role (built by cargo test)")
+}
+
+fn read_line(r: &mut impl std::io::BufRead) -> String {
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    line.trim().to_string()
+}
+
+#[test]
+fn a_receiver_killed_holding_a_message_fails_its_sender_either_way() {
+    use std::io::BufReader;
+    for mode in PEER_MODES {
+        let (_host, srv, path) = machine_host(&format!("k{mode}"));
+        let p = path.to_str().unwrap();
+        let mut holder = role_with(&["holder", p], mode);
+        let mut hout = BufReader::new(holder.stdout.take().unwrap());
+        let hpid = read_line(&mut hout);
+        // The holder is waiting in Receive well before the Send.
+        std::thread::sleep(Duration::from_millis(100));
+        let mut sender = role_with(&["send", p, &hpid, "1"], mode);
+        let mut sout = BufReader::new(sender.stdout.take().unwrap());
+        let got = read_line(&mut hout);
+        assert!(got.starts_with("got "), "{mode}: holder said {got:?}");
+        let before = srv.peer_exchanges();
+        assert_eq!(before > 0, mode == "on", "{mode}: {before} peer exchanges");
+        holder.kill().unwrap();
+        let _ = holder.wait();
+        let said = read_line(&mut sout);
+        assert!(
+            said.contains("does not exist"),
+            "{mode}: sender said {said:?}"
+        );
+        wait_for(Duration::from_secs(10), "the sender to end", || {
+            sender.try_wait().ok().flatten()
+        });
+    }
+}
+
+#[test]
+fn exchanges_stay_exact_when_peer_and_engine_paths_mix() {
+    let (host, srv, path) = machine_host("mix");
+    let a = Kernel::attach(&path).unwrap();
+    let b = Kernel::attach(&path).unwrap();
+    let server = b.create_process().unwrap();
+    let spid = server.pid();
+    let rounds = 3_000u32;
+    // One server, three clients: an attached program spinning, one
+    // blocking, and a process of the host itself (always the engine).
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        let mut seen = 0;
+        while seen < 3 * rounds {
+            let i = server.receive(&mut m).unwrap();
+            m.set_word(1, m.word(1) + 1);
+            server.reply(&m, i.from).unwrap();
+            seen += 1;
+        }
+    });
+    let spinner = a.create_process().unwrap();
+    spinner.set_spin(Duration::from_micros(200));
+    let c = Kernel::attach(&path).unwrap();
+    let blocker = c.create_process().unwrap();
+    blocker.set_spin(Duration::ZERO);
+    let embedded = host.create_process().unwrap();
+    let run = |p: vkernel::Process| {
+        std::thread::spawn(move || {
+            for n in 0..rounds {
+                let mut m = Message::with_code(1);
+                m.set_word(1, n);
+                let r = p.send(&mut m, spid).unwrap();
+                assert_eq!((r.from, m.word(1)), (spid, n + 1));
+            }
+        })
+    };
+    let ts = [run(spinner), run(blocker), run(embedded)];
+    for t in ts {
+        t.join().unwrap();
+    }
+    t.join().unwrap();
+    assert!(srv.peer_exchanges() > 0, "some went through peer pages");
+}
+
+#[test]
+fn a_message_received_through_a_peer_page_can_be_forwarded_anywhere() {
+    let (host, _srv, path) = machine_host("fwd");
+    let a = Kernel::attach(&path).unwrap();
+    let b = Kernel::attach(&path).unwrap();
+    let front = b.create_process().unwrap();
+    let fpid = front.pid();
+    // Two back ends: another attached program, and a process of the host.
+    let k = Kernel::attach(&path).unwrap();
+    let back_a = k.create_process().unwrap();
+    let back_h = host.create_process().unwrap();
+    let backs = [back_a.pid(), back_h.pid()];
+    let front_t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for n in 0..40u32 {
+            let i = front.receive(&mut m).unwrap();
+            front.forward(&m, i.from, backs[(n % 2) as usize]).unwrap();
+        }
+    });
+    let serve = |p: vkernel::Process| {
+        std::thread::spawn(move || {
+            let mut m = Message::zero();
+            for _ in 0..20 {
+                let i = p.receive(&mut m).unwrap();
+                assert_eq!(i.forwarder, fpid, "the forwarder is told");
+                m.set_word(2, p.pid().0);
+                p.reply(&m, i.from).unwrap();
+            }
+        })
+    };
+    let ts = [serve(back_a), serve(back_h)];
+    let c = a.create_process().unwrap();
+    for n in 0..40u32 {
+        let mut m = Message::with_code(3);
+        let r = c.send(&mut m, fpid).unwrap();
+        assert_eq!(r.from, backs[(n % 2) as usize]);
+        assert_eq!(m.word(2), r.from.0);
+    }
+    front_t.join().unwrap();
+    for t in ts {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn a_program_of_another_user_exchanges_through_the_host_only() {
+    use std::io::BufReader;
+    let dir = std::env::temp_dir().join(format!("vk-attach-{}-uid", std::process::id()));
+    let path = dir.join("host.sock");
+    let host = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = host.serve_attach(&path, 0o666).unwrap();
+    let a = Kernel::attach(&path).unwrap();
+    let server = a.create_process().unwrap();
+    let spid = server.pid();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        let mut principals = Vec::new();
+        for _ in 0..50 {
+            let i = server.receive(&mut m).unwrap();
+            principals.push(i.principal);
+            m.set_word(1, m.word(1) + 1);
+            server.reply(&m, i.from).unwrap();
+        }
+        principals
+    });
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/attach_role");
+    use std::os::unix::process::CommandExt;
+    let mut other = std::process::Command::new(bin)
+        .args(["send", path.to_str().unwrap(), &format!("{spid}"), "50"])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = read_line(&mut BufReader::new(other.stdout.take().unwrap()));
+    let _ = other.wait();
+    assert_eq!(said, "ok");
+    let principals = t.join().unwrap();
+    assert!(principals.iter().all(|p| *p == 65534), "{principals:?}");
+    assert_eq!(srv.peer_exchanges(), 0, "no page crosses users");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(dir);
+}

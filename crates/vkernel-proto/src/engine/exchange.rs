@@ -43,9 +43,26 @@ impl Engine {
         now: Micros,
         src: Pid,
         dst: Pid,
+        msg: Message,
+        seg: Option<Seg>,
+        append: usize,
+    ) -> Result<(), IpcError> {
+        self.send_as(now, src, dst, msg, seg, append, src)
+    }
+
+    /// [`Engine::send_append`] of a message that `forwarder` forwarded to
+    /// `dst` outside this engine (a machine host's shared-memory path):
+    /// the receiver sees `forwarder` as for a Forward.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_as(
+        &mut self,
+        now: Micros,
+        src: Pid,
+        dst: Pid,
         mut msg: Message,
         seg: Option<Seg>,
         append: usize,
+        forwarder: Pid,
     ) -> Result<(), IpcError> {
         self.tick(now);
         self.check_ready_caller(src)?;
@@ -63,7 +80,7 @@ impl Engine {
             seg,
             access,
             append,
-            forwarder: src,
+            forwarder,
             received: false,
             remote: None,
             inbound: Vec::new(),
@@ -207,6 +224,25 @@ impl Engine {
         p.queue.push_back(pend);
         if let PState::Receiving { .. } = p.state {
             self.try_deliver(now, dst);
+        }
+        if let Some(p) = self.proc_mut(dst) {
+            if p.watch_queue && !p.queue.is_empty() {
+                self.out.event(Event::Queued(dst));
+            }
+        }
+    }
+
+    /// Whether a message may be queued for `pid` (entries whose sender has
+    /// since gone count until a Receive drops them).
+    pub fn has_queued(&self, pid: Pid) -> bool {
+        self.proc_ref(pid).is_some_and(|p| !p.queue.is_empty())
+    }
+
+    /// Asks for [`Event::Queued`] whenever a message is queued for `pid`
+    /// and left waiting.
+    pub fn watch_queue(&mut self, pid: Pid, on: bool) {
+        if let Some(p) = self.proc_mut(pid) {
+            p.watch_queue = on;
         }
     }
 

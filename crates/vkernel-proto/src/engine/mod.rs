@@ -121,6 +121,9 @@ pub enum Event {
     JoinMulticast(SocketAddr),
     /// The last local member left a group: stop receiving its multicast group.
     LeaveMulticast(SocketAddr),
+    /// A message was queued for this process, which is not receiving it
+    /// (only for processes under [`Engine::watch_queue`]).
+    Queued(Pid),
 }
 
 /// A message handed to a receiver.
@@ -366,6 +369,14 @@ impl Engine {
     #[inline]
     fn is_local(&self, pid: Pid) -> bool {
         self.host_id() == Some(pid.host())
+    }
+
+    #[inline]
+    fn proc_ref(&self, pid: Pid) -> Option<&Proc> {
+        if !self.is_local(pid) {
+            return None;
+        }
+        self.procs.get(&pid.local())
     }
 
     #[inline]

@@ -78,6 +78,8 @@ pub(super) struct Proc {
     /// one: a local exchange's box would otherwise be allocated by the
     /// sender's thread and freed by the replier's, every exchange.
     pub(super) spare: Option<Box<Outgoing>>,
+    /// Report messages left waiting in `queue` ([`Event::Queued`]).
+    pub(super) watch_queue: bool,
 }
 
 impl Engine {
@@ -308,6 +310,7 @@ impl Proc {
             principal: 0,
             admits: None,
             spare: None,
+            watch_queue: false,
         }
     }
 

@@ -14,11 +14,11 @@ use rustix::net::{
 /// "VKAT": the first word of HELLO and WELCOME.
 pub(crate) const MAGIC: u32 = 0x564b_4154;
 /// The attach protocol's version.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// The largest payload a record carries.
 pub(crate) const MAX_PAYLOAD: usize = 128 << 10;
 /// Files one record carries at most.
-pub(crate) const MAX_FDS: usize = 2;
+pub(crate) const MAX_FDS: usize = 3;
 
 /// Record kinds (word 0).
 pub(crate) mod kind {
@@ -27,7 +27,9 @@ pub(crate) mod kind {
     /// Host → program: [MAGIC, VERSION, host id, principal]; payload: the
     /// host's UDP address as text.
     pub(crate) const WELCOME: u32 = 2;
-    /// Program → host: [id]; files: slot, window. Creates a process.
+    /// Program → host: [id]; files: slot, window and (optionally) peer
+    /// page. Creates a process; the answer's v0 is its pid, v1 is 1 if the
+    /// peer page was taken.
     pub(crate) const CREATE: u32 = 3;
     /// Program → host: [pid]; file: a new, larger window for the process
     /// (taken by its next ADOPT_WINDOW call).
@@ -46,6 +48,9 @@ pub(crate) mod ask {
     pub(crate) const PROMETHEUS: u32 = 3;
     pub(crate) const SRTT: u32 = 4;
     pub(crate) const ADD_PEER: u32 = 5;
+    /// [pid]: the peer page of that process, as a file with the answer
+    /// (only a process of the asker's uid, to a program with peer pages).
+    pub(crate) const PEER_PAGE: u32 = 6;
 }
 
 /// One record.

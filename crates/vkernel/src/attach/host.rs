@@ -4,7 +4,7 @@
 //! `LocalProcess` code an embedded program runs.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,7 @@ use crate::process::{LocalProcess, Segment};
 use crate::spin::SpinPolicy;
 
 use super::control::{self, ask, kind, Record};
+use super::peer::{Peer, PEER_BYTES};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
@@ -56,6 +57,51 @@ struct Inner {
     /// This host's effective uid: programs of the same uid (or root) may
     /// change the host's configuration.
     owner_uid: u32,
+    peers: Arc<Peers>,
+}
+
+/// An attached process's peer page, as the host keeps it.
+struct PeerEntry {
+    /// Its program's uid: only programs of this uid get the page.
+    uid: u32,
+    page: Arc<Shm>,
+    /// The file, to hand to those programs.
+    fd: Arc<OwnedFd>,
+}
+
+impl PeerEntry {
+    fn peer(&self) -> &Peer {
+        // SAFETY: the page mapping is PEER_BYTES long (checked when
+        // adopted), page-aligned, and kept by this entry.
+        unsafe { Peer::at(self.page.as_ptr()) }
+    }
+}
+
+/// Every attached process's peer page (see `peer.rs`).
+#[derive(Default)]
+struct Peers {
+    map: Mutex<HashMap<Pid, PeerEntry>>,
+    /// Exchanges through the pages of processes now gone.
+    retired: AtomicU64,
+}
+
+impl Peers {
+    /// `pid` was destroyed: its inbox closes for good and its own Send (if
+    /// waiting there) fails, both with `err`; every Send waiting for it
+    /// there fails; a claim it left half done is undone.
+    fn died(&self, pid: Pid, err: &IpcError) {
+        let mut m = lock(&self.map);
+        if let Some(e) = m.remove(&pid) {
+            e.peer().die(err);
+            let n = e.peer().exchanges.load(Ordering::Relaxed);
+            self.retired.fetch_add(n, Ordering::Relaxed);
+        }
+        for e in m.values() {
+            let p = e.peer();
+            p.fail_if_waiting_on(pid);
+            p.unclaim(pid);
+        }
+    }
 }
 
 impl std::fmt::Debug for AttachServer {
@@ -108,6 +154,7 @@ impl AttachServer {
             next_conn: AtomicU64::new(1),
             pace: Arc::new(Pace::new()),
             owner_uid: rustix::process::geteuid().as_raw(),
+            peers: Arc::new(Peers::default()),
         });
         let i = inner.clone();
         let accept = std::thread::Builder::new()
@@ -128,6 +175,17 @@ impl AttachServer {
     /// Programs attached now.
     pub fn attached(&self) -> usize {
         lock(&self.inner.conns).len()
+    }
+
+    /// Exchanges between attached processes that went through their peer
+    /// pages (shared memory, not the host's engine) so far.
+    pub fn peer_exchanges(&self) -> u64 {
+        let p = &self.inner.peers;
+        let live: u64 = lock(&p.map)
+            .values()
+            .map(|e| e.peer().exchanges.load(Ordering::Relaxed))
+            .sum();
+        live + p.retired.load(Ordering::Relaxed)
     }
 }
 
@@ -246,9 +304,17 @@ impl Inner {
         let mut procs: HashMap<Pid, Proxy> = HashMap::new();
         while let Ok(Some(r)) = control::recv(fd) {
             let id = r.words[1];
+            let mut file = None;
             let answer = match r.kind() {
                 kind::CREATE => self.create(r, uid, principal, &mut procs),
                 kind::WINDOW => adopt_window(r, &procs),
+                kind::ASK if r.words[2] == ask::PEER_PAGE => {
+                    let has_peer = procs.values().any(|p| p.peer);
+                    self.peer_page(Pid(r.words[3]), uid, has_peer).map(|f| {
+                        file = Some(f);
+                        ([0, 0], Vec::new())
+                    })
+                }
                 kind::ASK => self.answer(&r, uid),
                 _ => Err(IpcError::Refused(Pid(0))),
             };
@@ -260,7 +326,8 @@ impl Inner {
                     ([kind::ANSWER, id, c, a, 0, 0, 0, 0], Vec::new())
                 }
             };
-            if control::send(fd, &words, &payload, &[]).is_err() {
+            let fds: Vec<_> = file.iter().map(|f| f.as_fd()).collect();
+            if control::send(fd, &words, &payload, &fds).is_err() {
                 break;
             }
         }
@@ -285,15 +352,25 @@ impl Inner {
         principal: u32,
         procs: &mut HashMap<Pid, Proxy>,
     ) -> Result<([u32; 2], Vec<u8>), IpcError> {
-        let [slot_fd, window_fd] =
-            <[OwnedFd; 2]>::try_from(r.fds).map_err(|_| IpcError::Refused(Pid(0)))?;
+        let refused = |_| IpcError::Refused(Pid(0));
+        let mut fds = r.fds.into_iter();
+        let (Some(slot_fd), Some(window_fd), peer_fd, None) =
+            (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
+            return Err(IpcError::Refused(Pid(0)));
+        };
         if procs.len() >= MAX_PROCESSES_PER_PROGRAM {
             return Err(IpcError::TableFull);
         }
-        let slot =
-            Shm::adopt(&slot_fd, SLOT_BYTES, SLOT_BYTES).map_err(|_| IpcError::Refused(Pid(0)))?;
-        let window = Shm::adopt(&window_fd, MIN_WINDOW, MAX_WINDOW)
-            .map_err(|_| IpcError::Refused(Pid(0)))?;
+        let slot = Shm::adopt(&slot_fd, SLOT_BYTES, SLOT_BYTES).map_err(refused)?;
+        let window = Shm::adopt(&window_fd, MIN_WINDOW, MAX_WINDOW).map_err(refused)?;
+        let peer = match peer_fd {
+            Some(f) => {
+                let page = Shm::adopt(&f, PEER_BYTES, PEER_BYTES).map_err(refused)?;
+                Some((Arc::new(page), Arc::new(f)))
+            }
+            None => None,
+        };
         let pid = self.shared.with_engine(|e, _| e.create_process())?;
         let p = LocalProcess::new(self.shared.clone(), pid)?;
         if principal != 0 {
@@ -306,11 +383,31 @@ impl Inner {
             slot: slot.clone(),
             seq: AtomicU32::new(0),
             stop: stop.clone(),
+            peer: peer.as_ref().map(|(page, _)| page.clone()),
+            pid,
+            peers: self.peers.clone(),
         });
         p.set_sink(sink.clone());
+        if let Some((page, f)) = &peer {
+            // SAFETY: adopted above as exactly PEER_BYTES, page-aligned.
+            unsafe { Peer::at(page.as_ptr()) }
+                .owner
+                .store(pid.0, Ordering::SeqCst);
+            lock(&self.peers.map).insert(
+                pid,
+                PeerEntry {
+                    uid,
+                    page: page.clone(),
+                    fd: f.clone(),
+                },
+            );
+            p.watch_queue();
+        }
+        let has_peer = peer.is_some();
         let ctx = Ctx {
             p,
             sink,
+            has_peer,
             slot: slot.clone(),
             window,
             pending: pending.clone(),
@@ -330,9 +427,24 @@ impl Inner {
                 stop,
                 pending,
                 thread: Some(thread),
+                peer: has_peer,
             },
         );
-        Ok(([pid.0, 0], Vec::new()))
+        Ok(([pid.0, u32::from(has_peer)], Vec::new()))
+    }
+
+    /// The file of `target`'s peer page, for a program of `uid` that has
+    /// peer pages of its own.
+    fn peer_page(&self, target: Pid, uid: u32, has_peer: bool) -> Result<Arc<OwnedFd>, IpcError> {
+        if !has_peer {
+            return Err(IpcError::Refused(target));
+        }
+        let m = lock(&self.peers.map);
+        let e = m.get(&target).ok_or(IpcError::NoSuchProcess(target))?;
+        if e.uid != uid {
+            return Err(IpcError::AccessDenied(target));
+        }
+        Ok(e.fd.clone())
     }
 
     fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
@@ -399,6 +511,8 @@ struct Proxy {
     stop: Arc<AtomicBool>,
     pending: Arc<Mutex<Option<Shm>>>,
     thread: Option<JoinHandle<()>>,
+    /// It has a peer page.
+    peer: bool,
 }
 
 /// Writes a directly completed Send or Receive into the call slot (see
@@ -408,6 +522,10 @@ struct SlotSink {
     /// The call it answers.
     seq: AtomicU32,
     stop: Arc<AtomicBool>,
+    /// The process's peer page, if it has one.
+    peer: Option<Arc<Shm>>,
+    pid: Pid,
+    peers: Arc<Peers>,
 }
 
 impl crate::waiter::Sink for SlotSink {
@@ -443,6 +561,27 @@ impl crate::waiter::Sink for SlotSink {
         // SAFETY: as in `complete`.
         futex_wake(&unsafe { Slot::at(self.slot.as_ptr()) }.done);
     }
+
+    fn queue_state(&self, nonempty: bool) {
+        if let Some(page) = &self.peer {
+            // SAFETY: adopted as exactly PEER_BYTES, page-aligned, kept
+            // by this sink.
+            unsafe { Peer::at(page.as_ptr()) }.set_queued(nonempty);
+        }
+    }
+
+    fn destroyed(&self) {
+        if self.peer.is_some() {
+            // Ended with its attachment (the host going, or the program):
+            // as the proxy reports it.
+            let err = if self.stop.load(Ordering::Acquire) {
+                IpcError::HostLost
+            } else {
+                IpcError::Destroyed
+            };
+            self.peers.died(self.pid, &err);
+        }
+    }
 }
 
 fn write_received(s: &Slot, r: &Received) {
@@ -465,12 +604,25 @@ enum Answer {
 struct Ctx {
     p: LocalProcess,
     sink: Arc<SlotSink>,
+    /// The process has a peer page, whose `queued` word follows the
+    /// engine's queue.
+    has_peer: bool,
     slot: Arc<Shm>,
     window: Shm,
     pending: Arc<Mutex<Option<Shm>>>,
     stop: Arc<AtomicBool>,
     uid: u32,
     principal: u32,
+}
+
+/// A Send's forwarder: the sender, unless the program says a peer
+/// forwarded the message to it (see `peer.rs`).
+fn forwarder(s: &Slot, me: Pid) -> Pid {
+    if s.arg(4) == 1 {
+        Pid(s.arg(3))
+    } else {
+        me
+    }
 }
 
 fn deadline(us: u64) -> Option<Duration> {
@@ -510,6 +662,11 @@ impl Ctx {
                 Some(op) => self.call(op, slot),
                 None => Err(IpcError::Refused(self.p.pid())),
             };
+            if self.has_peer && op == Some(Op::Receive) && matches!(r, Ok(Answer::Now)) {
+                // A Receive took a message from the engine's queue: may
+                // the next one wait in the inbox?
+                self.p.refresh_queue_state();
+            }
             if matches!(r, Ok(Answer::Later)) {
                 // The sink answers when the engine completes the call.
                 continue;
@@ -543,7 +700,12 @@ impl Ctx {
         let me = p.pid();
         match op {
             Op::Send if Pid(s.arg(0)).host() == me.host() && !Pid(s.arg(0)).is_group() => {
-                p.send_direct(&s.msg(), Pid(s.arg(0)), deadline(s.arg64(1)))?;
+                p.send_direct(
+                    &s.msg(),
+                    Pid(s.arg(0)),
+                    deadline(s.arg64(1)),
+                    forwarder(s, me),
+                )?;
                 return Ok(Answer::Later);
             }
             // To another host (or a group): the proxy waits for the answer
@@ -551,7 +713,12 @@ impl Ctx {
             // the reply does not wait for the host's timer thread.
             Op::Send => {
                 let mut m = s.msg();
-                let r = p.send_within(&mut m, Pid(s.arg(0)), deadline(s.arg64(1)))?;
+                let r = p.send_within_as(
+                    &mut m,
+                    Pid(s.arg(0)),
+                    deadline(s.arg64(1)),
+                    forwarder(s, me),
+                )?;
                 s.set_rmsg(&m);
                 s.set_out(0, r.from.0);
                 s.set_out(1, r.seg_bytes as u32);

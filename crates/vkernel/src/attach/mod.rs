@@ -19,6 +19,7 @@
 
 pub(crate) mod control;
 pub(crate) mod host;
+pub(crate) mod peer;
 pub(crate) mod program;
 pub(crate) mod shm;
 pub(crate) mod slot;

@@ -18,10 +18,14 @@ use crate::process::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 use crate::spin::SpinPolicy;
 
 use super::control::{self, ask, kind, Record};
+use super::peer::{self, Inbound, Outcome, Peer, PEER_BYTES};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
 use super::{lock, MAX_WINDOW, MIN_WINDOW};
+
+/// A process's call slot and peer page, as its program maps them.
+type Pages = (Arc<Shm>, Option<Arc<Shm>>);
 
 /// A program's connection to its machine host.
 pub(crate) struct Attachment {
@@ -36,8 +40,14 @@ pub(crate) struct Attachment {
     answers: Mutex<HashMap<u32, Record>>,
     answered: Condvar,
     next_id: AtomicU32,
-    /// Every live process's slot, to wake their waits when the host goes.
-    slots: Mutex<HashMap<Pid, Arc<Shm>>>,
+    /// Every live process's slot and peer page, to wake their waits when
+    /// the host goes.
+    slots: Mutex<HashMap<Pid, Pages>>,
+    /// The principal the host gave this program.
+    principal: u32,
+    /// Exchanges with processes of this uid may go through peer pages
+    /// (unless `VKERNEL_ATTACH_PEER=off`).
+    peer_on: bool,
     pub(crate) pace: Pace,
     /// Every new process's waiting strategy and Send deadline.
     spin: SpinPolicy,
@@ -109,6 +119,8 @@ impl Attachment {
             answered: Condvar::new(),
             next_id: AtomicU32::new(1),
             slots: Mutex::new(HashMap::new()),
+            principal: w.words[4],
+            peer_on: peer_enabled(),
             pace: Pace::new(),
             spin,
             send_deadline,
@@ -132,10 +144,17 @@ impl Attachment {
         // Hold the lock while notifying so no asker misses it.
         drop(lock(&self.answers));
         self.answered.notify_all();
-        for s in lock(&self.slots).values() {
+        for (s, pg) in lock(&self.slots).values() {
             // SAFETY: a slot mapping is SLOT_BYTES long and page-aligned.
             let slot = unsafe { Slot::at(s.as_ptr()) };
             futex_wake(&slot.done);
+            if let Some(pg) = pg {
+                // SAFETY: a peer page mapping is PEER_BYTES long and
+                // page-aligned.
+                let p = unsafe { Peer::at(pg.as_ptr()) };
+                futex_wake(&p.bell);
+                futex_wake(&p.rst);
+            }
         }
     }
 
@@ -194,14 +213,20 @@ impl Attachment {
         let res = |_| IpcError::NoResources;
         let (slot, slot_fd) = Shm::create("vkernel-slot", SLOT_BYTES).map_err(res)?;
         let (window, window_fd) = Shm::create("vkernel-window", MIN_WINDOW).map_err(res)?;
-        let r = self.ask(
-            [kind::CREATE, 0, 0, 0, 0, 0, 0, 0],
-            &[],
-            &[slot_fd.as_fd(), window_fd.as_fd()],
-        )?;
+        let page = if self.peer_on {
+            Some(Shm::create("vkernel-peer", PEER_BYTES).map_err(res)?)
+        } else {
+            None
+        };
+        let mut fds = vec![slot_fd.as_fd(), window_fd.as_fd()];
+        if let Some((_, f)) = &page {
+            fds.push(f.as_fd());
+        }
+        let r = self.ask([kind::CREATE, 0, 0, 0, 0, 0, 0, 0], &[], &fds)?;
         let pid = Pid(r.words[4]);
+        let peer = page.filter(|_| r.words[5] == 1).map(|(p, _)| Arc::new(p));
         let slot = Arc::new(slot);
-        lock(&self.slots).insert(pid, slot.clone());
+        lock(&self.slots).insert(pid, (slot.clone(), peer.clone()));
         let p = AttachedProcess {
             at: self.clone(),
             pid,
@@ -211,9 +236,25 @@ impl Attachment {
             spin: Cell::new(self.spin),
             waits: Cell::new(WaitCounts::default()),
             send_deadline: Cell::new(self.send_deadline),
+            peer,
+            peers: RefCell::new(HashMap::new()),
+            peer_rx: RefCell::new(HashMap::new()),
+            peer_seq: Cell::new(0),
+            principal: Cell::new(self.principal),
+            restricted: Cell::new(false),
             _not_sync: PhantomData,
         };
         Ok(p)
+    }
+
+    /// The peer page of `pid`, if the host gives it to this program (a
+    /// process of the same uid).
+    fn peer_page(&self, pid: Pid) -> Option<Arc<Shm>> {
+        let r = self
+            .ask([kind::ASK, 0, ask::PEER_PAGE, pid.0, 0, 0, 0, 0], &[], &[])
+            .ok()?;
+        let fd = r.fds.into_iter().next()?;
+        Shm::adopt(&fd, PEER_BYTES, PEER_BYTES).ok().map(Arc::new)
     }
 
     /// Detaches: the host destroys this program's processes; their calls
@@ -222,6 +263,34 @@ impl Attachment {
         self.closed.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
     }
+}
+
+/// Whether peer pages are used (`VKERNEL_ATTACH_PEER=off` turns them off,
+/// to compare or to rule them out).
+fn peer_enabled() -> bool {
+    !matches!(
+        std::env::var("VKERNEL_ATTACH_PEER").as_deref(),
+        Ok("0" | "off" | "no" | "false")
+    )
+}
+
+/// Peer pages a process keeps mapped at most (beyond, it forgets them).
+const PEER_CACHE: usize = 1024;
+
+/// How long a sender spins for a busy receiver's inbox to open before it
+/// lets the engine queue its message.
+const CLAIM_SPIN: Duration = Duration::from_micros(20);
+
+/// What a Send through a peer page came to.
+enum PeerSend {
+    Done(Result<Reply, IpcError>),
+    /// The receiver forwarded it: send it on to `to` as from `forwarder`.
+    Forwarded {
+        to: Pid,
+        forwarder: Pid,
+    },
+    /// Not this way: through the host.
+    NotHere,
 }
 
 /// A process of the machine host, driven from this program.
@@ -235,6 +304,17 @@ pub(crate) struct AttachedProcess {
     spin: Cell<SpinPolicy>,
     waits: Cell<WaitCounts>,
     send_deadline: Cell<Option<Duration>>,
+    /// This process's peer page (none if the host did not take it).
+    peer: Option<Arc<Shm>>,
+    /// Other processes' peer pages (None: not given; use the host).
+    peers: RefCell<HashMap<Pid, Option<Arc<Shm>>>>,
+    /// Senders received through the inbox and not yet answered, with
+    /// their exchange sequence.
+    peer_rx: RefCell<HashMap<Pid, u32>>,
+    peer_seq: Cell<u32>,
+    principal: Cell<u32>,
+    /// `restrict_senders` is in force: the engine must check senders.
+    restricted: Cell<bool>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -364,10 +444,13 @@ impl AttachedProcess {
 
     pub(crate) fn set_principal(&self, principal: u32) {
         self.slot().set_arg(0, principal);
-        let _ = self.call(Op::SetPrincipal);
+        if self.call(Op::SetPrincipal).is_ok() {
+            self.principal.set(principal);
+        }
     }
 
     pub(crate) fn restrict_senders(&self, principals: Option<Vec<u32>>) {
+        self.restricted.set(principals.is_some());
         let s = self.slot();
         match principals {
             None => s.set_arg(0, u32::MAX),
@@ -405,9 +488,21 @@ impl AttachedProcess {
         to: Pid,
         deadline: Option<Duration>,
     ) -> Result<Reply, IpcError> {
+        let (mut to, mut fwd) = (to, self.pid);
+        // (A Send with a deadline goes through the host, whose timers
+        // keep it.)
+        while deadline.is_none() {
+            match self.peer_send(msg, to, fwd) {
+                PeerSend::Done(r) => return r,
+                PeerSend::Forwarded { to: t, forwarder } => (to, fwd) = (t, forwarder),
+                PeerSend::NotHere => break,
+            }
+        }
         let s = self.slot();
         s.set_arg(0, to.0);
         s.set_arg64(1, micros64(deadline));
+        s.set_arg(3, fwd.0);
+        s.set_arg(4, u32::from(fwd != self.pid));
         s.set_msg(msg);
         self.call(Op::Send)?;
         *msg = s.rmsg();
@@ -457,6 +552,9 @@ impl AttachedProcess {
     }
 
     pub(crate) fn receive(&self, msg: &mut Message) -> Result<Incoming, IpcError> {
+        if let Some(r) = self.peer_receive(msg) {
+            return r;
+        }
         self.receive_op(msg, None, None, usize::MAX).map(|(i, _)| i)
     }
 
@@ -513,6 +611,13 @@ impl AttachedProcess {
     }
 
     pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
+        if let Some(seq) = self.peer_rx.borrow_mut().remove(&to) {
+            let how = Outcome::Replied {
+                from: self.pid,
+                msg: *msg,
+            };
+            return self.peer_finish(to, seq, how);
+        }
         let s = self.slot();
         s.set_arg(0, to.0);
         s.set_msg(msg);
@@ -526,6 +631,14 @@ impl AttachedProcess {
         offset: u32,
         data: &[u8],
     ) -> Result<(), IpcError> {
+        if self.peer_rx.borrow().contains_key(&to) {
+            // The sender granted no segment (it would have come through
+            // the host): as the engine says.
+            if !data.is_empty() {
+                return Err(IpcError::AccessDenied(to));
+            }
+            return self.reply(msg, to);
+        }
         self.put(data)?;
         let s = self.slot();
         s.set_arg(0, to.0);
@@ -536,6 +649,18 @@ impl AttachedProcess {
     }
 
     pub(crate) fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
+        if let Some(seq) = self.peer_rx.borrow_mut().remove(&from) {
+            if !to.is_process() {
+                return Err(IpcError::InvalidPid(to));
+            }
+            // The sender sends it on, as from this forwarder.
+            let how = Outcome::Forwarded {
+                to,
+                forwarder: self.pid,
+                msg: *msg,
+            };
+            return self.peer_finish(from, seq, how);
+        }
         let s = self.slot();
         s.set_arg(0, from.0);
         s.set_arg(1, to.0);
@@ -544,6 +669,9 @@ impl AttachedProcess {
     }
 
     pub(crate) fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+        if self.peer_rx.borrow().contains_key(&to) {
+            return Err(IpcError::AccessDenied(to));
+        }
         self.put(src)?;
         let s = self.slot();
         s.set_arg(0, to.0);
@@ -559,6 +687,9 @@ impl AttachedProcess {
         offset: u32,
         dest: &mut [u8],
     ) -> Result<usize, IpcError> {
+        if self.peer_rx.borrow().contains_key(&from) {
+            return Err(IpcError::AccessDenied(from));
+        }
         self.window_for(dest.len())?;
         let s = self.slot();
         s.set_arg(0, from.0);
@@ -675,6 +806,203 @@ impl AttachedProcess {
     pub(crate) fn destroy(&self, pid: Pid) -> Result<(), IpcError> {
         self.slot().set_arg(0, pid.0);
         self.call(Op::Destroy)
+    }
+}
+
+/// The shared-memory path (see `peer.rs`).
+impl AttachedProcess {
+    fn own_peer(&self) -> Option<&Peer> {
+        // SAFETY: the page mapping is PEER_BYTES long, page-aligned, and
+        // lives as long as `self`.
+        self.peer.as_ref().map(|p| unsafe { Peer::at(p.as_ptr()) })
+    }
+
+    /// `pid`'s peer page, asked of the host once.
+    fn peer_of(&self, pid: Pid) -> Option<Arc<Shm>> {
+        if let Some(v) = self.peers.borrow().get(&pid) {
+            return v.clone();
+        }
+        let v = self.at.peer_page(pid);
+        let mut m = self.peers.borrow_mut();
+        if m.len() >= PEER_CACHE {
+            m.clear();
+        }
+        m.insert(pid, v.clone());
+        v
+    }
+
+    /// Sends through `to`'s inbox if it waits there.
+    fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid) -> PeerSend {
+        let Some(mine) = self.own_peer() else {
+            return PeerSend::NotHere;
+        };
+        if to.host() != self.at.host
+            || !to.is_process()
+            || to == self.pid
+            || self.at.gone().is_some()
+        {
+            return PeerSend::NotHere;
+        }
+        let Some(page) = self.peer_of(to) else {
+            return PeerSend::NotHere;
+        };
+        // SAFETY: adopted as exactly PEER_BYTES, page-aligned, held here.
+        let p = unsafe { Peer::at(page.as_ptr()) };
+        let seq = peer::next_seq(self.peer_seq.get());
+        self.peer_seq.set(seq);
+        mine.rpeer.store(to.0, Ordering::Relaxed);
+        mine.rst
+            .store(peer::rst(seq, peer::WAITING), Ordering::SeqCst);
+        if !self.claim_soon(p) {
+            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+            if p.tag() == peer::DEAD {
+                self.peers.borrow_mut().remove(&to);
+            }
+            return PeerSend::NotHere;
+        }
+        if !p.fill(self.pid, seq, self.principal.get(), fwd, msg) {
+            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+            self.peers.borrow_mut().remove(&to);
+            return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
+        }
+        let mut policy = self.spin.get();
+        let mut w = self.waits.get();
+        let state = loop {
+            let r = mine.rst.load(Ordering::Acquire);
+            let state = r & 7;
+            if r >> 3 != seq || !matches!(state, peer::WAITING | peer::REPLYING) {
+                break state;
+            }
+            match self
+                .at
+                .pace
+                .wait(&mine.rst, &mine.tx_parked, r, &mut policy, || {
+                    self.at.gone().is_some()
+                }) {
+                Waited::Spun => w.unblocked += 1,
+                Waited::Blocked => w.blocked += 1,
+                Waited::Gone => {
+                    let _ = mine.rst.compare_exchange(
+                        peer::rst(seq, peer::WAITING),
+                        peer::rst(seq, peer::IDLE),
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    );
+                    let e = self.at.gone().unwrap_or(IpcError::HostLost);
+                    return PeerSend::Done(Err(e));
+                }
+            }
+        };
+        self.spin.set(policy);
+        self.waits.set(w);
+        match mine.outcome(state) {
+            Outcome::Replied { from, msg: m } => {
+                *msg = m;
+                PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
+            }
+            Outcome::Failed(e) => PeerSend::Done(Err(e)),
+            Outcome::Forwarded {
+                to,
+                forwarder,
+                msg: m,
+            } => {
+                *msg = m;
+                PeerSend::Forwarded { to, forwarder }
+            }
+        }
+    }
+
+    /// Claims `p`'s inbox, waiting a little for a receiver that is busy
+    /// but will soon receive again (a server between Reply and Receive).
+    fn claim_soon(&self, p: &Peer) -> bool {
+        if p.claim(self.pid) {
+            return true;
+        }
+        if !self.spin.get().wants_to_spin() {
+            return false;
+        }
+        let clock = &self.at.pace.clock;
+        let start = clock.now();
+        let limit = CLAIM_SPIN.as_micros() as u64;
+        let mut i: u32 = 0;
+        // Only while the receiver is busy and nothing queues ahead of us.
+        while p.tag() == peer::CLOSED && p.queued.load(Ordering::Relaxed) == 0 {
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(64) && clock.now().saturating_sub(start) >= limit {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        p.claim(self.pid)
+    }
+
+    /// A plain Receive through the inbox, unless messages wait in the
+    /// engine (or the engine must check senders).
+    fn peer_receive(&self, msg: &mut Message) -> Option<Result<Incoming, IpcError>> {
+        let p = self.own_peer()?;
+        if self.restricted.get() || p.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let mut bell = p.bell.load(Ordering::SeqCst);
+        if !p.open() {
+            return (p.tag() == peer::DEAD).then(|| Err(p.dead_error()));
+        }
+        // A message the host queued meanwhile goes first (it closes an
+        // open inbox when it queues one; this covers the moment before).
+        if p.queued.load(Ordering::SeqCst) != 0 && p.close_if_open() {
+            return None;
+        }
+        let mut policy = self.spin.get();
+        let mut w = self.waits.get();
+        let r = loop {
+            match p.tag() {
+                peer::OPEN | peer::CLAIMED => {
+                    match self
+                        .at
+                        .pace
+                        .wait(&p.bell, &p.rx_parked, bell, &mut policy, || {
+                            self.at.gone().is_some()
+                        }) {
+                        Waited::Spun => w.unblocked += 1,
+                        Waited::Blocked => w.blocked += 1,
+                        Waited::Gone => {
+                            p.close_if_open();
+                            break Some(Err(self.at.gone().unwrap_or(IpcError::HostLost)));
+                        }
+                    }
+                    bell = p.bell.load(Ordering::SeqCst);
+                }
+                peer::FULL => {
+                    let i: Inbound = p.take();
+                    self.peer_rx.borrow_mut().insert(i.from, i.seq);
+                    *msg = i.msg;
+                    break Some(Ok(Incoming {
+                        from: i.from,
+                        seg_bytes: 0,
+                        forwarder: i.forwarder,
+                        principal: i.principal,
+                    }));
+                }
+                peer::DEAD => break Some(Err(p.dead_error())),
+                // The host closed it: a message waits in the engine.
+                _ => break None,
+            }
+        };
+        self.spin.set(policy);
+        self.waits.set(w);
+        r
+    }
+
+    /// Ends exchange `seq` of `to`, received through the inbox.
+    fn peer_finish(&self, to: Pid, seq: u32, how: Outcome) -> Result<(), IpcError> {
+        let page = self.peer_of(to).ok_or(IpcError::NotAwaitingReply(to))?;
+        // SAFETY: adopted as exactly PEER_BYTES, page-aligned, held here.
+        let p = unsafe { Peer::at(page.as_ptr()) };
+        if p.finish(seq, how) {
+            Ok(())
+        } else {
+            Err(IpcError::NotAwaitingReply(to))
+        }
     }
 }
 

@@ -56,13 +56,15 @@ impl Pace {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
         }
+        if !policy.is_adaptive() && !policy.wants_to_spin() {
+            // Told never to spin: block at once (a zero budget still
+            // spins a little below, which "block" must not; an adaptive
+            // policy goes on below, to keep learning).
+            return self.block(word, parked, old, &gone);
+        }
         let start = self.clock.now();
-        let spin_us = if policy.wants_to_spin() {
-            let busy = policy.is_adaptive() && self.run_queue.contended(start, self.cpus);
-            policy.budget_us(0, self.cpus, busy)
-        } else {
-            0
-        };
+        let busy = policy.is_adaptive() && self.run_queue.contended(start, self.cpus);
+        let spin_us = policy.budget_us(0, self.cpus, busy);
         let mut i: u32 = 0;
         let r = loop {
             if word.load(Ordering::Acquire) != old {

@@ -371,11 +371,23 @@ impl LocalProcess {
         to: Pid,
         deadline: Option<Duration>,
     ) -> Result<Reply, IpcError> {
+        self.send_within_as(msg, to, deadline, self.pid)
+    }
+
+    /// [`LocalProcess::send_within`] of a message `forwarder` forwarded
+    /// (a machine host's shared-memory exchange; see `attach::peer`).
+    pub(crate) fn send_within_as(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        deadline: Option<Duration>,
+        forwarder: Pid,
+    ) -> Result<Reply, IpcError> {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
         self.shared.with_engine(|e, now| {
-            e.send(now, self.pid, to, m, None)?;
+            e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder)?;
             if let Some(d) = deadline {
                 e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
             }
@@ -492,6 +504,7 @@ impl LocalProcess {
         msg: &Message,
         to: Pid,
         deadline: Option<Duration>,
+        forwarder: Pid,
     ) -> Result<(), IpcError> {
         let mut m = *msg;
         m.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
@@ -499,7 +512,7 @@ impl LocalProcess {
         let w = &self.waiter;
         self.shared.with_engine(|e, now| {
             let was = w.arm(true);
-            let r = e.send(now, self.pid, to, m, None);
+            let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
             match r {
                 Ok(()) => {
                     if let Some(d) = deadline {
@@ -512,6 +525,24 @@ impl LocalProcess {
             }
             r
         })
+    }
+
+    /// Asks the engine to report messages left queued for this process to
+    /// its sink (`Sink::queue_state`), and reports the queue now.
+    pub(crate) fn watch_queue(&self) {
+        let w = &self.waiter;
+        self.shared.with_engine(|e, _| {
+            e.watch_queue(self.pid, true);
+            w.queue_state(e.has_queued(self.pid));
+        });
+    }
+
+    /// Reports to the sink whether messages wait in the queue (after a
+    /// Receive took one, say).
+    pub(crate) fn refresh_queue_state(&self) {
+        let w = &self.waiter;
+        self.shared
+            .with_engine(|e, _| w.queue_state(e.has_queued(self.pid)));
     }
 
     /// Starts a Receive whose completion goes to this process's sink;

@@ -840,3 +840,51 @@ fn receive_upto_copies_only_from_segments_within_the_limit() {
         reply_of(&mut n.e[1], remote);
     }
 }
+
+#[test]
+fn a_watched_process_hears_of_messages_left_queued_for_it() {
+    let mut n = Net::new(1);
+    let e = &mut n.e[0];
+    let s = e.create_process().unwrap();
+    let c1 = e.create_process().unwrap();
+    let c2 = e.create_process().unwrap();
+    let queued = |e: &mut Engine| {
+        events(e)
+            .into_iter()
+            .filter(|ev| matches!(ev, Event::Queued(p) if *p == s))
+            .count()
+    };
+    // Unwatched: no event (embedded programs pay nothing).
+    e.send(0, c1, s, Message::with_code(1), None).unwrap();
+    assert_eq!(queued(e), 0);
+    assert!(e.has_queued(s));
+    e.receive(0, s, None, None).unwrap().unwrap();
+    assert!(!e.has_queued(s));
+    e.reply(0, s, c1, Message::zero(), None).unwrap();
+    e.watch_queue(s, true);
+    e.send(0, c1, s, Message::with_code(2), None).unwrap();
+    assert_eq!(queued(e), 1, "left waiting: reported");
+    let r = e.receive(0, s, None, None).unwrap().unwrap();
+    assert_eq!((r.from, r.msg.code()), (c1, 2));
+    e.reply(0, s, c1, Message::zero(), None).unwrap();
+    // Taken at once by a waiting Receive: nothing to report.
+    assert_eq!(e.receive(0, s, None, None).unwrap(), None);
+    e.send(0, c2, s, Message::with_code(3), None).unwrap();
+    assert_eq!(queued(e), 0, "delivered to the waiting receiver");
+    assert!(!e.has_queued(s));
+}
+
+#[test]
+fn a_send_made_on_behalf_of_a_forwarder_says_so() {
+    let mut n = Net::new(1);
+    let e = &mut n.e[0];
+    let c = e.create_process().unwrap();
+    let f = e.create_process().unwrap();
+    let s = e.create_process().unwrap();
+    e.send_as(0, c, s, Message::with_code(9), None, usize::MAX, f)
+        .unwrap();
+    let r = e.receive(0, s, None, None).unwrap().unwrap();
+    assert_eq!((r.from, r.forwarder, r.msg.code()), (c, f, 9));
+    e.reply(0, s, c, Message::with_code(10), None).unwrap();
+    assert_eq!(reply_of(e, c).from, s);
+}
