@@ -263,7 +263,7 @@ fn a_hundred_programs_attach_to_one_host() {
 
 #[test]
 fn large_moves_between_attached_programs_are_exact_and_checked() {
-    let (_host, _srv, path) = machine_host("m");
+    let (_host, srv, path) = machine_host("m");
     let a = Kernel::attach(&path).unwrap();
     let b = Kernel::attach(&path).unwrap();
     let server = b.create_process().unwrap();
@@ -292,6 +292,11 @@ fn large_moves_between_attached_programs_are_exact_and_checked() {
             Err(IpcError::OutOfBounds(i.from))
         );
         server.reply(&m, i.from).unwrap();
+        // Only while the Send is outstanding.
+        assert_eq!(
+            server.move_from(i.from, 0, &mut vec![0u8; N]),
+            Err(IpcError::NotAwaitingReply(i.from))
+        );
         back
     });
     let c = a.create_process().unwrap();
@@ -308,6 +313,8 @@ fn large_moves_between_attached_programs_are_exact_and_checked() {
     c.send_with_segment(&mut m, spid, Segment::Read(&seg))
         .unwrap();
     assert!(t.join().unwrap() == seg, "read back exact");
+    // Both moves copied straight between the programs (same uid).
+    assert_eq!(srv.granted_moves(), 2);
 }
 
 /// Both ways attached programs of one uid exchange: through peer pages

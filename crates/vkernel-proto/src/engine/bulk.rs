@@ -369,6 +369,40 @@ impl Engine {
 
     /// Counts a finished move of `n` bytes in the statistics.
     #[inline]
+    /// Checks that `mover` may move `n` bytes at `off` into (`write`) or
+    /// out of the segment of the local process `target`, exactly as
+    /// [`Engine::move_to`] / [`Engine::move_from`] would, and counts the
+    /// move, without copying: for a machine host whose programs copy
+    /// between their own mappings of the segment. Returns the segment's
+    /// length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grant_move(
+        &mut self,
+        now: Micros,
+        mover: Pid,
+        target: Pid,
+        off: u32,
+        n: usize,
+        write: bool,
+    ) -> Result<usize, IpcError> {
+        self.tick(now);
+        self.check_ready_caller(mover)?;
+        if !self.is_local(target) {
+            return Err(IpcError::NotAwaitingReply(target));
+        }
+        let Some(o) = self.outgoing(target) else {
+            return Err(IpcError::NotAwaitingReply(target));
+        };
+        if o.dst != mover || !o.received || o.remote.is_some() {
+            return Err(IpcError::NotAwaitingReply(target));
+        }
+        let need = if write { Need::Write } else { Need::Read };
+        let seg_len = o.seg.as_ref().map(|s| s.len());
+        rights::check(o.access, seg_len, need, off as usize, n).map_err(|e| e.error(target))?;
+        self.count_move(n);
+        Ok(seg_len.unwrap_or(0))
+    }
+
     fn count_move(&mut self, n: usize) {
         self.stats.bulk_bytes += n as u64;
         self.stats.bulk_moves += 1;

@@ -51,6 +51,9 @@ pub(crate) mod ask {
     /// [pid]: the peer page of that process, as a file with the answer
     /// (only a process of the asker's uid, to a program with peer pages).
     pub(crate) const PEER_PAGE: u32 = 6;
+    /// [pid]: that process's window, as a file with the answer (v0: its
+    /// generation), on the same terms as PEER_PAGE.
+    pub(crate) const WINDOW_OF: u32 = 7;
 }
 
 /// One record.

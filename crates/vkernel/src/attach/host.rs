@@ -67,6 +67,18 @@ struct PeerEntry {
     page: Arc<Shm>,
     /// The file, to hand to those programs.
     fd: Arc<OwnedFd>,
+    /// Its window, for movers of the same uid.
+    win: Mutex<WinGrant>,
+}
+
+/// A process's window as movers may map it.
+struct WinGrant {
+    fd: Arc<OwnedFd>,
+    /// Bumped when the process adopts a larger window.
+    generation: u32,
+    /// While a Send whose segment is the window's first `n` bytes is
+    /// outstanding: `n`.
+    segment: Option<usize>,
 }
 
 impl PeerEntry {
@@ -80,9 +92,11 @@ impl PeerEntry {
 /// Every attached process's peer page (see `peer.rs`).
 #[derive(Default)]
 struct Peers {
-    map: Mutex<HashMap<Pid, PeerEntry>>,
+    map: Mutex<HashMap<Pid, Arc<PeerEntry>>>,
     /// Exchanges through the pages of processes now gone.
     retired: AtomicU64,
+    /// Moves granted straight between programs.
+    grants: AtomicU64,
 }
 
 impl Peers {
@@ -186,6 +200,13 @@ impl AttachServer {
             .map(|e| e.peer().exchanges.load(Ordering::Relaxed))
             .sum();
         live + p.retired.load(Ordering::Relaxed)
+    }
+
+    /// MoveTo/MoveFrom calls between attached processes that copied
+    /// straight between the programs (a window granted by the host)
+    /// rather than through it, so far.
+    pub fn granted_moves(&self) -> u64 {
+        self.inner.peers.grants.load(Ordering::Relaxed)
     }
 }
 
@@ -308,12 +329,14 @@ impl Inner {
             let answer = match r.kind() {
                 kind::CREATE => self.create(r, uid, principal, &mut procs),
                 kind::WINDOW => adopt_window(r, &procs),
-                kind::ASK if r.words[2] == ask::PEER_PAGE => {
+                kind::ASK if matches!(r.words[2], ask::PEER_PAGE | ask::WINDOW_OF) => {
                     let has_peer = procs.values().any(|p| p.peer);
-                    self.peer_page(Pid(r.words[3]), uid, has_peer).map(|f| {
-                        file = Some(f);
-                        ([0, 0], Vec::new())
-                    })
+                    let window = r.words[2] == ask::WINDOW_OF;
+                    self.peer_page(Pid(r.words[3]), uid, has_peer, window)
+                        .map(|(f, g)| {
+                            file = Some(f);
+                            ([g, 0], Vec::new())
+                        })
                 }
                 kind::ASK => self.answer(&r, uid),
                 _ => Err(IpcError::Refused(Pid(0))),
@@ -364,6 +387,7 @@ impl Inner {
         }
         let slot = Shm::adopt(&slot_fd, SLOT_BYTES, SLOT_BYTES).map_err(refused)?;
         let window = Shm::adopt(&window_fd, MIN_WINDOW, MAX_WINDOW).map_err(refused)?;
+        let window_fd = Arc::new(window_fd);
         let peer = match peer_fd {
             Some(f) => {
                 let page = Shm::adopt(&f, PEER_BYTES, PEER_BYTES).map_err(refused)?;
@@ -388,19 +412,24 @@ impl Inner {
             peers: self.peers.clone(),
         });
         p.set_sink(sink.clone());
-        if let Some((page, f)) = &peer {
+        let entry = peer.as_ref().map(|(page, f)| {
             // SAFETY: adopted above as exactly PEER_BYTES, page-aligned.
             unsafe { Peer::at(page.as_ptr()) }
                 .owner
                 .store(pid.0, Ordering::SeqCst);
-            lock(&self.peers.map).insert(
-                pid,
-                PeerEntry {
-                    uid,
-                    page: page.clone(),
-                    fd: f.clone(),
-                },
-            );
+            Arc::new(PeerEntry {
+                uid,
+                page: page.clone(),
+                fd: f.clone(),
+                win: Mutex::new(WinGrant {
+                    fd: window_fd.clone(),
+                    generation: 1,
+                    segment: None,
+                }),
+            })
+        });
+        if let Some(e) = &entry {
+            lock(&self.peers.map).insert(pid, e.clone());
             p.watch_queue();
         }
         let has_peer = peer.is_some();
@@ -408,6 +437,8 @@ impl Inner {
             p,
             sink,
             has_peer,
+            entry,
+            peers: self.peers.clone(),
             slot: slot.clone(),
             window,
             pending: pending.clone(),
@@ -433,18 +464,30 @@ impl Inner {
         Ok(([pid.0, u32::from(has_peer)], Vec::new()))
     }
 
-    /// The file of `target`'s peer page, for a program of `uid` that has
-    /// peer pages of its own.
-    fn peer_page(&self, target: Pid, uid: u32, has_peer: bool) -> Result<Arc<OwnedFd>, IpcError> {
+    /// The file of `target`'s peer page (or of its window, with its
+    /// generation), for a program of `uid` that has peer pages of its own.
+    fn peer_page(
+        &self,
+        target: Pid,
+        uid: u32,
+        has_peer: bool,
+        window: bool,
+    ) -> Result<(Arc<OwnedFd>, u32), IpcError> {
         if !has_peer {
             return Err(IpcError::Refused(target));
         }
-        let m = lock(&self.peers.map);
-        let e = m.get(&target).ok_or(IpcError::NoSuchProcess(target))?;
+        let e = lock(&self.peers.map)
+            .get(&target)
+            .cloned()
+            .ok_or(IpcError::NoSuchProcess(target))?;
         if e.uid != uid {
             return Err(IpcError::AccessDenied(target));
         }
-        Ok(e.fd.clone())
+        if window {
+            let w = lock(&e.win);
+            return Ok((w.fd.clone(), w.generation));
+        }
+        Ok((e.fd.clone(), 0))
     }
 
     fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
@@ -501,7 +544,7 @@ fn adopt_window(r: Record, procs: &HashMap<Pid, Proxy>) -> Result<([u32; 2], Vec
     let p = procs.get(&pid).ok_or(IpcError::NoSuchProcess(pid))?;
     let fd = r.fds.into_iter().next().ok_or(IpcError::Refused(pid))?;
     let w = Shm::adopt(&fd, MIN_WINDOW, MAX_WINDOW).map_err(|_| IpcError::Refused(pid))?;
-    *lock(&p.pending) = Some(w);
+    *lock(&p.pending) = Some((w, fd));
     Ok(([0, 0], Vec::new()))
 }
 
@@ -509,7 +552,7 @@ fn adopt_window(r: Record, procs: &HashMap<Pid, Proxy>) -> Result<([u32; 2], Vec
 struct Proxy {
     slot: Arc<Shm>,
     stop: Arc<AtomicBool>,
-    pending: Arc<Mutex<Option<Shm>>>,
+    pending: Arc<Mutex<Option<(Shm, OwnedFd)>>>,
     thread: Option<JoinHandle<()>>,
     /// It has a peer page.
     peer: bool,
@@ -609,8 +652,11 @@ struct Ctx {
     has_peer: bool,
     slot: Arc<Shm>,
     window: Shm,
-    pending: Arc<Mutex<Option<Shm>>>,
+    pending: Arc<Mutex<Option<(Shm, OwnedFd)>>>,
     stop: Arc<AtomicBool>,
+    /// The process's entry among the peers (if it has a peer page).
+    entry: Option<Arc<PeerEntry>>,
+    peers: Arc<Peers>,
     uid: u32,
     principal: u32,
 }
@@ -734,13 +780,22 @@ impl Ctx {
                     _ => return Err(IpcError::Refused(me)),
                 };
                 let mut m = s.msg();
+                // Movers of this uid may copy into the window itself
+                // while the Send is outstanding (Op::MoveGrant).
+                if let Some(e) = &self.entry {
+                    lock(&e.win).segment = Some(n);
+                }
                 let r = p.send_with_segment_within(
                     &mut m,
                     Pid(s.arg(0)),
                     seg,
                     append,
                     deadline(s.arg64(5)),
-                )?;
+                );
+                if let Some(e) = &self.entry {
+                    lock(&e.win).segment = None;
+                }
+                let r = r?;
                 s.set_rmsg(&m);
                 s.set_out(0, r.from.0);
                 s.set_out(1, r.seg_bytes as u32);
@@ -871,8 +926,36 @@ impl Ctx {
             }
             Op::SetSocketReader => p.set_socket_reader(s.arg(0) != 0),
             Op::AdoptWindow => {
-                let w = lock(&self.pending).take().ok_or(IpcError::Refused(me))?;
+                let (w, fd) = lock(&self.pending).take().ok_or(IpcError::Refused(me))?;
                 self.window = w;
+                if let Some(e) = &self.entry {
+                    let mut g = lock(&e.win);
+                    g.fd = Arc::new(fd);
+                    g.generation = g.generation.wrapping_add(1);
+                }
+            }
+            Op::MoveGrant => {
+                let target = Pid(s.arg(0));
+                let (off, n, write) = (s.arg(1), s.arg(2) as usize, s.arg(3) == 1);
+                // Only between programs of one uid with peer pages, and
+                // only while the target's Send lends its window.
+                let e = lock(&self.peers.map).get(&target).cloned();
+                let e = match e {
+                    Some(e) if self.has_peer && e.uid == self.uid => e,
+                    _ => return Err(IpcError::Refused(target)),
+                };
+                let g = lock(&e.win);
+                let Some(seg) = g.segment else {
+                    return Err(IpcError::Refused(target));
+                };
+                let len = p
+                    .shared()
+                    .with_engine(|eng, now| eng.grant_move(now, me, target, off, n, write))?;
+                if len != seg {
+                    return Err(IpcError::Refused(target));
+                }
+                s.set_out(0, g.generation);
+                self.peers.grants.fetch_add(1, Ordering::Relaxed);
             }
             Op::Exit => {}
         }

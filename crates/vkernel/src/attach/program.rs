@@ -242,9 +242,22 @@ impl Attachment {
             peer_seq: Cell::new(0),
             principal: Cell::new(self.principal),
             restricted: Cell::new(false),
+            windows: RefCell::new(HashMap::new()),
             _not_sync: PhantomData,
         };
         Ok(p)
+    }
+
+    /// The window of `pid` and its generation, if the host gives it to
+    /// this program (as [`Attachment::peer_page`]).
+    fn window_of(&self, pid: Pid) -> Option<(u32, Arc<Shm>)> {
+        let r = self
+            .ask([kind::ASK, 0, ask::WINDOW_OF, pid.0, 0, 0, 0, 0], &[], &[])
+            .ok()?;
+        let g = r.words[4];
+        let fd = r.fds.into_iter().next()?;
+        let w = Shm::adopt_with(&fd, MIN_WINDOW, MAX_WINDOW, true).ok()?;
+        Some((g, Arc::new(w)))
     }
 
     /// The peer page of `pid`, if the host gives it to this program (a
@@ -276,6 +289,13 @@ fn peer_enabled() -> bool {
 
 /// Peer pages a process keeps mapped at most (beyond, it forgets them).
 const PEER_CACHE: usize = 1024;
+
+/// Other processes' windows a process keeps mapped at most.
+const GRANT_CACHE: usize = 64;
+
+/// Moves at least this long copy straight into the other's window
+/// (smaller ones go through the host, which costs a copy less to set up).
+const GRANT_MIN: usize = 64 << 10;
 
 /// How long a sender spins for a busy receiver's inbox to open before it
 /// lets the engine queue its message.
@@ -315,6 +335,9 @@ pub(crate) struct AttachedProcess {
     principal: Cell<u32>,
     /// `restrict_senders` is in force: the engine must check senders.
     restricted: Cell<bool>,
+    /// Other processes' windows mapped for granted moves, with their
+    /// generation.
+    windows: RefCell<HashMap<Pid, (u32, Arc<Shm>)>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -672,6 +695,9 @@ impl AttachedProcess {
         if self.peer_rx.borrow().contains_key(&to) {
             return Err(IpcError::AccessDenied(to));
         }
+        if let Some(r) = self.granted_move(to, offset, src.len(), |w| w.copy_from_slice(src)) {
+            return r;
+        }
         self.put(src)?;
         let s = self.slot();
         s.set_arg(0, to.0);
@@ -689,6 +715,9 @@ impl AttachedProcess {
     ) -> Result<usize, IpcError> {
         if self.peer_rx.borrow().contains_key(&from) {
             return Err(IpcError::AccessDenied(from));
+        }
+        if let Some(r) = self.granted_move_from(from, offset, dest) {
+            return r;
         }
         self.window_for(dest.len())?;
         let s = self.slot();
@@ -991,6 +1020,96 @@ impl AttachedProcess {
         self.spin.set(policy);
         self.waits.set(w);
         r
+    }
+
+    /// MoveTo/MoveFrom straight between this program's memory and the
+    /// other process's window, mapped here, if the host grants it (same
+    /// uid, peer pages, the other's Send lending its window now): one copy
+    /// instead of two. `None`: not granted; move through the host.
+    fn granted_move(
+        &self,
+        other: Pid,
+        offset: u32,
+        n: usize,
+        copy: impl FnOnce(&mut [u8]),
+    ) -> Option<Result<usize, IpcError>> {
+        self.grant(other, offset, n, true).map(|r| {
+            r.map(|(w, off)| {
+                // SAFETY: the host granted [off, off + n) of the window for
+                // the other's outstanding Send, during which it does not
+                // touch those bytes; bytes are only copied.
+                copy(unsafe { &mut w.bytes_mut(off + n)[off..] });
+                n
+            })
+        })
+    }
+
+    fn granted_move_from(
+        &self,
+        other: Pid,
+        offset: u32,
+        dest: &mut [u8],
+    ) -> Option<Result<usize, IpcError>> {
+        let n = dest.len();
+        self.grant(other, offset, n, false).map(|r| {
+            r.map(|(w, off)| {
+                // SAFETY: as in `granted_move`.
+                dest.copy_from_slice(unsafe { &w.bytes_mut(off + n)[off..] });
+                n
+            })
+        })
+    }
+
+    /// Asks the host for a grant; returns the other's window (mapped,
+    /// checked to hold the range) and the range's start.
+    fn grant(
+        &self,
+        other: Pid,
+        offset: u32,
+        n: usize,
+        write: bool,
+    ) -> Option<Result<(Arc<Shm>, usize), IpcError>> {
+        if n < GRANT_MIN || self.peer.is_none() || other.host() != self.at.host {
+            return None;
+        }
+        let s = self.slot();
+        s.set_arg(0, other.0);
+        s.set_arg(1, offset);
+        s.set_arg(2, clamp32(n));
+        s.set_arg(3, u32::from(write));
+        match self.call(Op::MoveGrant) {
+            Ok(()) => {}
+            Err(IpcError::Refused(_)) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+        let generation = s.out(0);
+        let cached = self
+            .windows
+            .borrow()
+            .get(&other)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, w)| w.clone());
+        let w = match cached {
+            Some(w) => w,
+            None => {
+                let (g, w) = self.at.window_of(other)?;
+                let mut m = self.windows.borrow_mut();
+                if m.len() >= GRANT_CACHE {
+                    m.clear();
+                }
+                m.insert(other, (g, w.clone()));
+                if g != generation {
+                    // It grew meanwhile: the host's answer is stale.
+                    return None;
+                }
+                w
+            }
+        };
+        let off = offset as usize;
+        if off.checked_add(n).is_none_or(|end| end > w.len()) {
+            return Some(Err(IpcError::OutOfBounds(other)));
+        }
+        Some(Ok((w, off)))
     }
 
     /// Ends exchange `seq` of `to`, received through the inbox.

@@ -49,6 +49,18 @@ impl Shm {
     /// sealed against shrinking and at least `min` bytes long. Returns the
     /// mapping of the whole file.
     pub(crate) fn adopt(fd: &OwnedFd, min: usize, max: usize) -> io::Result<Shm> {
+        Shm::adopt_with(fd, min, max, false)
+    }
+
+    /// [`Shm::adopt`], with every page mapped at once if `populate` (a
+    /// large window that will be copied into right away: one system call
+    /// instead of a page fault per page).
+    pub(crate) fn adopt_with(
+        fd: &OwnedFd,
+        min: usize,
+        max: usize,
+        populate: bool,
+    ) -> io::Result<Shm> {
         let seals = rustix::fs::fcntl_get_seals(fd)?;
         if !seals.contains(SealFlags::SHRINK) {
             return Err(io::Error::new(
@@ -64,10 +76,14 @@ impl Shm {
                 format!("shared memory file of {len} bytes (want {min}..={max})"),
             ));
         }
-        Shm::map_fd(fd, len)
+        Shm::map_fd_with(fd, len, populate)
     }
 
     fn map_fd(fd: impl AsFd, len: usize) -> io::Result<Shm> {
+        Shm::map_fd_with(fd, len, false)
+    }
+
+    fn map_fd_with(fd: impl AsFd, len: usize, populate: bool) -> io::Result<Shm> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
         }
@@ -78,7 +94,11 @@ impl Shm {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
+                if populate {
+                    MapFlags::SHARED | MapFlags::POPULATE
+                } else {
+                    MapFlags::SHARED
+                },
                 fd,
                 0,
             )?

@@ -173,13 +173,15 @@ pub(crate) enum Op {
     SetSocketReader = 23,
     AdoptWindow = 24,
     Exit = 25,
+    /// May this process copy straight into (or out of) a sender's window?
+    MoveGrant = 26,
 }
 
 impl Op {
     /// The operation a word names, if any.
     pub(crate) fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 25] = [
+        const ALL: [Op; 26] = [
             Send,
             SendSegment,
             Receive,
@@ -205,6 +207,7 @@ impl Op {
             SetSocketReader,
             AdoptWindow,
             Exit,
+            MoveGrant,
         ];
         ALL.into_iter().find(|o| *o as u32 == v)
     }
@@ -222,7 +225,7 @@ mod tests {
         for v in 0..64 {
             match Op::from_u32(v) {
                 Some(o) => assert_eq!(o as u32, v),
-                None => assert!(v == 0 || v > 25),
+                None => assert!(v == 0 || v > 26),
             }
         }
     }

@@ -89,7 +89,7 @@ pub struct Process {
 #[derive(Debug)]
 enum Imp {
     Local(LocalProcess),
-    Attached(AttachedProcess),
+    Attached(Box<AttachedProcess>),
 }
 
 /// Runs the same call on whichever kind of process this is.
@@ -111,7 +111,7 @@ impl From<LocalProcess> for Process {
 impl From<AttachedProcess> for Process {
     fn from(p: AttachedProcess) -> Process {
         Process {
-            imp: Imp::Attached(p),
+            imp: Imp::Attached(Box::new(p)),
         }
     }
 }

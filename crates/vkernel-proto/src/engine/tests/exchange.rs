@@ -888,3 +888,42 @@ fn a_send_made_on_behalf_of_a_forwarder_says_so() {
     e.reply(0, s, c, Message::with_code(10), None).unwrap();
     assert_eq!(reply_of(e, c).from, s);
 }
+
+#[test]
+fn a_granted_move_is_checked_as_a_move_is() {
+    let mut n = Net::new(1);
+    let e = &mut n.e[0];
+    let c = e.create_process().unwrap();
+    let s = e.create_process().unwrap();
+    let other = e.create_process().unwrap();
+    let seg = SharedBuf::new(vec![0; 100]);
+    e.send(0, c, s, seg_msg(1, SegAccess::WRITE), Some(seg.lend()))
+        .unwrap();
+    assert_eq!(
+        e.grant_move(0, s, c, 0, 10, true),
+        Err(IpcError::NotAwaitingReply(c)),
+        "not received yet"
+    );
+    e.receive(0, s, None, None).unwrap().unwrap();
+    assert_eq!(e.grant_move(0, s, c, 90, 10, true), Ok(100));
+    assert_eq!(
+        e.grant_move(0, s, c, 91, 10, true),
+        Err(IpcError::OutOfBounds(c))
+    );
+    assert_eq!(
+        e.grant_move(0, s, c, 0, 10, false),
+        Err(IpcError::AccessDenied(c)),
+        "write only"
+    );
+    assert_eq!(
+        e.grant_move(0, other, c, 0, 10, true),
+        Err(IpcError::NotAwaitingReply(c)),
+        "only the receiver"
+    );
+    e.reply(0, s, c, Message::zero(), None).unwrap();
+    assert_eq!(
+        e.grant_move(0, s, c, 0, 10, true),
+        Err(IpcError::NotAwaitingReply(c)),
+        "only while the Send is outstanding"
+    );
+}
