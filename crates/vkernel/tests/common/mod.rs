@@ -52,3 +52,19 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut cond: impl FnMut() -> Option
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// UDP datagrams this machine dropped because a socket's receive buffer
+/// was full (`RcvbufErrors` in /proc/net/snmp), so far.
+pub fn udp_rcvbuf_errors() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
