@@ -4,6 +4,7 @@
 //! a 64 MiB MoveTo between attached programs against memcpy.
 
 use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -139,6 +140,143 @@ fn unix_pingpong(spin: bool, n: usize) -> Result<(f64, f64), String> {
     Ok(quantiles(v))
 }
 
+/// A word in a shared mapping, for the raw ping-pong.
+fn word_at(base: *mut libc::c_void, off: usize) -> &'static AtomicU32 {
+    // SAFETY: `base` is a live page-aligned shared mapping of a page that
+    // the caller unmaps only after every user of the word is done (the
+    // child has exited); `off` is a multiple of 4 below 4096; AtomicU32
+    // has no invalid bit patterns.
+    unsafe { &*(base.cast::<u8>().add(off) as *const AtomicU32) }
+}
+
+fn futex(word: &AtomicU32, op: libc::c_int, val: u32) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    // SAFETY: FUTEX_WAIT/FUTEX_WAKE on a valid, aligned u32 in a shared
+    // mapping (not FUTEX_PRIVATE: the other side is another process); the
+    // timeout bounds a wait whose wake was missed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op,
+            val,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given; it is
+    // async-signal-safe, as the forked child needs.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Waits until `word` reaches `want`: busy-polling, or blocking on the
+/// futex at once; false after `deadline_ns`.
+fn await_word(word: &AtomicU32, want: u32, spin: bool, deadline_ns: u64) -> bool {
+    let mut i: u32 = 0;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if v >= want {
+            return true;
+        }
+        if spin {
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(4096) && monotonic_ns() > deadline_ns {
+                return false;
+            }
+        } else {
+            futex(word, libc::FUTEX_WAIT, v);
+            if monotonic_ns() > deadline_ns {
+                return word.load(Ordering::Acquire) >= want;
+            }
+        }
+    }
+}
+
+/// The floor: a ping-pong of one word each way between this process and a
+/// forked child through a shared page, busy-polling or blocking on a
+/// futex at once. No kernel, no protocol: what the hardware and the OS
+/// charge for two processes to see each other's stores.
+fn shm_pingpong(spin: bool, n: usize) -> Result<(f64, f64), String> {
+    let total = (n + n / 10) as u32;
+    // SAFETY: a fresh anonymous shared mapping of one page, unmapped below
+    // after the child has exited.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err("mmap of the shared page failed".into());
+    }
+    let (ping, pong) = (word_at(base, 0), word_at(base, 64));
+    let deadline = monotonic_ns() + 30_000_000_000;
+    // SAFETY: fork in a threaded program: the child only loads and stores
+    // atomics in the shared page and makes async-signal-safe calls
+    // (futex, clock_gettime, _exit); it allocates nothing and takes no
+    // lock, and it ends by the deadline even if this process dies.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        // SAFETY: the mapping made above; nobody else uses it.
+        unsafe { libc::munmap(base, 4096) };
+        return Err("fork failed".into());
+    }
+    if child == 0 {
+        for i in 1..=total {
+            if !await_word(ping, i, spin, deadline) {
+                break;
+            }
+            pong.store(i, Ordering::Release);
+            if !spin {
+                futex(pong, libc::FUTEX_WAKE, 1);
+            }
+        }
+        // SAFETY: leaves the child at once, running no destructors or
+        // atexit handlers that belong to the parent's threads.
+        unsafe { libc::_exit(0) };
+    }
+    let mut v = Vec::with_capacity(n);
+    let mut ok = true;
+    for i in 1..=total {
+        let t0 = Instant::now();
+        ping.store(i, Ordering::Release);
+        if !spin {
+            futex(ping, libc::FUTEX_WAKE, 1);
+        }
+        if !await_word(pong, i, spin, deadline) {
+            ok = false;
+            break;
+        }
+        if i as usize > n / 10 {
+            v.push(us(t0.elapsed()));
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above (it exits by the deadline).
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    // SAFETY: the child has exited; nothing else uses the page.
+    unsafe { libc::munmap(base, 4096) };
+    if !ok {
+        return Err("the shared-memory ping-pong's child stopped answering".into());
+    }
+    Ok(quantiles(v))
+}
+
 /// 64 MiB MoveTo from an attached server into an attached client's
 /// segment, MB/s (median of `rounds`).
 fn big_move(ks: &Kernel, kc: &Kernel, rounds: usize) -> Result<f64, String> {
@@ -225,6 +363,10 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 pair(&threads, &threads, spin, n)?,
             ),
             ("Unix datagram ping-pong", unix_pingpong(spin, n)?),
+            (
+                "raw shared-memory ping-pong (floor)",
+                shm_pingpong(spin, n)?,
+            ),
             (
                 "attached program to a remote host",
                 pair(&remote, &a, spin, n)?,
@@ -333,4 +475,17 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         goals,
         charts: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_raw_shared_memory_ping_pong_runs_both_ways() {
+        for spin in [true, false] {
+            let (med, p99) = shm_pingpong(spin, 200).unwrap();
+            assert!(med > 0.0 && med <= p99, "spin {spin}: {med} {p99}");
+        }
+    }
 }
