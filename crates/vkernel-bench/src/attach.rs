@@ -363,10 +363,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 pair(&threads, &threads, spin, n)?,
             ),
             ("Unix datagram ping-pong", unix_pingpong(spin, n)?),
-            (
-                "raw shared-memory ping-pong (floor)",
-                shm_pingpong(spin, n)?,
-            ),
+            ("shared-memory ping-pong (floor)", shm_pingpong(spin, n)?),
             (
                 "attached program to a remote host",
                 pair(&remote, &a, spin, n)?,

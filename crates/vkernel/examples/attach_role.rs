@@ -3,8 +3,9 @@
 //! - `attach_role sleeper PATH NAME`: attaches, registers a process under
 //!   NAME that never receives, prints its pid, and waits to be killed.
 //! - `attach_role hostile PATH SECONDS`: speaks the attach protocol by
-//!   hand, then scribbles random words over its call slot and window while
-//!   posting calls, and sends garbage records, for SECONDS.
+//!   hand, then scribbles random words over its call slot, window and
+//!   peer page while posting calls, and sends garbage records, for
+//!   SECONDS.
 //! - `attach_role holder PATH`: prints its pid, receives one message,
 //!   prints "got PID", and never replies (waits to be killed).
 //! - `attach_role send PATH PID N`: sends N messages to PID, each with a
@@ -128,11 +129,12 @@ fn hostile(path: &str, seconds: f64) {
     let _ = rustix::io::read(&sock, &mut buf);
     let (sfd, slot) = sealed(4096);
     let (wfd, window) = sealed(64 << 10);
+    let (pfd, peer) = sealed(4096);
     record(
         &sock,
         [3, 1, 0, 0, 0, 0, 0, 0],
         &[],
-        &[sfd.as_fd(), wfd.as_fd()],
+        &[sfd.as_fd(), wfd.as_fd(), pfd.as_fd()],
     );
     let _ = rustix::io::read(&sock, &mut buf);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
@@ -163,6 +165,11 @@ fn hostile(path: &str, seconds: f64) {
         }
         // SAFETY: in bounds of the window.
         unsafe { *window.add((rnd() % (16 << 10)) as usize) = rnd() as u32 };
+        // The peer page (inbox and reply area) too.
+        for _ in 0..8 {
+            // SAFETY: in bounds of the peer page.
+            unsafe { *peer.add((rnd() % 1024) as usize) = rnd() as u32 };
+        }
         seq = seq.wrapping_add(1 + (rnd() % 3) as u32);
         word(0).store(seq, Ordering::SeqCst);
         let _ = rustix::thread::futex::wake(word(0), rustix::thread::futex::Flags::empty(), 1);

@@ -194,9 +194,29 @@ fn a_hostile_program_scribbling_on_its_pages_harms_no_one_else() {
         }
         n
     });
+    // And a plain echo, which exchanges through peer pages.
+    let b = Kernel::attach(&path).unwrap();
+    let echo = b.create_process().unwrap();
+    let epid = echo.pid();
+    let e = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        loop {
+            let i = echo.receive(&mut m).expect("echo");
+            let stop = m.code() == 2;
+            m.set_word(1, m.word(1) + 1);
+            echo.reply(&m, i.from).expect("echo reply");
+            if stop {
+                break;
+            }
+        }
+    });
     let c = a.create_process().unwrap();
     let mut rounds = 0u32;
     wait_for(Duration::from_secs(60), "the hostile program ends", || {
+        let mut m = Message::with_code(1);
+        m.set_word(1, rounds);
+        c.send(&mut m, epid).unwrap();
+        assert_eq!(m.word(1), rounds + 1);
         let mut m = Message::with_code(1);
         m.set_word(1, rounds);
         let mut seg = rounds.to_le_bytes().repeat(8);
@@ -215,6 +235,10 @@ fn a_hostile_program_scribbling_on_its_pages_harms_no_one_else() {
     let mut m = Message::with_code(2);
     c.send(&mut m, spid).unwrap();
     assert_eq!(t.join().unwrap(), rounds);
+    let mut m = Message::with_code(2);
+    c.send(&mut m, epid).unwrap();
+    e.join().unwrap();
+    assert!(srv.peer_exchanges() >= u64::from(rounds));
     // The host still serves new programs.
     assert!(Kernel::attach(&path).unwrap().create_process().is_ok());
     assert!(srv.attached() >= 1);
