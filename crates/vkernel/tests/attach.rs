@@ -530,3 +530,39 @@ fn a_program_of_another_user_exchanges_through_the_host_only() {
     drop(srv);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_deadline_bounds_a_send_through_a_peer_page() {
+    let (_host, srv, path) = machine_host("dl");
+    let a = Kernel::attach(&path).unwrap();
+    let b = Kernel::attach(&path).unwrap();
+    let server = b.create_process().unwrap();
+    let spid = server.pid();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        // Takes the first message and answers only when told to.
+        let i = server.receive(&mut m).unwrap();
+        rx.recv().unwrap();
+        let late = server.reply(&m, i.from);
+        // The next one is answered at once.
+        let j = server.receive(&mut m).unwrap();
+        server.reply(&m, j.from).unwrap();
+        late
+    });
+    let c = a.create_process().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut m = Message::with_code(1);
+    let r = c.send_within(&mut m, spid, Some(Duration::from_millis(100)));
+    assert_eq!(r, Err(IpcError::Deadline(spid)));
+    assert!(srv.peer_exchanges() >= 1, "it went through the inbox");
+    tx.send(()).unwrap();
+    let mut m = Message::with_code(2);
+    c.send(&mut m, spid).unwrap();
+    assert_eq!(m.code(), 2, "the answer to this Send, not the late one");
+    assert_eq!(
+        t.join().unwrap(),
+        Err(IpcError::NotAwaitingReply(c.pid())),
+        "a late reply is refused"
+    );
+}

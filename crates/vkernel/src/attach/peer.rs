@@ -224,8 +224,10 @@ impl Peer {
         true
     }
 
-    /// Owner: takes the message of a FULL inbox and closes it.
-    pub(crate) fn take(&self) -> Inbound {
+    /// Owner: takes the message of a FULL inbox and closes it (`None`:
+    /// its sender withdrew it meanwhile; the inbox is open again).
+    pub(crate) fn take(&self) -> Option<Inbound> {
+        let full = self.st.load(Ordering::Acquire);
         let i = Inbound {
             from: Pid(self.from.load(Ordering::Relaxed)),
             seq: self.seq.load(Ordering::Relaxed),
@@ -233,9 +235,21 @@ impl Peer {
             forwarder: Pid(self.forwarder.load(Ordering::Relaxed)),
             msg: load(&self.msg),
         };
-        self.st.store(st(CLOSED, Pid(0)), Ordering::Release);
+        if full as u32 != FULL || !self.cas_st(full, st(CLOSED, Pid(0))) {
+            return None;
+        }
         self.exchanges.fetch_add(1, Ordering::Relaxed);
-        i
+        Some(i)
+    }
+
+    /// Sender `me`, whose deadline passed: takes back a message the owner
+    /// has not taken yet (false: it has).
+    pub(crate) fn withdraw(&self, me: Pid) -> bool {
+        if self.cas_st(st(FULL, me), st(OPEN, Pid(0))) {
+            self.ring();
+            return true;
+        }
+        false
     }
 
     /// Host: a message waits in the engine; a Receive waiting in the inbox
@@ -366,7 +380,7 @@ mod tests {
         assert!(r.fill(sp, 7, 42, sp, &Message::with_code(3)));
         assert_ne!(r.bell.load(Ordering::SeqCst), b, "the owner is rung");
         assert_eq!(r.tag(), FULL);
-        let i = r.take();
+        let i = r.take().expect("full");
         assert_eq!((i.from, i.seq, i.principal, i.msg.code()), (sp, 7, 42, 3));
         assert_eq!(r.tag(), CLOSED);
         assert!(!s.finish(6, Outcome::Failed(IpcError::HostLost)), "stale");
@@ -411,6 +425,22 @@ mod tests {
             Outcome::Failed(e) => assert_eq!(e, IpcError::NoSuchProcess(rp)),
             _ => panic!("not failed"),
         }
+    }
+
+    #[test]
+    fn a_sender_withdraws_only_what_was_not_taken() {
+        let rm = page();
+        // SAFETY: as above.
+        let r = unsafe { Peer::at(rm.as_ptr()) };
+        let sp = Pid(0x0001_0006);
+        assert!(r.open() && r.claim(sp));
+        assert!(r.fill(sp, 1, 0, sp, &Message::zero()));
+        assert!(r.withdraw(sp));
+        assert_eq!(r.tag(), OPEN, "open for the next sender");
+        assert!(r.take().is_none(), "nothing to take");
+        assert!(r.claim(sp) && r.fill(sp, 2, 0, sp, &Message::zero()));
+        assert_eq!(r.take().map(|i| i.seq), Some(2));
+        assert!(!r.withdraw(sp), "taken: too late");
     }
 
     #[test]

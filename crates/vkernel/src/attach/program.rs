@@ -512,10 +512,14 @@ impl AttachedProcess {
         deadline: Option<Duration>,
     ) -> Result<Reply, IpcError> {
         let (mut to, mut fwd) = (to, self.pid);
-        // (A Send with a deadline goes through the host, whose timers
-        // keep it.)
-        while deadline.is_none() {
-            match self.peer_send(msg, to, fwd) {
+        let clock = &self.at.pace.clock;
+        let at = deadline.map(|d| {
+            clock
+                .now()
+                .saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        });
+        loop {
+            match self.peer_send(msg, to, fwd, at) {
                 PeerSend::Done(r) => return r,
                 PeerSend::Forwarded { to: t, forwarder } => (to, fwd) = (t, forwarder),
                 PeerSend::NotHere => break,
@@ -587,6 +591,12 @@ impl AttachedProcess {
         buf: &mut [u8],
         upto: usize,
     ) -> Result<Incoming, IpcError> {
+        // A plain Send may come through the inbox (with no segment, so no
+        // bytes); one with a segment comes through the host, which then
+        // closes the inbox.
+        if let Some(r) = self.peer_receive(msg) {
+            return r;
+        }
         self.receive_op(msg, None, Some(buf), upto).map(|(i, _)| i)
     }
 
@@ -861,7 +871,7 @@ impl AttachedProcess {
     }
 
     /// Sends through `to`'s inbox if it waits there.
-    fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid) -> PeerSend {
+    fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Option<u64>) -> PeerSend {
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
@@ -896,29 +906,45 @@ impl AttachedProcess {
         }
         let mut policy = self.spin.get();
         let mut w = self.waits.get();
+        let mut deadline = deadline;
         let state = loop {
             let r = mine.rst.load(Ordering::Acquire);
             let state = r & 7;
             if r >> 3 != seq || !matches!(state, peer::WAITING | peer::REPLYING) {
                 break state;
             }
-            match self
-                .at
-                .pace
-                .wait(&mine.rst, &mine.tx_parked, r, &mut policy, || {
-                    self.at.gone().is_some()
-                }) {
+            match self.at.pace.wait_until(
+                &mine.rst,
+                &mine.tx_parked,
+                r,
+                &mut policy,
+                || self.at.gone().is_some(),
+                deadline,
+            ) {
                 Waited::Spun => w.unblocked += 1,
                 Waited::Blocked => w.blocked += 1,
                 Waited::Gone => {
-                    let _ = mine.rst.compare_exchange(
-                        peer::rst(seq, peer::WAITING),
-                        peer::rst(seq, peer::IDLE),
-                        Ordering::SeqCst,
-                        Ordering::Relaxed,
-                    );
-                    let e = self.at.gone().unwrap_or(IpcError::HostLost);
-                    return PeerSend::Done(Err(e));
+                    // Abandon the exchange, unless its answer is already
+                    // being written (then it is taken, as the engine takes
+                    // a reply that beat the deadline).
+                    let cancelled = mine
+                        .rst
+                        .compare_exchange(
+                            peer::rst(seq, peer::WAITING),
+                            peer::rst(seq, peer::IDLE),
+                            Ordering::SeqCst,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok();
+                    if let Some(e) = self.at.gone() {
+                        return PeerSend::Done(Err(e));
+                    }
+                    if cancelled {
+                        // Not taken yet? Then the receiver never sees it.
+                        p.withdraw(self.pid);
+                        return PeerSend::Done(Err(IpcError::Deadline(to)));
+                    }
+                    deadline = None;
                 }
             }
         };
@@ -1002,7 +1028,11 @@ impl AttachedProcess {
                     bell = p.bell.load(Ordering::SeqCst);
                 }
                 peer::FULL => {
-                    let i: Inbound = p.take();
+                    let Some(i): Option<Inbound> = p.take() else {
+                        // Withdrawn by its sender: the inbox is open again.
+                        bell = p.bell.load(Ordering::SeqCst);
+                        continue;
+                    };
                     self.peer_rx.borrow_mut().insert(i.from, i.seq);
                     *msg = i.msg;
                     break Some(Ok(Incoming {

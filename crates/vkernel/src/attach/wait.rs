@@ -53,14 +53,29 @@ impl Pace {
         policy: &mut SpinPolicy,
         gone: impl Fn() -> bool,
     ) -> Waited {
+        self.wait_until(word, parked, old, policy, gone, None)
+    }
+
+    /// [`Pace::wait`] that also ends (as `Gone`) at `deadline`, a time of
+    /// `self.clock` in µs.
+    pub(crate) fn wait_until(
+        &self,
+        word: &AtomicU32,
+        parked: &AtomicU32,
+        old: u32,
+        policy: &mut SpinPolicy,
+        gone: impl Fn() -> bool,
+        deadline: Option<u64>,
+    ) -> Waited {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
         }
+        let gone = || gone() || deadline.is_some_and(|d| self.clock.now() >= d);
         if !policy.is_adaptive() && !policy.wants_to_spin() {
             // Told never to spin: block at once (a zero budget still
             // spins a little below, which "block" must not; an adaptive
             // policy goes on below, to keep learning).
-            return self.block(word, parked, old, &gone);
+            return self.block(word, parked, old, &gone, deadline);
         }
         let start = self.clock.now();
         let busy = policy.is_adaptive() && self.run_queue.contended(start, self.cpus);
@@ -73,7 +88,7 @@ impl Pace {
             i = i.wrapping_add(1);
             if i.is_multiple_of(64) {
                 if gone() || self.clock.now() - start >= spin_us {
-                    break self.block(word, parked, old, &gone);
+                    break self.block(word, parked, old, &gone, deadline);
                 }
                 // The other side of a call is often a thread waiting for a
                 // CPU (the host's proxy): let it run.
@@ -91,6 +106,7 @@ impl Pace {
         parked: &AtomicU32,
         old: u32,
         gone: &impl Fn() -> bool,
+        deadline: Option<u64>,
     ) -> Waited {
         loop {
             if gone() {
@@ -101,7 +117,10 @@ impl Pace {
                 parked.store(0, Ordering::Relaxed);
                 return Waited::Blocked;
             }
-            futex_wait(word, old, SLICE);
+            let slice = deadline.map_or(SLICE, |d| {
+                SLICE.min(Duration::from_micros(d.saturating_sub(self.clock.now())))
+            });
+            futex_wait(word, old, slice);
             parked.store(0, Ordering::Relaxed);
             if word.load(Ordering::Acquire) != old {
                 return Waited::Blocked;
