@@ -566,3 +566,35 @@ fn a_deadline_bounds_a_send_through_a_peer_page() {
         "a late reply is refused"
     );
 }
+
+#[test]
+fn words_6_and_7_arrive_as_the_engine_leaves_them() {
+    let (host, _srv, path) = machine_host("w67");
+    let a = Kernel::attach(&path).unwrap();
+    let b = Kernel::attach(&path).unwrap();
+    let server = b.create_process().unwrap();
+    let spid = server.pid();
+    let hs = host.create_process().unwrap();
+    let hpid = hs.pid();
+    let serve = |p: vkernel::Process| {
+        std::thread::spawn(move || {
+            let mut m = Message::zero();
+            let i = p.receive(&mut m).unwrap();
+            let seen = (m.word(0), m.word(6), m.word(7));
+            p.reply(&m, i.from).unwrap();
+            seen
+        })
+    };
+    let (t1, t2) = (serve(server), serve(hs));
+    let c = a.create_process().unwrap();
+    for to in [spid, hpid] {
+        let mut m = Message::with_code(5);
+        m.0[0] |= vkernel::message::SEG_READ;
+        m.0[6] = 0x66;
+        m.0[7] = 0x77;
+        c.send(&mut m, to).unwrap();
+    }
+    // Through a peer page and through the engine alike: no segment.
+    assert_eq!(t1.join().unwrap(), (5, 0, 0));
+    assert_eq!(t2.join().unwrap(), (5, 0, 0));
+}

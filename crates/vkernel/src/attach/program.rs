@@ -899,7 +899,11 @@ impl AttachedProcess {
             }
             return PeerSend::NotHere;
         }
-        if !p.fill(self.pid, seq, self.principal.get(), fwd, msg) {
+        // As the engine does for a Send without a segment: no segment
+        // flags, and words 6 and 7 (the kernel's segment words) zero.
+        let mut out = *msg;
+        out.set_segment(vkernel_proto::SegAccess::NONE, 0);
+        if !p.fill(self.pid, seq, self.principal.get(), fwd, &out) {
             mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
             self.peers.borrow_mut().remove(&to);
             return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
