@@ -40,7 +40,25 @@ struct Built {
     client_static: PathBuf,
 }
 
+/// Builds the shared and static libraries (a test's build of this crate
+/// makes only what the test links), once per test binary.
+fn build_libraries() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let target = target_dir();
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(root())
+            .args(["build", "-p", "vkernel-c", "--lib", "--target-dir"])
+            .arg(target.parent().unwrap());
+        if target.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        run(&mut cmd);
+    });
+}
+
 fn build(tag: &str) -> Built {
+    build_libraries();
     let prefix = std::env::temp_dir().join(format!("vk-c-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&prefix);
     run(Command::new("sh")

@@ -1,0 +1,53 @@
+"""vkernel: V's transparent message passing from Python.
+
+Processes exchange 32-byte messages by synchronous ``send``/``receive``/
+``reply``, and move bulk data in place with segments and
+``move_to``/``move_from``, locally or across machines::
+
+    import threading, vkernel
+
+    with vkernel.Kernel.start() as k:
+        server, client = k.create_process(), k.create_process()
+
+        def serve():
+            msg, who = server.receive()
+            server.reply(vkernel.Message(msg.code, msg[1] + 1), who.sender)
+
+        threading.Thread(target=serve).start()
+        reply, replier = client.send(vkernel.Message(1, 41), server.pid)
+        assert reply[1] == 42
+
+Every blocking call releases the GIL. Segments are any contiguous Python
+buffer (``bytes`` for reading, ``bytearray`` or a writable ``memoryview``
+for writing) and are used in place, without a copy into Python objects.
+"""
+
+from ._vkernel import (
+    AccessDenied,
+    AttachServer,
+    DeadlineExceeded,
+    HostLost,
+    Incoming,
+    Kernel,
+    Message,
+    NoSuchProcess,
+    NotAwaitingReply,
+    Process,
+    VkernelError,
+    service_id,
+)
+
+__all__ = [
+    "AccessDenied",
+    "AttachServer",
+    "DeadlineExceeded",
+    "HostLost",
+    "Incoming",
+    "Kernel",
+    "Message",
+    "NoSuchProcess",
+    "NotAwaitingReply",
+    "Process",
+    "VkernelError",
+    "service_id",
+]
