@@ -106,18 +106,14 @@ fn a_lost_host_fails_calls_promptly() {
 
 /// `attach_role` (examples/attach_role.rs), a separate program.
 fn role(args: &[&str]) -> std::process::Child {
+    role_with(args, "on")
+}
+
+/// The `attach_role` binary cargo built beside this test.
+fn role_bin() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/attach_role");
-    std::process::Command::new(bin)
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run examples/attach_role (built by cargo test)")
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    profile_dir.join("examples/attach_role")
 }
 
 fn pid_line(c: &mut std::process::Child) -> vkernel::Pid {
@@ -345,15 +341,9 @@ fn large_moves_between_attached_programs_are_exact_and_checked() {
 /// (the default) and through the host's engine.
 const PEER_MODES: [&str; 2] = ["on", "off"];
 
+/// `attach_role` with peer pages `on` or `off` (`VKERNEL_ATTACH_PEER`).
 fn role_with(args: &[&str], peer: &str) -> std::process::Child {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/attach_role");
-    std::process::Command::new(bin)
+    std::process::Command::new(role_bin())
         .args(args)
         .env("VKERNEL_ATTACH_PEER", peer)
         .stdout(std::process::Stdio::piped())
@@ -506,15 +496,8 @@ fn a_program_of_another_user_exchanges_through_the_host_only() {
         }
         principals
     });
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/attach_role");
     use std::os::unix::process::CommandExt;
-    let mut other = std::process::Command::new(bin)
+    let mut other = std::process::Command::new(role_bin())
         .args(["send", path.to_str().unwrap(), &format!("{spid}"), "50"])
         .uid(65534)
         .gid(65534)
