@@ -92,7 +92,7 @@ fn set_wait(p: &Process, spin: bool) {
 }
 
 /// A pair of processes on `ks` and `kc` exchanging null messages.
-fn pair(ks: &Kernel, kc: &Kernel, spin: bool, n: usize) -> Result<(f64, f64), String> {
+pub(crate) fn pair(ks: &Kernel, kc: &Kernel, spin: bool, n: usize) -> Result<(f64, f64), String> {
     let s = ks.create_process().map_err(|e| e.to_string())?;
     let c = kc.create_process().map_err(|e| e.to_string())?;
     set_wait(&s, spin);

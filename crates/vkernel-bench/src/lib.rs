@@ -37,6 +37,7 @@ pub mod mode;
 mod overhead;
 pub mod paper;
 mod peers;
+mod python;
 pub mod report;
 pub mod section;
 pub mod stats;

@@ -104,6 +104,8 @@ pub enum SectionReport {
     Security(Security),
     /// 13.
     Attach(crate::attach::Attach),
+    /// 14.
+    Python(crate::python::PythonReport),
 }
 
 /// Section 1.

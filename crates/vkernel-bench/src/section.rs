@@ -16,7 +16,7 @@ use vkernel_proto::Pid;
 
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
-use crate::{attach, disk, files, kernel_ops, loading, overhead, peers, Mode};
+use crate::{attach, disk, files, kernel_ops, loading, overhead, peers, python, Mode};
 
 /// What [`run`] measures and where it writes.
 #[derive(Clone, Debug)]
@@ -112,11 +112,13 @@ pub enum Section {
     Security,
     /// 13: programs attached to one machine host.
     Attach,
+    /// 14: vkernel from Python, beside Rust and pyzmq.
+    Python,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 13] = [
+    pub const ALL: [Section; 14] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -130,6 +132,7 @@ impl Section {
         Section::Files,
         Section::Security,
         Section::Attach,
+        Section::Python,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -158,6 +161,7 @@ impl Section {
             Section::Files => "File service",
             Section::Security => "Security",
             Section::Attach => "One machine host",
+            Section::Python => "Python",
         }
     }
 
@@ -189,6 +193,7 @@ impl Section {
             Section::Files => files::section(c)?,
             Section::Security => overhead::security(c)?,
             Section::Attach => attach::section(c)?,
+            Section::Python => python::section(c)?,
         })
     }
 }
@@ -346,8 +351,8 @@ mod tests {
             assert_eq!(Section::from_number(s.number()), Some(*s));
         }
         assert_eq!(Section::from_number(0), None);
-        assert_eq!(Section::from_number(14), None);
-        assert_eq!(Options::default().sections.len(), 13);
+        assert_eq!(Section::from_number(15), None);
+        assert_eq!(Options::default().sections.len(), 14);
     }
 
     #[test]
