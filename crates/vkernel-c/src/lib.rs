@@ -461,12 +461,7 @@ pub unsafe extern "C" fn vk_send(
         let rep = p.p.send(&mut mm, Pid(to))?;
         msg.w = mm.0;
         // SAFETY: as the function's contract says.
-        if let Some(out) = unsafe { reply.as_mut() } {
-            *out = vk_reply_info {
-                from: rep.from.0,
-                seg_bytes: rep.seg_bytes as u32,
-            };
-        }
+        unsafe { put_reply(reply, &rep) };
         Ok(())
     })
 }
@@ -503,22 +498,38 @@ pub unsafe extern "C" fn vk_send_segment(
         let rep = p.p.send_with_segment(&mut mm, Pid(to), s)?;
         msg.w = mm.0;
         // SAFETY: as the function's contract says.
-        if let Some(out) = unsafe { reply.as_mut() } {
-            *out = vk_reply_info {
-                from: rep.from.0,
-                seg_bytes: rep.seg_bytes as u32,
-            };
-        }
+        unsafe { put_reply(reply, &rep) };
         Ok(())
     })
 }
 
-fn incoming(i: &vkernel::Incoming) -> vk_incoming {
-    vk_incoming {
-        from: i.from.0,
-        seg_bytes: i.seg_bytes as u32,
-        forwarder: i.forwarder.0,
-        principal: i.principal,
+/// Writes `i` to `info` unless it is NULL.
+///
+/// # Safety
+/// `info` is NULL or valid for a write.
+unsafe fn put_incoming(info: *mut vk_incoming, i: &vkernel::Incoming) {
+    // SAFETY: as the function's contract says.
+    if let Some(out) = unsafe { info.as_mut() } {
+        *out = vk_incoming {
+            from: i.from.0,
+            seg_bytes: i.seg_bytes as u32,
+            forwarder: i.forwarder.0,
+            principal: i.principal,
+        };
+    }
+}
+
+/// Writes `r` to `reply` unless it is NULL.
+///
+/// # Safety
+/// `reply` is NULL or valid for a write.
+unsafe fn put_reply(reply: *mut vk_reply_info, r: &vkernel::Reply) {
+    // SAFETY: as the function's contract says.
+    if let Some(out) = unsafe { reply.as_mut() } {
+        *out = vk_reply_info {
+            from: r.from.0,
+            seg_bytes: r.seg_bytes as u32,
+        };
     }
 }
 
@@ -540,9 +551,7 @@ pub unsafe extern "C" fn vk_receive(
         let i = p.p.receive(&mut mm)?;
         msg.w = mm.0;
         // SAFETY: as the function's contract says.
-        if let Some(out) = unsafe { info.as_mut() } {
-            *out = incoming(&i);
-        }
+        unsafe { put_incoming(info, &i) };
         Ok(())
     })
 }
@@ -569,9 +578,7 @@ pub unsafe extern "C" fn vk_receive_segment(
         let i = p.p.receive_with_segment(&mut mm, b)?;
         msg.w = mm.0;
         // SAFETY: as the function's contract says.
-        if let Some(out) = unsafe { info.as_mut() } {
-            *out = incoming(&i);
-        }
+        unsafe { put_incoming(info, &i) };
         Ok(())
     })
 }
@@ -598,9 +605,7 @@ pub unsafe extern "C" fn vk_receive_specific(
         if let Some(i) = i {
             msg.w = mm.0;
             // SAFETY: as the function's contract says.
-            if let Some(out) = unsafe { info.as_mut() } {
-                *out = incoming(&i);
-            }
+            unsafe { put_incoming(info, &i) };
         }
         Ok(())
     })
