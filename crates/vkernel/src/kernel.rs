@@ -926,6 +926,20 @@ impl Kernel {
         }
     }
 
+    /// Creates a process whose operations are futures (see [`crate::aio`]):
+    /// a few runtime threads can serve any number of them.
+    pub fn create_async_process(&self) -> Result<crate::AsyncProcess, IpcError> {
+        match &self.imp {
+            Imp::Embedded(e) => {
+                let pid = e.shared.with_engine(|e, _| e.create_process())?;
+                let sink = Arc::new(crate::aio::FutureSink::default());
+                let p = LocalProcess::with_sink(e.shared.clone(), pid, sink.clone());
+                Ok(crate::AsyncProcess::local(p, sink))
+            }
+            Imp::Attached(a) => crate::AsyncProcess::attached(a.create_process()?.into()),
+        }
+    }
+
     /// Creates a process and runs `f` with it on a new thread.
     pub fn spawn<F>(&self, name: &str, f: F) -> Result<(Pid, JoinHandle<()>), IpcError>
     where

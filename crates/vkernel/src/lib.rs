@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod aio;
 pub mod attach;
 mod clock;
 pub mod host;
@@ -40,6 +41,7 @@ mod sys;
 pub mod trace;
 mod waiter;
 
+pub use aio::AsyncProcess;
 pub use attach::AttachServer;
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
