@@ -82,6 +82,11 @@ impl AsyncProcess {
                 p,
                 sink,
                 stash: None,
+                spin: crate::AUTO_SPIN_CAP.as_micros() as u64,
+                spin_wanted: false,
+                spin_until: None,
+                counted: false,
+                last_remote: false,
             }),
         }
     }
@@ -104,6 +109,18 @@ impl AsyncProcess {
     /// docs).
     pub fn is_attached(&self) -> bool {
         matches!(self.imp, Imp::Attached(_))
+    }
+
+    /// How long a task awaiting an answer from another host busy-polls
+    /// the host's socket itself (re-waking its task, so other tasks still
+    /// run) before it leaves that to the host's background thread, which
+    /// costs a thread wake-up per datagram. Zero: never poll. Default 1 ms.
+    /// Only one process of a host polls at a time; no effect on a machine
+    /// host's processes.
+    pub fn set_spin(&mut self, d: Duration) {
+        if let Imp::Local(l) = &mut self.imp {
+            l.spin = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        }
     }
 
     /// Send: delivers `msg` to `to` and completes when it is replied to;
@@ -134,6 +151,7 @@ impl AsyncProcess {
             Imp::Local(l) => {
                 let m = *msg;
                 l.p.trace(Phase::Send, l.p.pid(), to, true);
+                l.spin_wanted = to.host() != l.p.pid().host() || to.is_group();
                 l.start(|p| {
                     p.send_direct(&m, to, deadline, p.pid())
                         .map(|()| None::<()>)
@@ -183,6 +201,7 @@ impl AsyncProcess {
                 msg.set_segment(access, loan.len() as u32);
                 let m = *msg;
                 l.p.trace(Phase::Send, l.p.pid(), to, true);
+                l.spin_wanted = to.host() != l.p.pid().host() || to.is_group();
                 let r = l.start(move |p| {
                     p.direct(|e, now, me| {
                         e.send_append(now, me, to, m, Some(lent), usize::MAX)
@@ -255,6 +274,7 @@ impl AsyncProcess {
                 if let Some(r) = l.take_stash(from) {
                     return Ok(incoming(r, msg));
                 }
+                l.spin_wanted = l.last_remote;
                 let r = l.start(|p| {
                     p.direct(|e, now, me| e.receive_upto(now, me, from, None, usize::MAX))
                 })?;
@@ -266,6 +286,7 @@ impl AsyncProcess {
                     },
                 };
                 l.p.trace(Phase::Deliver, r.from, l.p.pid(), true);
+                l.last_remote = r.from.host() != l.p.pid().host();
                 Ok(incoming(r, msg))
             }
             Imp::Attached(a) => {
@@ -523,6 +544,16 @@ struct LocalAsync {
     sink: Arc<FutureSink>,
     /// A message a dropped Receive took: the next Receive returns it.
     stash: Option<Received>,
+    /// Busy-poll budget for an answer from another host, µs.
+    spin: u64,
+    /// The operation in progress awaits a datagram.
+    spin_wanted: bool,
+    /// When this wait's busy-polling ends (host clock).
+    spin_until: Option<u64>,
+    /// Counted among the host's spinners.
+    counted: bool,
+    /// The last message received came from another host.
+    last_remote: bool,
 }
 
 impl std::fmt::Debug for LocalAsync {
@@ -562,9 +593,57 @@ impl LocalAsync {
             loan,
             on: true,
         };
-        let c = poll_fn(|cx| guard.l.sink.poll(cx)).await;
+        let c = poll_fn(|cx| {
+            let l = &mut *guard.l;
+            if let Poll::Ready(c) = l.sink.poll(cx) {
+                l.stop_spin();
+                return Poll::Ready(c);
+            }
+            if l.spin_turn() {
+                if let Some(c) = l.p.poll_turn().or_else(|| l.sink.take()) {
+                    l.stop_spin();
+                    return Poll::Ready(c);
+                }
+                // Poll again after the other ready tasks.
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        })
+        .await;
         guard.on = false;
         c
+    }
+
+    /// Whether this poll of a pending wait reads the socket itself: while
+    /// the operation awaits a datagram, within the budget, and if no other
+    /// process of the host already does.
+    fn spin_turn(&mut self) -> bool {
+        if !self.spin_wanted || self.spin == 0 {
+            return false;
+        }
+        let now = self.p.now();
+        let until = *self.spin_until.get_or_insert(now.saturating_add(self.spin));
+        if now >= until {
+            self.stop_spin();
+            self.spin_wanted = false;
+            return false;
+        }
+        if !self.counted {
+            if self.p.spinners() > 0 {
+                return false;
+            }
+            self.p.count_spinning(true);
+            self.counted = true;
+        }
+        true
+    }
+
+    fn stop_spin(&mut self) {
+        if self.counted {
+            self.p.count_spinning(false);
+            self.counted = false;
+        }
+        self.spin_until = None;
     }
 
     async fn moved(
@@ -615,6 +694,7 @@ impl Drop for Pending<'_, '_> {
         if !self.on {
             return;
         }
+        self.l.stop_spin();
         self.l.p.cancel_direct();
         if let Some(l) = self.loan.take() {
             l.end();

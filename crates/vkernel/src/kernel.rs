@@ -497,6 +497,12 @@ impl Shared {
     }
 
     /// Processes busy-polling now.
+    /// Makes the background thread look again at who reads the socket
+    /// (a spinner that stopped does not block as a reader itself).
+    pub(crate) fn nudge_background(&self) {
+        self.bg_efd.signal();
+    }
+
     pub(crate) fn spinning(&self) -> u64 {
         self.spinners.load(Ordering::Acquire) & SPINNING
     }

@@ -405,3 +405,33 @@ fn futures_block_on<F: Future>(f: F) -> F::Output {
         .unwrap()
         .block_on(f)
 }
+
+#[test]
+fn the_example_server_holds_a_thousand_clients_on_two_threads() {
+    // Built by `cargo test` with the other examples, next to this test's
+    // binary (target/<profile>/examples/).
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/async_echo");
+    for extra in [&[][..], &["--remote"][..]] {
+        let out = std::process::Command::new(&bin)
+            .args(["--clients", "1000", "--rounds", "5"])
+            .args(extra)
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("5000 exchanges") && text.contains(" 0 failed"),
+            "{text}"
+        );
+    }
+}

@@ -593,6 +593,42 @@ impl LocalProcess {
         })
     }
 
+    /// Counts this process as a spinner (it reads the socket) or not,
+    /// for a wait that is not a blocking one (an async process's).
+    pub(crate) fn count_spinning(&self, on: bool) {
+        let sh = &self.shared;
+        if on {
+            sh.spinners.fetch_add(SPIN_BEGINS, Ordering::AcqRel);
+        } else {
+            sh.spinners.fetch_sub(1, Ordering::AcqRel);
+            sh.nudge_background();
+        }
+    }
+
+    /// Processes spinning on this host (each reads the socket).
+    pub(crate) fn spinners(&self) -> u64 {
+        self.shared.spinning()
+    }
+
+    /// The host's clock, µs.
+    pub(crate) fn now(&self) -> u64 {
+        self.shared.now()
+    }
+
+    /// One busy-poll turn of a wait that is not a blocking one: reads at
+    /// most one datagram and runs due timers; this process's completion,
+    /// if that datagram brought it, comes back here instead of to the
+    /// sink.
+    pub(crate) fn poll_turn(&self) -> Option<Completion> {
+        let sh = &self.shared;
+        let (_, c) = sh.poll_socket_as(Some(self.pid), 1);
+        sh.run_timers_if_due();
+        if c.is_some() {
+            self.waiter.arm(false);
+        }
+        c
+    }
+
     /// Asks the engine to report messages left queued for this process to
     /// its sink (`Sink::queue_state`), and reports the queue now.
     pub(crate) fn watch_queue(&self) {
