@@ -1,10 +1,12 @@
 //! The `vkernel` command.
 
 mod bench;
+mod config;
 mod demo;
 mod disk;
 mod echo;
 mod fileserver;
+mod gen;
 mod hostopts;
 mod locate;
 mod machine;
@@ -15,7 +17,7 @@ mod statscmd;
 mod team;
 mod tracecmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// vkernel: the distributed V kernel's message passing, for Linux.
 ///
@@ -25,8 +27,13 @@ use clap::{Parser, Subcommand};
 /// the measurement suite (`vkernel bench` with its defaults): the V papers'
 /// tables on this machine, the published figures beside today's, and the
 /// peers a user would pick instead measured in the same run.
+const FILES: &str = "\
+Configuration: commands that start a logical host read options from a TOML
+file (--config FILE, else $VKERNEL_CONFIG, else /etc/vkernel/vkernel.toml if
+it exists); flags win over it. `vkernel check-config` explains a file.";
+
 #[derive(Parser, Debug)]
-#[command(name = "vkernel", version, about, long_about)]
+#[command(name = "vkernel", version, about, long_about, after_long_help = FILES)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -81,6 +88,14 @@ enum Cmd {
     /// (--on HOST, or --on any for the least loaded), with this terminal's
     /// stdin, stdout and stderr; exits with the program's exit code.
     Run(team::RunArgs),
+    /// Check a configuration file (TOML) and show what each command in it
+    /// would run with.
+    CheckConfig(config::CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell).
+    Completions(gen::CompletionsArgs),
+    /// Write the manual pages (roff), generated from this command line.
+    Man(gen::ManArgs),
 }
 
 fn main() {
@@ -91,7 +106,24 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let root = Cli::command();
+    // Settings from the configuration file become flags before the real
+    // parse, behind the command line's own (see config.rs).
+    let argv = match config::apply(&root, std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("vkernel: {e}");
+            std::process::exit(2);
+        }
+    };
+    let cli = match root
+        .clone()
+        .try_get_matches_from(argv)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let r = match cli.cmd {
         Some(Cmd::Host(a)) => machine::run(a),
         Some(Cmd::Echo(a)) => echo::run(a),
@@ -110,6 +142,9 @@ fn main() {
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),
         },
+        Some(Cmd::CheckConfig(a)) => config::check(a, &root),
+        Some(Cmd::Completions(a)) => gen::completions(a, root),
+        Some(Cmd::Man(a)) => gen::man(a, root),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(Some(a)),
         None => bench::run(None),
