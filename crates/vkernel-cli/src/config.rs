@@ -289,11 +289,13 @@ fn check_values(cmd: &Command, args: &[OsString]) -> Result<(), String> {
     }
 }
 
-/// A clap error's first line, without clap's `error: ` prefix.
+/// A clap error's message on one line, without clap's `error: ` prefix
+/// and the usage that follows.
 fn clap_message(e: &clap::Error) -> String {
     let s = e.to_string();
-    let first = s.lines().next().unwrap_or_default();
-    first.strip_prefix("error: ").unwrap_or(first).to_string()
+    let msg = s.split("\n\n").next().unwrap_or_default();
+    let msg = msg.strip_prefix("error: ").unwrap_or(msg);
+    msg.lines().map(str::trim).collect::<Vec<_>>().join(" ")
 }
 
 /// Where the configuration comes from when `--config` is not given:
