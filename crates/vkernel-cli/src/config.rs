@@ -220,15 +220,17 @@ fn setting(
     let scalar = |v: &DeValue<'_>| -> Result<Option<OsString>, String> {
         Ok(Some(OsString::from(match v {
             DeValue::String(s) => format!("{flag}={s}"),
+            // As written (0x.., 0o..), so the option's parser decides what
+            // a radix means: socket_mode = 660 is octal to --socket-mode
+            // as on the command line, and 0o660 is too.
             DeValue::Integer(i) => {
-                let digits = i.as_str().replace('_', "");
-                let digits = digits
-                    .trim_start_matches("0x")
-                    .trim_start_matches("0o")
-                    .trim_start_matches("0b");
-                let n = i128::from_str_radix(digits, i.radix())
-                    .map_err(|_| format!("`{}` is not an integer", i.as_str()))?;
-                format!("{flag}={n}")
+                let prefix = match i.radix() {
+                    16 => "0x",
+                    8 => "0o",
+                    2 => "0b",
+                    _ => "",
+                };
+                format!("{flag}={prefix}{}", i.as_str().replace('_', ""))
             }
             DeValue::Float(f) => format!("{flag}={}", f.as_str()),
             DeValue::Boolean(true) if optional_value => flag.clone(),

@@ -48,7 +48,9 @@ pub struct HostArgs {
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
-    let m = u32::from_str_radix(s, 8).map_err(|_| format!("`{s}` is not an octal mode"))?;
+    // 0o660 is how a TOML file writes an octal number.
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    let m = u32::from_str_radix(digits, 8).map_err(|_| format!("`{s}` is not an octal mode"))?;
     if m > 0o777 {
         return Err(format!("mode {s} has bits beyond 777"));
     }

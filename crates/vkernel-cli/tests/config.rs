@@ -229,6 +229,11 @@ fn section_wins_over_common_and_defaults() {
         "socket_mode = 660 # [host] line 8"
     );
     assert_eq!(line("host", "window"), "window = 1048576 # default");
+    // A TOML octal literal reaches --socket-mode as written (not as 416).
+    let f = s.file("octal.toml", "[host]\nsocket_mode = 0o640\n");
+    let o = vk(&["check-config".as_ref(), f.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("= 0o640 "), "{}", text(&o.stdout));
 }
 
 /// Runs `vkernel host` for a moment with `args`; returns its banner.
@@ -342,6 +347,18 @@ fn help_works_with_a_broken_file() {
         .expect("run vkernel");
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stdout).contains("--config <FILE>"));
+    // check-config without a file says where it looked.
+    let o = Command::new(BIN)
+        .arg("check-config")
+        .env("VKERNEL_CONFIG", "")
+        .output()
+        .expect("run vkernel");
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("$VKERNEL_CONFIG is empty"),
+        "{}",
+        text(&o.stderr)
+    );
     // A missing file named by $VKERNEL_CONFIG is an error, not ignored.
     let o = Command::new(BIN)
         .args(["host", "--exit-after", "10ms"])
