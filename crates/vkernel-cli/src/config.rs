@@ -317,16 +317,10 @@ pub fn default_path() -> Option<(PathBuf, bool)> {
 /// Returns the command line unchanged when there is no file or no command
 /// that takes one.
 pub fn apply(root: &Command, argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
-    // Help and version must work even with a broken file.
-    if argv
-        .iter()
-        .skip(1)
-        .any(|a| a == "--help" || a == "-h" || a == "--version" || a == "-V")
-    {
-        return Ok(argv);
-    }
     // A first, lenient parse: which command, which file, which options the
     // command line sets (value_source), even if required ones are missing.
+    // --help and --version still end it with an error, so they work even
+    // with a broken file.
     let Ok(first) = root
         .clone()
         .ignore_errors(true)

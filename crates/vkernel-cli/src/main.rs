@@ -19,6 +19,12 @@ mod tracecmd;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+/// The long help's closing note (also the man page's).
+const FILES: &str = "\
+Configuration: commands that start a logical host read options from a TOML
+file (--config FILE, else $VKERNEL_CONFIG, else /etc/vkernel/vkernel.toml if
+it exists); flags win over it. `vkernel check-config` explains a file.";
+
 /// vkernel: the distributed V kernel's message passing, for Linux.
 ///
 /// Processes named by 32-bit pids exchange 32-byte messages by synchronous
@@ -27,11 +33,6 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 /// the measurement suite (`vkernel bench` with its defaults): the V papers'
 /// tables on this machine, the published figures beside today's, and the
 /// peers a user would pick instead measured in the same run.
-const FILES: &str = "\
-Configuration: commands that start a logical host read options from a TOML
-file (--config FILE, else $VKERNEL_CONFIG, else /etc/vkernel/vkernel.toml if
-it exists); flags win over it. `vkernel check-config` explains a file.";
-
 #[derive(Parser, Debug)]
 #[command(name = "vkernel", version, about, long_about, after_long_help = FILES)]
 struct Cli {
