@@ -372,7 +372,8 @@ pub struct CheckArgs {
     file: Option<PathBuf>,
 }
 
-const CHECK_ABOUT: &str = "\
+/// The long help of `vkernel check-config`.
+pub const CHECK_ABOUT: &str = "\
 Checks a configuration file the way the commands read it: TOML syntax,
 section and key names, value types, and every value through the same
 parser as its command-line option (addresses, durations, host ids, sizes;
@@ -387,7 +388,8 @@ the option's long name (host_timeout or host-timeout for --host-timeout;
 peers = [\"10.0.0.2:7000\"] for --peer). Flags on the command line win over
 the command's section, which wins over [common]. A command reads --config
 FILE, else $VKERNEL_CONFIG (empty: none), else /etc/vkernel/vkernel.toml if
-it exists. See dist/vkernel.toml for an example with every common key.";
+it exists. dist/vkernel.toml (installed as PREFIX/share/vkernel/vkernel.toml)
+is a commented example.";
 
 /// Runs `vkernel check-config`.
 pub fn check(a: CheckArgs, root: &Command) -> Result<(), String> {

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::hostopts::{wait_exit, HostOpts};
 
-const LONG_ABOUT: &str = "\
+/// The long help of `vkernel host`.
+pub const LONG_ABOUT: &str = "\
 Runs this machine's logical host and lets programs attach to it through a
 Unix socket: their processes become this host's processes (one pid space,
 one set of names and groups, one kernel server, this host's UDP socket for

@@ -51,6 +51,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Run this machine's logical host, which other programs attach to
     /// (`--attach`): their processes share its pid space and sockets.
+    // (A variant's doc comment would replace the command's long help.)
+    #[command(long_about = machine::LONG_ABOUT)]
     Host(machine::HostArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
@@ -91,6 +93,7 @@ enum Cmd {
     Run(team::RunArgs),
     /// Check a configuration file (TOML) and show what each command in it
     /// would run with.
+    #[command(long_about = config::CHECK_ABOUT)]
     CheckConfig(config::CheckArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish,
     /// powershell).

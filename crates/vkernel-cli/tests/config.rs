@@ -347,6 +347,16 @@ fn help_works_with_a_broken_file() {
         .expect("run vkernel");
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stdout).contains("--config <FILE>"));
+    // check-config's long help explains the file.
+    let o = Command::new(BIN)
+        .args(["check-config", "--help"])
+        .output()
+        .expect("run vkernel");
+    assert!(
+        text(&o.stdout).contains("plus [common] for the"),
+        "{}",
+        text(&o.stdout)
+    );
     // check-config without a file says where it looked.
     let o = Command::new(BIN)
         .arg("check-config")
