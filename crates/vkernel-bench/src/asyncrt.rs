@@ -86,6 +86,9 @@ async fn async_server(mut s: AsyncProcess) {
             break;
         }
     }
+    if std::env::var_os("VKERNEL_BENCH_DEBUG").is_some() {
+        eprintln!("  server waits: {:?}", s.wait_counts());
+    }
 }
 
 async fn async_client(mut c: AsyncProcess, to: Pid, n: usize) -> Result<Vec<f64>, String> {
@@ -99,6 +102,9 @@ async fn async_client(mut c: AsyncProcess, to: Pid, n: usize) -> Result<Vec<f64>
         }
     }
     let _ = c.send(&mut Message::with_code(STOP), to).await;
+    if std::env::var_os("VKERNEL_BENCH_DEBUG").is_some() {
+        eprintln!("  client waits: {:?}", c.wait_counts());
+    }
     Ok(v)
 }
 

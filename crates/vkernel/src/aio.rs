@@ -54,7 +54,7 @@ use vkernel_proto::engine::{Completion, Received};
 use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
 
 use crate::lent::{Lease, LentBuf};
-use crate::process::{Incoming, LocalProcess, Process, Reply, Segment};
+use crate::process::{Incoming, LocalProcess, Process, Reply, Segment, WaitCounts};
 use crate::trace::Phase;
 use crate::waiter::Sink;
 
@@ -87,6 +87,7 @@ impl AsyncProcess {
                 spin_until: None,
                 counted: None,
                 last_remote: false,
+                waits: WaitCounts::default(),
             }),
         }
     }
@@ -122,6 +123,16 @@ impl AsyncProcess {
     pub fn set_spin(&mut self, d: Duration) {
         if let Imp::Local(l) = &mut self.imp {
             l.spin = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        }
+    }
+
+    /// How this process's waits ended: answered while its task was
+    /// polling (`unblocked`) or after it slept until woken (`blocked`).
+    /// Attached processes report none.
+    pub fn wait_counts(&self) -> WaitCounts {
+        match &self.imp {
+            Imp::Local(l) => l.waits,
+            Imp::Attached(_) => WaitCounts::default(),
         }
     }
 
@@ -550,7 +561,7 @@ struct LocalAsync {
     sink: Arc<FutureSink>,
     /// A message a dropped Receive took: the next Receive returns it.
     stash: Option<Received>,
-    /// Busy-poll budget for an answer from another host, µs.
+    /// Busy-poll budget of a wait, µs.
     spin: u64,
     /// How the operation in progress may busy-poll, if at all.
     spin_wanted: Option<SpinKind>,
@@ -560,6 +571,8 @@ struct LocalAsync {
     counted: Option<SpinKind>,
     /// The last message received came from another host.
     last_remote: bool,
+    /// How this process's waits ended.
+    waits: WaitCounts,
 }
 
 impl std::fmt::Debug for LocalAsync {
@@ -599,10 +612,12 @@ impl LocalAsync {
             loan,
             on: true,
         };
+        let mut slept = false;
         let c = poll_fn(|cx| {
             let l = &mut *guard.l;
             if let Poll::Ready(c) = l.sink.poll(cx) {
                 l.stop_spin();
+                l.count_wait(slept);
                 return Poll::Ready(c);
             }
             if let Some(kind) = l.spin_turn() {
@@ -612,16 +627,27 @@ impl LocalAsync {
                 };
                 if let Some(c) = c {
                     l.stop_spin();
+                    l.count_wait(slept);
                     return Poll::Ready(c);
                 }
                 // Poll again after the other ready tasks.
                 cx.waker().wake_by_ref();
+            } else {
+                slept = true;
             }
             Poll::Pending
         })
         .await;
         guard.on = false;
         c
+    }
+
+    fn count_wait(&mut self, slept: bool) {
+        if slept {
+            self.waits.blocked += 1;
+        } else {
+            self.waits.unblocked += 1;
+        }
     }
 
     /// How an operation with `peer` busy-polls.
@@ -638,20 +664,21 @@ impl LocalAsync {
     /// local spinner per CPU).
     fn spin_turn(&mut self) -> Option<SpinKind> {
         let kind = self.spin_wanted?;
+        let now = self.p.now();
         if self.spin == 0 {
+            self.spin_wanted = None;
             return None;
         }
-        let now = self.p.now();
         let until = *self.spin_until.get_or_insert(now.saturating_add(self.spin));
         if now >= until {
-            self.stop_spin();
+            self.stop_spin_for(true);
             self.spin_wanted = None;
             return None;
         }
         if self.counted.is_none() {
             let ok = match kind {
                 SpinKind::Socket if self.p.spinners() == 0 => {
-                    self.p.count_spinning(true);
+                    self.p.count_spinning(true, false);
                     true
                 }
                 SpinKind::Socket => false,
@@ -667,9 +694,15 @@ impl LocalAsync {
         Some(kind)
     }
 
+    /// Stops busy-polling after the answer came.
     fn stop_spin(&mut self) {
+        self.stop_spin_for(false);
+    }
+
+    /// Stops busy-polling; `sleeping`: the wait goes on without it.
+    fn stop_spin_for(&mut self, sleeping: bool) {
         match self.counted.take() {
-            Some(SpinKind::Socket) => self.p.count_spinning(false),
+            Some(SpinKind::Socket) => self.p.count_spinning(false, sleeping),
             Some(SpinKind::Local) => self.p.leave_local_spin(),
             None => {}
         }
@@ -734,7 +767,7 @@ impl Drop for Pending<'_, '_> {
         if !self.on {
             return;
         }
-        self.l.stop_spin();
+        self.l.stop_spin_for(true);
         self.l.p.cancel_direct();
         if let Some(l) = self.loan.take() {
             l.end();

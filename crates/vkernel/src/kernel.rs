@@ -168,6 +168,11 @@ pub(crate) struct Shared {
     /// Async processes re-polling their own tasks for a local answer (at
     /// most one per CPU).
     pub(crate) async_spinners: AtomicU64,
+    /// An async process stopped reading the socket since the background
+    /// thread last looked.
+    pub(crate) async_left: AtomicBool,
+    /// An async process stopped reading the socket to sleep.
+    pub(crate) async_asleep: AtomicBool,
     bg_efd: EventFd,
     stop: AtomicBool,
     /// The last datagram read was a bulk chunk: more are likely, so the
@@ -558,11 +563,21 @@ impl Shared {
             // two waits (in its Send's engine call, say) is not counted, but
             // it will be again in a moment.
             let spin = self.spinners.load(Ordering::Acquire);
-            let spinning = spin & SPINNING != 0 || spin != last_spin;
+            // (Not if the last one to stop was an async task going to
+            // sleep: it will not read again soon, and waits for this
+            // thread to read its answer.)
+            let async_asleep = self.async_asleep.swap(false, Ordering::AcqRel);
+            let spinning = spin & SPINNING != 0 || (spin != last_spin && !async_asleep);
             last_spin = spin;
             let idle_readers = !spinning && self.blocked_readers.load(Ordering::Acquire) == 0;
+            // An async task that got its answer stopped reading the socket
+            // without waking this thread (it will likely read again in a
+            // moment): look again soon rather than in 25 ms.
+            let async_left = self.async_left.swap(false, Ordering::AcqRel);
             let mut cap = if idle_readers {
                 Duration::from_millis(100)
+            } else if async_left {
+                Duration::from_millis(1)
             } else {
                 Duration::from_millis(25)
             };
@@ -748,6 +763,8 @@ impl Kernel {
             spinners: CacheLine(AtomicU64::new(0)),
             blocked_readers: CacheLine(AtomicU64::new(0)),
             async_spinners: AtomicU64::new(0),
+            async_left: AtomicBool::new(false),
+            async_asleep: AtomicBool::new(false),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             bulk_rx: AtomicBool::new(false),

@@ -594,14 +594,22 @@ impl LocalProcess {
     }
 
     /// Counts this process as a spinner (it reads the socket) or not,
-    /// for a wait that is not a blocking one (an async process's).
-    pub(crate) fn count_spinning(&self, on: bool) {
+    /// for a wait that is not a blocking one (an async process's). One
+    /// that stops because it is going to sleep wakes the background
+    /// thread to read the socket now (`nudge`); one that got its answer
+    /// does not (a wake-up per exchange would cost more than the
+    /// exchange), and the background thread looks again within 1 ms.
+    pub(crate) fn count_spinning(&self, on: bool, nudge: bool) {
         let sh = &self.shared;
         if on {
             sh.spinners.fetch_add(SPIN_BEGINS, Ordering::AcqRel);
         } else {
             sh.spinners.fetch_sub(1, Ordering::AcqRel);
-            sh.nudge_background();
+            sh.async_left.store(true, Ordering::Release);
+            if nudge {
+                sh.async_asleep.store(true, Ordering::Release);
+                sh.nudge_background();
+            }
         }
     }
 
