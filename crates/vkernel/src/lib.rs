@@ -27,6 +27,7 @@
 
 pub mod attach;
 mod clock;
+mod discover;
 pub mod host;
 mod kernel;
 pub mod kernel_server;
@@ -41,6 +42,7 @@ pub mod trace;
 mod waiter;
 
 pub use attach::AttachServer;
+pub use discover::PeerSpec;
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};

@@ -447,6 +447,13 @@ impl Engine {
         }
     }
 
+    /// Stops querying an address when a host's location is unknown (a
+    /// peer name no longer resolves to it). The location cache keeps what
+    /// it learned from that host's own datagrams.
+    pub fn remove_discovery(&mut self, a: SocketAddr) {
+        self.cfg.discovery.retain(|d| *d != a);
+    }
+
     // ---------------------------------------------------------------- timers
 
     /// Runs every timer due at `now`: retransmissions, timeouts, alien expiry.
