@@ -101,6 +101,10 @@ pub struct KernelConfig {
     /// every datagram names the main socket's port for answers). Not with
     /// fault injection, which sends from the main socket.
     pub side_sockets: bool,
+    /// Export a span per exchange through the global OpenTelemetry tracer
+    /// provider (see `otel.rs`); feature `otel`.
+    #[cfg(feature = "otel")]
+    pub otel: bool,
 }
 
 impl Default for KernelConfig {
@@ -130,6 +134,8 @@ impl Default for KernelConfig {
             trace: None,
             metrics: true,
             side_sockets: true,
+            #[cfg(feature = "otel")]
+            otel: false,
         }
     }
 }
@@ -190,6 +196,9 @@ pub(crate) struct Shared {
     pub(crate) tracer: Option<crate::trace::Tracer>,
     /// The peer names this host follows (see `discover.rs`).
     pub(crate) resolver: Arc<crate::discover::Resolver>,
+    /// Exchange spans, with `KernelConfig::otel`.
+    #[cfg(feature = "otel")]
+    pub(crate) otel: Option<crate::otel::Spans>,
 }
 
 /// The count part of [`Shared::spinners`].
@@ -789,6 +798,8 @@ impl Kernel {
                 None => None,
             },
             resolver,
+            #[cfg(feature = "otel")]
+            otel: cfg.otel.then(crate::otel::Spans::new),
         };
         // Allocate the host id before anyone else sees the state.
         let deadline = Instant::now() + alloc_wait;

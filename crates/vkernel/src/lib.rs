@@ -34,6 +34,8 @@ pub mod kernel_server;
 mod lent;
 pub mod metrics;
 pub mod net;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod process;
 pub mod service;
 mod spin;
