@@ -172,6 +172,8 @@ impl HostOpts {
                 refuse_remote_joins: self.refuse_remote_joins,
             },
             side_sockets: !self.no_side_sockets,
+            #[cfg(feature = "otel")]
+            otel: crate::otel::enabled(),
             ..KernelConfig::default()
         }
     }

@@ -10,6 +10,8 @@ mod locate;
 mod machine;
 mod mount;
 mod nbd;
+#[cfg(feature = "otel")]
+mod otel;
 mod ping;
 mod statscmd;
 mod team;
@@ -92,6 +94,13 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // OpenTelemetry export, flushed before any exit below.
+    #[cfg(feature = "otel")]
+    let otel = std::cell::RefCell::new(otel::init());
+    let flush = || {
+        #[cfg(feature = "otel")]
+        otel.borrow_mut().take();
+    };
     let r = match cli.cmd {
         Some(Cmd::Host(a)) => machine::run(a),
         Some(Cmd::Echo(a)) => echo::run(a),
@@ -107,13 +116,17 @@ fn main() {
         Some(Cmd::Mount(a)) => mount::run(a),
         Some(Cmd::Teamserver(a)) => team::serve(a),
         Some(Cmd::Run(a)) => match team::run(a) {
-            Ok(code) => std::process::exit(code),
+            Ok(code) => {
+                flush();
+                std::process::exit(code)
+            }
             Err(e) => Err(e),
         },
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(Some(a)),
         None => bench::run(None),
     };
+    flush();
     if let Err(e) = r {
         eprintln!("vkernel: {e}");
         std::process::exit(1);
