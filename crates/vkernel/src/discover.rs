@@ -186,6 +186,13 @@ struct Named {
     failing: bool,
 }
 
+/// Whether a host bound at `me` may use `a` as a peer: not itself, and
+/// not an IPv6 address from an IPv4 socket (a name with A and AAAA
+/// records, as in a dual-stack cluster, gives both).
+fn usable(me: SocketAddr, a: SocketAddr) -> bool {
+    a != me && !(me.is_ipv4() && a.is_ipv6())
+}
+
 /// One lookup's result, logged as the start of a host and each round do.
 fn lookup(spec: &PeerSpec, was_failing: bool) -> Option<Vec<SocketAddr>> {
     match spec.resolve() {
@@ -247,7 +254,7 @@ impl Resolver {
                     let addrs: Vec<SocketAddr> = got
                         .unwrap_or_default()
                         .into_iter()
-                        .filter(|a| *a != me)
+                        .filter(|a| usable(me, *a))
                         .collect();
                     out.extend(addrs.iter().copied());
                     let failing = addrs.is_empty();
@@ -376,7 +383,7 @@ impl Watch {
             };
             match got {
                 Some(v) => {
-                    n.addrs = v.into_iter().filter(|a| *a != me).collect();
+                    n.addrs = v.into_iter().filter(|a| usable(me, *a)).collect();
                     n.failing = false;
                 }
                 None => n.failing = true,
@@ -479,7 +486,7 @@ mod tests {
         let a = |x: &str| -> SocketAddr { x.parse().unwrap() };
         let mut w = r.lock();
         let (add, drop) = w.apply(vec![
-            (n.clone(), Some(vec![a("127.0.0.2:9"), me, s])),
+            (n.clone(), Some(vec![a("127.0.0.2:9"), me, s, a("[::1]:9")])),
             (m.clone(), Some(vec![a("127.0.0.3:9")])),
         ]);
         assert_eq!(add, vec![a("127.0.0.2:9"), a("127.0.0.3:9"), s]);
