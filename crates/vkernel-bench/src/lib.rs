@@ -23,6 +23,7 @@
 
 #![warn(missing_docs)]
 
+mod asyncrt;
 mod attach;
 pub mod baseline;
 pub mod chart;

@@ -106,6 +106,8 @@ pub enum SectionReport {
     Attach(crate::attach::Attach),
     /// 14.
     Python(crate::python::PythonReport),
+    /// 15.
+    Async(crate::asyncrt::AsyncReport),
 }
 
 /// Section 1.

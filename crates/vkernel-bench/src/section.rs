@@ -16,7 +16,7 @@ use vkernel_proto::Pid;
 
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
-use crate::{attach, disk, files, kernel_ops, loading, overhead, peers, python, Mode};
+use crate::{asyncrt, attach, disk, files, kernel_ops, loading, overhead, peers, python, Mode};
 
 /// What [`run`] measures and where it writes.
 #[derive(Clone, Debug)]
@@ -114,11 +114,13 @@ pub enum Section {
     Attach,
     /// 14: vkernel from Python, beside Rust and pyzmq.
     Python,
+    /// 15: async Rust: awaited exchanges beside blocking ones.
+    Async,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 14] = [
+    pub const ALL: [Section; 15] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -133,6 +135,7 @@ impl Section {
         Section::Security,
         Section::Attach,
         Section::Python,
+        Section::Async,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -162,6 +165,7 @@ impl Section {
             Section::Security => "Security",
             Section::Attach => "One machine host",
             Section::Python => "Python",
+            Section::Async => "Async Rust",
         }
     }
 
@@ -194,6 +198,7 @@ impl Section {
             Section::Security => overhead::security(c)?,
             Section::Attach => attach::section(c)?,
             Section::Python => python::section(c)?,
+            Section::Async => asyncrt::section(c)?,
         })
     }
 }

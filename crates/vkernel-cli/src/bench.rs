@@ -11,11 +11,12 @@ pub struct BenchArgs {
     /// 4 sequential access, 5 program loading, 6 load, 7 peers, 8 process
     /// groups, 9 observability, 10 network disk, 11 file service, 12 security,
     /// 13 one machine host: attached programs, 14 Python beside Rust and
-    /// pyzmq: needs a Python with `pip install ./python`, else skipped).
+    /// pyzmq: needs a Python with `pip install ./python`, else skipped,
+    /// 15 async Rust beside the blocking API).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14"
+        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"
     )]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.

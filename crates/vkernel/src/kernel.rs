@@ -517,6 +517,12 @@ impl Shared {
     }
 
     /// Processes busy-polling now.
+    /// Makes the background thread look again at who reads the socket
+    /// (a spinner that stopped does not block as a reader itself).
+    pub(crate) fn nudge_background(&self) {
+        self.bg_efd.signal();
+    }
+
     pub(crate) fn spinning(&self) -> u64 {
         self.spinners.load(Ordering::Acquire) & SPINNING
     }
@@ -995,6 +1001,20 @@ impl Kernel {
                 Ok(LocalProcess::new(e.shared.clone(), pid)?.into())
             }
             Imp::Attached(a) => Ok(a.create_process()?.into()),
+        }
+    }
+
+    /// Creates a process whose operations are futures (see [`crate::aio`]):
+    /// a few runtime threads can serve any number of them.
+    pub fn create_async_process(&self) -> Result<crate::AsyncProcess, IpcError> {
+        match &self.imp {
+            Imp::Embedded(e) => {
+                let pid = e.shared.with_engine(|e, _| e.create_process())?;
+                let sink = Arc::new(crate::aio::FutureSink::default());
+                let p = LocalProcess::with_sink(e.shared.clone(), pid, sink.clone());
+                Ok(crate::AsyncProcess::local(p, sink))
+            }
+            Imp::Attached(a) => crate::AsyncProcess::attached(a.create_process()?.into()),
         }
     }
 

@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod aio;
 pub mod attach;
 mod clock;
 mod discover;
@@ -43,6 +44,7 @@ mod sys;
 pub mod trace;
 mod waiter;
 
+pub use aio::AsyncProcess;
 pub use attach::AttachServer;
 pub use discover::PeerSpec;
 pub use kernel::{Kernel, KernelConfig, KernelError};

@@ -24,10 +24,10 @@ pub(crate) struct Waiter {
     pub(crate) destroyed: AtomicBool,
     /// The socket is in `epoll` (only the owning thread changes this).
     pub(crate) sock_in_epoll: AtomicBool,
-    pub(crate) efd: EventFd,
-    /// The eventfd (data 0) and, while blocked, the host's socket
-    /// (data 1, exclusive).
-    pub(crate) epoll: std::os::fd::OwnedFd,
+    /// The descriptors a blocking wait uses: made at creation, or on the
+    /// first wait for a process that normally never blocks (an
+    /// [`crate::aio::AsyncProcess`], whose completions go to its sink).
+    fds: OnceLock<WaitFds>,
     /// Where an armed operation's completion goes instead (an attached
     /// program's call slot): set once.
     sink: OnceLock<Arc<dyn Sink>>,
@@ -56,29 +56,38 @@ pub(crate) trait Sink: Send + Sync {
 }
 
 impl Waiter {
+    /// A waiter with its descriptors (`None`: out of descriptors).
     pub(crate) fn new() -> Option<Waiter> {
-        use rustix::event::epoll;
-        let efd = EventFd::new().ok()?;
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).ok()?;
-        epoll::add(
-            &ep,
-            efd.as_fd(),
-            epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN,
-        )
-        .ok()?;
-        Some(Waiter {
+        let w = Waiter::without_fds();
+        let _ = w.fds.set(WaitFds::new()?);
+        Some(w)
+    }
+
+    /// A waiter that makes its descriptors only if it ever blocks: for a
+    /// process whose completions go to a sink, so that thousands of them
+    /// hold no descriptor each.
+    pub(crate) fn without_fds() -> Waiter {
+        Waiter {
             slot: std::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             sock_in_epoll: AtomicBool::new(false),
-            efd,
-            epoll: ep,
+            fds: OnceLock::new(),
             sink: OnceLock::new(),
             armed: AtomicBool::new(false),
             sink_wake: AtomicBool::new(false),
-        })
+        }
+    }
+
+    /// The descriptors for a blocking wait, made now if need be (`None`:
+    /// out of descriptors; the caller then waits by sleeping briefly).
+    pub(crate) fn fds(&self) -> Option<&WaitFds> {
+        if let Some(f) = self.fds.get() {
+            return Some(f);
+        }
+        let _ = self.fds.set(WaitFds::new()?);
+        self.fds.get()
     }
 
     /// Blocks until the eventfd or (exclusively among the processes
@@ -99,13 +108,17 @@ impl Waiter {
         timeout: Duration,
     ) -> (bool, bool) {
         use rustix::event::{epoll, Timespec};
+        let Some(fds) = self.fds() else {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            return (false, false);
+        };
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
         if !self.sock_in_epoll.load(Ordering::Relaxed)
             && epoll::add(
-                &self.epoll,
+                &fds.epoll,
                 sock,
                 epoll::EventData::new_u64(1),
                 epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
@@ -116,7 +129,7 @@ impl Waiter {
         }
         let mut events = Vec::with_capacity(2);
         match epoll::wait(
-            &self.epoll,
+            &fds.epoll,
             rustix::buffer::spare_capacity(&mut events),
             Some(&ts),
         ) {
@@ -138,7 +151,9 @@ impl Waiter {
     /// of its epoll set (see [`Waiter::block_on_both`]).
     pub(crate) fn spinning(&self, sock: &std::net::UdpSocket) {
         if self.sock_in_epoll.swap(false, Ordering::Relaxed) {
-            let _ = rustix::event::epoll::delete(&self.epoll, sock);
+            if let Some(f) = self.fds.get() {
+                let _ = rustix::event::epoll::delete(&f.epoll, sock);
+            }
         }
     }
 
@@ -182,7 +197,10 @@ impl Waiter {
             }
             return;
         }
-        self.efd.signal();
+        // No descriptors: the process never blocked, so nothing waits.
+        if let Some(f) = self.fds.get() {
+            f.efd.signal();
+        }
     }
 
     /// Sets where armed operations complete.
@@ -232,5 +250,29 @@ impl Waiter {
             s.destroyed();
         }
         self.wake();
+    }
+}
+
+/// The eventfd a blocked process waits on, and its epoll set.
+pub(crate) struct WaitFds {
+    pub(crate) efd: EventFd,
+    /// The eventfd (data 0) and, while blocked, the host's socket
+    /// (data 1, exclusive).
+    epoll: std::os::fd::OwnedFd,
+}
+
+impl WaitFds {
+    fn new() -> Option<WaitFds> {
+        use rustix::event::epoll;
+        let efd = EventFd::new().ok()?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).ok()?;
+        epoll::add(
+            &ep,
+            efd.as_fd(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )
+        .ok()?;
+        Some(WaitFds { efd, epoll: ep })
     }
 }

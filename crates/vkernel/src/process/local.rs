@@ -92,11 +92,27 @@ impl LocalProcess {
             let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
             return Err(IpcError::OutOfDescriptors);
         };
+        Ok(Self::with_waiter(shared, pid, waiter))
+    }
+
+    /// A process whose operations complete into `sink` (started with the
+    /// `*_direct` calls): it holds no descriptor unless it blocks.
+    pub(crate) fn with_sink(
+        shared: Arc<Shared>,
+        pid: Pid,
+        sink: Arc<dyn crate::waiter::Sink>,
+    ) -> LocalProcess {
+        let waiter = Waiter::without_fds();
+        waiter.set_sink(sink);
+        Self::with_waiter(shared, pid, waiter)
+    }
+
+    fn with_waiter(shared: Arc<Shared>, pid: Pid, waiter: Waiter) -> LocalProcess {
         let waiter = Arc::new(waiter);
         shared.register(pid, waiter.clone());
         let spin = std::cell::Cell::new(shared.spin);
         let send_deadline = std::cell::Cell::new(shared.send_deadline);
-        Ok(LocalProcess {
+        LocalProcess {
             shared,
             pid,
             waiter,
@@ -108,7 +124,7 @@ impl LocalProcess {
             #[cfg(feature = "otel")]
             otel: std::cell::RefCell::default(),
             _not_sync: PhantomData,
-        })
+        }
     }
 
     pub(crate) fn shared(&self) -> &Shared {
@@ -292,6 +308,9 @@ impl LocalProcess {
                 counted = None;
             }
             *blocked = true;
+            // Made before parking, so a waker that sees `parked` has an
+            // eventfd to signal.
+            let _ = w.fds();
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
                 w.parked.store(false, Ordering::SeqCst);
@@ -321,11 +340,19 @@ impl LocalProcess {
                 } else {
                     Duration::from_millis(50)
                 };
-                poll2(w.efd.fd(), None, t).0
+                match w.fds() {
+                    Some(f) => poll2(f.efd.fd(), None, t).0,
+                    None => {
+                        std::thread::sleep(t.min(Duration::from_millis(1)));
+                        false
+                    }
+                }
             };
             w.parked.store(false, Ordering::SeqCst);
             if ev {
-                w.efd.drain();
+                if let Some(f) = w.fds() {
+                    f.efd.drain();
+                }
             }
             if reads {
                 match sh.poll_socket_as(Some(self.pid), 256) {
@@ -497,7 +524,7 @@ impl LocalProcess {
         IpcError::Busy(self.pid)
     }
 
-    fn trace(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
+    pub(crate) fn trace(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
         if let Some(t) = &self.shared.tracer {
             t.phase(p, src, dst, ok);
         }
@@ -593,6 +620,81 @@ impl LocalProcess {
             }
             r
         })
+    }
+
+    /// Abandons the operation started with a `*_direct` call: the engine
+    /// forgets it (a queued message is withdrawn, a remote request is no
+    /// longer retransmitted and its late reply is dropped) and its
+    /// completion no longer goes to the sink. A completion the sink took
+    /// before stays there.
+    pub(crate) fn cancel_direct(&self) {
+        let w = &self.waiter;
+        self.shared.with_engine(|e, _| {
+            w.arm(false);
+            e.cancel(self.pid);
+        });
+    }
+
+    /// Starts an operation whose completion goes to the sink: `f` runs
+    /// on the engine with this pid; `Ok(None)` means it is in progress,
+    /// `Ok(Some(r))` that it finished at once. Buffers lent to `f` must
+    /// stay alive and unmoved until the completion arrives or
+    /// [`Self::cancel_direct`].
+    pub(crate) fn direct<R>(
+        &self,
+        f: impl FnOnce(&mut vkernel_proto::engine::Engine, u64, Pid) -> Result<Option<R>, IpcError>,
+    ) -> Result<Option<R>, IpcError> {
+        let w = &self.waiter;
+        self.shared.with_engine(|e, now| {
+            let was = w.arm(true);
+            let r = f(e, now, self.pid);
+            match r {
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    w.arm(false);
+                }
+                Err(_) => {
+                    w.arm(was);
+                }
+            }
+            r
+        })
+    }
+
+    /// Counts this process as a spinner (it reads the socket) or not,
+    /// for a wait that is not a blocking one (an async process's).
+    pub(crate) fn count_spinning(&self, on: bool) {
+        let sh = &self.shared;
+        if on {
+            sh.spinners.fetch_add(SPIN_BEGINS, Ordering::AcqRel);
+        } else {
+            sh.spinners.fetch_sub(1, Ordering::AcqRel);
+            sh.nudge_background();
+        }
+    }
+
+    /// Processes spinning on this host (each reads the socket).
+    pub(crate) fn spinners(&self) -> u64 {
+        self.shared.spinning()
+    }
+
+    /// The host's clock, µs.
+    pub(crate) fn now(&self) -> u64 {
+        self.shared.now()
+    }
+
+    /// One busy-poll turn of a wait that is not a blocking one: reads at
+    /// most one datagram and runs due timers; this process's completion,
+    /// if that datagram brought it, comes back here instead of to the
+    /// sink.
+    pub(crate) fn poll_turn(&self) -> Option<Completion> {
+        let sh = &self.shared;
+        let (_, c) = sh.poll_socket_as(Some(self.pid), 1);
+        sh.run_timers_if_due();
+        if c.is_some() {
+            self.waiter.arm(false);
+        }
+        c
     }
 
     /// Asks the engine to report messages left queued for this process to
@@ -738,6 +840,24 @@ impl LocalProcess {
         offset: u32,
         data: &[u8],
     ) -> Result<(), IpcError> {
+        match self.reply_with_segment_now(msg, to, offset, data) {
+            Err(IpcError::SegmentTooLarge { .. }) => {
+                self.move_to(to, offset, data)?;
+                self.reply(msg, to)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Self::reply_with_segment`] that never waits: `SegmentTooLarge`
+    /// if the data must be moved (and acknowledged) before the reply.
+    pub(crate) fn reply_with_segment_now(
+        &self,
+        msg: &Message,
+        to: Pid,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), IpcError> {
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
         if data.len() <= vkernel_proto::MAX_APPEND {
@@ -752,14 +872,7 @@ impl LocalProcess {
             .shared
             .with_engine(|e, now| e.reply_ahead(now, self.pid, to, m, offset, lent));
         lease.release();
-        match r {
-            Err(IpcError::SegmentTooLarge { .. }) => {
-                self.move_to(to, offset, data)?;
-                self.shared
-                    .with_engine(|e, now| e.reply(now, self.pid, to, m, None))
-            }
-            r => r,
-        }
+        r
     }
 
     /// Forward: passes `from`'s request (as `msg`) to `to` as if `from` had
