@@ -1,7 +1,8 @@
 //! OpenTelemetry export of exchange spans (feature `otel`): an exchange
 //! between two logical hosts gives a client span on the sender's host and
 //! a server span on the receiver's, joined by the sender's pid and the
-//! exchange's sequence number; a failed Send's span has an error status.
+//! exchange's sequence number, for blocking and async senders alike; a
+//! failed Send's span has an error status.
 //! Spans are caught with the SDK's in-memory exporter.
 
 use opentelemetry::trace::{SpanKind, Status};
@@ -46,7 +47,7 @@ fn exchanges_between_two_hosts_become_spans() {
     server.set_pid(0x5eed, spid, Scope::Any);
     let t = std::thread::spawn(move || {
         let mut m = Message::zero();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let i = server.receive(&mut m).expect("receive");
             m.set_word(1, m.word(1) + 1);
             server.reply(&m, i.from).expect("reply");
@@ -63,6 +64,18 @@ fn exchanges_between_two_hosts_become_spans() {
         client.send(&mut m, spid).expect("send");
         assert_eq!(m.word(1), 1);
     }
+    // An async sender's exchange.
+    let mut ac = a.create_async_process().expect("async client");
+    let apid = ac.pid();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut m = Message::with_code(1);
+        ac.send(&mut m, spid).await.expect("async send");
+        assert_eq!(m.word(1), 1);
+    });
     t.join().expect("server thread");
     // A Send to a process that does not exist fails: an error span.
     let gone = Pid::new(b.host_id(), 0x7777);
@@ -113,6 +126,16 @@ fn exchanges_between_two_hosts_become_spans() {
         assert_eq!(attr(s, "vkernel.host"), Some(host(&b)));
         assert_eq!(attr(s, "vkernel.remote"), Some(Value::Bool(true)));
     }
+    let of_async = |name: &str| -> Vec<&SpanData> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && attr(s, "vkernel.sender") == Some(hex(apid)))
+            .collect()
+    };
+    let (asend, arecv) = (of_async("vkernel.send"), of_async("vkernel.receive"));
+    assert_eq!((asend.len(), arecv.len()), (1, 1), "{spans:#?}");
+    assert_eq!(seq(asend[0]), seq(arecv[0]));
+    assert_eq!(asend[0].status, Status::Unset);
     let failed: Vec<&&SpanData> = sends
         .iter()
         .filter(|s| attr(s, "vkernel.receiver") == Some(hex(gone)))

@@ -510,9 +510,11 @@ impl LocalProcess {
             Ok(_) => Err(self.stray_completion()),
         };
         let by = r.as_ref().map_or(to, |r| r.from);
-        self.trace(Phase::Complete, self.pid, by, r.is_ok());
+        // The span first, with the error's text; `trace` then has none
+        // left to end.
         #[cfg(feature = "otel")]
         self.otel_complete(r.as_ref().map(|r| r.from).map_err(|e| e.to_string()));
+        self.trace(Phase::Complete, self.pid, by, r.is_ok());
         r
     }
 
@@ -529,13 +531,13 @@ impl LocalProcess {
             t.phase(p, src, dst, ok);
         }
         #[cfg(feature = "otel")]
-        self.otel_phase(p, src, dst);
+        self.otel_phase(p, src, dst, ok);
     }
 
     /// Begins or ends an exchange span (Send and Complete are the
     /// sender's, Deliver and Reply the receiver's; `src` is the sender).
     #[cfg(feature = "otel")]
-    fn otel_phase(&self, p: Phase, src: Pid, dst: Pid) {
+    fn otel_phase(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
         use crate::otel::Begun;
         let Some(spans) = &self.shared.otel else {
             return;
@@ -561,14 +563,26 @@ impl LocalProcess {
                     spans.receive(self.pid, b);
                 }
             }
-            Phase::Complete => {}
+            // An async Send's end (a blocking one's span has ended in
+            // `finish_send`, with the error's text).
+            Phase::Complete => {
+                let b = self.otel.borrow_mut().send.take();
+                if let Some(b) = b {
+                    let by = if ok {
+                        Ok(dst)
+                    } else {
+                        Err("the Send failed".to_string())
+                    };
+                    spans.send(self.pid, b, by);
+                }
+            }
         }
     }
 
     /// The Send has gone to the engine: note its sequence number (under
     /// the engine's lock, before a reply can end the exchange).
     #[cfg(feature = "otel")]
-    fn otel_sent(&self, e: &vkernel_proto::Engine) {
+    pub(crate) fn otel_sent(&self, e: &vkernel_proto::Engine) {
         if self.shared.otel.is_some() {
             if let Some(b) = self.otel.borrow_mut().send.as_mut() {
                 b.seq = e.exchange_seq(self.pid);
@@ -610,6 +624,8 @@ impl LocalProcess {
             let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
             match r {
                 Ok(()) => {
+                    #[cfg(feature = "otel")]
+                    self.otel_sent(e);
                     if let Some(d) = deadline {
                         e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
                     }
