@@ -68,9 +68,10 @@ pub(crate) struct LocalProcess {
     socket_reader: std::cell::Cell<bool>,
     /// The last message received came from another host.
     last_from_remote: std::cell::Cell<bool>,
-    /// Exchange spans in progress (OpenTelemetry).
+    /// Exchange spans in progress (OpenTelemetry); boxed, so that a
+    /// process is no larger for it.
     #[cfg(feature = "otel")]
-    otel: std::cell::RefCell<crate::otel::InProgress>,
+    otel: std::cell::RefCell<Box<crate::otel::InProgress>>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
