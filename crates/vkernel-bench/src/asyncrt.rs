@@ -129,6 +129,25 @@ fn awaited(ks: &Kernel, kc: &Kernel, threads: usize, n: usize) -> Result<(f64, f
     Ok(quantiles(v))
 }
 
+/// Awaited exchanges with the server's task on its own one-thread
+/// runtime (another OS thread), as two programs would run them.
+fn awaited_apart(ks: &Kernel, kc: &Kernel, n: usize) -> Result<(f64, f64), String> {
+    let one = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    };
+    let (rs, rc) = (one()?, one()?);
+    let s = ks.create_async_process().map_err(|e| e.to_string())?;
+    let c = kc.create_async_process().map_err(|e| e.to_string())?;
+    let spid = s.pid();
+    let t = std::thread::spawn(move || rs.block_on(async_server(s)));
+    let v = rc.block_on(async_client(c, spid, n));
+    let _ = t.join();
+    Ok(quantiles(v?))
+}
+
 pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Async.heading("(null exchanges; threads unpinned)");
     let n = if c.quick {
@@ -172,6 +191,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "tokio, parking workers",
         awaited(one, one, 2, n)?,
     );
+    let la = push(
+        "one host: awaited, a 1-thread runtime each",
+        "tokio current thread",
+        awaited_apart(one, one, n)?,
+    );
     let rb = push(
         "two hosts: blocking API",
         "default (auto spin)",
@@ -192,7 +216,24 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "tokio, parking workers",
         awaited(kb, ka, 2, n)?,
     );
+    let ra = push(
+        "two hosts: awaited, a 1-thread runtime each",
+        "tokio current thread",
+        awaited_apart(kb, ka, n)?,
+    );
     let goals = vec![
+        Goal::at_most(
+            "one host: awaited (a runtime each) / blocking (default)",
+            la / lb,
+            1.3,
+            "×",
+        ),
+        Goal::at_most(
+            "two hosts: awaited (a runtime each) / blocking (default)",
+            ra / rb,
+            1.3,
+            "×",
+        ),
         Goal::at_most(
             "one host: awaited (2 threads) / blocking (default)",
             l2 / lb,

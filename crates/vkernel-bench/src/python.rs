@@ -161,9 +161,15 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         });
     };
     let p = path.to_string_lossy().to_string();
+    let before = srv.peer_exchanges();
     push(
         "two Python programs attached",
         python_pair(&py, "vk", &p, n)?,
+    );
+    println!(
+        "    ({} of {} exchanges through peer pages)",
+        srv.peer_exchanges() - before,
+        n + n / 10 + 1
     );
     push(
         "two Rust programs attached",

@@ -194,3 +194,40 @@ fn c_programs_attached_to_one_machine_host() {
     std::thread::sleep(Duration::from_millis(10));
     let _ = std::fs::remove_dir_all(&b.prefix);
 }
+
+/// The text between `open` and the next `close` after it in `doc`.
+fn between<'a>(doc: &'a str, open: &str, close: &str) -> &'a str {
+    let start = doc
+        .find(open)
+        .unwrap_or_else(|| panic!("GUIDE.md has no {open:?}"))
+        + open.len();
+    let len = doc[start..].find(close).expect("closed");
+    &doc[start..start + len]
+}
+
+#[test]
+fn the_guides_c_program_builds_and_runs_as_written() {
+    build_libraries();
+    let doc = std::fs::read_to_string(root().join("docs/GUIDE.md")).unwrap();
+    let home = std::env::temp_dir().join(format!("vk-c-guide-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    // The install step, with this test's build of the library.
+    let install = between(&doc, "```sh\ncargo build --release -p vkernel-c\n", "```");
+    let install = install.replace(
+        "--from target/release",
+        &format!("--from {}", target_dir().display()),
+    );
+    std::fs::write(home.join("hello.c"), between(&doc, "```c\n", "```")).unwrap();
+    let gcc = between(&doc, "`gcc hello.c", "`");
+    let script = format!(
+        "set -eu\n{install}\ncd \"$HOME\"\ngcc hello.c{gcc} -Wall -Wextra -Werror\n./hello\n"
+    );
+    let out = run(Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(root())
+        .env("HOME", &home));
+    assert_eq!(out.lines().last(), Some("reply 42"), "{out}");
+    let _ = std::fs::remove_dir_all(&home);
+}

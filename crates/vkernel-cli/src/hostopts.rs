@@ -99,6 +99,13 @@ pub struct HostOpts {
     /// then; --spin still applies.
     #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "auto")]
     pub attach: Option<std::path::PathBuf>,
+    /// Read options from this TOML file (a section per command, plus
+    /// [common]); flags given here win over it. Default: $VKERNEL_CONFIG,
+    /// else /etc/vkernel/vkernel.toml if it exists. `vkernel check-config`
+    /// checks a file and shows what each command would run with.
+    #[arg(long = "config", id = "config", value_name = "FILE")]
+    #[allow(dead_code)] // read before parsing, by config::apply
+    pub config_file: Option<std::path::PathBuf>,
 }
 
 fn parse_host_id(s: &str) -> Result<u16, String> {

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::hostopts::{wait_exit, HostOpts};
 
-const LONG_ABOUT: &str = "\
+/// The long help of `vkernel host`.
+pub const LONG_ABOUT: &str = "\
 Runs this machine's logical host and lets programs attach to it through a
 Unix socket: their processes become this host's processes (one pid space,
 one set of names and groups, one kernel server, this host's UDP socket for
@@ -48,7 +49,9 @@ pub struct HostArgs {
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
-    let m = u32::from_str_radix(s, 8).map_err(|_| format!("`{s}` is not an octal mode"))?;
+    // 0o660 is how a TOML file writes an octal number.
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    let m = u32::from_str_radix(digits, 8).map_err(|_| format!("`{s}` is not an octal mode"))?;
     if m > 0o777 {
         return Err(format!("mode {s} has bits beyond 777"));
     }

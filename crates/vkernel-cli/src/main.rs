@@ -1,10 +1,12 @@
 //! The `vkernel` command.
 
 mod bench;
+mod config;
 mod demo;
 mod disk;
 mod echo;
 mod fileserver;
+mod gen;
 mod hostopts;
 mod locate;
 mod machine;
@@ -17,7 +19,13 @@ mod statscmd;
 mod team;
 mod tracecmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+/// The long help's closing note (also the man page's).
+const FILES: &str = "\
+Configuration: commands that start a logical host read options from a TOML
+file (--config FILE, else $VKERNEL_CONFIG, else /etc/vkernel/vkernel.toml if
+it exists); flags win over it. `vkernel check-config` explains a file.";
 
 /// vkernel: the distributed V kernel's message passing, for Linux.
 ///
@@ -28,7 +36,7 @@ use clap::{Parser, Subcommand};
 /// tables on this machine, the published figures beside today's, and the
 /// peers a user would pick instead measured in the same run.
 #[derive(Parser, Debug)]
-#[command(name = "vkernel", version, about, long_about)]
+#[command(name = "vkernel", version, about, long_about, after_long_help = FILES)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -45,6 +53,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Run this machine's logical host, which other programs attach to
     /// (`--attach`): their processes share its pid space and sockets.
+    // (A variant's doc comment would replace the command's long help.)
+    #[command(long_about = machine::LONG_ABOUT)]
     Host(machine::HostArgs),
     /// Run a logical host with an echo server registered under a name.
     Echo(echo::EchoArgs),
@@ -83,6 +93,15 @@ enum Cmd {
     /// (--on HOST, or --on any for the least loaded), with this terminal's
     /// stdin, stdout and stderr; exits with the program's exit code.
     Run(team::RunArgs),
+    /// Check a configuration file (TOML) and show what each command in it
+    /// would run with.
+    #[command(long_about = config::CHECK_ABOUT)]
+    CheckConfig(config::CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell).
+    Completions(gen::CompletionsArgs),
+    /// Write the manual pages (roff), generated from this command line.
+    Man(gen::ManArgs),
 }
 
 fn main() {
@@ -93,7 +112,24 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let root = Cli::command();
+    // Settings from the configuration file become flags before the real
+    // parse, behind the command line's own (see config.rs).
+    let argv = match config::apply(&root, std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("vkernel: {e}");
+            std::process::exit(2);
+        }
+    };
+    let cli = match root
+        .clone()
+        .try_get_matches_from(argv)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     // OpenTelemetry export, flushed before any exit below.
     #[cfg(feature = "otel")]
     let otel = std::cell::RefCell::new(otel::init());
@@ -122,6 +158,9 @@ fn main() {
             }
             Err(e) => Err(e),
         },
+        Some(Cmd::CheckConfig(a)) => config::check(a, &root),
+        Some(Cmd::Completions(a)) => gen::completions(a, root),
+        Some(Cmd::Man(a)) => gen::man(a, root),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(Some(a)),
         None => bench::run(None),

@@ -110,6 +110,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dt.as_secs_f64(),
         n as f64 / dt.as_secs_f64()
     );
+    let st = ch.stats();
+    println!(
+        "client host: {} datagrams out, {} in, {} retransmissions",
+        st.tx.iter().sum::<u64>(),
+        st.rx.iter().sum::<u64>(),
+        st.retransmits
+    );
     if failed > 0 {
         std::process::exit(1);
     }

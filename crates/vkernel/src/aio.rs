@@ -83,9 +83,9 @@ impl AsyncProcess {
                 sink,
                 stash: None,
                 spin: crate::AUTO_SPIN_CAP.as_micros() as u64,
-                spin_wanted: false,
+                spin_wanted: None,
                 spin_until: None,
-                counted: false,
+                counted: None,
                 last_remote: false,
             }),
         }
@@ -111,12 +111,14 @@ impl AsyncProcess {
         matches!(self.imp, Imp::Attached(_))
     }
 
-    /// How long a task awaiting an answer from another host busy-polls
-    /// the host's socket itself (re-waking its task, so other tasks still
-    /// run) before it leaves that to the host's background thread, which
-    /// costs a thread wake-up per datagram. Zero: never poll. Default 1 ms.
-    /// Only one process of a host polls at a time; no effect on a machine
-    /// host's processes.
+    /// How long a task awaiting an answer keeps its runtime thread busy
+    /// (re-waking itself, so other tasks still run) before it sleeps until
+    /// woken, which costs a thread wake-up when the answer comes from
+    /// another thread. Awaiting another host, it reads the host's socket
+    /// itself meanwhile (else the host's background thread does, one more
+    /// wake-up per datagram); one process of a host at a time does that,
+    /// and at most one per CPU re-polls for a local answer. Zero: never.
+    /// Default 1 ms. No effect on a machine host's processes.
     pub fn set_spin(&mut self, d: Duration) {
         if let Imp::Local(l) = &mut self.imp {
             l.spin = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -151,7 +153,7 @@ impl AsyncProcess {
             Imp::Local(l) => {
                 let m = *msg;
                 l.p.trace(Phase::Send, l.p.pid(), to, true);
-                l.spin_wanted = to.host() != l.p.pid().host() || to.is_group();
+                l.spin_wanted = Some(l.kind_for(to));
                 l.start(|p| {
                     p.send_direct(&m, to, deadline, p.pid())
                         .map(|()| None::<()>)
@@ -201,7 +203,7 @@ impl AsyncProcess {
                 msg.set_segment(access, loan.len() as u32);
                 let m = *msg;
                 l.p.trace(Phase::Send, l.p.pid(), to, true);
-                l.spin_wanted = to.host() != l.p.pid().host() || to.is_group();
+                l.spin_wanted = Some(l.kind_for(to));
                 let r = l.start(move |p| {
                     p.direct(|e, now, me| {
                         e.send_append(now, me, to, m, Some(lent), usize::MAX)?;
@@ -276,7 +278,11 @@ impl AsyncProcess {
                 if let Some(r) = l.take_stash(from) {
                     return Ok(incoming(r, msg));
                 }
-                l.spin_wanted = l.last_remote;
+                l.spin_wanted = Some(if l.last_remote {
+                    SpinKind::Socket
+                } else {
+                    SpinKind::Local
+                });
                 let r = l.start(|p| {
                     p.direct(|e, now, me| e.receive_upto(now, me, from, None, usize::MAX))
                 })?;
@@ -548,12 +554,12 @@ struct LocalAsync {
     stash: Option<Received>,
     /// Busy-poll budget for an answer from another host, µs.
     spin: u64,
-    /// The operation in progress awaits a datagram.
-    spin_wanted: bool,
+    /// How the operation in progress may busy-poll, if at all.
+    spin_wanted: Option<SpinKind>,
     /// When this wait's busy-polling ends (host clock).
     spin_until: Option<u64>,
-    /// Counted among the host's spinners.
-    counted: bool,
+    /// Counted among the host's spinners of this kind.
+    counted: Option<SpinKind>,
     /// The last message received came from another host.
     last_remote: bool,
 }
@@ -601,8 +607,12 @@ impl LocalAsync {
                 l.stop_spin();
                 return Poll::Ready(c);
             }
-            if l.spin_turn() {
-                if let Some(c) = l.p.poll_turn().or_else(|| l.sink.take()) {
+            if let Some(kind) = l.spin_turn() {
+                let c = match kind {
+                    SpinKind::Socket => l.p.poll_turn().or_else(|| l.sink.take()),
+                    SpinKind::Local => None,
+                };
+                if let Some(c) = c {
                     l.stop_spin();
                     return Poll::Ready(c);
                 }
@@ -616,34 +626,54 @@ impl LocalAsync {
         c
     }
 
-    /// Whether this poll of a pending wait reads the socket itself: while
-    /// the operation awaits a datagram, within the budget, and if no other
-    /// process of the host already does.
-    fn spin_turn(&mut self) -> bool {
-        if !self.spin_wanted || self.spin == 0 {
-            return false;
+    /// How an operation with `peer` busy-polls.
+    fn kind_for(&self, peer: Pid) -> SpinKind {
+        if peer.host() != self.p.pid().host() || peer.is_group() {
+            SpinKind::Socket
+        } else {
+            SpinKind::Local
+        }
+    }
+
+    /// Whether (and how) this poll of a pending wait busy-polls: within
+    /// the budget, and if the host's limits allow (one socket reader, one
+    /// local spinner per CPU).
+    fn spin_turn(&mut self) -> Option<SpinKind> {
+        let kind = self.spin_wanted?;
+        if self.spin == 0 {
+            return None;
         }
         let now = self.p.now();
         let until = *self.spin_until.get_or_insert(now.saturating_add(self.spin));
         if now >= until {
             self.stop_spin();
-            self.spin_wanted = false;
-            return false;
+            self.spin_wanted = None;
+            return None;
         }
-        if !self.counted {
-            if self.p.spinners() > 0 {
-                return false;
+        if self.counted.is_none() {
+            let ok = match kind {
+                SpinKind::Socket if self.p.spinners() == 0 => {
+                    self.p.count_spinning(true);
+                    true
+                }
+                SpinKind::Socket => false,
+                SpinKind::Local => self.p.enter_local_spin(),
+            };
+            if !ok {
+                // Sleep until woken; try again on the next wait.
+                self.spin_wanted = None;
+                return None;
             }
-            self.p.count_spinning(true);
-            self.counted = true;
+            self.counted = Some(kind);
         }
-        true
+        Some(kind)
     }
 
     fn stop_spin(&mut self) {
-        if self.counted {
-            self.p.count_spinning(false);
-            self.counted = false;
+        match self.counted.take() {
+            Some(SpinKind::Socket) => self.p.count_spinning(false),
+            Some(SpinKind::Local) => self.p.leave_local_spin(),
+            None => {}
         }
         self.spin_until = None;
     }
@@ -658,6 +688,7 @@ impl LocalAsync {
         let Some(lent) = loan.lend() else {
             return (Err(IpcError::Busy(Pid::NONE)), loan.finish());
         };
+        self.spin_wanted = Some(self.kind_for(peer));
         let r = self.start(|p| {
             p.direct(|e, now, me| {
                 if to {
@@ -681,6 +712,15 @@ impl LocalAsync {
     fn take_stash(&mut self, from: Option<Pid>) -> Option<Received> {
         self.stash.take_if(|r| from.is_none_or(|f| f == r.from))
     }
+}
+
+/// How a pending wait busy-polls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpinKind {
+    /// Reads the host's socket (awaiting another host).
+    Socket,
+    /// Only re-polls its task (awaiting a process of this host).
+    Local,
 }
 
 /// Cancels the operation of a dropped future.

@@ -180,6 +180,9 @@ pub(crate) struct Shared {
     pub(crate) spinners: CacheLine<AtomicU64>,
     /// Processes blocked in epoll on the socket.
     pub(crate) blocked_readers: CacheLine<AtomicU64>,
+    /// Async processes re-polling their own tasks for a local answer (at
+    /// most one per CPU).
+    pub(crate) async_spinners: AtomicU64,
     bg_efd: EventFd,
     stop: AtomicBool,
     /// The last datagram read was a bulk chunk: more are likely, so the
@@ -787,6 +790,7 @@ impl Kernel {
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),
             blocked_readers: CacheLine(AtomicU64::new(0)),
+            async_spinners: AtomicU64::new(0),
             bg_efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             bulk_rx: AtomicBool::new(false),

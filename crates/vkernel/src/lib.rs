@@ -26,6 +26,8 @@
 #![warn(missing_docs)]
 
 pub mod aio;
+#[doc = include_str!("../../../docs/GUIDE.md")]
+pub mod guide {}
 pub mod attach;
 mod clock;
 mod discover;

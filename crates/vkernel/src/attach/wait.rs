@@ -78,7 +78,8 @@ impl Pace {
             return self.block(word, parked, old, &gone, deadline);
         }
         let start = self.clock.now();
-        let busy = policy.is_adaptive() && self.run_queue.contended(start, self.cpus);
+        let crowded = self.run_queue.contended(start, self.cpus);
+        let busy = policy.is_adaptive() && crowded;
         let spin_us = policy.budget_us(0, self.cpus, busy);
         let mut i: u32 = 0;
         let r = loop {
@@ -90,9 +91,15 @@ impl Pace {
                 if gone() || self.clock.now() - start >= spin_us {
                     break self.block(word, parked, old, &gone, deadline);
                 }
-                // The other side of a call is often a thread waiting for a
-                // CPU (the host's proxy): let it run.
-                std::thread::yield_now();
+                // With more threads runnable than CPUs, the other side of
+                // a call is often one waiting for a CPU (the host's proxy):
+                // let it run. Not otherwise: two spinners that the
+                // scheduler put on one CPU would yield to each other for
+                // good (a context switch per message) instead of being
+                // spread by the idle CPU's load balancing.
+                if crowded {
+                    std::thread::yield_now();
+                }
             }
             std::hint::spin_loop();
         };

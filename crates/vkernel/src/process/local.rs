@@ -690,6 +690,22 @@ impl LocalProcess {
         }
     }
 
+    /// Counts this async process among those re-polling for a local
+    /// answer, if fewer than one per CPU already are.
+    pub(crate) fn enter_local_spin(&self) -> bool {
+        let sh = &self.shared;
+        if sh.async_spinners.fetch_add(1, Ordering::AcqRel) < sh.cpus {
+            return true;
+        }
+        sh.async_spinners.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+
+    /// Undoes [`Self::enter_local_spin`].
+    pub(crate) fn leave_local_spin(&self) {
+        self.shared.async_spinners.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Processes spinning on this host (each reads the socket).
     pub(crate) fn spinners(&self) -> u64 {
         self.shared.spinning()
