@@ -3,7 +3,8 @@
 //! the program it runs. Everything runs on the loopback addresses of one
 //! network namespace the test creates (and removes, with its hosts file,
 //! even on failure). Needs root and iproute2; without them the test skips,
-//! unless VKERNEL_REQUIRE_NETNS=1 (as in CI) makes that a failure.
+//! unless VKERNEL_REQUIRE_NETNS=1 (as in CI) makes that a failure. Also:
+//! peer names in the configuration file (no namespace needed).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -189,4 +190,41 @@ fn peers_by_name_are_found_and_followed_as_the_name_changes() {
         "the machine host did not find the hosts added to the names",
         || (ns.count_hosts(&["--attach", sock]) == 4).then_some(()),
     );
+}
+
+/// The configuration file's `peers` go through `--peer`'s own parser:
+/// names are taken, and a malformed peer is refused with its message.
+/// (No namespace needed.)
+#[test]
+fn a_config_file_takes_peer_names() {
+    let dir = std::env::temp_dir().join(format!("vkt-dns-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let check = |text: &str| {
+        let f = dir.join("vkernel.toml");
+        std::fs::write(&f, text).expect("write config");
+        let o = Command::new(BIN)
+            .arg("check-config")
+            .arg(&f)
+            .output()
+            .expect("check-config");
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        (
+            o.status.success(),
+            out + &String::from_utf8_lossy(&o.stderr),
+        )
+    };
+    let (ok, out) = check(
+        "[common]\nresolve_interval = \"5s\"\n[echo]\npeers = [\"vkernel.default.svc.cluster.local:7000\", \"10.0.0.2:7000\"]\n",
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("vkernel.default.svc.cluster.local:7000"),
+        "{out}"
+    );
+    let (ok, out) = check("[echo]\npeers = [\"vkernel.default.svc\"]\n");
+    assert!(
+        !ok && out.contains(":2:") && out.contains("has no port"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
