@@ -186,7 +186,9 @@ impl Kernel {
 #[pymethods]
 impl Kernel {
     /// Starts an embedded kernel bound to `bind` ("127.0.0.1:0" by
-    /// default), knowing the hosts at `peers` (addresses).
+    /// default), knowing the hosts at `peers` ("HOST:PORT": an address, or
+    /// a DNS name standing for all its addresses, looked up again every
+    /// 10 s).
     #[staticmethod]
     #[pyo3(signature = (bind = None, peers = None))]
     fn start(py: Python<'_>, bind: Option<String>, peers: Option<Vec<String>>) -> PyResult<Kernel> {
@@ -197,9 +199,12 @@ impl Kernel {
                 .map_err(|_| PyValueError::new_err(format!("bind address {b:?} does not parse")))?;
         }
         for p in peers.unwrap_or_default() {
-            cfg.peers.push(p.parse().map_err(|_| {
-                PyValueError::new_err(format!("peer address {p:?} does not parse"))
-            })?);
+            match vkernel::PeerSpec::parse(&p)
+                .map_err(|e| PyValueError::new_err(format!("peer: {e}")))?
+            {
+                vkernel::PeerSpec::Addr(a) => cfg.peers.push(a),
+                name => cfg.named_peers.push(name),
+            }
         }
         let k = py
             .detach(|| vkernel::Kernel::start(cfg))

@@ -114,6 +114,14 @@ def test_names_and_errors_are_pythonic():
         k.create_process()
 
 
+def test_peers_may_be_names():
+    # A name stands for every address it resolves to (the hosts file here).
+    with Kernel.start("127.0.0.1:0", peers=["localhost:9", "127.0.0.1:9"]) as k:
+        assert k.host_id > 0
+    with pytest.raises(ValueError, match="has no port"):
+        Kernel.start("127.0.0.1:0", peers=["localhost"])
+
+
 def test_a_deadline_raises():
     with Kernel.start("127.0.0.1:0") as k:
         s, c = k.create_process(), k.create_process()

@@ -161,7 +161,10 @@ extern "C" {
 /**
  * Starts an embedded kernel: this program is its own logical host.
  * `bind` is the UDP address to bind (NULL: 0.0.0.0, any port); `peers`
- * a comma-separated list of other hosts' addresses (NULL: none). On
+ * a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
+ * HOST an IP address or a DNS name standing for all its addresses
+ * (looked up again every 10 s; one that does not resolve yet is
+ * retried). On
  * success `*out` holds the kernel, freed with `vk_kernel_free`.
  *
  * # Safety

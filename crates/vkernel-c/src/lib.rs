@@ -236,7 +236,10 @@ fn scope(s: c_int) -> Result<Scope, Fail> {
 
 /// Starts an embedded kernel: this program is its own logical host.
 /// `bind` is the UDP address to bind (NULL: 0.0.0.0, any port); `peers`
-/// a comma-separated list of other hosts' addresses (NULL: none). On
+/// a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
+/// HOST an IP address or a DNS name standing for all its addresses
+/// (looked up again every 10 s; one that does not resolve yet is
+/// retried). On
 /// success `*out` holds the kernel, freed with `vk_kernel_free`.
 ///
 /// # Safety
@@ -260,10 +263,10 @@ pub unsafe extern "C" fn vk_start(
         // SAFETY: as the function's contract says.
         if let Some(ps) = unsafe { text(peers, "peers") }? {
             for p in ps.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                cfg.peers.push(
-                    p.parse()
-                        .map_err(|_| inval(&format!("peer address {p:?} does not parse")))?,
-                );
+                match vkernel::PeerSpec::parse(p).map_err(|e| inval(&format!("peer: {e}")))? {
+                    vkernel::PeerSpec::Addr(a) => cfg.peers.push(a),
+                    name => cfg.named_peers.push(name),
+                }
             }
         }
         let k = Kernel::start(cfg).map_err(|e| Fail(VK_ESTART, e.to_string()))?;
@@ -925,6 +928,16 @@ mod tests {
             );
             let e = CStr::from_ptr(vk_last_error()).to_str().unwrap();
             assert!(e.contains("nonsense"), "{e}");
+            // Peers: a malformed one is refused; a name is taken.
+            assert_eq!(
+                vk_start(std::ptr::null(), c"127.0.0.1:9, localhost".as_ptr(), &mut k),
+                VK_EINVAL
+            );
+            let e = CStr::from_ptr(vk_last_error()).to_str().unwrap();
+            assert!(e.contains("has no port"), "{e}");
+            ok(vk_start(std::ptr::null(), c"localhost:9".as_ptr(), &mut k));
+            vk_kernel_free(k);
+            k = std::ptr::null_mut();
             assert_eq!(
                 vk_send(
                     std::ptr::null_mut(),

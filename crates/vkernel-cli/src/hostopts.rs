@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use vkernel::net::parse_duration;
-use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig};
+use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig, PeerSpec};
 
 /// How to set up this command's logical host.
 #[derive(Args, Clone, Debug)]
@@ -15,10 +15,13 @@ pub struct HostOpts {
     /// UDP address to bind (IPv4 or IPv6; port 0 picks one).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
-    /// A peer logical host's address (repeatable): used to find hosts and
-    /// names, and to announce our host id. A broadcast address works too.
-    #[arg(long = "peer", value_name = "ADDR")]
-    pub peers: Vec<SocketAddr>,
+    /// A peer logical host (repeatable) as HOST:PORT: an IP address, a
+    /// broadcast address, or a DNS name standing for every address it
+    /// resolves to (looked up again every --resolve-interval; a name that
+    /// does not resolve yet is retried). Used to find hosts and names, and
+    /// to announce our host id.
+    #[arg(long = "peer", value_name = "HOST:PORT", value_parser = PeerSpec::parse)]
+    pub peers: Vec<PeerSpec>,
     /// Fixed logical host id (1..=32767); default: allocate by announcement–complaint.
     #[arg(long, value_parser = parse_host_id)]
     pub host_id: Option<u16>,
@@ -28,6 +31,9 @@ pub struct HostOpts {
     /// Bulk-data flow-control window in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub window: usize,
+    /// How often peer names (--peer NAME:PORT) are looked up again.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub resolve_interval: Duration,
     /// Fail a remote operation when the peer host is silent this long.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub host_timeout: Duration,
@@ -151,7 +157,14 @@ impl HostOpts {
             max_clock_skew: self.max_clock_skew,
             encrypt: self.encrypt,
             bind: self.bind,
-            peers: self.peers.clone(),
+            peers: self.peers.iter().filter_map(PeerSpec::addr).collect(),
+            named_peers: self
+                .peers
+                .iter()
+                .filter(|p| p.addr().is_none())
+                .cloned()
+                .collect(),
+            resolve_interval: self.resolve_interval,
             host_id: self.host_id,
             datagram_size: self.datagram_size,
             window: self.window,
@@ -166,6 +179,8 @@ impl HostOpts {
                 refuse_remote_joins: self.refuse_remote_joins,
             },
             side_sockets: !self.no_side_sockets,
+            #[cfg(feature = "otel")]
+            otel: crate::otel::enabled(),
             ..KernelConfig::default()
         }
     }
@@ -186,6 +201,12 @@ impl HostOpts {
                 vkernel::Kernel::attach_with(&path, &cfg).map_err(|e| format!("cannot attach: {e}"))
             }
         }
+    }
+
+    /// The `--peer`s as given, for messages.
+    pub fn peer_list(&self) -> String {
+        let v: Vec<String> = self.peers.iter().map(ToString::to_string).collect();
+        v.join(", ")
     }
 
     /// The machine host's socket, with `--attach`.

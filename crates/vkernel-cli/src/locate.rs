@@ -32,8 +32,11 @@ pub struct LocateArgs {
 
 /// Runs `vkernel locate`.
 pub fn run(a: LocateArgs) -> Result<(), String> {
-    if a.host.peers.is_empty() && a.host.multicast_port.is_none() {
-        return Err("give --peer ADDR (hosts to ask) or --multicast-port PORT".into());
+    if a.host.peers.is_empty() && a.host.multicast_port.is_none() && a.host.attach.is_none() {
+        return Err(
+            "give --peer HOST:PORT (hosts to ask), --multicast-port PORT, or --attach (the machine host's peers)"
+                .into(),
+        );
     }
     let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;
@@ -97,8 +100,11 @@ pub struct HostsArgs {
 /// Runs `vkernel hosts`: host selection by a multi-reply query to every
 /// host's kernel server.
 pub fn run_hosts(a: HostsArgs) -> Result<(), String> {
-    if a.host.peers.is_empty() && a.host.multicast_port.is_none() {
-        return Err("give --peer ADDR (hosts to ask) or --multicast-port PORT".into());
+    if a.host.peers.is_empty() && a.host.multicast_port.is_none() && a.host.attach.is_none() {
+        return Err(
+            "give --peer HOST:PORT (hosts to ask), --multicast-port PORT, or --attach (the machine host's peers)"
+                .into(),
+        );
     }
     let k = a.host.start()?;
     let p = k.create_process().map_err(|e| e.to_string())?;

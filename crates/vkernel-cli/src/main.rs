@@ -12,6 +12,8 @@ mod locate;
 mod machine;
 mod mount;
 mod nbd;
+#[cfg(feature = "otel")]
+mod otel;
 mod ping;
 mod statscmd;
 mod team;
@@ -128,6 +130,13 @@ fn main() {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    // OpenTelemetry export, flushed before any exit below.
+    #[cfg(feature = "otel")]
+    let otel = std::cell::RefCell::new(otel::init());
+    let flush = || {
+        #[cfg(feature = "otel")]
+        otel.borrow_mut().take();
+    };
     let r = match cli.cmd {
         Some(Cmd::Host(a)) => machine::run(a),
         Some(Cmd::Echo(a)) => echo::run(a),
@@ -143,7 +152,10 @@ fn main() {
         Some(Cmd::Mount(a)) => mount::run(a),
         Some(Cmd::Teamserver(a)) => team::serve(a),
         Some(Cmd::Run(a)) => match team::run(a) {
-            Ok(code) => std::process::exit(code),
+            Ok(code) => {
+                flush();
+                std::process::exit(code)
+            }
             Err(e) => Err(e),
         },
         Some(Cmd::CheckConfig(a)) => config::check(a, &root),
@@ -153,6 +165,7 @@ fn main() {
         Some(Cmd::Bench(a)) => bench::run(Some(a)),
         None => bench::run(None),
     };
+    flush();
     if let Err(e) = r {
         eprintln!("vkernel: {e}");
         std::process::exit(1);

@@ -110,7 +110,7 @@ pub(crate) fn locate_service(
             .parse()
             .map_err(|_| format!("`{a}` is not an address like 127.0.0.1:7200"))?;
         k.add_peer(a);
-        host.peers.push(a);
+        host.peers.push(a.into());
     }
     let p = k.create_process().map_err(|e| e.to_string())?;
     let pid = p
@@ -118,8 +118,8 @@ pub(crate) fn locate_service(
         .map_err(|e| format!("GetPid(\"{name}\"): {e}{}", auth_hint(k)))?;
     if pid.is_none() {
         return Err(format!(
-            "no host among {:?} has {what} registered as \"{name}\"{}",
-            host.peers,
+            "no host among [{}] has {what} registered as \"{name}\"{}",
+            host.peer_list(),
             auth_hint(k)
         ));
     }

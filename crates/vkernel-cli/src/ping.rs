@@ -89,8 +89,8 @@ pub fn run(a: PingArgs) -> Result<(), String> {
                 .map_err(|e| format!("GetPid(\"{}\"): {e}{}", a.name, auth_hint(&k)))?;
             if pid.is_none() {
                 return Err(format!(
-                    "no host among {:?} has a process registered as \"{}\"{}",
-                    a.host.peers,
+                    "no host among [{}] has a process registered as \"{}\"{}",
+                    a.host.peer_list(),
                     a.name,
                     auth_hint(&k)
                 ));

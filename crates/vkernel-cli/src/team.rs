@@ -142,8 +142,7 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
     let later = std::mem::take(&mut a.host.peers);
     if let Some(ad) = on_addr {
         cfg.peers = vec![ad];
-    } else {
-        cfg.peers.clone_from(&later);
+        cfg.named_peers.clear();
     }
     let k = a.host.start_with(cfg)?;
     let pinned = match (on_addr, a.on.as_deref()) {
@@ -156,8 +155,10 @@ pub fn run(mut a: RunArgs) -> Result<i32, String> {
         )?),
         _ => None,
     };
-    for &p in &later {
-        k.add_peer(p);
+    if on_addr.is_some() {
+        for p in &later {
+            k.add_peer_spec(p).map_err(|e| format!("--peer {p}: {e}"))?;
+        }
     }
     a.host.peers.extend(later);
     let fs = locate_service(&k, &mut a.host, &a.fs, FILESERVER, "a file server")?;

@@ -217,8 +217,10 @@ impl AsyncProcess {
                 l.spin_wanted = Some(l.kind_for(to));
                 let r = l.start(move |p| {
                     p.direct(|e, now, me| {
-                        e.send_append(now, me, to, m, Some(lent), usize::MAX)
-                            .map(|()| None::<()>)
+                        e.send_append(now, me, to, m, Some(lent), usize::MAX)?;
+                        #[cfg(feature = "otel")]
+                        p.otel_sent(e);
+                        Ok(None::<()>)
                     })
                 });
                 if let Err(e) = r {

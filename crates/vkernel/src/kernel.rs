@@ -37,6 +37,13 @@ pub struct KernelConfig {
     /// Static peer list and/or broadcast addresses, used to find hosts whose
     /// location is unknown, for remote GetPid and for host-id announcements.
     pub peers: Vec<SocketAddr>,
+    /// Peers by name (`HOST:PORT`, see [`crate::PeerSpec`]): resolved as
+    /// the host starts and again every `resolve_interval`, every address
+    /// joining `peers`' role; addresses a name stops yielding are dropped.
+    /// A name that does not resolve yet is a warning, not an error.
+    pub named_peers: Vec<crate::PeerSpec>,
+    /// How often `named_peers` are looked up again.
+    pub resolve_interval: Duration,
     /// A fixed logical host id; `None` allocates one by announcement–complaint.
     pub host_id: Option<u16>,
     /// UDP payload size for bulk data; `None` picks 64 KiB on loopback and
@@ -94,6 +101,10 @@ pub struct KernelConfig {
     /// every datagram names the main socket's port for answers). Not with
     /// fault injection, which sends from the main socket.
     pub side_sockets: bool,
+    /// Export a span per exchange through the global OpenTelemetry tracer
+    /// provider (see `otel.rs`); feature `otel`.
+    #[cfg(feature = "otel")]
+    pub otel: bool,
 }
 
 impl Default for KernelConfig {
@@ -101,6 +112,8 @@ impl Default for KernelConfig {
         KernelConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             peers: Vec::new(),
+            named_peers: Vec::new(),
+            resolve_interval: Duration::from_secs(10),
             host_id: None,
             datagram_size: None,
             window: 1 << 20,
@@ -121,6 +134,8 @@ impl Default for KernelConfig {
             trace: None,
             metrics: true,
             side_sockets: true,
+            #[cfg(feature = "otel")]
+            otel: false,
         }
     }
 }
@@ -187,6 +202,11 @@ pub(crate) struct Shared {
     pub(crate) send_deadline: Option<Duration>,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
+    /// The peer names this host follows (see `discover.rs`).
+    pub(crate) resolver: Arc<crate::discover::Resolver>,
+    /// Exchange spans, with `KernelConfig::otel`.
+    #[cfg(feature = "otel")]
+    pub(crate) otel: Option<crate::otel::Spans>,
 }
 
 /// The count part of [`Shared::spinners`].
@@ -556,6 +576,20 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 
+    /// Starts the thread that looks peer names up again, if there are
+    /// names and it is not running. It holds the host weakly and is not
+    /// joined: it ends at its next wake-up after the host stops.
+    pub(crate) fn start_resolver(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.resolver.needs_thread() {
+            let r = self.resolver.clone();
+            let host = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("vk-{}-resolve", self.host))
+                .spawn(move || r.run(host))?;
+        }
+        Ok(())
+    }
+
     fn background(self: Arc<Self>) {
         let mut last_spin = u64::MAX;
         while !self.stopping() {
@@ -730,9 +764,18 @@ impl Kernel {
         }
         let host_timeout = cfg.host_timeout.as_micros() as Micros;
         let auth = auth_config(&cfg, seed)?;
+        let resolver = Arc::new(crate::discover::Resolver::new(
+            me,
+            &cfg.peers,
+            cfg.resolve_interval,
+        ));
+        let mut discovery: Vec<SocketAddr> = cfg.peers.clone();
+        discovery.extend(resolver.initial(&cfg.named_peers));
+        let mut seen = std::collections::HashSet::new();
+        discovery.retain(|p| *p != me && seen.insert(*p));
         let ecfg = Config {
             host_id: cfg.host_id.map(HostId),
-            discovery: cfg.peers.iter().copied().filter(|p| *p != me).collect(),
+            discovery,
             datagram_size,
             window: cfg.window.max(datagram_size),
             alien_pool: cfg.alien_pool.max(1),
@@ -781,16 +824,20 @@ impl Kernel {
                 Some(p) => Some(crate::trace::Tracer::create(p)?),
                 None => None,
             },
+            resolver,
+            #[cfg(feature = "otel")]
+            otel: cfg.otel.then(crate::otel::Spans::new),
         };
         // Allocate the host id before anyone else sees the state.
         let deadline = Instant::now() + alloc_wait;
         let started = Instant::now();
         // A fixed id is announced once; give a holder a moment to complain.
-        let fixed_wait = if cfg.host_id.is_some() && !cfg.peers.is_empty() {
-            Duration::from_millis(100)
-        } else {
-            Duration::ZERO
-        };
+        let fixed_wait =
+            if cfg.host_id.is_some() && !shared.lock().engine.config().discovery.is_empty() {
+                Duration::from_millis(100)
+            } else {
+                Duration::ZERO
+            };
         let host = loop {
             shared.poll_socket(256);
             shared.run_timers_if_due();
@@ -820,6 +867,7 @@ impl Kernel {
             t.set_host(host.0);
         }
         let shared = Arc::new(shared);
+        shared.start_resolver()?;
         let bg = {
             let s = shared.clone();
             std::thread::Builder::new()
@@ -936,8 +984,32 @@ impl Kernel {
     /// Adds a peer address (static peer list) at run time.
     pub fn add_peer(&self, a: SocketAddr) {
         match &self.imp {
-            Imp::Embedded(e) => e.shared.with_engine(|e, _| e.add_discovery(a)),
-            Imp::Attached(at) => at.add_peer(a),
+            Imp::Embedded(e) => {
+                e.shared.resolver.add_static(a);
+                e.shared.with_engine(|e, _| e.add_discovery(a));
+            }
+            Imp::Attached(at) => at.add_peer(&a.to_string()),
+        }
+    }
+
+    /// Adds a peer at run time: an address as [`Kernel::add_peer`] does, a
+    /// name to be followed from now on (looked up at once on the host's
+    /// resolver thread, then every `resolve_interval`). Attached, the
+    /// machine host follows the name, since it owns the socket.
+    pub fn add_peer_spec(&self, p: &crate::PeerSpec) -> Result<(), KernelError> {
+        match (&self.imp, p) {
+            (_, crate::PeerSpec::Addr(a)) => {
+                self.add_peer(*a);
+                Ok(())
+            }
+            (Imp::Embedded(e), name) => {
+                e.shared.resolver.add_name(name.clone());
+                Ok(e.shared.start_resolver()?)
+            }
+            (Imp::Attached(at), name) => {
+                at.add_peer(&name.to_string());
+                Ok(())
+            }
         }
     }
 
@@ -1064,6 +1136,7 @@ impl Kernel {
             return;
         }
         e.shared.with_engine(|e, _| e.shutdown());
+        e.shared.resolver.stop();
         e.shared.bg_efd.signal();
         if let Some(h) = e.bg.take() {
             let _ = h.join();

@@ -30,12 +30,15 @@ pub mod aio;
 pub mod guide {}
 pub mod attach;
 mod clock;
+mod discover;
 pub mod host;
 mod kernel;
 pub mod kernel_server;
 mod lent;
 pub mod metrics;
 pub mod net;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod process;
 pub mod service;
 mod spin;
@@ -45,6 +48,7 @@ mod waiter;
 
 pub use aio::AsyncProcess;
 pub use attach::AttachServer;
+pub use discover::PeerSpec;
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};

@@ -145,6 +145,16 @@ impl Aliens {
         self.slots.len()
     }
 
+    /// The sequence number of `src`'s current request, else of the
+    /// newest one seen from it.
+    pub(super) fn newest_seq(&self, src: Pid) -> Option<u32> {
+        let s = self.senders.get(&src)?;
+        s.alien
+            .and_then(|i| self.get(i))
+            .map(|a| a.seq)
+            .or(s.last.map(|(seq, _)| seq))
+    }
+
     /// The alien in slot `i`.
     #[inline]
     pub(super) fn get(&self, i: usize) -> Option<&Alien> {

@@ -447,6 +447,27 @@ impl Engine {
         }
     }
 
+    /// The sequence number of the exchange `sender` has in progress, as
+    /// its datagrams carry it: a local sender's current Send, or the
+    /// newest request of a remote one. (Trace spans are joined by it.)
+    pub fn exchange_seq(&self, sender: Pid) -> Option<u32> {
+        if self.is_local(sender) {
+            match &self.proc_ref(sender)?.state {
+                PState::Sending(o) => Some(o.seq),
+                _ => None,
+            }
+        } else {
+            self.aliens.newest_seq(sender)
+        }
+    }
+
+    /// Stops querying an address when a host's location is unknown (a
+    /// peer name no longer resolves to it). The location cache keeps what
+    /// it learned from that host's own datagrams.
+    pub fn remove_discovery(&mut self, a: SocketAddr) {
+        self.cfg.discovery.retain(|d| *d != a);
+    }
+
     // ---------------------------------------------------------------- timers
 
     /// Runs every timer due at `now`: retransmissions, timeouts, alien expiry.

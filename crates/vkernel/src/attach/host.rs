@@ -525,11 +525,24 @@ impl Inner {
                 if uid != 0 && uid != self.owner_uid {
                     return Err(IpcError::AccessDenied(Pid(0)));
                 }
-                let addr = std::str::from_utf8(&r.payload)
+                let peer = std::str::from_utf8(&r.payload)
                     .ok()
-                    .and_then(|s| s.parse().ok())
+                    .and_then(|s| crate::PeerSpec::parse(s).ok())
                     .ok_or(IpcError::Refused(Pid(0)))?;
-                self.shared.with_engine(|e, _| e.add_discovery(addr));
+                match peer {
+                    crate::PeerSpec::Addr(a) => {
+                        self.shared.resolver.add_static(a);
+                        self.shared.with_engine(|e, _| e.add_discovery(a));
+                    }
+                    name => {
+                        // Looked up on the resolver thread: DNS never
+                        // holds up this connection.
+                        self.shared.resolver.add_name(name);
+                        self.shared
+                            .start_resolver()
+                            .map_err(|_| IpcError::TableFull)?;
+                    }
+                }
                 Ok(([0, 0], Vec::new()))
             }
             _ => Err(IpcError::Refused(Pid(0))),

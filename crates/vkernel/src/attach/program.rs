@@ -1185,7 +1185,9 @@ impl Attachment {
         (r.words[4] != 0).then(|| Duration::from_micros(u64::from(r.words[5])))
     }
 
-    pub(crate) fn add_peer(&self, a: SocketAddr) {
-        let _ = self.question(ask::ADD_PEER, 0, a.to_string().as_bytes());
+    /// Asks the machine host to add a peer: an address, or a name it then
+    /// follows (the text of a [`crate::PeerSpec`]).
+    pub(crate) fn add_peer(&self, peer: &str) {
+        let _ = self.question(ask::ADD_PEER, 0, peer.as_bytes());
     }
 }

@@ -68,6 +68,10 @@ pub(crate) struct LocalProcess {
     socket_reader: std::cell::Cell<bool>,
     /// The last message received came from another host.
     last_from_remote: std::cell::Cell<bool>,
+    /// Exchange spans in progress (OpenTelemetry); boxed, so that a
+    /// process is no larger for it.
+    #[cfg(feature = "otel")]
+    otel: std::cell::RefCell<Box<crate::otel::InProgress>>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -118,6 +122,8 @@ impl LocalProcess {
             send_deadline,
             socket_reader: std::cell::Cell::new(true),
             last_from_remote: std::cell::Cell::new(true),
+            #[cfg(feature = "otel")]
+            otel: std::cell::RefCell::default(),
             _not_sync: PhantomData,
         }
     }
@@ -415,6 +421,8 @@ impl LocalProcess {
         self.trace(Phase::Send, self.pid, to, true);
         self.shared.with_engine(|e, now| {
             e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder)?;
+            #[cfg(feature = "otel")]
+            self.otel_sent(e);
             if let Some(d) = deadline {
                 e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
             }
@@ -478,6 +486,8 @@ impl LocalProcess {
         self.trace(Phase::Send, self.pid, to, true);
         let r = self.shared.with_engine(|e, now| {
             e.send_append(now, self.pid, to, m, Some(lent), append)?;
+            #[cfg(feature = "otel")]
+            self.otel_sent(e);
             if let Some(d) = deadline {
                 e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
             }
@@ -501,6 +511,10 @@ impl LocalProcess {
             Ok(_) => Err(self.stray_completion()),
         };
         let by = r.as_ref().map_or(to, |r| r.from);
+        // The span first, with the error's text; `trace` then has none
+        // left to end.
+        #[cfg(feature = "otel")]
+        self.otel_complete(r.as_ref().map(|r| r.from).map_err(|e| e.to_string()));
         self.trace(Phase::Complete, self.pid, by, r.is_ok());
         r
     }
@@ -516,6 +530,75 @@ impl LocalProcess {
     pub(crate) fn trace(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
         if let Some(t) = &self.shared.tracer {
             t.phase(p, src, dst, ok);
+        }
+        #[cfg(feature = "otel")]
+        self.otel_phase(p, src, dst, ok);
+    }
+
+    /// Begins or ends an exchange span (Send and Complete are the
+    /// sender's, Deliver and Reply the receiver's; `src` is the sender).
+    #[cfg(feature = "otel")]
+    fn otel_phase(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
+        use crate::otel::Begun;
+        let Some(spans) = &self.shared.otel else {
+            return;
+        };
+        let at = std::time::SystemTime::now();
+        match p {
+            Phase::Send => {
+                self.otel.borrow_mut().send = Some(Begun {
+                    at,
+                    peer: dst,
+                    seq: None,
+                });
+            }
+            Phase::Deliver => {
+                let seq = self.shared.with_engine(|e, _| e.exchange_seq(src));
+                self.otel
+                    .borrow_mut()
+                    .delivered(Begun { at, peer: src, seq });
+            }
+            Phase::Reply => {
+                let b = self.otel.borrow_mut().replied(src);
+                if let Some(b) = b {
+                    spans.receive(self.pid, b);
+                }
+            }
+            // An async Send's end (a blocking one's span has ended in
+            // `finish_send`, with the error's text).
+            Phase::Complete => {
+                let b = self.otel.borrow_mut().send.take();
+                if let Some(b) = b {
+                    let by = if ok {
+                        Ok(dst)
+                    } else {
+                        Err("the Send failed".to_string())
+                    };
+                    spans.send(self.pid, b, by);
+                }
+            }
+        }
+    }
+
+    /// The Send has gone to the engine: note its sequence number (under
+    /// the engine's lock, before a reply can end the exchange).
+    #[cfg(feature = "otel")]
+    pub(crate) fn otel_sent(&self, e: &vkernel_proto::Engine) {
+        if self.shared.otel.is_some() {
+            if let Some(b) = self.otel.borrow_mut().send.as_mut() {
+                b.seq = e.exchange_seq(self.pid);
+            }
+        }
+    }
+
+    /// The Send returned: replied to by `by`, or failed.
+    #[cfg(feature = "otel")]
+    fn otel_complete(&self, by: Result<Pid, String>) {
+        if let Some(spans) = &self.shared.otel {
+            let b = self.otel.borrow_mut().send.take();
+            if let Some(b) = b {
+                spans.send(self.pid, b, by);
+            }
         }
     }
 
@@ -542,6 +625,8 @@ impl LocalProcess {
             let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
             match r {
                 Ok(()) => {
+                    #[cfg(feature = "otel")]
+                    self.otel_sent(e);
                     if let Some(d) = deadline {
                         e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
                     }

@@ -1,0 +1,150 @@
+//! OpenTelemetry export of exchange spans (feature `otel`): an exchange
+//! between two logical hosts gives a client span on the sender's host and
+//! a server span on the receiver's, joined by the sender's pid and the
+//! exchange's sequence number, for blocking and async senders alike; a
+//! failed Send's span has an error status.
+//! Spans are caught with the SDK's in-memory exporter.
+
+use opentelemetry::trace::{SpanKind, Status};
+use opentelemetry::Value;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use vkernel::{Kernel, KernelConfig, Message, Pid, Scope};
+
+fn attr(s: &SpanData, key: &str) -> Option<Value> {
+    s.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.clone())
+}
+
+fn hex(p: Pid) -> Value {
+    Value::from(format!("{:08x}", p.0))
+}
+
+#[test]
+fn exchanges_between_two_hosts_become_spans() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+
+    let a = Kernel::start(KernelConfig {
+        otel: true,
+        ..Default::default()
+    })
+    .expect("start a");
+    let b = Kernel::start(KernelConfig {
+        otel: true,
+        peers: vec![a.local_addr()],
+        ..Default::default()
+    })
+    .expect("start b");
+    a.add_peer(b.local_addr());
+
+    let server = b.create_process().expect("server");
+    let spid = server.pid();
+    server.set_pid(0x5eed, spid, Scope::Any);
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for _ in 0..3 {
+            let i = server.receive(&mut m).expect("receive");
+            m.set_word(1, m.word(1) + 1);
+            server.reply(&m, i.from).expect("reply");
+        }
+    });
+    let client = a.create_process().expect("client");
+    let cpid = client.pid();
+    assert_eq!(
+        client.get_pid(0x5eed, Scope::Remote).expect("get_pid"),
+        spid
+    );
+    for _ in 0..2 {
+        let mut m = Message::with_code(1);
+        client.send(&mut m, spid).expect("send");
+        assert_eq!(m.word(1), 1);
+    }
+    // An async sender's exchange.
+    let mut ac = a.create_async_process().expect("async client");
+    let apid = ac.pid();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut m = Message::with_code(1);
+        ac.send(&mut m, spid).await.expect("async send");
+        assert_eq!(m.word(1), 1);
+    });
+    t.join().expect("server thread");
+    // A Send to a process that does not exist fails: an error span.
+    let gone = Pid::new(b.host_id(), 0x7777);
+    let mut m = Message::with_code(1);
+    assert!(client.send(&mut m, gone).is_err());
+
+    provider.force_flush().expect("flush");
+    let spans = exporter.get_finished_spans().expect("spans");
+    let of = |name: &str, kind: SpanKind| -> Vec<&SpanData> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && s.span_kind == kind)
+            .filter(|s| attr(s, "vkernel.sender") == Some(hex(cpid)))
+            .collect()
+    };
+    let sends = of("vkernel.send", SpanKind::Client);
+    let receives = of("vkernel.receive", SpanKind::Server);
+    assert_eq!(sends.len(), 3, "{spans:#?}");
+    assert_eq!(receives.len(), 2, "{spans:#?}");
+
+    let ok: Vec<&&SpanData> = sends
+        .iter()
+        .filter(|s| attr(s, "vkernel.receiver") == Some(hex(spid)))
+        .collect();
+    assert_eq!(ok.len(), 2);
+    let host = |k: &Kernel| Value::from(format!("{:04x}", k.host_id().0));
+    for s in &ok {
+        assert_eq!(s.status, Status::Unset);
+        assert_eq!(attr(s, "vkernel.host"), Some(host(&a)));
+        assert_eq!(attr(s, "vkernel.remote"), Some(Value::Bool(true)));
+        assert!(s.end_time >= s.start_time);
+        assert_eq!(s.instrumentation_scope.name(), vkernel::otel::SCOPE);
+    }
+    // Each exchange's two spans share its sequence number, which differs
+    // between exchanges.
+    let seq = |s: &SpanData| match attr(s, "vkernel.seq") {
+        Some(Value::I64(v)) => v,
+        other => panic!("no sequence number: {other:?} in {s:#?}"),
+    };
+    let mut client_seqs: Vec<i64> = ok.iter().map(|s| seq(s)).collect();
+    let mut server_seqs: Vec<i64> = receives.iter().map(|s| seq(s)).collect();
+    client_seqs.sort_unstable();
+    server_seqs.sort_unstable();
+    assert_eq!(client_seqs, server_seqs);
+    assert_ne!(client_seqs[0], client_seqs[1]);
+    for s in &receives {
+        assert_eq!(attr(s, "vkernel.receiver"), Some(hex(spid)));
+        assert_eq!(attr(s, "vkernel.host"), Some(host(&b)));
+        assert_eq!(attr(s, "vkernel.remote"), Some(Value::Bool(true)));
+    }
+    let of_async = |name: &str| -> Vec<&SpanData> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && attr(s, "vkernel.sender") == Some(hex(apid)))
+            .collect()
+    };
+    let (asend, arecv) = (of_async("vkernel.send"), of_async("vkernel.receive"));
+    assert_eq!((asend.len(), arecv.len()), (1, 1), "{spans:#?}");
+    assert_eq!(seq(asend[0]), seq(arecv[0]));
+    assert_eq!(asend[0].status, Status::Unset);
+    let failed: Vec<&&SpanData> = sends
+        .iter()
+        .filter(|s| attr(s, "vkernel.receiver") == Some(hex(gone)))
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert!(
+        matches!(failed[0].status, Status::Error { .. }),
+        "{:?}",
+        failed[0]
+    );
+    let _ = provider.shutdown();
+}
