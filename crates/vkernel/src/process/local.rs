@@ -619,24 +619,16 @@ impl LocalProcess {
         let mut m = *msg;
         m.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
         self.trace(Phase::Send, self.pid, to, true);
-        let w = &self.waiter;
-        self.shared.with_engine(|e, now| {
-            let was = w.arm(true);
-            let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
-            match r {
-                Ok(()) => {
-                    #[cfg(feature = "otel")]
-                    self.otel_sent(e);
-                    if let Some(d) = deadline {
-                        e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
-                    }
-                }
-                Err(_) => {
-                    w.arm(was);
-                }
+        self.direct(|e, now, me| {
+            e.send_as(now, me, to, m, None, usize::MAX, forwarder)?;
+            #[cfg(feature = "otel")]
+            self.otel_sent(e);
+            if let Some(d) = deadline {
+                e.set_send_deadline(me, now.saturating_add(micros(d)));
             }
-            r
+            Ok(None::<()>)
         })
+        .map(|_| ())
     }
 
     /// Abandons the operation started with a `*_direct` call: the engine
@@ -761,21 +753,7 @@ impl LocalProcess {
     pub(crate) fn receive_direct(
         &self,
     ) -> Result<Option<vkernel_proto::engine::Received>, IpcError> {
-        let w = &self.waiter;
-        let r = self.shared.with_engine(|e, now| {
-            let was = w.arm(true);
-            let r = e.receive_upto(now, self.pid, None, None, usize::MAX);
-            match r {
-                Ok(None) => {}
-                Ok(Some(_)) => {
-                    w.arm(false);
-                }
-                Err(_) => {
-                    w.arm(was);
-                }
-            }
-            r
-        })?;
+        let r = self.direct(|e, now, me| e.receive_upto(now, me, None, None, usize::MAX))?;
         if let Some(rcv) = &r {
             self.trace(Phase::Deliver, rcv.from, self.pid, true);
         }
