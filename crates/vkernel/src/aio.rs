@@ -45,6 +45,7 @@
 //! until the operation ends, so they cannot be borrowed slices.
 
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -503,6 +504,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 pub(crate) struct FutureSink {
     st: Mutex<SinkState>,
+    /// `st` holds something for the task (a completion, or the
+    /// destruction): a busy-polling task looks here, not under the lock.
+    ready: AtomicBool,
 }
 
 #[derive(Default)]
@@ -513,9 +517,25 @@ struct SinkState {
 }
 
 impl FutureSink {
+    /// The completion, if one came (no lock unless one did).
+    fn ready(&self) -> Option<Completion> {
+        if !self.ready.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut st = lock(&self.st);
+        if let Some(c) = st.done.take() {
+            self.ready.store(st.destroyed, Ordering::Release);
+            return Some(c);
+        }
+        st.destroyed
+            .then_some(Completion::Send(Err(IpcError::Destroyed)))
+    }
+
+    /// [`Self::ready`], or registers the task to be woken.
     fn poll(&self, cx: &mut Context<'_>) -> Poll<Completion> {
         let mut st = lock(&self.st);
         if let Some(c) = st.done.take() {
+            self.ready.store(st.destroyed, Ordering::Release);
             return Poll::Ready(c);
         }
         if st.destroyed {
@@ -529,7 +549,10 @@ impl FutureSink {
     }
 
     fn take(&self) -> Option<Completion> {
-        lock(&self.st).done.take()
+        let mut st = lock(&self.st);
+        let c = st.done.take();
+        self.ready.store(st.destroyed, Ordering::Release);
+        c
     }
 
     fn wake_task(&self) {
@@ -544,6 +567,7 @@ impl Sink for FutureSink {
     fn complete(&self, c: Completion) -> bool {
         let mut st = lock(&self.st);
         st.done = Some(c);
+        self.ready.store(true, Ordering::Release);
         st.waker.is_some()
     }
 
@@ -553,6 +577,7 @@ impl Sink for FutureSink {
 
     fn destroyed(&self) {
         lock(&self.st).destroyed = true;
+        self.ready.store(true, Ordering::Release);
         self.wake_task();
     }
 }
@@ -617,11 +642,14 @@ impl LocalAsync {
         let mut slept = false;
         let c = poll_fn(|cx| {
             let l = &mut *guard.l;
-            if let Poll::Ready(c) = l.sink.poll(cx) {
+            if let Some(c) = l.sink.ready() {
                 l.stop_spin();
                 l.count_wait(slept);
                 return Poll::Ready(c);
             }
+            // While busy-polling, the task wakes itself: no waker needs
+            // registering (a completion meanwhile sets `ready`, seen on
+            // the next turn); one that stops registers before sleeping.
             if let Some(kind) = l.spin_turn() {
                 let c = match kind {
                     SpinKind::Socket => l.p.poll_turn().or_else(|| l.sink.take()),
@@ -634,9 +662,13 @@ impl LocalAsync {
                 }
                 // Poll again after the other ready tasks.
                 cx.waker().wake_by_ref();
-            } else {
-                slept = true;
+                return Poll::Pending;
             }
+            if let Poll::Ready(c) = l.sink.poll(cx) {
+                l.count_wait(slept);
+                return Poll::Ready(c);
+            }
+            slept = true;
             Poll::Pending
         })
         .await;
