@@ -9,9 +9,9 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vkernel::{AsyncProcess, Kernel, Message, Pid, Process};
+use vkernel::{AsyncProcess, Kernel, Message, Pid};
 
-use crate::attach::AttachRow;
+use crate::attach::{echo_server, exchanges, quantiles, stop, AttachRow, STOP};
 use crate::report::{Goal, SectionReport};
 use crate::section::{us, Ctx, Outcome, Section};
 
@@ -20,18 +20,6 @@ use crate::section::{us, Ctx, Outcome, Section};
 pub struct AsyncReport {
     /// One row per placement.
     pub rows: Vec<AttachRow>,
-}
-
-const STOP: u32 = 0xdead;
-
-fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0.0)
-    };
-    (at(0.5), at(0.99))
 }
 
 /// Blocking client and server threads; `spin` None = the host default.
@@ -48,33 +36,11 @@ fn blocking(
         c.set_spin(d);
     }
     let spid = s.pid();
-    let t = std::thread::spawn(move || {
-        let mut m = Message::zero();
-        while let Ok(i) = s.receive(&mut m) {
-            let stop = m.code() == STOP;
-            let _ = s.reply(&m, i.from);
-            if stop {
-                break;
-            }
-        }
-    });
-    let v = timed(&c, spid, n);
-    let _ = c.send(&mut Message::with_code(STOP), spid);
+    let t = std::thread::spawn(move || echo_server(s));
+    let v = exchanges(&c, spid, n);
+    stop(&c, spid);
     let _ = t.join();
     Ok(quantiles(v?))
-}
-
-fn timed(c: &Process, to: Pid, n: usize) -> Result<Vec<f64>, String> {
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let mut m = Message::with_code(1);
-        let t = Instant::now();
-        c.send(&mut m, to).map_err(|e| e.to_string())?;
-        if i >= n / 10 {
-            v.push(us(t.elapsed()));
-        }
-    }
-    Ok(v)
 }
 
 async fn async_server(mut s: AsyncProcess) {

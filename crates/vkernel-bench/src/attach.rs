@@ -40,9 +40,9 @@ pub struct AttachRow {
 }
 
 const BIG: usize = 64 << 20;
-const STOP: u32 = 0xdead;
+pub(crate) const STOP: u32 = 0xdead;
 
-fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
+pub(crate) fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     let at = |q: f64| {
         v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
@@ -54,7 +54,7 @@ fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
 
 /// Times `n` null exchanges from `c` to a server process that echoes
 /// until it gets STOP.
-fn exchanges(c: &Process, server: Pid, n: usize) -> Result<Vec<f64>, String> {
+pub(crate) fn exchanges(c: &Process, server: Pid, n: usize) -> Result<Vec<f64>, String> {
     let mut v = Vec::with_capacity(n);
     for i in 0..n + n / 10 {
         let mut m = Message::with_code(1);
@@ -67,7 +67,7 @@ fn exchanges(c: &Process, server: Pid, n: usize) -> Result<Vec<f64>, String> {
     Ok(v)
 }
 
-fn echo_server(p: Process) {
+pub(crate) fn echo_server(p: Process) {
     let mut m = Message::zero();
     while let Ok(i) = p.receive(&mut m) {
         let stop = m.code() == STOP;
@@ -78,7 +78,7 @@ fn echo_server(p: Process) {
     }
 }
 
-fn stop(c: &Process, server: Pid) {
+pub(crate) fn stop(c: &Process, server: Pid) {
     let mut m = Message::with_code(STOP);
     let _ = c.send(&mut m, server);
 }
