@@ -130,19 +130,8 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let one = &c.ka;
     let (ka, kb) = (&c.ka, &c.kb);
     let mut rows = Vec::new();
-    let mut push = |what: &str, wait: &str, r: (f64, f64)| {
-        println!(
-            "  {what:<44} {wait:<22} median {:>8.2} µs  p99 {:>9.2} µs",
-            r.0, r.1
-        );
-        rows.push(AttachRow {
-            what: what.into(),
-            wait: wait.into(),
-            median_us: r.0,
-            p99_us: r.1,
-        });
-        r.0
-    };
+    let mut push =
+        |what: &str, wait: &str, r: (f64, f64)| AttachRow::push(&mut rows, (44, 21), what, wait, r);
     let lb = push(
         "one host: blocking API",
         "default (auto spin)",

@@ -39,6 +39,33 @@ pub struct AttachRow {
     pub p99_us: f64,
 }
 
+impl AttachRow {
+    /// Prints the row (`what` and `wait` padded to `widths`) and adds it
+    /// to `rows`; returns the median.
+    pub(crate) fn push(
+        rows: &mut Vec<AttachRow>,
+        widths: (usize, usize),
+        what: &str,
+        wait: &str,
+        r: (f64, f64),
+    ) -> f64 {
+        println!(
+            "  {what:<w$} {wait:<v$}  median {:>8.2} µs  p99 {:>9.2} µs",
+            r.0,
+            r.1,
+            w = widths.0,
+            v = widths.1
+        );
+        rows.push(AttachRow {
+            what: what.into(),
+            wait: wait.into(),
+            median_us: r.0,
+            p99_us: r.1,
+        });
+        r.0
+    }
+}
+
 const BIG: usize = 64 << 20;
 pub(crate) const STOP: u32 = 0xdead;
 
@@ -374,16 +401,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             ),
             ("raw UDP ping-pong", (udp.median_us, udp.p99_us)),
         ] {
-            println!(
-                "  {what:<34} {wait:<5}  median {:>8.2} µs  p99 {:>9.2} µs",
-                r.0, r.1
-            );
-            rows.push(AttachRow {
-                what: what.into(),
-                wait: wait.into(),
-                median_us: r.0,
-                p99_us: r.1,
-            });
+            AttachRow::push(&mut rows, (34, 5), what, wait, r);
         }
     }
     // Many programs attached, each with an idle process: does the pair's
@@ -397,16 +415,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     }
     let crowded = pair(&a, &b, false, n)?;
     let crowd_what = format!("two attached programs among {many}");
-    println!(
-        "  {crowd_what:<34} block  median {:>8.2} µs  p99 {:>9.2} µs",
-        crowded.0, crowded.1
-    );
-    rows.push(AttachRow {
-        what: crowd_what.clone(),
-        wait: "block".into(),
-        median_us: crowded.0,
-        p99_us: crowded.1,
-    });
+    AttachRow::push(&mut rows, (34, 5), &crowd_what, "block", crowded);
     drop(crowd);
     let rounds = if c.quick { 3 } else { 7 };
     let move_mbps = big_move(&a, &b, rounds)?;

@@ -149,16 +149,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let b = Kernel::attach(&path).map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     let mut push = |what: &str, r: (f64, f64)| {
-        println!(
-            "  {what:<36} spin   median {:>8.2} µs  p99 {:>9.2} µs",
-            r.0, r.1
-        );
-        rows.push(crate::attach::AttachRow {
-            what: what.into(),
-            wait: "spin".into(),
-            median_us: r.0,
-            p99_us: r.1,
-        });
+        crate::attach::AttachRow::push(&mut rows, (36, 5), what, "spin", r);
     };
     let p = path.to_string_lossy().to_string();
     let before = srv.peer_exchanges();
