@@ -12,6 +12,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod direct;
 pub mod engine;
 pub mod error;
 pub mod message;

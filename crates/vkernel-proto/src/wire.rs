@@ -74,6 +74,13 @@ pub const F_ACK_NOW: u8 = 1 << 1;
 /// as such chunks. On a RemoteSend: do not send reply data ahead (some
 /// went missing before); move it.
 pub const F_REPLY_DATA: u8 = 1 << 2;
+/// Header flag (RemoteSend only): answer this exchange (reply,
+/// replyPending, nAck, forward) at the datagram's source address, not at
+/// the sender's main socket. Set by a process that sends its own
+/// datagrams from a socket of its own (an attached program's direct
+/// remote Send, docs/PROTOCOL.md §8f); `reply_port` still names the main
+/// socket, which is what the location cache learns.
+pub const F_ANSWER_SOURCE: u8 = 1 << 3;
 
 /// Packet types: the thesis's thirteen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

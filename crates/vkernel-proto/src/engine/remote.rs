@@ -122,6 +122,7 @@ impl Engine {
 
     pub(super) fn handle_packet(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
         let pkt = *pkt;
+        let source = from;
         // Answers go to the sender's main socket, which need not be the
         // socket this datagram left from (see `Header::reply_port`).
         let from = match pkt.header.reply_port {
@@ -160,6 +161,11 @@ impl Engine {
         }
         self.learn(h.src.host(), from);
         match h.ptype {
+            // A sender with a socket of its own asks for its answers there
+            // (the cache above still learns the main socket).
+            PacketType::RemoteSend if h.flags & wire::F_ANSWER_SOURCE != 0 => {
+                self.on_remote_send(now, source, &pkt)
+            }
             PacketType::RemoteSend => self.on_remote_send(now, from, &pkt),
             PacketType::RemoteReply => self.on_remote_reply(now, &pkt),
             PacketType::RemoteForward => self.on_remote_forward(now, &pkt),
