@@ -360,6 +360,21 @@ impl Engine {
         self.timers.arm(t);
     }
 
+    /// Hands out `n` sequence numbers for a process whose program sends
+    /// some of its Sends itself ([`crate::direct`]); returns the first.
+    /// Every number this engine gives out later is newer, so a receiver
+    /// never takes a later exchange for a stale one.
+    pub fn reserve_seqs(&mut self, n: u32) -> u32 {
+        let first = self.next_seq.wrapping_add(1);
+        self.next_seq = self.next_seq.wrapping_add(n);
+        first
+    }
+
+    /// Whether datagrams are authenticated (a cluster key is configured).
+    pub fn is_keyed(&self) -> bool {
+        self.auth.is_some()
+    }
+
     #[inline]
     fn new_seq(&mut self) -> u32 {
         self.next_seq = self.next_seq.wrapping_add(1);

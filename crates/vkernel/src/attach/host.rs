@@ -23,7 +23,7 @@ use super::peer::{Peer, PEER_BYTES};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
-use super::{lock, MAX_WINDOW, MIN_WINDOW};
+use super::{lock, DIRECT_LEASE_MAX, MAX_WINDOW, MIN_WINDOW};
 
 /// The longest a proxy spins for its program's next call: a program's
 /// next call usually follows at once (a Reply after a Receive, the next
@@ -338,6 +338,7 @@ impl Inner {
                             ([g, 0], Vec::new())
                         })
                 }
+                kind::ASK if r.words[2] == ask::DIRECT => self.direct(&r, uid, &procs),
                 kind::ASK => self.answer(&r, uid),
                 _ => Err(IpcError::Refused(Pid(0))),
             };
@@ -488,6 +489,44 @@ impl Inner {
             return Ok((w.fd.clone(), w.generation));
         }
         Ok((e.fd.clone(), 0))
+    }
+
+    /// Answers `ask::DIRECT`: lets a process of this program send its own
+    /// remote Sends (as the host would: same host id, same principal, seq
+    /// numbers reserved here), with where the destination host is.
+    fn direct(
+        &self,
+        r: &Record,
+        uid: u32,
+        procs: &HashMap<Pid, Proxy>,
+    ) -> Result<([u32; 2], Vec<u8>), IpcError> {
+        let (target, pid) = (HostId(r.words[3] as u16), Pid(r.words[4]));
+        let n = r.words[5].min(DIRECT_LEASE_MAX);
+        if !procs.contains_key(&pid) {
+            return Err(IpcError::NoSuchProcess(pid));
+        }
+        // Its datagrams name the host and a principal the host would not
+        // check: only for programs that could act as the host anyway.
+        if uid != 0 && uid != self.owner_uid {
+            return Err(IpcError::AccessDenied(pid));
+        }
+        // Every datagram must pass the host's keys, fault injector and
+        // tracer, which a program's own socket would bypass.
+        #[cfg(feature = "otel")]
+        let spans = self.shared.otel.is_some();
+        #[cfg(not(feature = "otel"))]
+        let spans = false;
+        if self.shared.net.has_faults() || self.shared.tracer.is_some() || spans {
+            return Err(IpcError::Refused(pid));
+        }
+        self.shared.with_engine(|e, _| {
+            if e.is_keyed() {
+                return Err(IpcError::Refused(pid));
+            }
+            let at = e.location_of(target).map(|a| a.to_string());
+            let first = if n > 0 { e.reserve_seqs(n) } else { 0 };
+            Ok(([first, n], at.unwrap_or_default().into_bytes()))
+        })
     }
 
     fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {

@@ -14,10 +14,15 @@
 //! - `shm`: sealed memory files (the slot, and the window through which a
 //!   call's bytes travel).
 //! - `host` / `program`: the two sides.
+//! - `peer`: exchanges between programs of one uid through each other's
+//!   pages, bypassing the host.
+//! - `direct`: remote Sends a process sends and takes on its own socket,
+//!   bypassing the host's threads.
 //!
 //! The protocol and its invariants are in docs/PROTOCOL.md ("Attach").
 
 pub(crate) mod control;
+pub(crate) mod direct;
 pub(crate) mod host;
 pub(crate) mod peer;
 pub(crate) mod program;
@@ -39,6 +44,8 @@ pub const ENV: &str = "VKERNEL_HOST";
 
 /// A process's window starts this large (bytes).
 pub(crate) const MIN_WINDOW: usize = 64 << 10;
+/// The most sequence numbers one `ask::DIRECT` reserves.
+pub(crate) const DIRECT_LEASE_MAX: u32 = 1 << 16;
 /// A process's window grows to at most this (the largest segment or move
 /// one call of an attached program may carry).
 pub const MAX_WINDOW: usize = 1 << 30;

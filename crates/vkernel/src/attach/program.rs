@@ -18,6 +18,7 @@ use crate::process::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 use crate::spin::SpinPolicy;
 
 use super::control::{self, ask, kind, Record};
+use super::direct::{DirectPath, Waiting, Went};
 use super::peer::{self, Inbound, Outcome, Peer, PEER_BYTES};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
@@ -49,6 +50,9 @@ pub(crate) struct Attachment {
     /// (unless `VKERNEL_ATTACH_PEER=off`).
     peer_on: bool,
     pub(crate) pace: Pace,
+    /// Remote Sends may go on a process's own socket (unless
+    /// `VKERNEL_ATTACH_DIRECT=off`, or the host refused once).
+    direct_on: AtomicBool,
     /// Every new process's waiting strategy and Send deadline.
     spin: SpinPolicy,
     send_deadline: Option<Duration>,
@@ -120,8 +124,9 @@ impl Attachment {
             next_id: AtomicU32::new(1),
             slots: Mutex::new(HashMap::new()),
             principal: w.words[4],
-            peer_on: peer_enabled(),
+            peer_on: enabled("VKERNEL_ATTACH_PEER"),
             pace: Pace::new(),
+            direct_on: AtomicBool::new(enabled("VKERNEL_ATTACH_DIRECT")),
             spin,
             send_deadline,
             net_counters: crate::net::NetCounters::default(),
@@ -243,6 +248,7 @@ impl Attachment {
             principal: Cell::new(self.principal),
             restricted: Cell::new(false),
             windows: RefCell::new(HashMap::new()),
+            direct: RefCell::new(None),
             _not_sync: PhantomData,
         };
         Ok(p)
@@ -278,11 +284,12 @@ impl Attachment {
     }
 }
 
-/// Whether peer pages are used (`VKERNEL_ATTACH_PEER=off` turns them off,
-/// to compare or to rule them out).
-fn peer_enabled() -> bool {
+/// Whether a shortcut is used: peer pages (`VKERNEL_ATTACH_PEER`) and
+/// direct remote Sends (`VKERNEL_ATTACH_DIRECT`) are on unless the
+/// variable says off, to compare or to rule them out.
+fn enabled(var: &str) -> bool {
     !matches!(
-        std::env::var("VKERNEL_ATTACH_PEER").as_deref(),
+        std::env::var(var).as_deref(),
         Ok("0" | "off" | "no" | "false")
     )
 }
@@ -338,6 +345,8 @@ pub(crate) struct AttachedProcess {
     /// Other processes' windows mapped for granted moves, with their
     /// generation.
     windows: RefCell<HashMap<Pid, (u32, Arc<Shm>)>>,
+    /// This process's socket for remote Sends, once it made one.
+    direct: RefCell<Option<DirectPath>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -525,6 +534,10 @@ impl AttachedProcess {
                 PeerSend::NotHere => break,
             }
         }
+        if let Some(r) = self.direct_send(msg, &mut to, &mut fwd, at) {
+            return r;
+        }
+        self.end_direct_lease();
         let s = self.slot();
         s.set_arg(0, to.0);
         s.set_arg64(1, micros64(deadline));
@@ -537,6 +550,109 @@ impl AttachedProcess {
             from: Pid(s.out(0)),
             seg_bytes: s.out(1) as usize,
         })
+    }
+
+    /// A remote Send on this process's own socket, if the host allows it
+    /// (see `direct.rs`). `None`: through the host, to `to` as forwarded
+    /// by `fwd` (changed if the receiver forwarded it meanwhile).
+    fn direct_send(
+        &self,
+        msg: &mut Message,
+        to: &mut Pid,
+        fwd: &mut Pid,
+        at: Option<u64>,
+    ) -> Option<Result<Reply, IpcError>> {
+        if !to.is_process()
+            || to.host() == self.at.host
+            || !self.at.direct_on.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let refuse = || {
+            self.at.direct_on.store(false, Ordering::Relaxed);
+            None
+        };
+        let now = self.at.pace.clock.now();
+        let mut path = self.direct.borrow_mut();
+        if path.is_none() {
+            match self.at.host_addr.map(DirectPath::new) {
+                Some(Ok(p)) => *path = Some(p),
+                _ => return refuse(),
+            }
+        }
+        let path = path.as_mut()?;
+        let host = to.host();
+        if let Some(n) = path.must_ask(host, now) {
+            let words = [
+                kind::ASK,
+                0,
+                ask::DIRECT,
+                u32::from(host.0),
+                self.pid.0,
+                n,
+                0,
+                0,
+            ];
+            match self.at.ask(words, &[], &[]) {
+                Ok(r) => {
+                    let loc = std::str::from_utf8(&r.payload)
+                        .ok()
+                        .and_then(|s| s.parse().ok());
+                    path.learn(host, loc, r.words[4], r.words[5].min(n), now);
+                }
+                // The call through the host will say so.
+                Err(IpcError::HostLost | IpcError::Shutdown) => return None,
+                Err(_) => return refuse(),
+            }
+        }
+        if !path.can_send(host) {
+            return None;
+        }
+        let (mut policy, mut waits) = (self.spin.get(), self.waits.get());
+        let gone = || self.at.gone();
+        let mut w = Waiting {
+            pace: &self.at.pace,
+            policy: &mut policy,
+            waits: &mut waits,
+            gone: &gone,
+            deadline: at,
+        };
+        let went = path.send(
+            &mut w,
+            self.at.host,
+            self.pid,
+            *to,
+            *fwd,
+            *msg,
+            self.principal.get(),
+        );
+        self.spin.set(policy);
+        self.waits.set(waits);
+        match went {
+            Went::Done(r) => Some(r.map(|info| {
+                *msg = info.msg;
+                Reply {
+                    from: info.from,
+                    seg_bytes: 0,
+                }
+            })),
+            Went::Forwarded {
+                to: t,
+                forwarder,
+                msg: m,
+            } => {
+                (*to, *fwd, *msg) = (t, forwarder, m);
+                None
+            }
+        }
+    }
+
+    /// The host is about to send for this process (with a number newer
+    /// than any reserved): the direct path asks for new ones next time.
+    fn end_direct_lease(&self) {
+        if let Some(p) = self.direct.borrow_mut().as_mut() {
+            p.end_lease();
+        }
     }
 
     pub(crate) fn send_with_segment_within(
@@ -554,6 +670,7 @@ impl AttachedProcess {
         };
         let len = data.len();
         self.put(data)?;
+        self.end_direct_lease();
         let s = self.slot();
         s.set_arg(0, to.0);
         s.set_arg(1, access);
