@@ -97,6 +97,9 @@ struct Peers {
     retired: AtomicU64,
     /// Moves granted straight between programs.
     grants: AtomicU64,
+    /// Processes allowed to send remote Sends themselves (`ask::DIRECT`
+    /// answered with sequence numbers).
+    direct: AtomicU64,
 }
 
 impl Peers {
@@ -207,6 +210,13 @@ impl AttachServer {
     /// rather than through it, so far.
     pub fn granted_moves(&self) -> u64 {
         self.inner.peers.grants.load(Ordering::Relaxed)
+    }
+
+    /// Blocks of sequence numbers handed to attached processes that send
+    /// their remote Sends on their own sockets (docs/PROTOCOL.md §8f), so
+    /// far: those exchanges do not pass through this host's engine.
+    pub fn direct_grants(&self) -> u64 {
+        self.inner.peers.direct.load(Ordering::Relaxed)
     }
 }
 
@@ -524,7 +534,14 @@ impl Inner {
                 return Err(IpcError::Refused(pid));
             }
             let at = e.location_of(target).map(|a| a.to_string());
-            let first = if n > 0 { e.reserve_seqs(n) } else { 0 };
+            // Nowhere to send yet: the Send goes through this host.
+            let n = if at.is_some() { n } else { 0 };
+            let first = if n > 0 {
+                self.peers.direct.fetch_add(1, Ordering::Relaxed);
+                e.reserve_seqs(n)
+            } else {
+                0
+            };
             Ok(([first, n], at.unwrap_or_default().into_bytes()))
         })
     }

@@ -1,0 +1,356 @@
+//! Remote Sends of attached programs on their own sockets (docs/PROTOCOL.md
+//! §8f): they bypass the machine host's threads, yet keep the protocol's
+//! guarantees — exactly-once execution under loss, duplication and
+//! reordering, forwards anywhere, clear errors.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::wait_for;
+use vkernel::{FaultConfig, IpcError, Kernel, KernelConfig, Message, Pid, Process, Segment, Stats};
+
+/// RemoteSend datagrams a host has sent.
+fn remote_sends(s: &Stats) -> u64 {
+    s.tx[2]
+}
+
+struct Machine {
+    host: Kernel,
+    srv: Option<vkernel::AttachServer>,
+    path: std::path::PathBuf,
+}
+
+fn machine(name: &str) -> Machine {
+    let dir = std::env::temp_dir().join(format!("vk-direct-{}-{name}", std::process::id()));
+    let path = dir.join("host.sock");
+    let host = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = Some(host.serve_attach(&path, 0o600).unwrap());
+    Machine { host, srv, path }
+}
+
+impl Machine {
+    fn srv(&self) -> &vkernel::AttachServer {
+        self.srv.as_ref().unwrap()
+    }
+}
+
+/// Another logical host on loopback, each knowing where the other is.
+fn remote_of(m: &Machine, faults: FaultConfig) -> Kernel {
+    let r = Kernel::start(KernelConfig {
+        faults,
+        host_timeout: Duration::from_secs(10),
+        ..KernelConfig::default()
+    })
+    .unwrap();
+    r.add_peer(m.host.local_addr());
+    m.host.add_peer(r.local_addr());
+    r
+}
+
+const STOP: u32 = 0xdead;
+
+/// Runs `f` as a new process of `k` on a thread of its own.
+fn serve<T: Send + 'static>(
+    k: &Kernel,
+    f: impl FnOnce(Process) -> T + Send + 'static,
+) -> (Pid, std::thread::JoinHandle<T>) {
+    let p = k.create_process().unwrap();
+    (p.pid(), std::thread::spawn(move || f(p)))
+}
+
+/// A server that answers word 1 + 1 and counts each request id (word 2)
+/// it executed, until STOP.
+fn counting_server(p: Process) -> HashMap<u32, u32> {
+    let mut seen = HashMap::new();
+    let mut m = Message::zero();
+    let mut buf = vec![0u8; 64];
+    loop {
+        let i = p.receive_with_segment(&mut m, &mut buf).unwrap();
+        if m.code() == STOP {
+            p.reply(&m, i.from).unwrap();
+            return seen;
+        }
+        *seen.entry(m.word(2)).or_insert(0) += 1;
+        m.set_word(1, m.word(1) + 1);
+        p.reply(&m, i.from).unwrap();
+    }
+}
+
+/// Sends until the host has granted the direct path (its first Sends go
+/// through the host, which finds where the remote host is).
+fn until_direct(m: &Machine, c: &Process, to: Pid) {
+    wait_for(Duration::from_secs(5), "the direct path", || {
+        let before = remote_sends(&m.host.stats());
+        let mut msg = Message::with_code(1);
+        msg.set_word(2, u32::MAX);
+        c.send(&mut msg, to).unwrap();
+        let direct = remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0;
+        std::thread::sleep(Duration::from_millis(5));
+        direct.then_some(())
+    });
+}
+
+fn stop(c: &Process, to: Pid) {
+    let mut m = Message::with_code(STOP);
+    c.send(&mut m, to).unwrap();
+}
+
+#[test]
+fn remote_sends_leave_from_the_programs_own_socket() {
+    let m = machine("own");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    let host_sends = remote_sends(&m.host.stats());
+    for n in 0..2_000u32 {
+        let mut msg = Message::with_code(1);
+        msg.set_word(1, n);
+        msg.set_word(2, n);
+        let r = c.send(&mut msg, spid).unwrap();
+        assert_eq!((r.from, msg.word(1)), (spid, n + 1));
+    }
+    // Not one of them went out through the machine host's engine.
+    assert_eq!(remote_sends(&m.host.stats()), host_sends);
+    stop(&c, spid);
+    let seen = server.join().unwrap();
+    assert!((0..2_000).all(|n| seen.get(&n) == Some(&1)));
+    // The remote host still knows the machine host at its main socket.
+    let mut back = Message::with_code(1);
+    let hp = m.host.create_process().unwrap();
+    let hpid = hp.pid();
+    let t = std::thread::spawn(move || {
+        let mut msg = Message::zero();
+        let i = hp.receive(&mut msg).unwrap();
+        hp.reply(&msg, i.from).unwrap();
+    });
+    remote
+        .create_process()
+        .unwrap()
+        .send(&mut back, hpid)
+        .unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn exactly_once_under_loss_duplication_and_reordering() {
+    let m = machine("lossy");
+    let faults = FaultConfig {
+        loss: 0.15,
+        duplicate: 0.1,
+        reorder: 0.1,
+        seed: 7,
+        ..FaultConfig::default()
+    };
+    let remote = remote_of(&m, faults);
+    let (spid, server) = serve(&remote, counting_server);
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    let grants = m.srv().direct_grants();
+    for n in 0..400u32 {
+        let mut msg = Message::with_code(1);
+        msg.set_word(1, n);
+        msg.set_word(2, n);
+        // Every seventh goes through the host (it carries a segment): the
+        // two paths' sequence numbers must stay in one order.
+        let r = if n % 7 == 3 {
+            let mut seg = [1u8; 8];
+            c.send_with_segment(&mut msg, spid, Segment::Read(&mut seg))
+        } else {
+            c.send(&mut msg, spid)
+        };
+        let r = r.unwrap_or_else(|e| panic!("request {n}: {e}"));
+        assert_eq!((r.from, msg.word(1)), (spid, n + 1), "request {n}");
+    }
+    stop(&c, spid);
+    let seen = server.join().unwrap();
+    for n in 0..400u32 {
+        assert_eq!(seen.get(&n), Some(&1), "request {n} executed once");
+    }
+    // The direct path was asked again after each Send through the host,
+    // and the faults did happen.
+    assert!(m.srv().direct_grants() > grants);
+    let net = remote.net_counters();
+    assert!(net.injected_loss.load(Ordering::Relaxed) > 0);
+    assert!(
+        remote.stats().duplicates > 0,
+        "retransmissions were answered"
+    );
+}
+
+#[test]
+fn a_forward_reaches_hosts_and_processes_the_direct_path_cannot() {
+    let m = machine("fwd");
+    let remote = remote_of(&m, FaultConfig::default());
+    let third = remote_of(&m, FaultConfig::default());
+    third.add_peer(remote.local_addr());
+    remote.add_peer(third.local_addr());
+    let served = std::sync::Arc::new(AtomicU64::new(0));
+    let echo = |k: &Kernel, tag: u32, served: std::sync::Arc<AtomicU64>| {
+        serve(k, move |p| {
+            let mut msg = Message::zero();
+            loop {
+                let i = p.receive(&mut msg).unwrap();
+                if msg.code() == STOP {
+                    p.reply(&msg, i.from).unwrap();
+                    return;
+                }
+                served.fetch_add(1, Ordering::Relaxed);
+                msg.set_word(3, tag);
+                p.reply(&msg, i.from).unwrap();
+            }
+        })
+    };
+    let (on_third, t3) = echo(&third, 3, served.clone());
+    let (on_machine, tm) = echo(&m.host, 1, served.clone());
+    // On the remote host: forwards odd requests to the machine host's
+    // process, even ones to the third host.
+    let (fwd, tf) = serve(&remote, move |p| {
+        let mut msg = Message::zero();
+        loop {
+            let i = p.receive(&mut msg).unwrap();
+            if msg.code() == STOP {
+                p.reply(&msg, i.from).unwrap();
+                return;
+            }
+            let to = if msg.word(1) % 2 == 1 {
+                on_machine
+            } else {
+                on_third
+            };
+            msg.set_word(2, 99);
+            p.forward(&msg, i.from, to).unwrap();
+        }
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    // The third host's location, for the direct path to follow a forward.
+    let mut w = Message::with_code(5);
+    w.set_word(1, 0);
+    c.send(&mut w, on_third).unwrap();
+    until_direct(&m, &c, on_third);
+    until_direct(&m, &c, fwd);
+    let host_sends = remote_sends(&m.host.stats());
+    for n in 0..50u32 {
+        let mut msg = Message::with_code(5);
+        msg.set_word(1, n);
+        let r = c.send(&mut msg, fwd).unwrap();
+        let (want_from, tag) = if n % 2 == 1 {
+            (on_machine, 1)
+        } else {
+            (on_third, 3)
+        };
+        assert_eq!(
+            (r.from, msg.word(2), msg.word(3)),
+            (want_from, 99, tag),
+            "request {n}"
+        );
+    }
+    // Forwards to the third host were followed on the direct path (those
+    // to the machine host's own process went through the host, which
+    // delivers them locally): no RemoteSend left the machine host.
+    assert_eq!(remote_sends(&m.host.stats()), host_sends);
+    for to in [fwd, on_third, on_machine] {
+        stop(&c, to);
+    }
+    for t in [t3, tm, tf] {
+        t.join().unwrap();
+    }
+    assert!(served.load(Ordering::Relaxed) >= 50);
+}
+
+#[test]
+fn errors_on_the_direct_path_are_clear() {
+    let mut m = machine("err");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    // Takes one request and never answers it.
+    let (mute, _keep) = serve(&remote, |p| {
+        let mut msg = Message::zero();
+        let _held = p.receive(&mut msg);
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    let ghost = Pid::new(spid.host(), spid.local().wrapping_add(1000));
+    let mut msg = Message::with_code(1);
+    assert!(matches!(
+        c.send(&mut msg, ghost),
+        Err(IpcError::NoSuchProcess(p)) if p == ghost
+    ));
+    let t0 = Instant::now();
+    let r = c.send_within(&mut msg, mute, Some(Duration::from_millis(100)));
+    assert!(
+        matches!(r, Err(IpcError::Deadline(p)) if p == mute),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    stop(&c, spid);
+    server.join().unwrap();
+    // The machine host goes while a Send waits on the direct path: the
+    // program hears of it promptly.
+    let (mute2, _keep2) = serve(&remote, |p| {
+        let mut msg = Message::zero();
+        let _held = p.receive(&mut msg);
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    let t = std::thread::spawn(move || {
+        let mut msg = Message::with_code(1);
+        let t0 = Instant::now();
+        (c.send(&mut msg, mute2), t0)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let gone = Instant::now();
+    m.srv.take();
+    let (r, _) = t.join().unwrap();
+    assert!(
+        matches!(r, Err(IpcError::HostLost | IpcError::Shutdown)),
+        "{r:?}"
+    );
+    assert!(
+        gone.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        gone.elapsed()
+    );
+}
+
+#[test]
+fn a_host_that_injects_faults_keeps_every_datagram_on_its_own_socket() {
+    let dir = std::env::temp_dir().join(format!("vk-direct-{}-faulty", std::process::id()));
+    let path = dir.join("host.sock");
+    let host = Kernel::start(KernelConfig {
+        faults: FaultConfig {
+            duplicate: 0.01,
+            seed: 3,
+            ..FaultConfig::default()
+        },
+        ..KernelConfig::default()
+    })
+    .unwrap();
+    let srv = host.serve_attach(&path, 0o600).unwrap();
+    let remote = Kernel::start(KernelConfig::default()).unwrap();
+    remote.add_peer(host.local_addr());
+    host.add_peer(remote.local_addr());
+    let (spid, server) = serve(&remote, counting_server);
+    let a = Kernel::attach(&path).unwrap();
+    let c = a.create_process().unwrap();
+    for n in 0..200u32 {
+        let mut msg = Message::with_code(1);
+        msg.set_word(2, n);
+        c.send(&mut msg, spid).unwrap();
+        if n % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    }
+    let mut msg = Message::with_code(STOP);
+    c.send(&mut msg, spid).unwrap();
+    server.join().unwrap();
+    assert_eq!(srv.direct_grants(), 0);
+    assert!(remote_sends(&host.stats()) >= 201);
+}
