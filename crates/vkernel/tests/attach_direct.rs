@@ -159,8 +159,8 @@ fn exactly_once_under_loss_duplication_and_reordering() {
         // Every seventh goes through the host (it carries a segment): the
         // two paths' sequence numbers must stay in one order.
         let r = if n % 7 == 3 {
-            let mut seg = [1u8; 8];
-            c.send_with_segment(&mut msg, spid, Segment::Read(&mut seg))
+            let seg = [1u8; 8];
+            c.send_with_segment(&mut msg, spid, Segment::Read(&seg))
         } else {
             c.send(&mut msg, spid)
         };
