@@ -213,3 +213,60 @@ fn a_disk_and_its_client_attached_to_one_host() {
     assert!(std::fs::read(&back).unwrap() == data, "read back exact");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The machine host's id, from its banner ("… host 101e listening …").
+fn host_id(banner: &str) -> String {
+    banner
+        .split("host ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("host id")
+        .to_string()
+}
+
+#[test]
+fn an_attached_ping_to_another_host_sends_from_its_own_socket() {
+    let dir = std::env::temp_dir().join(format!("vk-cli-direct-{}", std::process::id()));
+    let sock = dir.join("host.sock");
+    // The echo server: another logical host, in a program of its own.
+    let (_echo, line) = spawn_serving(["echo", "--bind", "127.0.0.1:0", "--exit-after", "120s"]);
+    let echo_addr = listening_addr(&line);
+    let (_h, banner) = spawn_serving([
+        OsStr::new("host"),
+        OsStr::new("--exit-after"),
+        OsStr::new("120s"),
+        OsStr::new("--peer"),
+        OsStr::new(&echo_addr),
+        OsStr::new("--socket"),
+        sock.as_os_str(),
+    ]);
+    let out = ping(&sock, "3000");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("failures 0"), "{text}");
+    // The machine host's engine sent only the first few (before it knew
+    // where the echo host is); the rest left from the ping's own socket.
+    let stats = Command::new(BIN)
+        .args(["stats", "--json", "--attach"])
+        .arg(&sock)
+        .arg(host_id(&banner))
+        .output()
+        .expect("stats");
+    let json = String::from_utf8_lossy(&stats.stdout);
+    let sent = json
+        .split("\"datagrams_tx\":{")
+        .nth(1)
+        .and_then(|s| s.split("\"RemoteSend\":").nth(1))
+        .and_then(|s| s.split([',', '}']).next())
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no RemoteSend count in {json}"));
+    assert!(
+        sent < 1000,
+        "the host sent {sent} of 3000 RemoteSends: {json}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
