@@ -355,6 +355,9 @@ fn memcpy_mbps(rounds: usize) -> f64 {
     median(&mut v)
 }
 
+/// The pause before each waiting mode's rows (see `section`).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
+
 pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Attach.heading("(programs attached to one machine host; shared-memory call slots)");
     let n = if c.quick {
@@ -382,6 +385,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     for spin in [true, false] {
         let wait = if spin { "spin" } else { "block" };
         let mode = if spin { Mode::SPIN } else { Mode::BLOCK };
+        // Let the spin rows' waiters wind down first: a thread still
+        // spinning keeps a vCPU awake, and a blocking pair measured then
+        // trades wake-ups on the other CPU at a fifth of the cost of
+        // waking a halted one (raw UDP 11-15 µs against 55-67 µs quiet),
+        // which would favour whichever row came first.
+        std::thread::sleep(SETTLE);
         let udp = crate::baseline::udp_rtt(32, n, n / 10, mode)?;
         for (what, r) in [
             ("two attached programs", pair(&a, &b, spin, n)?),

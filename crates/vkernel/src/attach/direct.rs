@@ -229,7 +229,8 @@ impl DirectPath {
         } else {
             0
         };
-        let mut blocked = false;
+        // Told never to spin: block at once (no empty read first).
+        let mut blocked = spin_us == 0 && !w.policy.is_adaptive();
         let done = loop {
             let block_ms = blocked.then(|| {
                 let now = clock.now();
