@@ -308,6 +308,10 @@ const GRANT_MIN: usize = 64 << 10;
 /// lets the engine queue its message.
 const CLAIM_SPIN: Duration = Duration::from_micros(20);
 
+/// How often a sender that does not spin yields its CPU for a busy
+/// receiver's inbox to open before it lets the engine queue its message.
+const CLAIM_YIELDS: u32 = 4;
+
 /// What a Send through a peer page came to.
 enum PeerSend {
     Done(Result<Reply, IpcError>),
@@ -1094,9 +1098,7 @@ impl AttachedProcess {
         if p.claim(self.pid) {
             return true;
         }
-        if !self.spin.get().wants_to_spin() {
-            return false;
-        }
+        let spin = self.spin.get().wants_to_spin();
         let clock = &self.at.pace.clock;
         let start = clock.now();
         let limit = CLAIM_SPIN.as_micros() as u64;
@@ -1104,6 +1106,17 @@ impl AttachedProcess {
         // Only while the receiver is busy and nothing queues ahead of us.
         while p.tag() == peer::CLOSED && p.queued.load(Ordering::Relaxed) == 0 {
             i = i.wrapping_add(1);
+            if !spin {
+                // Told not to spin, but the receiver may be one this
+                // thread's wake-up preempted on this CPU just before it
+                // opened its inbox: let it run, briefly. (Without this,
+                // most blocking exchanges went through the host.)
+                if i > CLAIM_YIELDS {
+                    return false;
+                }
+                std::thread::yield_now();
+                continue;
+            }
             if i.is_multiple_of(64) && clock.now().saturating_sub(start) >= limit {
                 return false;
             }
