@@ -392,8 +392,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         // which would favour whichever row came first.
         std::thread::sleep(SETTLE);
         let udp = crate::baseline::udp_rtt(32, n, n / 10, mode)?;
+        let (peer0, direct0) = (srv.peer_exchanges(), srv.direct_grants());
+        let attached = pair(&a, &b, spin, n)?;
+        let peer = srv.peer_exchanges() - peer0;
         for (what, r) in [
-            ("two attached programs", pair(&a, &b, spin, n)?),
+            ("two attached programs", attached),
             (
                 "two threads of one program",
                 pair(&threads, &threads, spin, n)?,
@@ -412,6 +415,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         ] {
             AttachRow::push(&mut rows, (34, 5), what, wait, r);
         }
+        println!(
+            "  ({wait}: {peer} of {} exchanges between the attached programs went through \
+             peer pages; {} grants of the direct path for remote Sends)",
+            n + n / 10 + 1,
+            srv.direct_grants() - direct0
+        );
     }
     // Many programs attached, each with an idle process: does the pair's
     // exchange slow down?
