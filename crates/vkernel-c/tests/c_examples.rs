@@ -189,7 +189,9 @@ fn c_programs_attached_to_one_machine_host() {
     ok_line(&out, 2000);
     assert!(s.wait().unwrap().success());
     // Two programs of one user: their exchanges went through peer pages.
-    assert!(srv.peer_exchanges() >= 2000, "{}", srv.peer_exchanges());
+    // (Not quite all under load: a receiver preempted for longer than the
+    // sender's claim spin gets that message through the host, correctly.)
+    assert!(srv.peer_exchanges() >= 1900, "{}", srv.peer_exchanges());
     drop(srv);
     std::thread::sleep(Duration::from_millis(10));
     let _ = std::fs::remove_dir_all(&b.prefix);

@@ -1098,7 +1098,13 @@ impl AttachedProcess {
         if p.claim(self.pid) {
             return true;
         }
-        let spin = self.spin.get().wants_to_spin();
+        let policy = self.spin.get();
+        let spin = policy.wants_to_spin();
+        // An adaptive policy that stopped spinning has learned that waits
+        // here are long: go through the host at once, as before.
+        if !spin && policy.is_adaptive() {
+            return false;
+        }
         let clock = &self.at.pace.clock;
         let start = clock.now();
         let limit = CLAIM_SPIN.as_micros() as u64;
