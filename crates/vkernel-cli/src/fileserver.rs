@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use vkernel_fs::server::{Access, AccessPolicy, FileServer, ServerConfig};
+use vkernel_fs::server::{Access, AccessPolicy, FileServer, Owners, ServerConfig};
 
 use crate::hostopts::{counter, logical_id, wait_exit, HostOpts};
 
@@ -11,8 +11,8 @@ use crate::hostopts::{counter, logical_id, wait_exit, HostOpts};
 ///
 /// Serves the directory --root to V I/O clients (`vkernel mount`, the Rust
 /// client in vkernel-fs): open/create, read, write, stat, readdir, mkdir,
-/// rmdir, unlink, rename, truncate, fsync, symlink/readlink, link, chmod,
-/// chown, utimens, statfs. No path, `..` or symbolic link can reach outside
+/// rmdir, unlink, rename, truncate, fsync, symlink/readlink, link, mknod
+/// (FIFOs, sockets, device nodes), chmod, chown, utimens, statfs. No path, `..` or symbolic link can reach outside
 /// the root (openat2 RESOLVE_BENEATH). Requests are spread over a pool of
 /// worker processes behind one registered name; the server reads ahead for
 /// sequential readers and writes behind (fsync makes data durable).
@@ -47,6 +47,15 @@ pub struct FileServerArgs {
     /// Access of principals not named by --allow: none, ro or rw.
     #[arg(long, default_value = "rw", value_name = "ACCESS")]
     default_access: Access,
+    /// Who owns what clients create: `caller` (a server running as root
+    /// gives it to the calling program's user and group when the request
+    /// comes from principal 0, a root mount; to principal N's user and
+    /// group N otherwise) or `server` (the server's own user, always).
+    #[arg(long, default_value = "caller", value_name = "caller|server")]
+    owners: Owners,
+    /// Refuse to make device nodes (otherwise principal 0 may).
+    #[arg(long)]
+    no_devices: bool,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
@@ -91,6 +100,8 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
             .clamp(1024, 16 << 20),
         read_ahead: usize::try_from(a.read_ahead).unwrap_or(0).min(64 << 20),
         write_behind: !a.no_write_behind,
+        owners: a.owners,
+        devices: !a.no_devices,
         ..ServerConfig::default()
     };
     let srv = FileServer::start(&k, &a.root, cfg).map_err(|e| e.to_string())?;

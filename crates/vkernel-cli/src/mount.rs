@@ -113,9 +113,18 @@ pub(crate) fn locate_service(
         host.peers.push(a.into());
     }
     let p = k.create_process().map_err(|e| e.to_string())?;
-    let pid = p
-        .get_pid(logical_id(name), Scope::Any)
-        .map_err(|e| format!("GetPid(\"{name}\"): {e}{}", auth_hint(k)))?;
+    // A server that is just starting (or a busy host) may miss the first
+    // query: ask again for a few seconds before giving up.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let pid = loop {
+        let pid = p
+            .get_pid(logical_id(name), Scope::Any)
+            .map_err(|e| format!("GetPid(\"{name}\"): {e}{}", auth_hint(k)))?;
+        if !pid.is_none() || std::time::Instant::now() >= give_up {
+            break pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     if pid.is_none() {
         return Err(format!(
             "no host among [{}] has {what} registered as \"{name}\"{}",

@@ -159,6 +159,11 @@ struct Mount {
 
 impl Mount {
     fn new(root: &Path, mnt: &Path) -> Mount {
+        Mount::with(root, mnt, &[])
+    }
+
+    /// A mount with extra `vkernel mount` arguments.
+    fn with(root: &Path, mnt: &Path, extra: &[&str]) -> Mount {
         let (server, line) = start(
             "fileserver",
             &[
@@ -176,19 +181,17 @@ impl Mount {
             .and_then(|s| s.split(';').next())
             .expect("server address")
             .to_string();
-        let (mount, _) = start(
+        let mut args = vec![
             "mount",
-            &[
-                "mount",
-                &addr,
-                mnt.to_str().unwrap(),
-                "--host-timeout",
-                "2s",
-                "--rediscover",
-                "3s",
-            ],
-            "mounted at",
-        );
+            &addr,
+            mnt.to_str().unwrap(),
+            "--host-timeout",
+            "2s",
+            "--rediscover",
+            "3s",
+        ];
+        args.extend_from_slice(extra);
+        let (mount, _) = start("mount", &args, "mounted at");
         assert!(mounted(mnt), "{} is not in /proc/mounts", mnt.display());
         Mount {
             mnt: mnt.to_path_buf(),
@@ -599,4 +602,98 @@ fn cp_out_of_the_mount_finishes_across_a_server_restart() {
         );
     }
     m.unmount();
+}
+
+/// What each kind of special file and each user's new files look like,
+/// through the mount and on the server.
+const SPECIAL: &str = r#"set -e
+mkfifo fifo
+mknod cdev c 1 3
+mknod bdev b 7 200
+python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.bind("sock")'
+stat -c '%n %F %a %t:%T' fifo cdev bdev sock
+(echo through the fifo > fifo &) ; head -1 < fifo
+chmod 0640 fifo && stat -c '%n %a' fifo
+"#;
+
+/// The same as an ordinary user in a shared, sticky directory: what they
+/// make is theirs, and they can then change it.
+const AS_USER: &str = r#"set -e
+cd shared
+echo mine > f
+mkdir d
+ln -s f l
+mkfifo p
+stat -c '%n %u:%g' f d p
+stat -c '%n %u:%g' -L l
+chmod 0600 f && truncate -s 2 f && touch -d 2001-02-03 f
+mv f g && ln g h
+stat -c '%n %a %s %Y %h' g
+"#;
+
+#[test]
+fn special_files_and_owners_as_on_a_local_disk() {
+    if fuse_available().is_none() {
+        return;
+    }
+    if !have("python3") || !have("setpriv") {
+        panic!("this test needs python3 and setpriv (util-linux)");
+    }
+    let work = Scratch::new("special");
+    let root = work.path().join("export");
+    let mnt = work.path().join("mnt");
+    let local = work.path().join("local");
+    for d in [&root, &mnt, &local] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _m = Mount::with(&root, &mnt, &["--allow-other"]);
+    let limit = Duration::from_secs(60);
+    let (ok_l, out_l) = sh(&local, SPECIAL, limit);
+    assert!(ok_l, "special files on the local directory:\n{out_l}");
+    let (ok_m, out_m) = sh(&mnt, SPECIAL, limit);
+    assert!(ok_m, "special files on the mount:\n{out_m}");
+    assert_eq!(out_m, out_l);
+    assert!(out_m.contains("through the fifo"));
+    // On the server they are the same kinds of file.
+    let (_, on_server) = sh(&root, "stat -c '%n %F %t:%T' fifo cdev bdev sock", limit);
+    assert!(on_server.contains("fifo fifo"), "{on_server}");
+    assert!(
+        on_server.contains("cdev character special file 1:3"),
+        "{on_server}"
+    );
+    assert!(
+        on_server.contains("bdev block special file 7:c8"),
+        "{on_server}"
+    );
+    assert!(on_server.contains("sock socket"), "{on_server}");
+
+    // An ordinary user (nobody) in a shared directory, on both.
+    let as_user = |dir: &Path| {
+        std::fs::create_dir(dir.join("shared")).unwrap();
+        sh(dir, "chmod 1777 shared", limit);
+        sh(
+            dir,
+            &format!(
+                "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c '{}'",
+                AS_USER.replace('\'', "'\\''")
+            ),
+            limit,
+        )
+    };
+    let (ok_l, out_l) = as_user(&local);
+    assert!(ok_l, "as nobody on the local directory:\n{out_l}");
+    let (ok_m, out_m) = as_user(&mnt);
+    assert!(ok_m, "as nobody on the mount:\n{out_m}");
+    assert_eq!(out_m, out_l);
+    assert!(out_m.contains("f 65534:65534"), "{out_m}");
+    // The server's files belong to that user too.
+    let (_, on_server) = sh(
+        &root,
+        "stat -c '%n %u:%g' shared/g shared/d shared/p",
+        limit,
+    );
+    assert_eq!(
+        on_server,
+        "shared/g 65534:65534\nshared/d 65534:65534\nshared/p 65534:65534\n"
+    );
 }

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use vkernel::service::ClientPool;
 use vkernel::{IpcError, Kernel, Message, Pid, Scope, Segment};
 
-use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN};
+use crate::vio::{
+    self, Attr, Dirent, Errno, Owner, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN,
+};
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -392,6 +394,7 @@ impl Client {
                     path_len: len,
                     flags: o.flags as u32,
                     mode: 0,
+                    owner: Owner::default(),
                 }
             };
             let mut m = req.encode();
@@ -470,11 +473,24 @@ impl Client {
         flags: i32,
         mode: u32,
     ) -> Result<(Fh, Attr), ClientError> {
+        self.open_as(path, flags, mode, Owner::default())
+    }
+
+    /// [`Client::open`] on behalf of `owner` (who owns a created file, as
+    /// the server's policy allows: docs/VIO.md, "Ownership").
+    pub fn open_as(
+        &self,
+        path: impl AsRef<[u8]>,
+        flags: i32,
+        mode: u32,
+        owner: Owner,
+    ) -> Result<(Fh, Attr), ClientError> {
         let p = path.as_ref();
         let req = Request::Open {
             path_len: Self::len32(p)?,
             flags: flags as u32,
             mode,
+            owner,
         };
         let (m, out) = self.call(req, p, ATTR_LEN)?;
         let attr = Self::attr_of(&out)?;
@@ -627,10 +643,42 @@ impl Client {
 
     /// Makes a directory.
     pub fn mkdir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Attr, ClientError> {
+        self.mkdir_as(path, mode, Owner::default())
+    }
+
+    /// [`Client::mkdir`] on behalf of `owner`.
+    pub fn mkdir_as(
+        &self,
+        path: impl AsRef<[u8]>,
+        mode: u32,
+        owner: Owner,
+    ) -> Result<Attr, ClientError> {
         let p = path.as_ref();
         let req = Request::Mkdir {
             path_len: Self::len32(p)?,
             mode,
+            owner,
+        };
+        let (_, out) = self.call(req, p, ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
+    /// Makes a FIFO, socket or device node (or an empty regular file):
+    /// `mode` has the file type and permission bits, `rdev` the device
+    /// number of a device node.
+    pub fn mknod(
+        &self,
+        path: impl AsRef<[u8]>,
+        mode: u32,
+        rdev: u32,
+        owner: Owner,
+    ) -> Result<Attr, ClientError> {
+        let p = path.as_ref();
+        let req = Request::Mknod {
+            path_len: Self::len32(p)?,
+            mode,
+            rdev,
+            owner,
         };
         let (_, out) = self.call(req, p, ATTR_LEN)?;
         Self::attr_of(&out)
@@ -726,10 +774,21 @@ impl Client {
         target: impl AsRef<[u8]>,
         path: impl AsRef<[u8]>,
     ) -> Result<Attr, ClientError> {
+        self.symlink_as(target, path, Owner::default())
+    }
+
+    /// [`Client::symlink`] on behalf of `owner`.
+    pub fn symlink_as(
+        &self,
+        target: impl AsRef<[u8]>,
+        path: impl AsRef<[u8]>,
+        owner: Owner,
+    ) -> Result<Attr, ClientError> {
         let (t, p) = (target.as_ref(), path.as_ref());
         let req = Request::Symlink {
             target_len: Self::len32(t)?,
             path_len: Self::len32(p)?,
+            owner,
         };
         let (_, out) = self.call(req, &[t, p].concat(), ATTR_LEN)?;
         Self::attr_of(&out)

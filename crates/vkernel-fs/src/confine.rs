@@ -255,10 +255,12 @@ impl Root {
         Ok(fd)
     }
 
-    /// Makes a directory with exactly `mode`.
+    /// Makes a directory with exactly `mode` (plus set-group-ID, which a
+    /// directory made in a set-group-ID directory inherits).
     pub fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr, Errno> {
         let (dir, name) = self.parent(path)?;
-        let mode = Mode::from_bits_truncate(mode & 0o7777);
+        let inherit = rustix::fs::fstat(&dir).map_err(err)?.st_mode & libc::S_ISGID;
+        let mode = Mode::from_bits_truncate((mode | inherit) & 0o7777);
         rustix::fs::mkdirat(&dir, name, mode).map_err(err)?;
         let fd = rustix::fs::openat(
             &dir,
@@ -273,6 +275,72 @@ impl Root {
             let _ = chmod_opath(&fd, mode);
         }
         let st = rustix::fs::fstat(&fd).map_err(err)?;
+        Ok(attr_of(&st))
+    }
+
+    /// Makes a FIFO, socket, character or block device node, or an empty
+    /// regular file (`mode`'s file type; 0 is a regular file) with exactly
+    /// `mode`'s permission bits. `rdev` is a device node's number.
+    pub fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
+        use rustix::fs::FileType;
+        let kind = match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => FileType::RegularFile,
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFSOCK => FileType::Socket,
+            libc::S_IFCHR => FileType::CharacterDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            _ => return Err(Errno::EINVAL),
+        };
+        let (dir, name) = self.parent(path)?;
+        let perm = Mode::from_bits_truncate(mode & 0o7777);
+        rustix::fs::mknodat(&dir, name, kind, perm, rdev).map_err(err)?;
+        let fd = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err)?;
+        let st = rustix::fs::fstat(&fd).map_err(err)?;
+        if st.st_mode & 0o7777 != perm.bits() {
+            // The server's umask must not narrow the client's mode.
+            chmod_opath(&fd, perm)?;
+        }
+        let st = rustix::fs::fstat(&fd).map_err(err)?;
+        Ok(attr_of(&st))
+    }
+
+    /// Gives the name `path` just created (not followed) to `uid` and
+    /// `gid` — the group stays the directory's when that directory is
+    /// set-group-ID, as it would for a creator of that group — and puts
+    /// back the permission bits a change of owner clears (set-user-ID,
+    /// set-group-ID). Returns the new attributes.
+    pub fn give(&self, path: &[u8], uid: u32, gid: u32) -> Result<Attr, Errno> {
+        let (dir, name) = self.parent(path)?;
+        let inherit = rustix::fs::fstat(&dir).map_err(err)?.st_mode & libc::S_ISGID != 0;
+        let fd = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err)?;
+        let before = rustix::fs::fstat(&fd).map_err(err)?;
+        let gid = (!inherit).then(|| rustix::fs::Gid::from_raw(gid));
+        rustix::fs::chownat(
+            &fd,
+            c"",
+            Some(rustix::fs::Uid::from_raw(uid)),
+            gid,
+            AtFlags::EMPTY_PATH,
+        )
+        .map_err(err)?;
+        let st = rustix::fs::fstat(&fd).map_err(err)?;
+        let is_link = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
+        if !is_link && st.st_mode & 0o7777 != before.st_mode & 0o7777 {
+            chmod_opath(&fd, Mode::from_bits_truncate(before.st_mode & 0o7777))?;
+            return Ok(attr_of(&rustix::fs::fstat(&fd).map_err(err)?));
+        }
         Ok(attr_of(&st))
     }
 

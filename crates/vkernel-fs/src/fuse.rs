@@ -2,9 +2,11 @@
 //! server's files (`vkernel mount`).
 //!
 //! FUSE speaks of inode numbers; the V I/O protocol of paths and handles.
-//! A node table maps each inode number the kernel holds to (parent, name);
-//! a node's path is rebuilt by walking its parents, so a rename moves a
-//! whole subtree by updating one entry. Open files and directories use
+//! A node table maps each inode number the kernel holds to the server's
+//! file (device, inode) and the names it is known by, (parent, name); a
+//! node's path is rebuilt by walking its parents, so a rename moves a
+//! whole subtree by updating one entry. Inode numbers are the server's, so
+//! hard links are one inode, as programs expect. Open files and directories use
 //! server handles, so they keep working after a rename or unlink of their
 //! name. The kernel's own page cache, read-ahead and POSIX locks are used;
 //! permissions are checked by the kernel from the attributes
@@ -25,21 +27,34 @@ use fuser::{
 };
 
 use crate::client::{Client, ClientError, Fh};
-use crate::vio::{self, Attr, Errno, SetAttr};
+use crate::vio::{self, Attr, Errno, Owner, SetAttr};
 
 const ROOT: u64 = 1;
 
+/// First inode number made up for a file whose server inode number is
+/// taken (by a file of another file system beneath the root) or unusable.
+const SYNTHETIC: u64 = 1 << 63;
+
+/// A file the kernel holds.
 struct Node {
-    parent: u64,
-    name: Vec<u8>,
+    /// The names it is known by, as (parent, name): several for a file
+    /// with hard links, one for a directory, none once all are gone (it
+    /// lives on for open handles).
+    names: Vec<(u64, Vec<u8>)>,
+    /// Its identity on the server: (device, inode).
+    id: (u32, u64),
     lookups: u64,
 }
 
-/// Inode numbers ↔ (parent, name).
+/// Inode numbers ↔ files and their names. A file's inode number is its
+/// server inode number (unless taken), so every name of a file — hard
+/// links included — is one inode here, and `st_ino` and directory
+/// entries agree with the server.
 struct Nodes {
     map: HashMap<u64, Node>,
     by_name: HashMap<(u64, Vec<u8>), u64>,
-    next: u64,
+    by_id: HashMap<(u32, u64), u64>,
+    next_synthetic: u64,
 }
 
 impl Nodes {
@@ -48,31 +63,43 @@ impl Nodes {
         map.insert(
             ROOT,
             Node {
-                parent: ROOT,
-                name: Vec::new(),
+                names: Vec::new(),
+                id: (0, 0),
                 lookups: 1,
             },
         );
         Nodes {
             map,
             by_name: HashMap::new(),
-            next: ROOT + 1,
+            by_id: HashMap::new(),
+            next_synthetic: SYNTHETIC,
         }
     }
 
-    /// The server path of a node (`ENOENT` once its name was removed,
-    /// `ESTALE` for a node the kernel should not hold).
+    /// Learns the root's server identity (its attributes came back).
+    fn set_root(&mut self, a: &Attr) {
+        let id = (a.dev, a.ino);
+        if let Some(r) = self.map.get_mut(&ROOT) {
+            if r.id != id {
+                let old = std::mem::replace(&mut r.id, id);
+                self.by_id.remove(&old);
+                self.by_id.insert(id, ROOT);
+            }
+        }
+    }
+
+    /// The server path of a node by any of its names (`ENOENT` once all
+    /// its names were removed, `ESTALE` for a node the kernel should not
+    /// hold).
     fn path(&self, ino: u64) -> Result<Vec<u8>, Errno> {
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut at = ino;
         let mut hops = 0;
         while at != ROOT {
             let n = self.map.get(&at).ok_or(Errno(libc::ESTALE as u32))?;
-            if n.parent == 0 {
-                return Err(Errno::ENOENT);
-            }
-            parts.push(&n.name);
-            at = n.parent;
+            let (parent, name) = n.names.first().ok_or(Errno::ENOENT)?;
+            parts.push(name);
+            at = *parent;
             hops += 1;
             if hops > vio::MAX_PATH {
                 return Err(Errno::ELOOP);
@@ -98,25 +125,48 @@ impl Nodes {
         Ok(p)
     }
 
-    /// The node for (parent, name), created if new; one more lookup.
-    fn remember(&mut self, parent: u64, name: &[u8]) -> u64 {
+    /// The inode number of the server's file `id`.
+    fn ino_of(&mut self, id: (u32, u64)) -> u64 {
+        if let Some(&ino) = self.by_id.get(&id) {
+            return ino;
+        }
+        let taken = |n: u64| n <= ROOT || n >= SYNTHETIC || self.map.contains_key(&n);
+        let ino = if taken(id.1) {
+            let n = self.next_synthetic;
+            self.next_synthetic += 1;
+            n
+        } else {
+            id.1
+        };
+        self.by_id.insert(id, ino);
+        ino
+    }
+
+    /// The node for the file with attributes `a` at (parent, name), made
+    /// if new; one more lookup.
+    fn remember(&mut self, parent: u64, name: &[u8], a: &Attr) -> u64 {
+        let id = (a.dev, a.ino);
         let key = (parent, name.to_vec());
-        if let Some(&ino) = self.by_name.get(&key) {
-            if let Some(n) = self.map.get_mut(&ino) {
-                n.lookups += 1;
-                return ino;
+        if let Some(&old) = self.by_name.get(&key) {
+            match self.map.get_mut(&old) {
+                Some(n) if n.id == id => {
+                    n.lookups += 1;
+                    return old;
+                }
+                // The name now means another file (replaced on the server).
+                _ => self.detach(parent, name),
             }
         }
-        let ino = self.next;
-        self.next += 1;
-        self.map.insert(
-            ino,
-            Node {
-                parent,
-                name: name.to_vec(),
-                lookups: 1,
-            },
-        );
+        let ino = self.ino_of(id);
+        let node = self.map.entry(ino).or_insert(Node {
+            names: Vec::new(),
+            id,
+            lookups: 0,
+        });
+        if !node.names.contains(&key) {
+            node.names.push(key.clone());
+        }
+        node.lookups += 1;
         self.by_name.insert(key, ino);
         ino
     }
@@ -134,45 +184,73 @@ impl Nodes {
         };
         if gone {
             if let Some(node) = self.map.remove(&ino) {
-                let key = (node.parent, node.name);
-                if self.by_name.get(&key) == Some(&ino) {
-                    self.by_name.remove(&key);
+                for key in node.names {
+                    if self.by_name.get(&key) == Some(&ino) {
+                        self.by_name.remove(&key);
+                    }
+                }
+                if self.by_id.get(&node.id) == Some(&ino) {
+                    self.by_id.remove(&node.id);
                 }
             }
         }
     }
 
-    /// The name (parent, name) is gone: its node keeps living for open
-    /// handles but has no path any more.
+    /// The name (parent, name) is gone; its file may live on by other
+    /// names, or with none for open handles.
     fn detach(&mut self, parent: u64, name: &[u8]) {
-        if let Some(ino) = self.by_name.remove(&(parent, name.to_vec())) {
+        let key = (parent, name.to_vec());
+        if let Some(ino) = self.by_name.remove(&key) {
             if let Some(n) = self.map.get_mut(&ino) {
-                n.parent = 0;
+                n.names.retain(|k| *k != key);
             }
         }
     }
 
     fn rename(&mut self, parent: u64, name: &[u8], np: u64, nn: &[u8], exchange: bool) {
-        let a = self.by_name.remove(&(parent, name.to_vec()));
-        let b = self.by_name.remove(&(np, nn.to_vec()));
-        if let Some(ino) = b {
+        let (from, to) = ((parent, name.to_vec()), (np, nn.to_vec()));
+        let a = self.by_name.remove(&from);
+        let b = self.by_name.remove(&to);
+        let mut rename_name = |ino: u64, old: &(u64, Vec<u8>), new: Option<&(u64, Vec<u8>)>| {
             if let Some(n) = self.map.get_mut(&ino) {
-                if exchange {
-                    n.parent = parent;
-                    n.name = name.to_vec();
-                    self.by_name.insert((parent, name.to_vec()), ino);
-                } else {
-                    n.parent = 0;
+                n.names.retain(|k| k != old);
+                if let Some(new) = new {
+                    if !n.names.contains(new) {
+                        n.names.push(new.clone());
+                    }
                 }
             }
+        };
+        if let Some(ino) = b {
+            rename_name(ino, &to, exchange.then_some(&from));
         }
         if let Some(ino) = a {
-            if let Some(n) = self.map.get_mut(&ino) {
-                n.parent = np;
-                n.name = nn.to_vec();
-                self.by_name.insert((np, nn.to_vec()), ino);
-            }
+            rename_name(ino, &from, Some(&to));
         }
+        if let (Some(ino), true) = (b, exchange) {
+            self.by_name.insert(from.clone(), ino);
+        }
+        if let Some(ino) = a {
+            self.by_name.insert(to, ino);
+        }
+    }
+
+    /// The parent of a directory (the root for the root, or if unknown).
+    fn parent_of(&self, ino: u64) -> u64 {
+        self.map
+            .get(&ino)
+            .and_then(|n| n.names.first())
+            .map_or(ROOT, |(p, _)| *p)
+    }
+
+    /// The inode number for a directory entry of `dir`: the server's,
+    /// unless that file is known here by another (made-up) number.
+    fn entry_ino(&self, dir: u64, server_ino: u64) -> u64 {
+        let dev = self.map.get(&dir).map_or(0, |n| n.id.0);
+        self.by_id
+            .get(&(dev, server_ino))
+            .copied()
+            .unwrap_or(server_ino)
     }
 }
 
@@ -341,8 +419,17 @@ impl VioFs {
     }
 
     fn entry(&self, parent: INodeNo, name: &OsStr, a: &Attr, reply: ReplyEntry) {
-        let ino = self.nodes().remember(parent.0, name.as_bytes());
+        let ino = self.nodes().remember(parent.0, name.as_bytes(), a);
         reply.entry(&self.ttl, &file_attr(ino, a), Generation(0));
+    }
+}
+
+/// The calling program's ids, for whoever the server lets own what it
+/// creates.
+fn owner(req: &Request) -> Owner {
+    Owner {
+        uid: req.uid(),
+        gid: req.gid(),
     }
 }
 
@@ -380,6 +467,9 @@ impl Filesystem for VioFs {
         }
         let p = tryf!(reply, self.path(ino));
         let a = tryf!(reply, self.client.lstat(&p).map_err(cerr));
+        if ino.0 == ROOT {
+            self.nodes().set_root(&a);
+        }
         reply.attr(&self.ttl, &file_attr(ino.0, &a));
     }
 
@@ -455,34 +545,28 @@ impl Filesystem for VioFs {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Only regular files: the server refuses to create device nodes,
-        // FIFOs and sockets.
-        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
-            return reply.error(FErrno::from_i32(libc::EPERM));
-        }
+        // FIFOs, sockets and device nodes are names on the server; the
+        // kernel here opens them locally, as on any network file system.
         let p = tryf!(reply, self.child(parent, name));
-        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
-        let (fh, a) = tryf!(
+        let mode = (mode & libc::S_IFMT) | (mode & !umask & 0o7777);
+        let a = tryf!(
             reply,
-            self.client
-                .open(&p, flags, mode & !umask & 0o7777)
-                .map_err(cerr)
+            self.client.mknod(&p, mode, rdev, owner(req)).map_err(cerr)
         );
-        tryf!(reply, self.client.close(fh).map_err(cerr));
         self.entry(parent, name, &a, reply);
     }
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -492,7 +576,9 @@ impl Filesystem for VioFs {
         let p = tryf!(reply, self.child(parent, name));
         let a = tryf!(
             reply,
-            self.client.mkdir(&p, mode & !umask & 0o7777).map_err(cerr)
+            self.client
+                .mkdir_as(&p, mode & !umask & 0o7777, owner(req))
+                .map_err(cerr)
         );
         self.entry(parent, name, &a, reply);
     }
@@ -513,7 +599,7 @@ impl Filesystem for VioFs {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
@@ -523,7 +609,7 @@ impl Filesystem for VioFs {
         let a = tryf!(
             reply,
             self.client
-                .symlink(target.as_os_str().as_bytes(), &p)
+                .symlink_as(target.as_os_str().as_bytes(), &p, owner(req))
                 .map_err(cerr)
         );
         self.entry(parent, link_name, &a, reply);
@@ -686,10 +772,7 @@ impl Filesystem for VioFs {
             return reply.ok();
         }
         if offset <= 1 {
-            let parent = {
-                let n = self.nodes();
-                n.map.get(&ino.0).map_or(ROOT, |x| x.parent.max(ROOT))
-            };
+            let parent = self.nodes().parent_of(ino.0);
             if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
                 return reply.ok();
             }
@@ -703,7 +786,8 @@ impl Filesystem for VioFs {
             for (i, e) in c.entries.iter().enumerate() {
                 let next = 2 + u64::from(at) + i as u64 + 1;
                 let name = OsStr::from_bytes(&e.name);
-                if reply.add(INodeNo(e.ino), next, dt_kind(e.kind), name) {
+                let e_ino = self.nodes().entry_ino(ino.0, e.ino);
+                if reply.add(INodeNo(e_ino), next, dt_kind(e.kind), name) {
                     return reply.ok();
                 }
             }
@@ -832,7 +916,7 @@ impl Filesystem for VioFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -844,10 +928,15 @@ impl Filesystem for VioFs {
         let (fh, a) = tryf!(
             reply,
             self.client
-                .open(&p, flags | libc::O_CREAT, mode & !umask & 0o7777)
+                .open_as(
+                    &p,
+                    flags | libc::O_CREAT,
+                    mode & !umask & 0o7777,
+                    owner(req)
+                )
                 .map_err(cerr)
         );
-        let ino = self.nodes().remember(parent.0, name.as_bytes());
+        let ino = self.nodes().remember(parent.0, name.as_bytes(), &a);
         reply.created(
             &self.ttl,
             &file_attr(ino, &a),
@@ -883,13 +972,22 @@ pub fn mount(
 mod tests {
     use super::*;
 
+    fn attr(dev: u32, ino: u64) -> Attr {
+        Attr {
+            dev,
+            ino,
+            ..Attr::default()
+        }
+    }
+
     #[test]
     fn node_paths_follow_renames_and_unlinks() {
         let mut n = Nodes::new();
-        let d = n.remember(ROOT, b"d");
-        let f = n.remember(d, b"f");
+        let d = n.remember(ROOT, b"d", &attr(1, 10));
+        let f = n.remember(d, b"f", &attr(1, 11));
+        assert_eq!((d, f), (10, 11), "the server's inode numbers");
         assert_eq!(n.path(f).unwrap(), b"d/f");
-        let e = n.remember(ROOT, b"e");
+        let e = n.remember(ROOT, b"e", &attr(1, 12));
         n.rename(ROOT, b"d", e, b"x", false);
         assert_eq!(n.path(f).unwrap(), b"e/x/f");
         n.detach(d, b"f");
@@ -899,6 +997,43 @@ mod tests {
         assert_eq!(n.child(ROOT, b"z").unwrap(), b"z");
         assert_eq!(split_time(time(-5, 250)), (-5, 250));
         assert_eq!(split_time(time(7, 9)), (7, 9));
+    }
+
+    #[test]
+    fn hard_links_are_one_inode_reachable_by_any_remaining_name() {
+        let mut n = Nodes::new();
+        let a = n.remember(ROOT, b"a", &attr(1, 20));
+        let b = n.remember(ROOT, b"b", &attr(1, 20));
+        assert_eq!(a, b);
+        n.detach(ROOT, b"a");
+        assert_eq!(n.path(a).unwrap(), b"b");
+        // The name now means another file: it gets that file's inode.
+        let c = n.remember(ROOT, b"b", &attr(1, 21));
+        assert_ne!(c, a);
+        assert_eq!(n.path(a).unwrap_err(), Errno::ENOENT);
+        // Exchange swaps the names.
+        let d = n.remember(ROOT, b"d", &attr(1, 22));
+        n.rename(ROOT, b"b", ROOT, b"d", true);
+        assert_eq!(
+            (n.path(c).unwrap(), n.path(d).unwrap()),
+            (b"d".to_vec(), b"b".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_taken_or_unusable_server_number_gets_a_made_up_one() {
+        let mut n = Nodes::new();
+        let x = n.remember(ROOT, b"x", &attr(1, 30));
+        // Another file system beneath the root with the same number.
+        let y = n.remember(ROOT, b"y", &attr(2, 30));
+        let one = n.remember(ROOT, b"one", &attr(3, ROOT));
+        assert_eq!(x, 30);
+        assert!(y >= SYNTHETIC && one >= SYNTHETIC && y != one);
+        assert_eq!(n.entry_ino(ROOT, 30), 30);
+        // Forgotten, the number is free again.
+        n.forget(x, 1);
+        n.forget(y, 1);
+        assert_eq!(n.remember(ROOT, b"y", &attr(2, 30)), 30);
     }
 }
 

@@ -32,7 +32,7 @@ use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
 use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
 use crate::confine::{self, Root};
-use crate::vio::{self, Attr, Dirent, Errno, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
+use crate::vio::{self, Attr, Dirent, Errno, Owner, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
 
 /// Internal: a worker tells the dispatcher it is idle.
 const IDLE: u32 = 0x56_00ff;
@@ -100,6 +100,31 @@ impl AccessPolicy {
     }
 }
 
+/// Who owns what clients create (docs/VIO.md, "Ownership").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Owners {
+    /// The caller, as far as the server may: a request of principal 0 (a
+    /// root mount, trusted to name its callers) creates as the user and
+    /// group it carries; any other principal's as that principal (user
+    /// and group). Only a server running as root can change owners; any
+    /// other keeps everything its own.
+    #[default]
+    Caller,
+    /// The server's own user, whoever asks (as before owners travelled).
+    Server,
+}
+
+impl std::str::FromStr for Owners {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Owners, String> {
+        match s {
+            "caller" => Ok(Owners::Caller),
+            "server" => Ok(Owners::Server),
+            _ => Err(format!("`{s}`: owners are caller or server")),
+        }
+    }
+}
+
 /// How a file server is set up.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -124,6 +149,10 @@ pub struct ServerConfig {
     /// Requests queued at the dispatcher while every worker is busy;
     /// beyond this the dispatcher answers `EAGAIN`.
     pub queue: usize,
+    /// Who owns created files.
+    pub owners: Owners,
+    /// Device nodes may be made (by principal 0 only).
+    pub devices: bool,
 }
 
 impl Default for ServerConfig {
@@ -138,6 +167,8 @@ impl Default for ServerConfig {
             write_behind: true,
             max_handles: 4096,
             queue: 1024,
+            owners: Owners::Caller,
+            devices: true,
         }
     }
 }
@@ -213,6 +244,8 @@ struct Shared {
     inodes: Mutex<HashMap<(u64, u64), Weak<Inode>>>,
     ra_bytes: AtomicUsize,
     stats: ServerStats,
+    /// The server runs as root, so it can give files to their creators.
+    root_user: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -315,6 +348,7 @@ impl FileServer {
             inodes: Mutex::new(HashMap::new()),
             ra_bytes: AtomicUsize::new(0),
             stats: ServerStats::default(),
+            root_user: rustix::process::geteuid().is_root(),
         });
         let pool = WorkerPool::start(
             kernel,
@@ -522,6 +556,22 @@ impl Req<'_> {
         self.send(r)
     }
 
+    /// Gives the name `path`, just created, to whom the server's policy
+    /// says (see [`Owners`]); `None` if it stays the server's.
+    fn give(&self, path: &[u8], owner: Owner) -> Result<Option<Attr>, Errno> {
+        if self.sh.cfg.owners == Owners::Server || !self.sh.root_user {
+            return Ok(None);
+        }
+        let (uid, gid) = match self.r.principal {
+            0 => (owner.uid, owner.gid),
+            p => (p, p),
+        };
+        if (uid, gid) == (0, 0) {
+            return Ok(None);
+        }
+        self.sh.root.give(path, uid, gid).map(Some)
+    }
+
     /// An attribute answer, if the segment has room for it.
     fn attr_answer(&self, words: Vec<u32>, a: Attr) -> Answer {
         if self.can_answer(ATTR_LEN) {
@@ -588,8 +638,13 @@ impl Req<'_> {
                 path_len,
                 flags,
                 mode,
+                owner,
             } => {
-                let (fd, _) = root.open_file(path(path_len)?, flags, mode)?;
+                let p = path(path_len)?;
+                let (fd, created) = root.open_file(p, flags, mode)?;
+                if created {
+                    self.give(p, owner)?;
+                }
                 let file = std::fs::File::from(fd);
                 let st = rustix::fs::fstat(&file).map_err(Errno::from_rustix)?;
                 let inode = sh.inode(confine::file_id(&st));
@@ -667,8 +722,31 @@ impl Req<'_> {
                     out,
                 ))
             }
-            Request::Mkdir { path_len, mode } => {
-                let a = root.mkdir(path(path_len)?, mode)?;
+            Request::Mkdir {
+                path_len,
+                mode,
+                owner,
+            } => {
+                let p = path(path_len)?;
+                let a = root.mkdir(p, mode)?;
+                let a = self.give(p, owner)?.unwrap_or(a);
+                Ok(self.attr_answer(vec![], a))
+            }
+            Request::Mknod {
+                path_len,
+                mode,
+                rdev,
+                owner,
+            } => {
+                let device = matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
+                if device && (!sh.cfg.devices || self.r.principal != 0) {
+                    return Err(Errno(libc::EPERM as u32));
+                }
+                let p = path(path_len)?;
+                // The wire's device number is Linux's 32-bit encoding,
+                // which is also the low half of a dev_t.
+                let a = root.mknod(p, mode, u64::from(rdev))?;
+                let a = self.give(p, owner)?.unwrap_or(a);
                 Ok(self.attr_answer(vec![], a))
             }
             Request::Rmdir { path_len } => {
@@ -729,9 +807,11 @@ impl Req<'_> {
             Request::Symlink {
                 target_len,
                 path_len,
+                owner,
             } => {
                 let (t, p) = two(target_len, path_len)?;
                 let a = root.symlink(t, p)?;
+                let a = self.give(p, owner)?.unwrap_or(a);
                 Ok(self.attr_answer(vec![], a))
             }
             Request::Readlink { path_len } => {

@@ -90,6 +90,11 @@ pub const SETATTR: u32 = 0x56_0012;
 pub const LINK: u32 = 0x56_0013;
 /// Request: file-system statistics. Segment write: [`StatFs`].
 pub const STATFS: u32 = 0x56_0014;
+/// Request: make a special file (FIFO, socket, device node) or an empty
+/// regular file. w1 path length, w2 mode (file type and permission bits),
+/// w3 device number (`makedev`, device nodes only), w4–w5 [`Owner`];
+/// segment read+write: path in, [`Attr`] out.
+pub const MKNOD: u32 = 0x56_0015;
 
 /// STAT flag: do not follow a symbolic link in the last component.
 pub const STAT_NOFOLLOW: u32 = 1;
@@ -233,6 +238,20 @@ impl std::fmt::Display for Errno {
 
 impl std::error::Error for Errno {}
 
+/// The calling program's user and group ids, carried in words 4–5 of
+/// every request that creates a name (OPEN with `O_CREAT`, MKDIR,
+/// SYMLINK, MKNOD). How the server applies them is its policy
+/// (docs/VIO.md, "Ownership"): as given for a trusted principal, mapped
+/// for others, ignored by a server that cannot change owners. Zero is
+/// root, which is also what a client that does not know them sends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// User id.
+    pub uid: u32,
+    /// Group id (the caller's file-system group).
+    pub gid: u32,
+}
+
 /// A decoded request (the fields of words 1–5; paths are in the segment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -244,6 +263,8 @@ pub enum Request {
         flags: u32,
         /// Mode for a created file.
         mode: u32,
+        /// Who creates it.
+        owner: Owner,
     },
     /// [`CLOSE`].
     Close {
@@ -298,6 +319,8 @@ pub enum Request {
         path_len: u32,
         /// Permission bits.
         mode: u32,
+        /// Who creates it.
+        owner: Owner,
     },
     /// [`RMDIR`].
     Rmdir {
@@ -347,6 +370,19 @@ pub enum Request {
         target_len: u32,
         /// Link path length.
         path_len: u32,
+        /// Who creates it.
+        owner: Owner,
+    },
+    /// [`MKNOD`].
+    Mknod {
+        /// Path length in the segment.
+        path_len: u32,
+        /// File type and permission bits.
+        mode: u32,
+        /// Device number (device nodes).
+        rdev: u32,
+        /// Who creates it.
+        owner: Owner,
     },
     /// [`READLINK`].
     Readlink {
@@ -395,6 +431,7 @@ impl Request {
             | Request::Truncate { .. }
             | Request::Ftruncate { .. }
             | Request::Symlink { .. }
+            | Request::Mknod { .. }
             | Request::Setattr { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
@@ -430,6 +467,7 @@ impl Request {
             | Request::Stat { path_len, .. }
             | Request::Opendir { path_len }
             | Request::Mkdir { path_len, .. }
+            | Request::Mknod { path_len, .. }
             | Request::Rmdir { path_len }
             | Request::Unlink { path_len }
             | Request::Truncate { path_len, .. }
@@ -442,6 +480,7 @@ impl Request {
             Request::Symlink {
                 target_len,
                 path_len,
+                ..
             } => target_len as usize + path_len as usize,
             Request::Write { count, .. } => count as usize,
             _ => 0,
@@ -458,8 +497,10 @@ impl Request {
                 path_len,
                 flags,
                 mode,
+                owner,
             } => {
                 (w[1], w[2], w[3]) = (path_len, flags, mode);
+                (w[4], w[5]) = (owner.uid, owner.gid);
                 OPEN
             }
             Request::Close { handle } => {
@@ -503,8 +544,13 @@ impl Request {
                 (w[1], w[2]) = (handle, index);
                 READDIR
             }
-            Request::Mkdir { path_len, mode } => {
+            Request::Mkdir {
+                path_len,
+                mode,
+                owner,
+            } => {
                 (w[1], w[2]) = (path_len, mode);
+                (w[4], w[5]) = (owner.uid, owner.gid);
                 MKDIR
             }
             Request::Rmdir { path_len } => {
@@ -546,9 +592,21 @@ impl Request {
             Request::Symlink {
                 target_len,
                 path_len,
+                owner,
             } => {
                 (w[1], w[2]) = (target_len, path_len);
+                (w[4], w[5]) = (owner.uid, owner.gid);
                 SYMLINK
+            }
+            Request::Mknod {
+                path_len,
+                mode,
+                rdev,
+                owner,
+            } => {
+                (w[1], w[2], w[3]) = (path_len, mode, rdev);
+                (w[4], w[5]) = (owner.uid, owner.gid);
+                MKNOD
             }
             Request::Readlink { path_len } => {
                 w[1] = path_len;
@@ -583,11 +641,16 @@ impl Request {
                 Ok(n)
             }
         };
+        let owner = Owner {
+            uid: w[4],
+            gid: w[5],
+        };
         let r = match w[0] & CODE_MASK {
             OPEN => Request::Open {
                 path_len: path(w[1])?,
                 flags: w[2],
                 mode: w[3],
+                owner,
             },
             CLOSE => Request::Close { handle: w[1] },
             READ => Request::Read {
@@ -620,6 +683,7 @@ impl Request {
             MKDIR => Request::Mkdir {
                 path_len: path(w[1])?,
                 mode: w[2],
+                owner,
             },
             RMDIR => Request::Rmdir {
                 path_len: path(w[1])?,
@@ -660,6 +724,13 @@ impl Request {
             SYMLINK => Request::Symlink {
                 target_len: path(w[1])?,
                 path_len: path(w[2])?,
+                owner,
+            },
+            MKNOD => Request::Mknod {
+                path_len: path(w[1])?,
+                mode: w[2],
+                rdev: w[3],
+                owner,
             },
             READLINK => Request::Readlink {
                 path_len: path(w[1])?,

@@ -534,6 +534,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
         path_len: 1,
         flags: libc::O_PATH as u32,
         mode: 0,
+        owner: vio::Owner::default(),
     }
     .encode();
     let mut seg = *b"f";

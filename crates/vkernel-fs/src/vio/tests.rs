@@ -7,6 +7,10 @@ fn all_requests() -> Vec<Request> {
             path_len: 7,
             flags: 0o1101,
             mode: 0o644,
+            owner: Owner {
+                uid: 1000,
+                gid: 100,
+            },
         },
         Request::Close { handle: 9 },
         Request::Read {
@@ -32,6 +36,7 @@ fn all_requests() -> Vec<Request> {
         Request::Mkdir {
             path_len: 3,
             mode: 0o755,
+            owner: Owner::default(),
         },
         Request::Rmdir { path_len: 3 },
         Request::Unlink { path_len: 3 },
@@ -53,6 +58,16 @@ fn all_requests() -> Vec<Request> {
         Request::Symlink {
             target_len: 9,
             path_len: 2,
+            owner: Owner { uid: 7, gid: 8 },
+        },
+        Request::Mknod {
+            path_len: 4,
+            mode: libc::S_IFIFO | 0o600,
+            rdev: 0x0103,
+            owner: Owner {
+                uid: 65534,
+                gid: 65534,
+            },
         },
         Request::Readlink { path_len: 2 },
         Request::Setattr { path_len: 5 },
