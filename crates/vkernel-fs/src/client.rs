@@ -822,6 +822,13 @@ impl Client {
         Self::attr_of(&out)
     }
 
+    /// Changes attributes of an open file by its handle (works after its
+    /// names are gone): mode, owner, times and size as `s` asks.
+    pub fn fsetattr(&self, fh: Fh, s: &SetAttr) -> Result<Attr, ClientError> {
+        let (_, out) = self.call(Request::Fsetattr { handle: fh.0 }, &s.encode(), ATTR_LEN)?;
+        Self::attr_of(&out)
+    }
+
     /// Sets the permission bits of `path`.
     pub fn chmod(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Attr, ClientError> {
         let s = SetAttr {

@@ -415,53 +415,7 @@ impl Root {
     /// with pending writes); this does mode, owner and times.
     pub fn setattr(&self, path: &[u8], s: &SetAttr) -> Result<Attr, Errno> {
         let fd = self.resolve(path, OFlags::PATH | OFlags::NOFOLLOW)?;
-        let st = rustix::fs::fstat(&fd).map_err(err)?;
-        if s.valid & vio::SET_MODE != 0 {
-            if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                return Err(Errno::EOPNOTSUPP);
-            }
-            chmod_opath(&fd, Mode::from_bits_truncate(s.mode & 0o7777))?;
-        }
-        if s.valid & (vio::SET_UID | vio::SET_GID) != 0 {
-            let uid = (s.valid & vio::SET_UID != 0).then(|| rustix::fs::Uid::from_raw(s.uid));
-            let gid = (s.valid & vio::SET_GID != 0).then(|| rustix::fs::Gid::from_raw(s.gid));
-            rustix::fs::chownat(&fd, c"", uid, gid, AtFlags::EMPTY_PATH).map_err(err)?;
-        }
-        let tv = |set: u32, now: u32, sec: i64, ns: u32| {
-            if s.valid & now != 0 {
-                rustix::fs::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: UTIME_NOW,
-                }
-            } else if s.valid & set != 0 {
-                rustix::fs::Timespec {
-                    tv_sec: sec,
-                    tv_nsec: i64::from(ns),
-                }
-            } else {
-                rustix::fs::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: UTIME_OMIT,
-                }
-            }
-        };
-        if s.valid & (vio::SET_ATIME | vio::SET_MTIME | vio::SET_ATIME_NOW | vio::SET_MTIME_NOW)
-            != 0
-        {
-            let ts = Timestamps {
-                last_access: tv(vio::SET_ATIME, vio::SET_ATIME_NOW, s.atime, s.atime_ns),
-                last_modification: tv(vio::SET_MTIME, vio::SET_MTIME_NOW, s.mtime, s.mtime_ns),
-            };
-            rustix::fs::utimensat(
-                &fd,
-                c"",
-                &ts,
-                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(err)?;
-        }
-        let st = rustix::fs::fstat(&fd).map_err(err)?;
-        Ok(attr_of(&st))
+        setattr_fd(&fd, s)
     }
 
     /// The entries of the directory at `path`, without `.` and `..`.
@@ -525,6 +479,57 @@ fn dt_of(t: rustix::fs::FileType) -> u8 {
 /// chmod through an `O_PATH` descriptor: via the server's own
 /// `/proc/self/fd` entry, which names exactly the file the descriptor
 /// holds (Linux has no fchmod for `O_PATH` descriptors before 6.6).
+/// Changes the attributes `s` asks for (not the size) of the file `fd`
+/// stands for: an `O_PATH` descriptor of a name, or an open file.
+pub fn setattr_fd(fd: &impl AsFd, s: &SetAttr) -> Result<Attr, Errno> {
+    let st = rustix::fs::fstat(fd).map_err(err)?;
+
+    if s.valid & vio::SET_MODE != 0 {
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        chmod_opath(fd, Mode::from_bits_truncate(s.mode & 0o7777))?;
+    }
+    if s.valid & (vio::SET_UID | vio::SET_GID) != 0 {
+        let uid = (s.valid & vio::SET_UID != 0).then(|| rustix::fs::Uid::from_raw(s.uid));
+        let gid = (s.valid & vio::SET_GID != 0).then(|| rustix::fs::Gid::from_raw(s.gid));
+        rustix::fs::chownat(fd, c"", uid, gid, AtFlags::EMPTY_PATH).map_err(err)?;
+    }
+    let tv = |set: u32, now: u32, sec: i64, ns: u32| {
+        if s.valid & now != 0 {
+            rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: UTIME_NOW,
+            }
+        } else if s.valid & set != 0 {
+            rustix::fs::Timespec {
+                tv_sec: sec,
+                tv_nsec: i64::from(ns),
+            }
+        } else {
+            rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: UTIME_OMIT,
+            }
+        }
+    };
+    if s.valid & (vio::SET_ATIME | vio::SET_MTIME | vio::SET_ATIME_NOW | vio::SET_MTIME_NOW) != 0 {
+        let ts = Timestamps {
+            last_access: tv(vio::SET_ATIME, vio::SET_ATIME_NOW, s.atime, s.atime_ns),
+            last_modification: tv(vio::SET_MTIME, vio::SET_MTIME_NOW, s.mtime, s.mtime_ns),
+        };
+        rustix::fs::utimensat(
+            fd,
+            c"",
+            &ts,
+            AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(err)?;
+    }
+    let st = rustix::fs::fstat(fd).map_err(err)?;
+    Ok(attr_of(&st))
+}
+
 fn chmod_opath(fd: &impl AsFd, mode: Mode) -> Result<(), Errno> {
     let p = format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd());
     rustix::fs::chmodat(CWD, p.as_str(), mode, AtFlags::empty()).map_err(err)

@@ -125,10 +125,20 @@ impl Nodes {
         Ok(p)
     }
 
-    /// The inode number of the server's file `id`.
+    /// The inode number of the server's file `id`. A node of that id
+    /// whose names are all gone stands for a file the server has since
+    /// deleted and whose number it reused (a file open here keeps its
+    /// number, and gets no new names): the new file gets another number,
+    /// as the kernel may still hold the old one.
     fn ino_of(&mut self, id: (u32, u64)) -> u64 {
         if let Some(&ino) = self.by_id.get(&id) {
-            return ino;
+            if self.map.get(&ino).is_none_or(|n| !n.names.is_empty()) {
+                return ino;
+            }
+            let n = self.next_synthetic;
+            self.next_synthetic += 1;
+            self.by_id.insert(id, n);
+            return n;
         }
         let taken = |n: u64| n <= ROOT || n >= SYNTHETIC || self.map.contains_key(&n);
         let ino = if taken(id.1) {
@@ -282,6 +292,9 @@ impl Default for FuseOptions {
 pub struct VioFs {
     client: Arc<Client>,
     nodes: Mutex<Nodes>,
+    /// Open file handles per inode: attributes of a file whose names are
+    /// all gone are still reached through one (fstat after unlink).
+    open: Mutex<HashMap<u64, Vec<u32>>>,
     ttl: Duration,
 }
 
@@ -290,6 +303,13 @@ impl std::fmt::Debug for VioFs {
         f.debug_struct("VioFs")
             .field("client", &self.client)
             .finish()
+    }
+}
+
+fn lock_or_recover<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -399,6 +419,7 @@ impl VioFs {
         VioFs {
             client,
             nodes: Mutex::new(Nodes::new()),
+            open: Mutex::new(HashMap::new()),
             ttl,
         }
     }
@@ -412,6 +433,31 @@ impl VioFs {
 
     fn path(&self, ino: INodeNo) -> Result<Vec<u8>, FErrno> {
         self.nodes().path(ino.0).map_err(ferr)
+    }
+
+    fn opened(&self, ino: u64, fh: Fh) {
+        lock_or_recover(&self.open)
+            .entry(ino)
+            .or_default()
+            .push(fh.0);
+    }
+
+    fn closed(&self, ino: u64, fh: Fh) {
+        let mut open = lock_or_recover(&self.open);
+        if let Some(v) = open.get_mut(&ino) {
+            v.retain(|&h| h != fh.0);
+            if v.is_empty() {
+                open.remove(&ino);
+            }
+        }
+    }
+
+    /// A handle of the file open here, if any.
+    fn any_handle(&self, ino: u64) -> Option<Fh> {
+        lock_or_recover(&self.open)
+            .get(&ino)
+            .and_then(|v| v.first())
+            .map(|&h| Fh(h))
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<Vec<u8>, FErrno> {
@@ -465,8 +511,15 @@ impl Filesystem for VioFs {
                 return reply.attr(&self.ttl, &file_attr(ino.0, &a));
             }
         }
-        let p = tryf!(reply, self.path(ino));
-        let a = tryf!(reply, self.client.lstat(&p).map_err(cerr));
+        let by_path = self
+            .path(ino)
+            .and_then(|p| self.client.lstat(&p).map_err(cerr));
+        let a = match (by_path, self.any_handle(ino.0)) {
+            (Ok(a), _) => a,
+            // Its names are gone, but it is open here.
+            (Err(_), Some(fh)) => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
+            (Err(e), None) => return reply.error(e),
+        };
         if ino.0 == ROOT {
             self.nodes().set_root(&a);
         }
@@ -526,14 +579,22 @@ impl Filesystem for VioFs {
             (vio::SET_MTIME_NOW, vio::SET_MTIME),
             (&mut s.mtime, &mut s.mtime_ns),
         );
-        if s.valid == 0 {
-            if let Some(fh) = fh {
-                let a = tryf!(reply, self.client.fstat(Fh(fh.0 as u32)).map_err(cerr));
-                return reply.attr(&self.ttl, &file_attr(ino.0, &a));
+        // Through a handle when there is one (fchmod, futimens, and any
+        // change to a file whose names are gone), else by name.
+        let handle = fh.map(|f| Fh(f.0 as u32)).or_else(|| {
+            self.path(ino)
+                .is_err()
+                .then(|| self.any_handle(ino.0))
+                .flatten()
+        });
+        let a = match handle {
+            Some(fh) if s.valid == 0 => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
+            Some(fh) => tryf!(reply, self.client.fsetattr(fh, &s).map_err(cerr)),
+            None => {
+                let p = tryf!(reply, self.path(ino));
+                tryf!(reply, self.client.setattr(&p, &s).map_err(cerr))
             }
-        }
-        let p = tryf!(reply, self.path(ino));
-        let a = tryf!(reply, self.client.setattr(&p, &s).map_err(cerr));
+        };
         reply.attr(&self.ttl, &file_attr(ino.0, &a));
     }
 
@@ -666,6 +727,7 @@ impl Filesystem for VioFs {
         let p = tryf!(reply, self.path(ino));
         let f = flags.0 & !(libc::O_CREAT | libc::O_EXCL);
         let (fh, _) = tryf!(reply, self.client.open(&p, f, 0).map_err(cerr));
+        self.opened(ino.0, fh);
         reply.opened(FileHandle(u64::from(fh.0)), FopenFlags::empty());
     }
 
@@ -726,13 +788,14 @@ impl Filesystem for VioFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.closed(ino.0, Fh(fh.0 as u32));
         tryf!(reply, self.client.close(Fh(fh.0 as u32)).map_err(cerr));
         reply.ok();
     }
@@ -937,6 +1000,7 @@ impl Filesystem for VioFs {
                 .map_err(cerr)
         );
         let ino = self.nodes().remember(parent.0, name.as_bytes(), &a);
+        self.opened(ino, fh);
         reply.created(
             &self.ttl,
             &file_attr(ino, &a),
@@ -1011,6 +1075,13 @@ mod tests {
         let c = n.remember(ROOT, b"b", &attr(1, 21));
         assert_ne!(c, a);
         assert_eq!(n.path(a).unwrap_err(), Errno::ENOENT);
+        // A reused server number while the old file's node lives on
+        // without names: another inode.
+        let old = n.remember(ROOT, b"gone", &attr(1, 40));
+        n.detach(ROOT, b"gone");
+        let reused = n.remember(ROOT, b"new", &attr(1, 40));
+        assert_ne!(reused, old);
+        assert_eq!(n.remember(ROOT, b"new", &attr(1, 40)), reused);
         // Exchange swaps the names.
         let d = n.remember(ROOT, b"d", &attr(1, 22));
         n.rename(ROOT, b"b", ROOT, b"d", true);

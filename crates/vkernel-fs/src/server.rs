@@ -814,6 +814,25 @@ impl Req<'_> {
                 let a = self.give(p, owner)?.unwrap_or(a);
                 Ok(self.attr_answer(vec![], a))
             }
+            Request::Fsetattr { handle } => {
+                let rec = input.get(..SETATTR_LEN).ok_or(Errno::EPROTO)?;
+                let s = SetAttr::decode(rec).map_err(|_| Errno::EINVAL)?;
+                let h = sh.handle(handle, self.r.from, self.r.principal)?;
+                let Kind::File { file, inode } = &h.kind else {
+                    return Err(Errno::EBADF);
+                };
+                let mut io = lock(&inode.io);
+                if s.valid & vio::SET_SIZE != 0 {
+                    sh.drop_ra(&mut io);
+                    file.set_len(s.size).map_err(|e| Errno::from_io(&e))?;
+                }
+                let a = if s.valid & !vio::SET_SIZE != 0 {
+                    confine::setattr_fd(file, &s)?
+                } else {
+                    confine::attr_of(&rustix::fs::fstat(file).map_err(Errno::from_rustix)?)
+                };
+                Ok(self.attr_answer(vec![], a))
+            }
             Request::Readlink { path_len } => {
                 let t = root.readlink(path(path_len)?)?;
                 if !self.can_answer(t.len()) {

@@ -95,6 +95,10 @@ pub const STATFS: u32 = 0x56_0014;
 /// w3 device number (`makedev`, device nodes only), w4–w5 [`Owner`];
 /// segment read+write: path in, [`Attr`] out.
 pub const MKNOD: u32 = 0x56_0015;
+/// Request: change attributes of an open file by its handle (fchmod,
+/// fchown, futimens, ftruncate), which works after its names are gone. w1
+/// handle; segment read+write: [`SetAttr`] record in, [`Attr`] out.
+pub const FSETATTR: u32 = 0x56_0016;
 
 /// STAT flag: do not follow a symbolic link in the last component.
 pub const STAT_NOFOLLOW: u32 = 1;
@@ -394,6 +398,11 @@ pub enum Request {
         /// Path length (after the record) in the segment.
         path_len: u32,
     },
+    /// [`FSETATTR`].
+    Fsetattr {
+        /// The handle.
+        handle: u32,
+    },
     /// [`LINK`].
     Link {
         /// Existing path length.
@@ -433,6 +442,7 @@ impl Request {
             | Request::Symlink { .. }
             | Request::Mknod { .. }
             | Request::Setattr { .. }
+            | Request::Fsetattr { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
             | Request::Read { .. }
@@ -473,6 +483,7 @@ impl Request {
             | Request::Truncate { path_len, .. }
             | Request::Readlink { path_len } => path_len as usize,
             Request::Setattr { path_len } => SETATTR_LEN + path_len as usize,
+            Request::Fsetattr { .. } => SETATTR_LEN,
             Request::Rename {
                 old_len, new_len, ..
             }
@@ -616,6 +627,10 @@ impl Request {
                 w[1] = path_len;
                 SETATTR
             }
+            Request::Fsetattr { handle } => {
+                w[1] = handle;
+                FSETATTR
+            }
             Request::Link { old_len, new_len } => {
                 (w[1], w[2]) = (old_len, new_len);
                 LINK
@@ -738,6 +753,7 @@ impl Request {
             SETATTR => Request::Setattr {
                 path_len: path(w[1])?,
             },
+            FSETATTR => Request::Fsetattr { handle: w[1] },
             LINK => Request::Link {
                 old_len: path(w[1])?,
                 new_len: path(w[2])?,

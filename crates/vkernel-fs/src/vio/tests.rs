@@ -71,6 +71,7 @@ fn all_requests() -> Vec<Request> {
         },
         Request::Readlink { path_len: 2 },
         Request::Setattr { path_len: 5 },
+        Request::Fsetattr { handle: 6 },
         Request::Link {
             old_len: 1,
             new_len: 1,
