@@ -28,7 +28,7 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64) {
 }
 
 /// A scratch directory removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -45,8 +45,8 @@ impl Drop for Kid {
 }
 
 /// An sshfs mount unmounted on drop (with the sshd it talks to).
-struct Sshfs {
-    mnt: PathBuf,
+pub(crate) struct Sshfs {
+    pub(crate) mnt: PathBuf,
     _sshd: Kid,
 }
 impl Drop for Sshfs {
@@ -80,7 +80,7 @@ fn run_quiet(cmd: &mut Command) -> Result<(), String> {
 
 /// Starts a private sshd on a free loopback port and mounts `export`
 /// at `mnt` with sshfs.
-fn sshfs_mount(work: &Path, export: &Path, mnt: &Path) -> Result<Sshfs, String> {
+pub(crate) fn sshfs_mount(work: &Path, export: &Path, mnt: &Path) -> Result<Sshfs, String> {
     for t in ["/usr/sbin/sshd", "/usr/bin/sshfs", "/usr/bin/ssh-keygen"] {
         if !Path::new(t).exists() {
             return Err(format!(

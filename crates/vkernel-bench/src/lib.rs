@@ -34,6 +34,7 @@ mod files;
 pub mod hoststats;
 mod kernel_ops;
 mod loading;
+mod metadata;
 pub mod mode;
 mod overhead;
 pub mod paper;

@@ -108,6 +108,8 @@ pub enum SectionReport {
     Python(crate::python::PythonReport),
     /// 15.
     Async(crate::asyncrt::AsyncReport),
+    /// 16.
+    Metadata(crate::metadata::Metadata),
 }
 
 /// Section 1.

@@ -16,7 +16,9 @@ use vkernel_proto::Pid;
 
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
-use crate::{asyncrt, attach, disk, files, kernel_ops, loading, overhead, peers, python, Mode};
+use crate::{
+    asyncrt, attach, disk, files, kernel_ops, loading, metadata, overhead, peers, python, Mode,
+};
 
 /// What [`run`] measures and where it writes.
 #[derive(Clone, Debug)]
@@ -116,11 +118,13 @@ pub enum Section {
     Python,
     /// 15: async Rust: awaited exchanges beside blocking ones.
     Async,
+    /// 16: metadata workloads on a local directory, the V mount, sshfs.
+    Metadata,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 15] = [
+    pub const ALL: [Section; 16] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -136,6 +140,7 @@ impl Section {
         Section::Attach,
         Section::Python,
         Section::Async,
+        Section::Metadata,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -166,6 +171,7 @@ impl Section {
             Section::Attach => "One machine host",
             Section::Python => "Python",
             Section::Async => "Async Rust",
+            Section::Metadata => "File metadata",
         }
     }
 
@@ -199,6 +205,7 @@ impl Section {
             Section::Attach => attach::section(c)?,
             Section::Python => python::section(c)?,
             Section::Async => asyncrt::section(c)?,
+            Section::Metadata => metadata::section(c)?,
         })
     }
 }

@@ -12,11 +12,13 @@ pub struct BenchArgs {
     /// groups, 9 observability, 10 network disk, 11 file service, 12 security,
     /// 13 one machine host: attached programs, 14 Python beside Rust and
     /// pyzmq: needs a Python with `pip install ./python`, else skipped,
-    /// 15 async Rust beside the blocking API).
+    /// 15 async Rust beside the blocking API, 16 file metadata workloads:
+    /// git, tar, stat, sqlite, rm on a local directory, the V mount and
+    /// sshfs).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"
+        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"
     )]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.

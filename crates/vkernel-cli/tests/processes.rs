@@ -266,6 +266,7 @@ fn demo_and_bench_run_and_report() {
         "12. Security",
         "13. One machine host",
         "14. Python",
+        "16. File metadata",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -292,6 +293,10 @@ fn demo_and_bench_run_and_report() {
     }
     // Section 14 ran, or said why not (no Python with vkernel here).
     assert!(s["section14"]["python"].is_string(), "{s}");
+    // Section 16 timed its six workloads on the local directory at least.
+    let w = s["section16"]["workloads"].as_array().expect("section 16");
+    assert_eq!(w.len(), 6, "{s}");
+    assert!(w.iter().all(|x| pos(&x["local_ms"])), "{s}");
     let rows = s["section2"]["rows"].as_array().unwrap();
     let srr = rows
         .iter()

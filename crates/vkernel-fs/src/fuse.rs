@@ -972,6 +972,22 @@ impl Filesystem for VioFs {
         reply.error(FErrno::from_i32(libc::ENOSYS));
     }
 
+    /// No ioctl is served (shells probe terminals with TCGETS on every
+    /// file they redirect to): ENOTTY, as for a plain file, and no log.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(FErrno::from_i32(libc::ENOTTY));
+    }
+
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         // The kernel checks permissions itself (default_permissions).
         reply.ok();
