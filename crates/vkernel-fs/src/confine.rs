@@ -262,13 +262,7 @@ impl Root {
         let inherit = rustix::fs::fstat(&dir).map_err(err)?.st_mode & libc::S_ISGID;
         let mode = Mode::from_bits_truncate((mode | inherit) & 0o7777);
         rustix::fs::mkdirat(&dir, name, mode).map_err(err)?;
-        let fd = rustix::fs::openat(
-            &dir,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(err)?;
+        let fd = name_fd(&dir, name, OFlags::DIRECTORY)?;
         let st = rustix::fs::fstat(&fd).map_err(err)?;
         if st.st_mode & 0o7777 != mode.bits() {
             // Best effort: the directory exists either way.
@@ -294,13 +288,7 @@ impl Root {
         let (dir, name) = self.parent(path)?;
         let perm = Mode::from_bits_truncate(mode & 0o7777);
         rustix::fs::mknodat(&dir, name, kind, perm, rdev).map_err(err)?;
-        let fd = rustix::fs::openat(
-            &dir,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(err)?;
+        let fd = name_fd(&dir, name, OFlags::empty())?;
         let st = rustix::fs::fstat(&fd).map_err(err)?;
         if st.st_mode & 0o7777 != perm.bits() {
             // The server's umask must not narrow the client's mode.
@@ -318,13 +306,7 @@ impl Root {
     pub fn give(&self, path: &[u8], uid: u32, gid: u32) -> Result<Attr, Errno> {
         let (dir, name) = self.parent(path)?;
         let inherit = rustix::fs::fstat(&dir).map_err(err)?.st_mode & libc::S_ISGID != 0;
-        let fd = rustix::fs::openat(
-            &dir,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(err)?;
+        let fd = name_fd(&dir, name, OFlags::empty())?;
         let before = rustix::fs::fstat(&fd).map_err(err)?;
         let gid = (!inherit).then(|| rustix::fs::Gid::from_raw(gid));
         rustix::fs::chownat(
@@ -528,6 +510,13 @@ pub fn setattr_fd(fd: &impl AsFd, s: &SetAttr) -> Result<Attr, Errno> {
     }
     let st = rustix::fs::fstat(fd).map_err(err)?;
     Ok(attr_of(&st))
+}
+
+/// An `O_PATH` descriptor of the single name `name` in `dir`, not
+/// followed (`extra`: more flags, e.g. `DIRECTORY`).
+fn name_fd(dir: &OwnedFd, name: &[u8], extra: OFlags) -> Result<OwnedFd, Errno> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra;
+    rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(err)
 }
 
 fn chmod_opath(fd: &impl AsFd, mode: Mode) -> Result<(), Errno> {

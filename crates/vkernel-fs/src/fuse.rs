@@ -514,11 +514,13 @@ impl Filesystem for VioFs {
         let by_path = self
             .path(ino)
             .and_then(|p| self.client.lstat(&p).map_err(cerr));
-        let a = match (by_path, self.any_handle(ino.0)) {
-            (Ok(a), _) => a,
-            // Its names are gone, but it is open here.
-            (Err(_), Some(fh)) => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
-            (Err(e), None) => return reply.error(e),
+        let a = match by_path {
+            Ok(a) => a,
+            // Its names are gone, but it may be open here.
+            Err(e) => match self.any_handle(ino.0) {
+                Some(fh) => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
+                None => return reply.error(e),
+            },
         };
         if ino.0 == ROOT {
             self.nodes().set_root(&a);
@@ -846,10 +848,16 @@ impl Filesystem for VioFs {
                 reply,
                 self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
             );
-            for (i, e) in c.entries.iter().enumerate() {
+            let inos: Vec<u64> = {
+                let n = self.nodes();
+                c.entries
+                    .iter()
+                    .map(|e| n.entry_ino(ino.0, e.ino))
+                    .collect()
+            };
+            for (i, (e, &e_ino)) in c.entries.iter().zip(&inos).enumerate() {
                 let next = 2 + u64::from(at) + i as u64 + 1;
                 let name = OsStr::from_bytes(&e.name);
-                let e_ino = self.nodes().entry_ino(ino.0, e.ino);
                 if reply.add(INodeNo(e_ino), next, dt_kind(e.kind), name) {
                     return reply.ok();
                 }
