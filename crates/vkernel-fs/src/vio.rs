@@ -660,6 +660,11 @@ impl Request {
             uid: w[4],
             gid: w[5],
         };
+        // -1 is chown's "leave it", never an owner.
+        let creates = matches!(w[0] & CODE_MASK, OPEN | MKDIR | SYMLINK | MKNOD);
+        if creates && (owner.uid == u32::MAX || owner.gid == u32::MAX) {
+            return Err(Errno::EINVAL);
+        }
         let r = match w[0] & CODE_MASK {
             OPEN => Request::Open {
                 path_len: path(w[1])?,

@@ -242,6 +242,12 @@ impl SetAttr {
         if s.atime_ns >= 1_000_000_000 || s.mtime_ns >= 1_000_000_000 {
             return Err(DecodeError::Field("nanoseconds"));
         }
+        // (-1 is chown's "leave it", never an owner.)
+        if (s.valid & SET_UID != 0 && s.uid == u32::MAX)
+            || (s.valid & SET_GID != 0 && s.gid == u32::MAX)
+        {
+            return Err(DecodeError::Field("owner"));
+        }
         Ok(s)
     }
 }

@@ -81,6 +81,29 @@ fn all_requests() -> Vec<Request> {
 }
 
 #[test]
+fn an_owner_of_minus_one_is_refused() {
+    let mut m = Request::Mkdir {
+        path_len: 1,
+        mode: 0o755,
+        owner: Owner {
+            uid: u32::MAX,
+            gid: 0,
+        },
+    }
+    .encode();
+    assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+    m.0[4] = 0;
+    m.0[5] = u32::MAX;
+    assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+    let s = SetAttr {
+        valid: SET_UID,
+        uid: u32::MAX,
+        ..SetAttr::default()
+    };
+    assert!(SetAttr::decode(&s.encode()).is_err());
+}
+
+#[test]
 fn every_request_round_trips() {
     for r in all_requests() {
         let m = r.encode();
