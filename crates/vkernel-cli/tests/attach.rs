@@ -21,6 +21,20 @@ fn host(sock: &std::path::Path) -> Proc {
     p
 }
 
+/// A machine host at `sock` that knows the logical host at `peer`, and
+/// its banner.
+fn host_with_peer(sock: &std::path::Path, peer: &str) -> (Proc, String) {
+    spawn_serving([
+        OsStr::new("host"),
+        OsStr::new("--exit-after"),
+        OsStr::new("120s"),
+        OsStr::new("--peer"),
+        OsStr::new(peer),
+        OsStr::new("--socket"),
+        sock.as_os_str(),
+    ])
+}
+
 /// `vkernel ARGS --attach SOCK`, once it serves.
 fn attached(args: &[&str], sock: &std::path::Path) -> (Proc, String) {
     let args = args.iter().map(OsStr::new);
@@ -124,15 +138,7 @@ fn a_program_run_by_an_attached_team_server_is_a_process_of_its_host() {
         root.as_os_str(),
     ]);
     let fs_addr = listening_addr(&line);
-    let (_h, line) = spawn_serving([
-        OsStr::new("host"),
-        OsStr::new("--exit-after"),
-        OsStr::new("60s"),
-        OsStr::new("--peer"),
-        OsStr::new(&fs_addr),
-        OsStr::new("--socket"),
-        sock.as_os_str(),
-    ]);
+    let (_h, line) = host_with_peer(&sock, &fs_addr);
     let host_addr = listening_addr(&line);
     let _echo = attached_echo(&sock);
     let (_ts, _) = attached(&["teamserver", "--exit-after", "60s"], &sock);
@@ -231,15 +237,7 @@ fn an_attached_ping_to_another_host_sends_from_its_own_socket() {
     // The echo server: another logical host, in a program of its own.
     let (_echo, line) = spawn_serving(["echo", "--bind", "127.0.0.1:0", "--exit-after", "120s"]);
     let echo_addr = listening_addr(&line);
-    let (_h, banner) = spawn_serving([
-        OsStr::new("host"),
-        OsStr::new("--exit-after"),
-        OsStr::new("120s"),
-        OsStr::new("--peer"),
-        OsStr::new(&echo_addr),
-        OsStr::new("--socket"),
-        sock.as_os_str(),
-    ]);
+    let (_h, banner) = host_with_peer(&sock, &echo_addr);
     let out = ping(&sock, "3000");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
