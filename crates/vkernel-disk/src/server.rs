@@ -176,6 +176,7 @@ impl DiskServer {
                 idle_code: msg::IDLE,
                 inline_upto: INLINE_BYTES,
                 logical_id: cfg.logical_id,
+                worker_spin: None,
             },
             shared.clone(),
         )?;

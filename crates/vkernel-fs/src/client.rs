@@ -189,10 +189,12 @@ impl Client {
         depth: usize,
         principal: u32,
     ) -> Result<Client, ClientError> {
+        let pool = ClientPool::new(kernel, depth, principal)?;
+        pool.set_spin(Duration::ZERO);
         let c = Client {
             server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
-            pool: ClientPool::new(kernel, depth, principal)?,
+            pool,
             reopen: None,
         };
         c.statfs()?;

@@ -359,6 +359,7 @@ impl FileServer {
                 idle_code: IDLE,
                 inline_upto: 0,
                 logical_id: cfg.logical_id,
+                worker_spin: Some(std::time::Duration::ZERO),
             },
             shared.clone(),
         )?;

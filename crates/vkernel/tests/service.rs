@@ -79,6 +79,7 @@ fn config(workers: usize, queue: usize) -> PoolConfig {
         idle_code: IDLE,
         inline_upto: 4096,
         logical_id: Some(service::id("test-echo")),
+        worker_spin: None,
     }
 }
 

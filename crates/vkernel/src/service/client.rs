@@ -35,6 +35,14 @@ impl ClientPool {
         })
     }
 
+    /// Makes every process of the pool busy-poll exactly `d` before it
+    /// blocks while it waits for an answer (zero: always block).
+    pub fn set_spin(&self, d: std::time::Duration) {
+        for p in self.free().iter() {
+            p.set_spin(d);
+        }
+    }
+
     /// How many processes the pool holds.
     pub fn size(&self) -> usize {
         self.size

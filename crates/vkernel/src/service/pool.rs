@@ -80,6 +80,12 @@ pub struct PoolConfig {
     pub inline_upto: usize,
     /// Logical id the dispatcher registers under (any scope), if any.
     pub logical_id: Option<u32>,
+    /// How long workers busy-poll for their next request before they
+    /// block (zero: always block); `None` follows the host's policy. A
+    /// worker's next request rarely comes within a spin when clients do
+    /// other work between requests (a FUSE mount, a disk), and on a
+    /// machine with few CPUs the spinners take the CPU that work needs.
+    pub worker_spin: Option<std::time::Duration>,
 }
 
 /// A running dispatcher and its workers. Dropping it does not stop them;
@@ -210,6 +216,9 @@ fn worker<H: Handler>(p: Process, dispatcher: Pid, cfg: &PoolConfig, h: &H, idle
     // that would only pass it on. A worker's own remote waits (bulk moves)
     // are served by whichever thread reads the socket next.
     p.set_socket_reader(false);
+    if let Some(d) = cfg.worker_spin {
+        p.set_spin(d);
+    }
     let mut m = Message::zero();
     let mut appended = vec![0u8; MAX_APPEND];
     let mut scratch = H::Scratch::default();
