@@ -378,13 +378,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let mnt = work.0.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
     let ours = match fuse::mount(
+        kb,
         client.clone(),
         &mnt,
         &FuseOptions {
-            ttl: Duration::from_secs(1),
-            threads: 4,
             fsname: "vkernel-bench".into(),
-            allow_other: false,
+            ..FuseOptions::default()
         },
     ) {
         Ok(s) => {

@@ -175,6 +175,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         FileServer::start(&ka, &export, ServerConfig::default()).map_err(|e| e.to_string())?;
     let client = Arc::new(Client::connect(&kb, srv.pid(), 8).map_err(|e| e.to_string())?);
     let v = fuse::mount(
+        &kb,
         client,
         &vmnt,
         &FuseOptions {

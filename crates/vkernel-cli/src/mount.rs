@@ -27,9 +27,20 @@ pub struct MountArgs {
     /// FUSE worker threads (requests in flight to the server at once).
     #[arg(long, default_value_t = 4)]
     threads: usize,
-    /// How long the kernel caches attributes and names.
+    /// How long attributes and names are cached when the server does not
+    /// report other clients' changes (an older server, or --no-watch).
     #[arg(long, default_value = "1s", value_parser = vkernel::net::parse_duration)]
     ttl: Duration,
+    /// How long attributes, names and absent names are cached when the
+    /// server reports every change another client makes (the default).
+    /// Changes made on the server's disk by programs other than the file
+    /// server show up here after at most this long.
+    #[arg(long, default_value = "10s", value_parser = vkernel::net::parse_duration)]
+    cache_ttl: Duration,
+    /// Do not ask the server to report other clients' changes (caches
+    /// then live for --ttl).
+    #[arg(long)]
+    no_watch: bool,
     /// Let other users access the mount.
     #[arg(long)]
     allow_other: bool,
@@ -156,12 +167,14 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
     }
     let opts = FuseOptions {
         ttl: a.ttl,
+        cache_ttl: a.cache_ttl,
+        watch: !a.no_watch,
         threads: a.threads.max(1),
         fsname: format!("vkernel:{}", a.server),
         allow_other: a.allow_other,
     };
     let stop = fuse::Termination::install().map_err(|e| format!("signal handlers: {e}"))?;
-    let session = fuse::mount(Arc::new(client), &a.mountpoint, &opts)
+    let session = fuse::mount(&k, Arc::new(client), &a.mountpoint, &opts)
         .map_err(|e| format!("mounting at {}: {e}", a.mountpoint.display()))?;
     println!(
         "vkernel mount: {} (pid {server}) mounted at {}; Ctrl-C or SIGTERM unmounts",

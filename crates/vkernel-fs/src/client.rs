@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use vkernel::service::ClientPool;
-use vkernel::{IpcError, Kernel, Message, Pid, Scope, Segment};
+use vkernel::{IpcError, Kernel, Message, Pid, Process, Scope, Segment};
 
 use crate::vio::{
     self, Attr, Dirent, Errno, Owner, Request, SetAttr, StatFs, ATTR_LEN, SETATTR_LEN,
@@ -61,6 +61,18 @@ pub struct Fh(pub u32);
 pub struct DirChunk {
     /// The entries.
     pub entries: Vec<Dirent>,
+    /// Index of the entry after the last one returned.
+    pub next: u32,
+    /// True if the listing is complete.
+    pub done: bool,
+}
+
+/// One chunk of a directory listing with attributes (READDIRPLUS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirChunkPlus {
+    /// The entries from the index asked for on, in order, each with its
+    /// attributes (inode 0: removed since the listing was taken).
+    pub entries: Vec<(Dirent, Attr)>,
     /// Index of the entry after the last one returned.
     pub next: u32,
     /// True if the listing is complete.
@@ -156,6 +168,45 @@ pub struct Client {
     max_request: usize,
     pool: ClientPool,
     reopen: Option<Reopen>,
+    /// The pool's pids (a WATCH names them as this client's).
+    members: Vec<Pid>,
+    /// The callback process a WATCH named, to name again to a restarted
+    /// server.
+    callback: Mutex<Option<Pid>>,
+    /// The server does not know OPENREAD / READDIRPLUS (older server).
+    no_openread: std::sync::atomic::AtomicBool,
+    no_readdirplus: std::sync::atomic::AtomicBool,
+}
+
+/// Most bytes [`Client::write_attr`] writes with attributes answered.
+pub const WRITE_ATTR_MAX: usize = 128 << 10;
+
+/// Most bytes [`Client::open_read`] asks for with the open.
+pub const OPEN_READ_MAX: usize = 60 << 10;
+
+/// A callback process: answers each INVALIDATE at once, then hands it
+/// to `sink` (so the server's worker never waits on the client's kernel).
+fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
+    let mut m = Message::zero();
+    let mut path = vec![0u8; vio::MAX_PATH];
+    loop {
+        let i = match p.receive_with_segment(&mut m, &mut path) {
+            Ok(i) => i,
+            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(_) => continue,
+        };
+        let inv = vio::Invalidation::decode(&m);
+        let status = if inv.is_ok() {
+            Errno::OK
+        } else {
+            Errno::EPROTO
+        };
+        let _ = p.reply(&vio::reply(status, &[]), i.from);
+        if let Ok(inv) = inv {
+            let n = (inv.path_len as usize).min(i.seg_bytes).min(path.len());
+            sink(inv, &path[..n]);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -194,8 +245,12 @@ impl Client {
         let c = Client {
             server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
+            members: pool.pids(),
             pool,
             reopen: None,
+            callback: Mutex::new(None),
+            no_openread: Default::default(),
+            no_readdirplus: Default::default(),
         };
         c.statfs()?;
         Ok(c)
@@ -393,6 +448,7 @@ impl Client {
                 Request::Opendir { path_len: len }
             } else {
                 Request::Open {
+                    prefetch: false,
                     path_len: len,
                     flags: o.flags as u32,
                     mode: 0,
@@ -425,6 +481,13 @@ impl Client {
             }
         }
         drop(h);
+        let cb = *lock(&self.callback);
+        if let Some(cb) = cb {
+            // The new server knows nothing of this client's caches.
+            if let Err(e) = self.send_watch(&p, pid, cb) {
+                tracing::warn!("the restarted file server refused WATCH ({e}); cached names and attributes may be stale for up to the mount's TTL");
+            }
+        }
         self.pool.give(p);
         self.server.store(pid.0, Ordering::Release);
         tracing::warn!(
@@ -489,6 +552,7 @@ impl Client {
     ) -> Result<(Fh, Attr), ClientError> {
         let p = path.as_ref();
         let req = Request::Open {
+            prefetch: false,
             path_len: Self::len32(p)?,
             flags: flags as u32,
             mode,
@@ -565,6 +629,41 @@ impl Client {
         Ok(done)
     }
 
+    /// Writes `data` (one request, at most [`WRITE_ATTR_MAX`] bytes) at
+    /// `offset` and gets the file's attributes after the write with the
+    /// answer. Returns the bytes written and the attributes (`None` from a
+    /// server that does not answer them).
+    pub fn write_attr(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(usize, Option<Attr>), ClientError> {
+        if data.len() > WRITE_ATTR_MAX {
+            return self.write(fh, offset, data).map(|n| (n, None));
+        }
+        let mut m = Request::Write {
+            handle: fh.0,
+            offset,
+            count: data.len() as u32,
+        }
+        .encode();
+        let mut buf = Vec::with_capacity(data.len() + ATTR_LEN);
+        buf.extend_from_slice(data);
+        buf.resize(data.len() + ATTR_LEN, 0);
+        self.exchange(&mut m, Some(Segment::ReadWrite(&mut buf)))?;
+        let took = vio::reply_words(&m)[0] as usize;
+        if took == 0 || took > data.len() {
+            return Err(ClientError::Malformed(format!(
+                "WRITE accepted {took} bytes of {}",
+                data.len()
+            )));
+        }
+        // An older server leaves the room as it was: all zero.
+        let attr = Attr::decode(&buf[data.len()..]).ok().filter(|a| a.ino != 0);
+        Ok((took, attr))
+    }
+
     /// Attributes of `path`, following a final symbolic link.
     pub fn stat(&self, path: impl AsRef<[u8]>) -> Result<Attr, ClientError> {
         self.stat_inner(path.as_ref(), false)
@@ -618,6 +717,133 @@ impl Client {
             next,
             done: done != 0,
         })
+    }
+
+    /// [`Client::readdir_at`] with each entry's attributes (READDIRPLUS;
+    /// an entry removed since the listing was taken has attributes of
+    /// inode 0). The entries are those from `index` on, in order.
+    /// `Ok(None)` from a server that does not know the request.
+    pub fn readdirplus_at(&self, fh: Fh, index: u32) -> Result<Option<DirChunkPlus>, ClientError> {
+        if self.no_readdirplus.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let req = Request::Readdirplus {
+            handle: fh.0,
+            index,
+        };
+        let (m, out) = match self.call(req, &[], READDIR_BYTES) {
+            Err(ClientError::Server(Errno::ENOSYS)) => {
+                self.no_readdirplus.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            r => r?,
+        };
+        let [bytes, _, next, done, _] = vio::reply_words(&m);
+        let mut b = &out[..(bytes as usize).min(out.len())];
+        let bad = |e: vio::DecodeError| ClientError::Malformed(e.to_string());
+        let mut entries = Vec::new();
+        while !b.is_empty() {
+            let n = usize::from(*b.get(9).unwrap_or(&0));
+            let (head, rest) = b.split_at(b.len().min(vio::DIRENT_HEAD + n));
+            let mut e = Dirent::decode_all(head).map_err(bad)?;
+            let a = Attr::decode(rest).map_err(bad)?;
+            b = &rest[ATTR_LEN.min(rest.len())..];
+            if let Some(e) = e.pop() {
+                entries.push((e, a));
+            }
+        }
+        Ok(Some(DirChunkPlus {
+            entries,
+            next,
+            done: done != 0,
+        }))
+    }
+
+    /// Opens the file at `path` (not creating it) and reads up to `max`
+    /// bytes from its start in the same exchange (OPENREAD; at most
+    /// [`OPEN_READ_MAX`]). Returns the handle, the attributes and the data
+    /// (shorter than asked only at the end of the file; `None` from a
+    /// server that does not know OPENREAD).
+    pub fn open_read(
+        &self,
+        path: impl AsRef<[u8]>,
+        flags: i32,
+        max: usize,
+    ) -> Result<(Fh, Attr, Option<Vec<u8>>), ClientError> {
+        let p = path.as_ref();
+        let flags = flags & !(libc::O_CREAT | libc::O_EXCL);
+        if self.no_openread.load(Ordering::Relaxed) {
+            let (fh, a) = self.open(p, flags, 0)?;
+            return Ok((fh, a, None));
+        }
+        let req = Request::Open {
+            prefetch: true,
+            path_len: Self::len32(p)?,
+            flags: flags as u32,
+            mode: 0,
+            owner: Owner::default(),
+        };
+        let room = ATTR_LEN + max.min(OPEN_READ_MAX);
+        let (m, out) = match self.call(req, p, room) {
+            Err(ClientError::Server(Errno::ENOSYS)) => {
+                self.no_openread.store(true, Ordering::Relaxed);
+                let (fh, a) = self.open(p, flags, 0)?;
+                return Ok((fh, a, None));
+            }
+            r => r?,
+        };
+        let [h, n, ..] = vio::reply_words(&m);
+        let attr = Self::attr_of(&out)?;
+        let data = out
+            .get(ATTR_LEN..ATTR_LEN + n as usize)
+            .ok_or_else(|| ClientError::Malformed(format!("OPENREAD: {n} bytes of data")))?
+            .to_vec();
+        Ok((self.track(h, p, flags, false), attr, Some(data)))
+    }
+
+    /// Asks the server to tell this client of changes other clients make
+    /// (WATCH): `sink` is called with each [`vio::Invalidation`] and its
+    /// path, on a callback process this starts on `kernel`, after the
+    /// server was answered. `Ok(false)` from a server that does not know
+    /// WATCH (then nothing is reported). The callback process ends with
+    /// the kernel.
+    pub fn watch<F>(&self, kernel: &Kernel, sink: F) -> Result<bool, ClientError>
+    where
+        F: Fn(vio::Invalidation, &[u8]) + Send + 'static,
+    {
+        let (cb, _t) = kernel.spawn("vio-callback", move |p| callback_loop(&p, &sink))?;
+        let p = self.pool.take();
+        let r = self.send_watch(&p, self.server(), cb);
+        if r.is_err() {
+            let _ = p.destroy(cb);
+        }
+        self.pool.give(p);
+        match r {
+            Ok(()) => {
+                *lock(&self.callback) = Some(cb);
+                Ok(true)
+            }
+            Err(ClientError::Server(Errno::ENOSYS)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send_watch(&self, p: &Process, server: Pid, cb: Pid) -> Result<(), ClientError> {
+        let members: Vec<u8> = self
+            .members
+            .iter()
+            .flat_map(|m| m.0.to_be_bytes())
+            .collect();
+        let mut m = Request::Watch {
+            callback: cb.0,
+            members: self.members.len() as u32,
+        }
+        .encode();
+        p.send_with_segment(&mut m, server, Segment::Read(&members))?;
+        match vio::status(&m) {
+            Errno::OK => Ok(()),
+            e => Err(ClientError::Server(e)),
+        }
     }
 
     /// Every entry of the directory at `path` (without `.` and `..`).

@@ -108,6 +108,16 @@ pub fn attr_of(st: &Stat) -> Attr {
     }
 }
 
+/// Attributes of the entry `name` (a plain name, not followed) of the
+/// open directory `dir`.
+pub fn stat_entry(dir: &impl AsFd, name: &[u8]) -> Result<Attr, Errno> {
+    if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+        return Err(Errno::EINVAL);
+    }
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err)?;
+    Ok(attr_of(&st))
+}
+
 /// The identity of a file: (device, inode).
 #[allow(clippy::unnecessary_cast)]
 pub fn file_id(st: &Stat) -> (u64, u64) {
@@ -402,6 +412,11 @@ impl Root {
 
     /// The entries of the directory at `path`, without `.` and `..`.
     pub fn list(&self, path: &[u8]) -> Result<Vec<Dirent>, Errno> {
+        self.list_dir(path).map(|(_, entries)| entries)
+    }
+
+    /// [`Root::list`], and the directory, open, for [`stat_entry`].
+    pub fn list_dir(&self, path: &[u8]) -> Result<(OwnedFd, Vec<Dirent>), Errno> {
         let fd = self.resolve(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let dir = rustix::fs::Dir::read_from(&fd).map_err(err)?;
         let mut out = Vec::new();
@@ -417,7 +432,7 @@ impl Root {
                 name: name.to_vec(),
             });
         }
-        Ok(out)
+        Ok((fd, out))
     }
 
     /// Statistics of the file system holding the root.

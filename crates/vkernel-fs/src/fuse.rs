@@ -16,18 +16,18 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     Errno as FErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    WriteFlags,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
 };
 
-use crate::client::{Client, ClientError, Fh};
-use crate::vio::{self, Attr, Errno, Owner, SetAttr};
+use crate::client::{Client, ClientError, Fh, OPEN_READ_MAX};
+use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
 
 const ROOT: u64 = 1;
 
@@ -44,6 +44,13 @@ struct Node {
     /// Its identity on the server: (device, inode).
     id: (u32, u64),
     lookups: u64,
+    /// Its attributes as last answered, and when (served to GETATTR
+    /// while younger than the mount's TTL; dropped by any change made
+    /// here and by the server's invalidations).
+    attr: Option<(Attr, Instant)>,
+    /// Reads were answered for it since its data last changed: the
+    /// kernel may hold its pages, so an open need not fetch its start.
+    pages: bool,
 }
 
 /// Inode numbers ↔ files and their names. A file's inode number is its
@@ -55,7 +62,14 @@ struct Nodes {
     by_name: HashMap<(u64, Vec<u8>), u64>,
     by_id: HashMap<(u32, u64), u64>,
     next_synthetic: u64,
+    /// Names found absent, and when (only while the server reports
+    /// changes): the kernel looks a name up twice before an exclusive
+    /// create, and the second is answered here.
+    absent: HashMap<(u64, Vec<u8>), Instant>,
 }
+
+/// Most absent names remembered.
+const MAX_ABSENT: usize = 1 << 16;
 
 impl Nodes {
     fn new() -> Nodes {
@@ -66,6 +80,8 @@ impl Nodes {
                 names: Vec::new(),
                 id: (0, 0),
                 lookups: 1,
+                attr: None,
+                pages: false,
             },
         );
         Nodes {
@@ -73,6 +89,7 @@ impl Nodes {
             by_name: HashMap::new(),
             by_id: HashMap::new(),
             next_synthetic: SYNTHETIC,
+            absent: HashMap::new(),
         }
     }
 
@@ -157,6 +174,7 @@ impl Nodes {
     fn remember(&mut self, parent: u64, name: &[u8], a: &Attr) -> u64 {
         let id = (a.dev, a.ino);
         let key = (parent, name.to_vec());
+        self.absent.remove(&key);
         if let Some(&old) = self.by_name.get(&key) {
             match self.map.get_mut(&old) {
                 Some(n) if n.id == id => {
@@ -172,6 +190,8 @@ impl Nodes {
             names: Vec::new(),
             id,
             lookups: 0,
+            attr: None,
+            pages: false,
         });
         if !node.names.contains(&key) {
             node.names.push(key.clone());
@@ -245,6 +265,60 @@ impl Nodes {
         }
     }
 
+    /// The node's attributes if answered less than `ttl` ago.
+    fn cached_attr(&self, ino: u64, ttl: Duration) -> Option<Attr> {
+        let (a, at) = self.map.get(&ino)?.attr.as_ref()?;
+        (at.elapsed() < ttl).then_some(*a)
+    }
+
+    /// Remembers the node's attributes, as answered just now.
+    fn set_attr(&mut self, ino: u64, a: &Attr) {
+        if let Some(n) = self.map.get_mut(&ino) {
+            n.attr = Some((*a, Instant::now()));
+        }
+    }
+
+    /// Forgets the node's attributes (something changed them).
+    fn clear_attr(&mut self, ino: u64) {
+        if let Some(n) = self.map.get_mut(&ino) {
+            n.attr = None;
+        }
+    }
+
+    /// Remembers that `name` does not exist in `parent`.
+    fn set_absent(&mut self, parent: u64, name: &[u8]) {
+        if self.absent.len() >= MAX_ABSENT {
+            self.absent.clear();
+        }
+        self.absent.insert((parent, name.to_vec()), Instant::now());
+    }
+
+    /// Was `name` found absent in `parent` less than `ttl` ago?
+    fn is_absent(&self, parent: u64, name: &[u8], ttl: Duration) -> bool {
+        self.absent
+            .get(&(parent, name.to_vec()))
+            .is_some_and(|t| t.elapsed() < ttl)
+    }
+
+    /// The node a (parent, name) stands for, if known.
+    fn named(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.by_name.get(&(parent, name.to_vec())).copied()
+    }
+
+    /// The known (parent, last name, node) of a server path, walking the
+    /// names this table knows; `None` if a directory on the way is not
+    /// known here (then the kernel holds nothing beneath it either).
+    fn resolve(&self, path: &[u8]) -> Option<(u64, Vec<u8>, Option<u64>)> {
+        let mut parts = path.split(|&b| b == b'/').filter(|p| !p.is_empty());
+        let mut last = parts.next()?;
+        let mut at = ROOT;
+        for next in parts {
+            at = self.named(at, last)?;
+            last = next;
+        }
+        Some((at, last.to_vec(), self.named(at, last)))
+    }
+
     /// The parent of a directory (the root for the root, or if unknown).
     fn parent_of(&self, ino: u64) -> u64 {
         self.map
@@ -267,8 +341,17 @@ impl Nodes {
 /// How the mount behaves.
 #[derive(Clone, Debug)]
 pub struct FuseOptions {
-    /// How long the kernel may cache attributes and names.
+    /// How long the kernel may cache attributes and names when the server
+    /// does not tell of changes (an older server, or `watch` off).
     pub ttl: Duration,
+    /// How long attributes, names and the absence of names are cached
+    /// when the server tells this mount of every change another client
+    /// makes ([`vio::WATCH`]). Changes made on the server's disk by other
+    /// programs than the file server show up after at most this long.
+    pub cache_ttl: Duration,
+    /// Ask the server to report other clients' changes, so caches can
+    /// live for `cache_ttl`.
+    pub watch: bool,
     /// Threads serving FUSE requests (and requests in flight to the server).
     pub threads: usize,
     /// Name shown in /proc/mounts.
@@ -281,6 +364,8 @@ impl Default for FuseOptions {
     fn default() -> Self {
         FuseOptions {
             ttl: Duration::from_secs(1),
+            cache_ttl: Duration::from_secs(10),
+            watch: true,
             threads: 4,
             fsname: "vkernel".into(),
             allow_other: false,
@@ -288,14 +373,54 @@ impl Default for FuseOptions {
     }
 }
 
-/// The FUSE file system: a [`Client`] and the node table.
-pub struct VioFs {
-    client: Arc<Client>,
+/// What the FUSE file system shares with the thread that applies the
+/// server's invalidations.
+struct Shared {
     nodes: Mutex<Nodes>,
     /// Open file handles per inode: attributes of a file whose names are
     /// all gone are still reached through one (fstat after unlink).
     open: Mutex<HashMap<u64, Vec<u32>>>,
+    /// The start of files opened for reading, per handle (dropped when
+    /// the server reports the file's data changed).
+    heads: Mutex<HashMap<u32, Head>>,
+    /// Tells the kernel to drop cached names, attributes and pages (set
+    /// once the session exists).
+    notifier: OnceLock<fuser::Notifier>,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            nodes: Mutex::new(Nodes::new()),
+            open: Mutex::new(HashMap::new()),
+            heads: Mutex::new(HashMap::new()),
+            notifier: OnceLock::new(),
+        }
+    }
+
+    fn nodes(&self) -> MutexGuard<'_, Nodes> {
+        lock_or_recover(&self.nodes)
+    }
+}
+
+/// What an open file kept from its OPENREAD: the start of the file.
+struct Head {
+    data: Vec<u8>,
+    /// `data` reaches the end of the file (as it was at the open).
+    to_eof: bool,
+}
+
+/// The FUSE file system: a [`Client`] and the node table.
+pub struct VioFs {
+    client: Arc<Client>,
+    shared: Arc<Shared>,
+    /// File handles written since their last flush or fsync.
+    written: Mutex<std::collections::HashSet<u32>>,
+    /// Directory handles whose listing ended, and the offset after it.
+    listed: Mutex<HashMap<u32, u64>>,
     ttl: Duration,
+    /// The server reports other clients' changes.
+    watched: bool,
 }
 
 impl std::fmt::Debug for VioFs {
@@ -322,6 +447,11 @@ fn cerr(e: ClientError) -> FErrno {
         tracing::warn!("vkernel mount: {e}");
     }
     ferr(e.errno())
+}
+
+/// Do two answers' attributes show the same file contents?
+fn same_data(a: &Attr, b: &Attr) -> bool {
+    (a.dev, a.ino, a.size, a.mtime, a.mtime_ns) == (b.dev, b.ino, b.size, b.mtime, b.mtime_ns)
 }
 
 fn time(sec: i64, ns: u32) -> SystemTime {
@@ -414,21 +544,31 @@ fn split_time(t: SystemTime) -> (i64, u32) {
 }
 
 impl VioFs {
-    /// A file system over `client`.
-    pub fn new(client: Arc<Client>, ttl: Duration) -> VioFs {
+    /// A file system over `client` whose caches live for `ttl`; `watched`
+    /// says the server reports other clients' changes (then names that
+    /// do not exist are cached too).
+    pub fn new(client: Arc<Client>, ttl: Duration, watched: bool) -> VioFs {
+        Self::with_shared(client, ttl, watched, Arc::new(Shared::new()))
+    }
+
+    fn with_shared(
+        client: Arc<Client>,
+        ttl: Duration,
+        watched: bool,
+        shared: Arc<Shared>,
+    ) -> VioFs {
         VioFs {
             client,
-            nodes: Mutex::new(Nodes::new()),
-            open: Mutex::new(HashMap::new()),
+            shared,
+            written: Mutex::new(std::collections::HashSet::new()),
+            listed: Mutex::new(HashMap::new()),
             ttl,
+            watched,
         }
     }
 
     fn nodes(&self) -> MutexGuard<'_, Nodes> {
-        match self.nodes.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.shared.nodes()
     }
 
     fn path(&self, ino: INodeNo) -> Result<Vec<u8>, FErrno> {
@@ -436,14 +576,14 @@ impl VioFs {
     }
 
     fn opened(&self, ino: u64, fh: Fh) {
-        lock_or_recover(&self.open)
+        lock_or_recover(&self.shared.open)
             .entry(ino)
             .or_default()
             .push(fh.0);
     }
 
     fn closed(&self, ino: u64, fh: Fh) {
-        let mut open = lock_or_recover(&self.open);
+        let mut open = lock_or_recover(&self.shared.open);
         if let Some(v) = open.get_mut(&ino) {
             v.retain(|&h| h != fh.0);
             if v.is_empty() {
@@ -454,20 +594,59 @@ impl VioFs {
 
     /// A handle of the file open here, if any.
     fn any_handle(&self, ino: u64) -> Option<Fh> {
-        lock_or_recover(&self.open)
+        lock_or_recover(&self.shared.open)
             .get(&ino)
             .and_then(|v| v.first())
             .map(|&h| Fh(h))
+    }
+
+    /// The directory handle's listing ended before `offset`: nothing
+    /// more to ask the server.
+    fn listed_past(&self, fh: FileHandle, offset: u64) -> bool {
+        lock_or_recover(&self.listed)
+            .get(&(fh.0 as u32))
+            .is_some_and(|&end| offset >= end)
+    }
+
+    fn listed_to(&self, fh: FileHandle, end: u64) {
+        lock_or_recover(&self.listed).insert(fh.0 as u32, end);
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<Vec<u8>, FErrno> {
         self.nodes().child(parent.0, name.as_bytes()).map_err(ferr)
     }
 
-    fn entry(&self, parent: INodeNo, name: &OsStr, a: &Attr, reply: ReplyEntry) {
-        let ino = self.nodes().remember(parent.0, name.as_bytes(), a);
+    /// Answers a lookup or a creation with the file's attributes; a
+    /// creation (`made`) also changed the parent directory's.
+    fn entry(&self, parent: INodeNo, name: &OsStr, a: &Attr, made: bool, reply: ReplyEntry) {
+        let ino = {
+            let mut n = self.nodes();
+            let ino = n.remember(parent.0, name.as_bytes(), a);
+            n.set_attr(ino, a);
+            if made {
+                n.clear_attr(parent.0);
+            }
+            ino
+        };
         reply.entry(&self.ttl, &file_attr(ino, a), Generation(0));
     }
+
+    /// A name in `parent` was made, removed or renamed here: the
+    /// directory's attributes (mtime, link count) and the named file's
+    /// (link count, ctime) changed.
+    fn changed_name(&self, parent: INodeNo, name: &OsStr) {
+        let mut n = self.nodes();
+        n.clear_attr(parent.0);
+        if let Some(ino) = n.named(parent.0, name.as_bytes()) {
+            n.clear_attr(ino);
+        }
+    }
+}
+
+/// A lookup's answer that the name does not exist, cached by the kernel
+/// for `ttl` (an entry with inode 0).
+fn reply_absent(ttl: &Duration, reply: ReplyEntry) {
+    reply.entry(ttl, &file_attr(0, &Attr::default()), Generation(0));
 }
 
 /// The calling program's ids, for whoever the server lets own what it
@@ -492,13 +671,33 @@ impl Filesystem for VioFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Bigger writes mean fewer exchanges; the kernel may cap them.
         let _ = config.set_max_write(1 << 20);
+        // Listings with attributes (one exchange per chunk instead of a
+        // lookup per name), lookups in one directory at once, and pages
+        // dropped by the kernel itself when fresh attributes show the
+        // file changed.
+        let _ = config.add_capabilities(
+            InitFlags::FUSE_DO_READDIRPLUS
+                | InitFlags::FUSE_READDIRPLUS_AUTO
+                | InitFlags::FUSE_PARALLEL_DIROPS
+                | InitFlags::FUSE_AUTO_INVAL_DATA,
+        );
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if self.watched && self.nodes().is_absent(parent.0, name.as_bytes(), self.ttl) {
+            return reply_absent(&self.ttl, reply);
+        }
         let p = tryf!(reply, self.child(parent, name));
-        let a = tryf!(reply, self.client.lstat(&p).map_err(cerr));
-        self.entry(parent, name, &a, reply);
+        match self.client.lstat(&p) {
+            Ok(a) => self.entry(parent, name, &a, false, reply),
+            // Absent until the server reports that a client made it.
+            Err(ClientError::Server(Errno::ENOENT)) if self.watched => {
+                self.nodes().set_absent(parent.0, name.as_bytes());
+                reply_absent(&self.ttl, reply)
+            }
+            Err(e) => reply.error(cerr(e)),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -506,8 +705,14 @@ impl Filesystem for VioFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // The kernel drops its copy more often than it must (atime after
+        // every read); ours lasts until something changes the file.
+        if let Some(a) = self.nodes().cached_attr(ino.0, self.ttl) {
+            return reply.attr(&self.ttl, &file_attr(ino.0, &a));
+        }
         if let Some(fh) = fh {
             if let Ok(a) = self.client.fstat(Fh(fh.0 as u32)) {
+                self.nodes().set_attr(ino.0, &a);
                 return reply.attr(&self.ttl, &file_attr(ino.0, &a));
             }
         }
@@ -522,8 +727,12 @@ impl Filesystem for VioFs {
                 None => return reply.error(e),
             },
         };
-        if ino.0 == ROOT {
-            self.nodes().set_root(&a);
+        {
+            let mut n = self.nodes();
+            if ino.0 == ROOT {
+                n.set_root(&a);
+            }
+            n.set_attr(ino.0, &a);
         }
         reply.attr(&self.ttl, &file_attr(ino.0, &a));
     }
@@ -597,6 +806,7 @@ impl Filesystem for VioFs {
                 tryf!(reply, self.client.setattr(&p, &s).map_err(cerr))
             }
         };
+        self.nodes().set_attr(ino.0, &a);
         reply.attr(&self.ttl, &file_attr(ino.0, &a));
     }
 
@@ -624,7 +834,7 @@ impl Filesystem for VioFs {
             reply,
             self.client.mknod(&p, mode, rdev, owner(req)).map_err(cerr)
         );
-        self.entry(parent, name, &a, reply);
+        self.entry(parent, name, &a, true, reply);
     }
 
     fn mkdir(
@@ -643,12 +853,13 @@ impl Filesystem for VioFs {
                 .mkdir_as(&p, mode & !umask & 0o7777, owner(req))
                 .map_err(cerr)
         );
-        self.entry(parent, name, &a, reply);
+        self.entry(parent, name, &a, true, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
         tryf!(reply, self.client.unlink(&p).map_err(cerr));
+        self.changed_name(parent, name);
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
@@ -656,6 +867,7 @@ impl Filesystem for VioFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
         tryf!(reply, self.client.rmdir(&p).map_err(cerr));
+        self.changed_name(parent, name);
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
@@ -675,7 +887,7 @@ impl Filesystem for VioFs {
                 .symlink_as(target.as_os_str().as_bytes(), &p, owner(req))
                 .map_err(cerr)
         );
-        self.entry(parent, link_name, &a, reply);
+        self.entry(parent, link_name, &a, true, reply);
     }
 
     fn rename(
@@ -701,6 +913,8 @@ impl Filesystem for VioFs {
             return reply.error(FErrno::from_i32(libc::EINVAL));
         }
         tryf!(reply, self.client.rename(&a, &b, f).map_err(cerr));
+        self.changed_name(parent, name);
+        self.changed_name(newparent, newname);
         self.nodes().rename(
             parent.0,
             name.as_bytes(),
@@ -722,21 +936,57 @@ impl Filesystem for VioFs {
         let old = tryf!(reply, self.path(ino));
         let new = tryf!(reply, self.child(newparent, newname));
         let a = tryf!(reply, self.client.link(&old, &new).map_err(cerr));
-        self.entry(newparent, newname, &a, reply);
+        self.entry(newparent, newname, &a, true, reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let p = tryf!(reply, self.path(ino));
         let f = flags.0 & !(libc::O_CREAT | libc::O_EXCL);
-        let (fh, _) = tryf!(reply, self.client.open(&p, f, 0).map_err(cerr));
+        let (before, pages) = self
+            .nodes()
+            .map
+            .get(&ino.0)
+            .map_or((None, false), |n| (n.attr.map(|(a, _)| a), n.pages));
+        // A small file the kernel holds no pages of comes with the open:
+        // its reads are then answered here.
+        let small = before.is_none_or(|a| a.size <= OPEN_READ_MAX as u64);
+        let want_head = f & libc::O_ACCMODE == libc::O_RDONLY && f & libc::O_TRUNC == 0;
+        let (fh, a, head) = if want_head && small && !pages {
+            tryf!(
+                reply,
+                self.client.open_read(&p, f, OPEN_READ_MAX).map_err(cerr)
+            )
+        } else {
+            let (fh, a) = tryf!(reply, self.client.open(&p, f, 0).map_err(cerr));
+            (fh, a, None)
+        };
+        // Pages the kernel holds stay good if the file has not changed
+        // since its attributes were answered here.
+        let keep = before.is_some_and(|b| same_data(&b, &a));
+        {
+            let mut n = self.nodes();
+            n.set_attr(ino.0, &a);
+            if let Some(node) = n.map.get_mut(&ino.0) {
+                node.pages &= keep;
+            }
+        }
+        if let Some(data) = head {
+            let to_eof = data.len() < OPEN_READ_MAX;
+            lock_or_recover(&self.shared.heads).insert(fh.0, Head { data, to_eof });
+        }
         self.opened(ino.0, fh);
-        reply.opened(FileHandle(u64::from(fh.0)), FopenFlags::empty());
+        let flags = if keep {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(u64::from(fh.0)), flags);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -744,6 +994,16 @@ impl Filesystem for VioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if let Some(n) = self.nodes().map.get_mut(&ino.0) {
+            n.pages = true;
+        }
+        if let Some(h) = lock_or_recover(&self.shared.heads).get(&(fh.0 as u32)) {
+            let (at, end) = (offset as usize, offset as usize + size as usize);
+            if end <= h.data.len() || h.to_eof {
+                let at = at.min(h.data.len());
+                return reply.data(&h.data[at..end.min(h.data.len())]);
+            }
+        }
         let mut buf = vec![0u8; size as usize];
         let n = tryf!(
             reply,
@@ -757,7 +1017,7 @@ impl Filesystem for VioFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -766,12 +1026,22 @@ impl Filesystem for VioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let n = tryf!(
+        self.nodes().clear_attr(ino.0);
+        let (n, a) = tryf!(
             reply,
             self.client
-                .write(Fh(fh.0 as u32), offset, data)
+                .write_attr(Fh(fh.0 as u32), offset, data)
                 .map_err(cerr)
         );
+        match a {
+            // Written before the answer, so no deferred error can follow;
+            // and the kernel asks for the attributes next (its copy is
+            // stale after a write).
+            Some(a) => self.nodes().set_attr(ino.0, &a),
+            None => {
+                lock_or_recover(&self.written).insert(fh.0 as u32);
+            }
+        }
         reply.written(n as u32);
     }
 
@@ -783,7 +1053,14 @@ impl Filesystem for VioFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        tryf!(reply, self.client.flush(Fh(fh.0 as u32)).map_err(cerr));
+        // Only a handle written since its last flush can have deferred
+        // writes (and their errors) to wait for.
+        let fh = fh.0 as u32;
+        if !lock_or_recover(&self.written).contains(&fh) {
+            return reply.ok();
+        }
+        tryf!(reply, self.client.flush(Fh(fh)).map_err(cerr));
+        lock_or_recover(&self.written).remove(&fh);
         reply.ok();
     }
 
@@ -798,6 +1075,8 @@ impl Filesystem for VioFs {
         reply: ReplyEmpty,
     ) {
         self.closed(ino.0, Fh(fh.0 as u32));
+        lock_or_recover(&self.shared.heads).remove(&(fh.0 as u32));
+        lock_or_recover(&self.written).remove(&(fh.0 as u32));
         tryf!(reply, self.client.close(Fh(fh.0 as u32)).map_err(cerr));
         reply.ok();
     }
@@ -814,6 +1093,7 @@ impl Filesystem for VioFs {
             reply,
             self.client.fsync(Fh(fh.0 as u32), datasync).map_err(cerr)
         );
+        lock_or_recover(&self.written).remove(&(fh.0 as u32));
         reply.ok();
     }
 
@@ -833,6 +1113,9 @@ impl Filesystem for VioFs {
     ) {
         // Offsets: 0 ".", 1 "..", then the server's entry i at 2 + i; each
         // entry carries the offset of the one after it.
+        if self.listed_past(fh, offset) {
+            return reply.ok();
+        }
         if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
             return reply.ok();
         }
@@ -863,9 +1146,84 @@ impl Filesystem for VioFs {
                 }
             }
             if c.done || c.next <= at {
+                self.listed_to(fh, 2 + u64::from(c.next.max(at)));
                 return reply.ok();
             }
             at = c.next;
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // Offsets as in `readdir`. Every entry but `.` and `..` counts as
+        // a lookup of its file.
+        if self.listed_past(fh, offset) {
+            return reply.ok();
+        }
+        let zero = Duration::ZERO;
+        let dot = |i: u64| file_attr(i, &Attr::default());
+        if offset == 0 && reply.add(ino, 1, ".", &zero, &dot(ino.0), Generation(0)) {
+            return reply.ok();
+        }
+        if offset <= 1 {
+            let parent = self.nodes().parent_of(ino.0);
+            if reply.add(INodeNo(parent), 2, "..", &zero, &dot(parent), Generation(0)) {
+                return reply.ok();
+            }
+        }
+        let mut at = u32::try_from(offset.max(2) - 2).unwrap_or(u32::MAX);
+        loop {
+            let chunk = tryf!(
+                reply,
+                self.client
+                    .readdirplus_at(Fh(fh.0 as u32), at)
+                    .map_err(cerr)
+            );
+            let (entries, next, done) = match chunk {
+                Some(c) => (c.entries, c.next, c.done),
+                // An older server: a lookup per name.
+                None => {
+                    let c = tryf!(
+                        reply,
+                        self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
+                    );
+                    let mut with = Vec::new();
+                    for e in c.entries {
+                        let p = tryf!(reply, self.child(ino, OsStr::from_bytes(&e.name)));
+                        let a = self.client.lstat(&p).unwrap_or_default();
+                        with.push((e, a));
+                    }
+                    (with, c.next, c.done)
+                }
+            };
+            let mut n = self.nodes();
+            for (i, (e, a)) in entries.iter().enumerate() {
+                if a.ino == 0 {
+                    continue; // removed since the listing was taken
+                }
+                let off = 2 + u64::from(at) + i as u64 + 1;
+                let e_ino = n.remember(ino.0, &e.name, a);
+                n.set_attr(e_ino, a);
+                let name = OsStr::from_bytes(&e.name);
+                let fa = file_attr(e_ino, a);
+                if reply.add(INodeNo(e_ino), off, name, &self.ttl, &fa, Generation(0)) {
+                    // Did not fit: the kernel never saw it.
+                    n.forget(e_ino, 1);
+                    return reply.ok();
+                }
+            }
+            drop(n);
+            if done || next <= at {
+                self.listed_to(fh, 2 + u64::from(next.max(at)));
+                return reply.ok();
+            }
+            at = next;
         }
     }
 
@@ -877,6 +1235,7 @@ impl Filesystem for VioFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        lock_or_recover(&self.listed).remove(&(fh.0 as u32));
         tryf!(reply, self.client.close(Fh(fh.0 as u32)).map_err(cerr));
         reply.ok();
     }
@@ -907,8 +1266,10 @@ impl Filesystem for VioFs {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // The protocol carries no extended attributes: every file has none.
-        reply.error(FErrno::from_i32(libc::ENODATA));
+        // The protocol carries no extended attributes. ENOSYS makes the
+        // kernel answer EOPNOTSUPP itself from now on, sparing a request
+        // per write (it asks for security.capability before each).
+        reply.error(FErrno::from_i32(libc::ENOSYS));
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
@@ -1023,7 +1384,13 @@ impl Filesystem for VioFs {
                 )
                 .map_err(cerr)
         );
-        let ino = self.nodes().remember(parent.0, name.as_bytes(), &a);
+        let ino = {
+            let mut n = self.nodes();
+            let ino = n.remember(parent.0, name.as_bytes(), &a);
+            n.set_attr(ino, &a);
+            n.clear_attr(parent.0);
+            ino
+        };
         self.opened(ino, fh);
         reply.created(
             &self.ttl,
@@ -1035,14 +1402,125 @@ impl Filesystem for VioFs {
     }
 }
 
+/// What the kernel is told to drop.
+enum Drop {
+    Entry(u64, Vec<u8>),
+    Attr(u64),
+    Data(u64),
+}
+
+/// Applies one of the server's invalidations: this side's caches at once,
+/// then the kernel's (on the thread that calls this, never the callback
+/// process, so the server's worker never waits on this kernel).
+fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
+    let data = inv.flags & vio::INVAL_DATA != 0;
+    let mut drops = Vec::new();
+    {
+        let mut n = shared.nodes();
+        let target = if inv.path_len > 0 {
+            match n.resolve(path) {
+                Some((parent, name, child)) => {
+                    if inv.flags & vio::INVAL_ENTRY != 0 {
+                        n.clear_attr(parent);
+                        drops.push(Drop::Attr(parent));
+                        drops.push(Drop::Entry(parent, name.clone()));
+                        // The name may mean another file now.
+                        n.detach(parent, &name);
+                        n.absent.remove(&(parent, name.clone()));
+                    }
+                    child
+                }
+                None => None,
+            }
+        } else {
+            n.by_id.get(&inv.id).copied()
+        };
+        if let Some(ino) = target {
+            n.clear_attr(ino);
+            if data {
+                if let Some(node) = n.map.get_mut(&ino) {
+                    node.pages = false;
+                }
+            }
+            drops.push(if data {
+                Drop::Data(ino)
+            } else {
+                Drop::Attr(ino)
+            });
+        }
+        if data {
+            if let Some(ino) = target {
+                let open = lock_or_recover(&shared.open);
+                let mut heads = lock_or_recover(&shared.heads);
+                for fh in open.get(&ino).into_iter().flatten() {
+                    heads.remove(fh);
+                }
+            }
+        }
+    }
+    let Some(k) = shared.notifier.get() else {
+        return;
+    };
+    for d in drops {
+        // ENOENT: the kernel does not hold it; nothing to drop.
+        let _ = match d {
+            Drop::Entry(parent, name) => k.inval_entry(INodeNo(parent), OsStr::from_bytes(&name)),
+            Drop::Attr(ino) => k.inval_inode(INodeNo(ino), -1, 0),
+            Drop::Data(ino) => k.inval_inode(INodeNo(ino), 0, 0),
+        };
+    }
+}
+
 /// Mounts `client`'s file server at `mountpoint` in the background; the
-/// mount ends when the returned session is unmounted or dropped.
+/// mount ends when the returned session is unmounted or dropped. With
+/// `opts.watch`, the server is asked (through a callback process on
+/// `kernel`) to report other clients' changes, and caches then live for
+/// `opts.cache_ttl`; a server that cannot leaves them at `opts.ttl`.
 pub fn mount(
+    kernel: &vkernel::Kernel,
     client: Arc<Client>,
     mountpoint: &Path,
     opts: &FuseOptions,
 ) -> std::io::Result<fuser::BackgroundSession> {
-    let fs = VioFs::new(client, opts.ttl);
+    let shared = Arc::new(Shared::new());
+    let watched = if opts.watch {
+        let (tx, rx) = std::sync::mpsc::channel::<(Invalidation, Vec<u8>)>();
+        let sink = move |inv: Invalidation, path: &[u8]| {
+            let _ = tx.send((inv, path.to_vec()));
+        };
+        match client.watch(kernel, sink) {
+            Ok(true) => {
+                let sh = shared.clone();
+                std::thread::Builder::new()
+                    .name("vkernel-invalidate".into())
+                    .spawn(move || {
+                        // Ends when the callback process (and its sender) goes.
+                        while let Ok((inv, path)) = rx.recv() {
+                            apply(&sh, &inv, &path);
+                        }
+                    })?;
+                true
+            }
+            Ok(false) => {
+                tracing::info!(
+                    "the file server does not report changes; caching for {:?}",
+                    opts.ttl
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "asking the file server to report changes: {e}; caching for {:?}",
+                    opts.ttl
+                );
+                false
+            }
+        }
+    } else {
+        false
+    };
+    let ttl = if watched { opts.cache_ttl } else { opts.ttl };
+    let fs = VioFs::with_shared(client, ttl, watched, shared.clone());
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         fuser::MountOption::FSName(opts.fsname.clone()),
@@ -1053,7 +1531,9 @@ pub fn mount(
         cfg.acl = fuser::SessionACL::All;
     }
     cfg.n_threads = Some(opts.threads.max(1));
-    fuser::spawn_mount(fs, mountpoint, &cfg)
+    let session = fuser::spawn_mount(fs, mountpoint, &cfg)?;
+    let _ = shared.notifier.set(session.notifier());
+    Ok(session)
 }
 
 #[cfg(test)]

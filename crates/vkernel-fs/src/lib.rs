@@ -8,6 +8,8 @@
 //!   write-behind).
 //! - [`client`]: the Rust client API.
 //! - [`fuse`]: the FUSE file system on the client.
+//! - `watch`: the server's record of watching clients and the
+//!   invalidations a change sends them.
 //!
 //! ```no_run
 //! use vkernel::{Kernel, KernelConfig};
@@ -27,3 +29,4 @@ pub mod fuse;
 pub mod fuzzing;
 pub mod server;
 pub mod vio;
+mod watch;

@@ -33,6 +33,7 @@ use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
 use crate::confine::{self, Root};
 use crate::vio::{self, Attr, Dirent, Errno, Owner, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
+use crate::watch::{self, Change, Watchers};
 
 /// Internal: a worker tells the dispatcher it is idle.
 const IDLE: u32 = 0x56_00ff;
@@ -192,6 +193,17 @@ pub struct ServerStats {
     pub deferred_errors: AtomicU64,
 }
 
+/// Cache-invalidation figures of a file server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Clients watching for changes now.
+    pub watchers: usize,
+    /// INVALIDATE messages sent.
+    pub sent: u64,
+    /// Watchers dropped because their callback could not be reached.
+    pub dropped: u64,
+}
+
 /// Per-file I/O state, shared by every handle on the file.
 #[derive(Default)]
 struct Inode {
@@ -219,9 +231,13 @@ enum Kind {
     File {
         file: std::fs::File,
         inode: Arc<Inode>,
+        /// (device, inode) as clients see it in [`Attr`].
+        id: (u32, u64),
     },
     Dir {
         entries: Vec<Dirent>,
+        /// The directory, for READDIRPLUS's attributes.
+        dir: std::os::fd::OwnedFd,
     },
 }
 
@@ -246,6 +262,7 @@ struct Shared {
     stats: ServerStats,
     /// The server runs as root, so it can give files to their creators.
     root_user: bool,
+    watchers: Watchers,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -349,6 +366,7 @@ impl FileServer {
             ra_bytes: AtomicUsize::new(0),
             stats: ServerStats::default(),
             root_user: rustix::process::geteuid().is_root(),
+            watchers: Watchers::default(),
         });
         let pool = WorkerPool::start(
             kernel,
@@ -379,6 +397,16 @@ impl FileServer {
     /// Counters.
     pub fn stats(&self) -> &ServerStats {
         &self.shared.stats
+    }
+
+    /// Cache-invalidation figures.
+    pub fn watch_stats(&self) -> WatchStats {
+        let w = &self.shared.watchers;
+        WatchStats {
+            watchers: w.len(),
+            sent: w.sent.load(Ordering::Relaxed),
+            dropped: w.dropped.load(Ordering::Relaxed),
+        }
     }
 
     /// Open handles (all clients).
@@ -538,13 +566,13 @@ impl Req<'_> {
                     Ok(h) => h,
                     Err(e) => return self.send(Err(e)),
                 };
-                let Kind::File { file, inode } = &h.kind else {
+                let Kind::File { file, inode, id } = &h.kind else {
                     return self.send(Err(Errno::EISDIR));
                 };
                 return if matches!(req, Request::Read { .. }) {
                     self.read(file, inode, offset, count, scratch)
                 } else {
-                    self.write(file, inode, offset, count, scratch)
+                    self.write(file, inode, *id, offset, count, scratch)
                 };
             }
             _ => {}
@@ -554,7 +582,75 @@ impl Req<'_> {
             return self.send(Err(e));
         }
         let r = self.execute(req, scratch);
+        if r.is_ok() && req.modifies() {
+            self.report(&req, scratch, &r);
+        }
         self.send(r)
+    }
+
+    /// Tells watching clients what a successful request changed, before
+    /// its client gets the reply.
+    fn report(&self, req: &Request, input: &[u8], r: &Result<Answer, Errno>) {
+        if self.sh.watchers.len() == 0 {
+            return;
+        }
+        let seg = |a: usize, n: u32| input.get(a..a + n as usize).unwrap_or_default();
+        let attr_id = || match r {
+            Ok(Answer::Data(_, d)) => Attr::decode(d).ok().map(|a| (a.dev, a.ino)),
+            _ => None,
+        };
+        let (entry, attr, data) = (vio::INVAL_ENTRY, vio::INVAL_ATTR, vio::INVAL_DATA);
+        let mut changes = Vec::new();
+        match *req {
+            Request::Open {
+                path_len, flags, ..
+            } => {
+                let p = seg(0, path_len);
+                if flags & libc::O_CREAT as u32 != 0 {
+                    changes.push(Change::Path(p, entry | attr | data));
+                } else if flags & libc::O_TRUNC as u32 != 0 {
+                    changes.push(Change::Path(p, attr | data));
+                }
+            }
+            Request::Mkdir { path_len, .. }
+            | Request::Mknod { path_len, .. }
+            | Request::Rmdir { path_len }
+            | Request::Unlink { path_len } => changes.push(Change::Path(seg(0, path_len), entry)),
+            Request::Symlink {
+                target_len,
+                path_len,
+                ..
+            } => changes.push(Change::Path(seg(target_len as usize, path_len), entry)),
+            Request::Rename {
+                old_len, new_len, ..
+            } => {
+                changes.push(Change::Path(seg(0, old_len), entry));
+                changes.push(Change::Path(seg(old_len as usize, new_len), entry));
+            }
+            Request::Link { old_len, new_len } => {
+                changes.push(Change::Path(seg(old_len as usize, new_len), entry));
+                if let Some(id) = attr_id() {
+                    changes.push(Change::Id(id, attr));
+                }
+            }
+            Request::Truncate { path_len, .. } => {
+                changes.push(Change::Path(seg(0, path_len), attr | data));
+            }
+            Request::Setattr { path_len } => {
+                changes.push(Change::Path(seg(SETATTR_LEN, path_len), attr | data));
+            }
+            Request::Ftruncate { handle, .. } | Request::Fsetattr { handle } => {
+                if let Ok(h) = self.sh.handle(handle, self.r.from, self.r.principal) {
+                    if let Kind::File { id, .. } = h.kind {
+                        changes.push(Change::Id(id, attr | data));
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.sh
+            .watchers
+            .notify(self.r.process, self.r.from, &changes);
     }
 
     /// Gives the name `path`, just created, to whom the server's policy
@@ -575,6 +671,7 @@ impl Req<'_> {
 
     /// An attribute answer, if the segment has room for it.
     fn attr_answer(&self, words: Vec<u32>, a: Attr) -> Answer {
+        self.sh.watchers.saw(self.r.from, (a.dev, a.ino));
         if self.can_answer(ATTR_LEN) {
             Answer::Data(words, a.encode().to_vec())
         } else {
@@ -636,6 +733,7 @@ impl Req<'_> {
         };
         match req {
             Request::Open {
+                prefetch,
                 path_len,
                 flags,
                 mode,
@@ -648,17 +746,37 @@ impl Req<'_> {
                 }
                 let file = std::fs::File::from(fd);
                 let st = rustix::fs::fstat(&file).map_err(Errno::from_rustix)?;
+                let attr = confine::attr_of(&st);
                 let inode = sh.inode(confine::file_id(&st));
                 if flags & libc::O_TRUNC as u32 != 0 {
                     let mut io = lock(&inode.io);
                     sh.drop_ra(&mut io);
                 }
+                let readable = flags as i32 & libc::O_ACCMODE != libc::O_WRONLY;
+                let room = self.seg_len().saturating_sub(ATTR_LEN).min(PREFETCH_MAX);
+                let head = if prefetch && readable && self.can_answer(ATTR_LEN + room) {
+                    let _io = lock(&inode.io);
+                    read_head(&file, room)
+                } else {
+                    Vec::new()
+                };
+                let id = (attr.dev, attr.ino);
                 let h = sh.add_handle(
                     self.r.from.host(),
                     self.r.principal,
-                    Kind::File { file, inode },
+                    Kind::File { file, inode, id },
                 )?;
-                Ok(self.attr_answer(vec![h], confine::attr_of(&st)))
+                if !prefetch {
+                    return Ok(self.attr_answer(vec![h], attr));
+                }
+                self.need_attr_room()?;
+                self.sh.watchers.saw(self.r.from, id);
+                sh.stats
+                    .bytes_read
+                    .fetch_add(head.len() as u64, Ordering::Relaxed);
+                let mut out = attr.encode().to_vec();
+                out.extend_from_slice(&head);
+                Ok(Answer::Data(vec![h, head.len() as u32], out))
             }
             Request::Close { handle } => {
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
@@ -680,7 +798,7 @@ impl Req<'_> {
                 self.need_attr_room()?;
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
                 match &h.kind {
-                    Kind::File { file, inode } => {
+                    Kind::File { file, inode, .. } => {
                         let _io = lock(&inode.io);
                         let st = rustix::fs::fstat(file).map_err(Errno::from_rustix)?;
                         Ok(self.attr_answer(vec![], confine::attr_of(&st)))
@@ -689,15 +807,19 @@ impl Req<'_> {
                 }
             }
             Request::Opendir { path_len } => {
-                let entries = root.list(path(path_len)?)?;
+                let (dir, entries) = root.list_dir(path(path_len)?)?;
                 let n = entries.len() as u32;
-                let h =
-                    sh.add_handle(self.r.from.host(), self.r.principal, Kind::Dir { entries })?;
+                let h = sh.add_handle(
+                    self.r.from.host(),
+                    self.r.principal,
+                    Kind::Dir { entries, dir },
+                )?;
                 Ok(Answer::Words(vec![h, n]))
             }
-            Request::Readdir { handle, index } => {
+            Request::Readdir { handle, index } | Request::Readdirplus { handle, index } => {
+                let plus = matches!(req, Request::Readdirplus { .. });
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
-                let Kind::Dir { entries } = &h.kind else {
+                let Kind::Dir { entries, dir } = &h.kind else {
                     return Err(Errno::ENOTDIR);
                 };
                 if !self.r.message.seg_access().write {
@@ -706,12 +828,23 @@ impl Req<'_> {
                 let room = self.seg_len();
                 let mut out = Vec::new();
                 let mut i = index as usize;
+                let extra = if plus { ATTR_LEN } else { 0 };
                 while let Some(e) = entries.get(i) {
-                    if out.len() + e.len() > room {
+                    if out.len() + e.len() + extra > room {
                         break;
                     }
-                    e.encode_into(&mut out);
                     i += 1;
+                    if plus {
+                        // Gone since the listing was taken: zero attributes.
+                        let a = confine::stat_entry(dir, &e.name).unwrap_or_default();
+                        if a.ino != 0 {
+                            self.sh.watchers.saw(self.r.from, (a.dev, a.ino));
+                        }
+                        e.encode_into(&mut out);
+                        out.extend_from_slice(&a.encode());
+                    } else {
+                        e.encode_into(&mut out);
+                    }
                 }
                 if i == index as usize && i < entries.len() {
                     return Err(Errno::ERANGE);
@@ -773,7 +906,7 @@ impl Req<'_> {
             }
             Request::Ftruncate { handle, size } => {
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
-                let Kind::File { file, inode } = &h.kind else {
+                let Kind::File { file, inode, .. } = &h.kind else {
                     return Err(Errno::EISDIR);
                 };
                 let mut io = lock(&inode.io);
@@ -787,7 +920,7 @@ impl Req<'_> {
                 flush_only,
             } => {
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
-                let Kind::File { file, inode } = &h.kind else {
+                let Kind::File { file, inode, .. } = &h.kind else {
                     return Ok(Answer::Words(vec![]));
                 };
                 let mut io = lock(&inode.io);
@@ -819,7 +952,7 @@ impl Req<'_> {
                 let rec = input.get(..SETATTR_LEN).ok_or(Errno::EPROTO)?;
                 let s = SetAttr::decode(rec).map_err(|_| Errno::EINVAL)?;
                 let h = sh.handle(handle, self.r.from, self.r.principal)?;
-                let Kind::File { file, inode } = &h.kind else {
+                let Kind::File { file, inode, .. } = &h.kind else {
                     return Err(Errno::EBADF);
                 };
                 let mut io = lock(&inode.io);
@@ -862,6 +995,11 @@ impl Req<'_> {
                 let (a, b) = two(old_len, new_len)?;
                 let at = root.link(a, b)?;
                 Ok(self.attr_answer(vec![], at))
+            }
+            Request::Watch { callback, members } => {
+                let m = input.get(..members as usize * 4).ok_or(Errno::EPROTO)?;
+                sh.watchers.add(Pid(callback), watch::members(m))?;
+                Ok(Answer::Words(vec![]))
             }
             Request::Statfs => {
                 if !self.can_answer(vio::STATFS_LEN) {
@@ -980,6 +1118,7 @@ impl Req<'_> {
         &self,
         file: &std::fs::File,
         inode: &Arc<Inode>,
+        id: (u32, u64),
         offset: u64,
         count: u32,
         buf: &mut Vec<u8>,
@@ -1002,6 +1141,29 @@ impl Req<'_> {
         }
         sh.drop_ra(&mut io);
         let ok = vio::reply(Errno::OK, &[n as u32]);
+        // Room for the attributes after the data: the client wants them
+        // (so it need not ask), which needs the write done first.
+        let with_attr = self.can_answer(n + ATTR_LEN);
+        if with_attr {
+            let r = file.write_all_at(buf, offset);
+            let st = rustix::fs::fstat(file);
+            drop(io);
+            return match (r, st) {
+                (Ok(()), Ok(st)) => {
+                    sh.stats
+                        .bytes_written
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    self.written(id);
+                    let a = confine::attr_of(&st);
+                    self.sh.watchers.saw(self.r.from, id);
+                    self.r
+                        .process
+                        .reply_with_segment(&ok, self.r.from, n as u32, &a.encode())
+                }
+                (Err(e), _) => self.send(Err(Errno::from_io(&e))),
+                (_, Err(e)) => self.send(Err(Errno::from_rustix(e))),
+            };
+        }
         if sh.cfg.write_behind {
             // Reply first; the file's lock keeps later requests behind the write.
             let r = self.r.process.reply(&ok, self.r.from);
@@ -1013,6 +1175,9 @@ impl Req<'_> {
                     .bytes_written
                     .fetch_add(n as u64, Ordering::Relaxed);
             }
+            // Still under the file's lock: a watcher that reads again
+            // after being told reads the new data.
+            self.written(id);
             r
         } else {
             let r = file.write_all_at(buf, offset);
@@ -1022,12 +1187,44 @@ impl Req<'_> {
                     sh.stats
                         .bytes_written
                         .fetch_add(n as u64, Ordering::Relaxed);
+                    self.written(id);
                     self.r.process.reply(&ok, self.r.from)
                 }
                 Err(e) => self.send(Err(Errno::from_io(&e))),
             }
         }
     }
+}
+
+impl Req<'_> {
+    /// Tells watchers that file `id`'s data and attributes changed.
+    fn written(&self, id: (u32, u64)) {
+        let c = [Change::Id(id, vio::INVAL_ATTR | vio::INVAL_DATA)];
+        self.sh.watchers.notify(self.r.process, self.r.from, &c);
+    }
+}
+
+/// Most bytes of a file an [`vio::OPENREAD`] answers with.
+const PREFETCH_MAX: usize = 60 << 10;
+
+/// Up to `n` bytes from the start of `file` (fewer at its end; none if
+/// it cannot be read).
+fn read_head(file: &std::fs::File, n: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; n];
+    let mut at = 0;
+    while at < n {
+        match file.read_at(&mut buf[at..], at as u64) {
+            Ok(0) => break,
+            Ok(k) => at += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                at = 0;
+                break;
+            }
+        }
+    }
+    buf.truncate(at);
+    buf
 }
 
 /// (size, mtime seconds, mtime nanoseconds) of an open file.

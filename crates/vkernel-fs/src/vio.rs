@@ -42,7 +42,10 @@ pub const CLOSE: u32 = 0x56_0002;
 /// appended to the reply; large ones by MoveTo first.
 pub const READ: u32 = 0x56_0003;
 /// Request: write. w1 handle, w2–w3 offset, w4 count; segment
-/// read-granted holding the data. Reply: w1 bytes accepted.
+/// read-granted holding the data. Reply: w1 bytes accepted. If the
+/// segment is also write-granted with room for an [`Attr`] after the
+/// data, the data is written before the reply (not behind it) and the
+/// file's attributes after the write come back at segment offset count.
 pub const WRITE: u32 = 0x56_0004;
 /// Request: attributes by path. w1 path length, w2 flags ([`STAT_NOFOLLOW`]).
 /// Segment read+write: path in, [`Attr`] out.
@@ -99,6 +102,40 @@ pub const MKNOD: u32 = 0x56_0015;
 /// fchown, futimens, ftruncate), which works after its names are gone. w1
 /// handle; segment read+write: [`SetAttr`] record in, [`Attr`] out.
 pub const FSETATTR: u32 = 0x56_0016;
+/// Request: tell me when another client changes a file. w1 the pid of the
+/// client's *callback process*, w2 how many member pids follow in the
+/// segment (read: u32 each, big-endian; at most [`MAX_WATCH_MEMBERS`]):
+/// the processes the client sends its requests from, whose own changes
+/// are not reported back to it. The server then Sends [`INVALIDATE`]
+/// messages to the callback process before it replies to a change made
+/// by any other client (docs/VIO.md, "Cache invalidation").
+pub const WATCH: u32 = 0x56_0017;
+/// Request: [`READDIR`] with attributes: each packed [`Dirent`] is
+/// followed by the entry's [`Attr`] (not following a symbolic link), all
+/// zero for an entry removed since the listing was taken.
+pub const READDIRPLUS: u32 = 0x56_0018;
+/// Request: [`OPEN`], and read the start of the file. Words as for OPEN;
+/// segment read+write: the path in, the file's [`Attr`] out, then as many
+/// bytes of the file from offset 0 as the segment has room for after the
+/// attributes (none for a file not opened for reading or not regular).
+/// Reply: w1 handle, w2 bytes of data after the attributes.
+pub const OPENREAD: u32 = 0x56_0019;
+/// Message from a server to a client's callback process (see [`WATCH`]):
+/// w1 flags ([`INVAL_ATTR`], [`INVAL_DATA`], [`INVAL_ENTRY`]), w2 device,
+/// w3–w4 inode (with [`INVAL_ATTR`]/[`INVAL_DATA`] and no path), w5 path
+/// length; segment read: the path of the changed name (with
+/// [`INVAL_ENTRY`]). The callback process replies at once (status only).
+pub const INVALIDATE: u32 = 0x56_0080;
+
+/// Most member pids in a [`WATCH`] request.
+pub const MAX_WATCH_MEMBERS: u32 = 256;
+/// [`INVALIDATE`] flag: the file's attributes changed.
+pub const INVAL_ATTR: u32 = 1;
+/// [`INVALIDATE`] flag: the file's data changed.
+pub const INVAL_DATA: u32 = 2;
+/// [`INVALIDATE`] flag: the name at the path was made, removed or now
+/// means another file; its directory's attributes changed too.
+pub const INVAL_ENTRY: u32 = 4;
 
 /// STAT flag: do not follow a symbolic link in the last component.
 pub const STAT_NOFOLLOW: u32 = 1;
@@ -261,6 +298,8 @@ pub struct Owner {
 pub enum Request {
     /// [`OPEN`].
     Open {
+        /// [`OPENREAD`]: also read the start of the file.
+        prefetch: bool,
         /// Path length in the segment.
         path_len: u32,
         /// Linux open flags.
@@ -412,6 +451,56 @@ pub enum Request {
     },
     /// [`STATFS`].
     Statfs,
+    /// [`WATCH`].
+    Watch {
+        /// The client's callback process.
+        callback: u32,
+        /// Member pids in the segment.
+        members: u32,
+    },
+    /// [`READDIRPLUS`].
+    Readdirplus {
+        /// Directory handle.
+        handle: u32,
+        /// Index of the first entry.
+        index: u32,
+    },
+}
+
+/// What an [`INVALIDATE`] message says changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Invalidation {
+    /// [`INVAL_ATTR`] | [`INVAL_DATA`] | [`INVAL_ENTRY`].
+    pub flags: u32,
+    /// The file's (device, inode), when the server names it so.
+    pub id: (u32, u64),
+    /// Length of the path in the segment (0: none).
+    pub path_len: u32,
+}
+
+impl Invalidation {
+    /// The message (the path goes in the Send's segment).
+    pub fn encode(&self) -> Message {
+        let mut m = Message::zero();
+        let (hi, lo) = split64(self.id.1);
+        m.0[..6].copy_from_slice(&[INVALIDATE, self.flags, self.id.0, hi, lo, self.path_len]);
+        m
+    }
+
+    /// Decodes an [`INVALIDATE`] message (`EPROTO` for another code,
+    /// unknown flags or a path over [`MAX_PATH`]).
+    pub fn decode(m: &Message) -> Result<Invalidation, Errno> {
+        let w = &m.0;
+        let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY;
+        if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > MAX_PATH {
+            return Err(Errno::EPROTO);
+        }
+        Ok(Invalidation {
+            flags: w[1],
+            id: (w[2], join64(w[3], w[4])),
+            path_len: w[5],
+        })
+    }
 }
 
 fn split64(v: u64) -> (u32, u32) {
@@ -452,7 +541,9 @@ impl Request {
             | Request::Readdir { .. }
             | Request::Fsync { .. }
             | Request::Readlink { .. }
-            | Request::Statfs => false,
+            | Request::Statfs
+            | Request::Watch { .. }
+            | Request::Readdirplus { .. } => false,
         }
     }
 
@@ -465,6 +556,7 @@ impl Request {
                 | Request::Stat { .. }
                 | Request::Fstat { .. }
                 | Request::Readdir { .. }
+                | Request::Readdirplus { .. }
                 | Request::Readlink { .. }
                 | Request::Statfs
         )
@@ -494,6 +586,7 @@ impl Request {
                 ..
             } => target_len as usize + path_len as usize,
             Request::Write { count, .. } => count as usize,
+            Request::Watch { members, .. } => members as usize * 4,
             _ => 0,
         }
     }
@@ -505,6 +598,7 @@ impl Request {
         let w = &mut m.0;
         let code = match *self {
             Request::Open {
+                prefetch,
                 path_len,
                 flags,
                 mode,
@@ -512,7 +606,11 @@ impl Request {
             } => {
                 (w[1], w[2], w[3]) = (path_len, flags, mode);
                 (w[4], w[5]) = (owner.uid, owner.gid);
-                OPEN
+                if prefetch {
+                    OPENREAD
+                } else {
+                    OPEN
+                }
             }
             Request::Close { handle } => {
                 w[1] = handle;
@@ -636,6 +734,14 @@ impl Request {
                 LINK
             }
             Request::Statfs => STATFS,
+            Request::Watch { callback, members } => {
+                (w[1], w[2]) = (callback, members);
+                WATCH
+            }
+            Request::Readdirplus { handle, index } => {
+                (w[1], w[2]) = (handle, index);
+                READDIRPLUS
+            }
         };
         w[0] = code;
         if self.idempotent() {
@@ -661,12 +767,13 @@ impl Request {
             gid: w[5],
         };
         // -1 is chown's "leave it", never an owner.
-        let creates = matches!(w[0] & CODE_MASK, OPEN | MKDIR | SYMLINK | MKNOD);
+        let creates = matches!(w[0] & CODE_MASK, OPEN | OPENREAD | MKDIR | SYMLINK | MKNOD);
         if creates && (owner.uid == u32::MAX || owner.gid == u32::MAX) {
             return Err(Errno::EINVAL);
         }
         let r = match w[0] & CODE_MASK {
-            OPEN => Request::Open {
+            OPEN | OPENREAD => Request::Open {
+                prefetch: w[0] & CODE_MASK == OPENREAD,
                 path_len: path(w[1])?,
                 flags: w[2],
                 mode: w[3],
@@ -764,6 +871,19 @@ impl Request {
                 new_len: path(w[2])?,
             },
             STATFS => Request::Statfs,
+            WATCH => {
+                if w[2] > MAX_WATCH_MEMBERS {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Watch {
+                    callback: w[1],
+                    members: w[2],
+                }
+            }
+            READDIRPLUS => Request::Readdirplus {
+                handle: w[1],
+                index: w[2],
+            },
             _ => return Err(Errno::ENOSYS),
         };
         Ok(r)
@@ -795,7 +915,7 @@ pub fn code(m: &Message) -> u32 {
 pub fn carries_handle(code: u32) -> bool {
     matches!(
         code,
-        CLOSE | READ | WRITE | FSTAT | READDIR | FTRUNCATE | FSYNC
+        CLOSE | READ | WRITE | FSTAT | READDIR | READDIRPLUS | FTRUNCATE | FSYNC | FSETATTR
     )
 }
 

@@ -531,6 +531,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
     m.0[2] = 0x80;
     assert_eq!(st(raw(&p, s, m, None)), Errno::EINVAL);
     let m = Request::Open {
+        prefetch: false,
         path_len: 1,
         flags: libc::O_PATH as u32,
         mode: 0,

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 fn all_requests() -> Vec<Request> {
     vec![
         Request::Open {
+            prefetch: false,
             path_len: 7,
             flags: 0o1101,
             mode: 0o644,
@@ -11,6 +12,21 @@ fn all_requests() -> Vec<Request> {
                 uid: 1000,
                 gid: 100,
             },
+        },
+        Request::Open {
+            prefetch: true,
+            path_len: 3,
+            flags: 0,
+            mode: 0,
+            owner: Owner::default(),
+        },
+        Request::Watch {
+            callback: 0x0001_0002,
+            members: 3,
+        },
+        Request::Readdirplus {
+            handle: 5,
+            index: 9,
         },
         Request::Close { handle: 9 },
         Request::Read {
@@ -201,4 +217,32 @@ proptest! {
         let _ = StatFs::decode(&bytes);
         let _ = Dirent::decode_all(&bytes);
     }
+}
+
+#[test]
+fn invalidations_round_trip_and_bad_ones_are_refused() {
+    let inv = Invalidation {
+        flags: INVAL_ATTR | INVAL_DATA,
+        id: (7, 0x1_0000_0002),
+        path_len: 12,
+    };
+    assert_eq!(Invalidation::decode(&inv.encode()), Ok(inv));
+    let mut m = inv.encode();
+    m.0[1] |= 0x100;
+    assert_eq!(Invalidation::decode(&m), Err(Errno::EPROTO));
+    let mut m = inv.encode();
+    m.0[5] = MAX_PATH as u32 + 1;
+    assert_eq!(Invalidation::decode(&m), Err(Errno::EPROTO));
+    assert_eq!(
+        Invalidation::decode(&Request::Statfs.encode()),
+        Err(Errno::EPROTO)
+    );
+    // Too many members in a WATCH.
+    let mut w = Request::Watch {
+        callback: 1,
+        members: 1,
+    }
+    .encode();
+    w.0[2] = MAX_WATCH_MEMBERS + 1;
+    assert_eq!(Request::decode(&w), Err(Errno::EINVAL));
 }

@@ -43,6 +43,12 @@ impl ClientPool {
         }
     }
 
+    /// The pids of the pool's processes that are not borrowed now (all of
+    /// them before any call).
+    pub fn pids(&self) -> Vec<crate::Pid> {
+        self.free().iter().map(|p| p.pid()).collect()
+    }
+
     /// How many processes the pool holds.
     pub fn size(&self) -> usize {
         self.size
