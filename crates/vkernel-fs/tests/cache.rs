@@ -1,0 +1,233 @@
+//! Caches of two FUSE mounts of one file server, each on its own logical
+//! host: with a 10 s cache lifetime, a change made through one mount must
+//! show through the other at once (the server's invalidations), never
+//! after the lifetime. Also: listings with attributes and small files
+//! read with their open give what a local directory gives.
+//!
+//! Needs /dev/fuse and fusermount3 (Debian fuse3); skips without them
+//! unless VKERNEL_REQUIRE_FUSE=1 (as in CI).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel::{Kernel, KernelConfig};
+use vkernel_fs::client::Client;
+use vkernel_fs::fuse::{self, FuseOptions};
+use vkernel_fs::server::{FileServer, ServerConfig};
+
+fn fuse_ready() -> bool {
+    let ok = Path::new("/dev/fuse").exists()
+        && std::process::Command::new("sh")
+            .args(["-c", "command -v fusermount3"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ok && std::env::var("VKERNEL_REQUIRE_FUSE").as_deref() == Ok("1") {
+        panic!("FUSE tests required but /dev/fuse or fusermount3 is missing");
+    }
+    if !ok {
+        eprintln!("skipping: no /dev/fuse or fusermount3 (VKERNEL_REQUIRE_FUSE=1 fails instead)");
+    }
+    ok
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!(
+            "vkfs-cache-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A mount of `server` from a logical host of its own.
+struct Mount {
+    session: Option<fuser::BackgroundSession>,
+    at: PathBuf,
+    _kernel: Kernel,
+}
+
+impl Mount {
+    fn new(server: &Kernel, pid: vkernel::Pid, at: PathBuf, opts: &FuseOptions) -> Mount {
+        let k = Kernel::start(KernelConfig {
+            peers: vec![server.local_addr()],
+            ..Default::default()
+        })
+        .unwrap();
+        server.add_peer(k.local_addr());
+        let c = Arc::new(Client::connect(&k, pid, 6).unwrap());
+        std::fs::create_dir_all(&at).unwrap();
+        let session = fuse::mount(&k, c, &at, opts).unwrap();
+        Mount {
+            session: Some(session),
+            at,
+            _kernel: k,
+        }
+    }
+
+    fn p(&self, name: &str) -> PathBuf {
+        self.at.join(name)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = fuse::unmount(s, &self.at);
+        }
+    }
+}
+
+/// Waits (at most 2 s, far below the 10 s cache lifetime) for `f`.
+fn soon(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{what}: still stale after 2 s (caches live 10 s)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_change_through_one_mount_shows_through_the_other_at_once() {
+    if !fuse_ready() {
+        return;
+    }
+    let work = Dir::new("two");
+    let export = work.0.join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let ks = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    let opts = FuseOptions {
+        cache_ttl: Duration::from_secs(10),
+        ..FuseOptions::default()
+    };
+    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &opts);
+    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &opts);
+    assert_eq!(srv.watch_stats().watchers, 2, "both mounts watch");
+
+    // B learns that the name is absent (and may cache that for 10 s).
+    assert!(!b.p("new.txt").exists());
+    std::fs::write(a.p("new.txt"), "one").unwrap();
+    soon("a file made through A, seen by B", || {
+        std::fs::read(b.p("new.txt")).is_ok_and(|d| d == b"one")
+    });
+
+    // B holds its attributes and pages; A appends.
+    assert_eq!(std::fs::metadata(b.p("new.txt")).unwrap().len(), 3);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(a.p("new.txt"))
+            .unwrap();
+        f.write_all(b" two").unwrap();
+    }
+    soon("a size changed through A, seen by B", || {
+        std::fs::metadata(b.p("new.txt")).is_ok_and(|m| m.len() == 7)
+    });
+    assert_eq!(std::fs::read(b.p("new.txt")).unwrap(), b"one two");
+
+    // Mode, rename, a new directory's entries, unlink.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(b.p("new.txt")).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    std::fs::set_permissions(a.p("new.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    soon("a mode changed through A, seen by B", || {
+        std::fs::metadata(b.p("new.txt")).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600)
+    });
+    std::fs::rename(a.p("new.txt"), a.p("renamed.txt")).unwrap();
+    soon("a rename through A, seen by B", || {
+        !b.p("new.txt").exists() && b.p("renamed.txt").exists()
+    });
+    assert_eq!(std::fs::read(b.p("renamed.txt")).unwrap(), b"one two");
+    std::fs::create_dir(a.p("d")).unwrap();
+    std::fs::write(a.p("d/f"), "x").unwrap();
+    soon("a directory made through A, listed by B", || {
+        std::fs::read_dir(b.p("d")).is_ok_and(|r| r.count() == 1)
+    });
+    std::fs::remove_file(a.p("renamed.txt")).unwrap();
+    soon("an unlink through A, seen by B", || {
+        !b.p("renamed.txt").exists()
+    });
+    // B's own changes reach A the same way.
+    std::fs::write(b.p("d/g"), "from b").unwrap();
+    soon("a file made through B, seen by A", || {
+        std::fs::read(a.p("d/g")).is_ok_and(|d| d == b"from b")
+    });
+    assert!(srv.watch_stats().sent > 0);
+    assert_eq!(srv.watch_stats().dropped, 0);
+}
+
+#[test]
+fn listings_and_small_files_match_a_local_directory() {
+    if !fuse_ready() {
+        return;
+    }
+    let work = Dir::new("list");
+    let export = work.0.join("export");
+    std::fs::create_dir_all(export.join("sub")).unwrap();
+    let mut want = Vec::new();
+    for i in 0..300 {
+        let name = format!("file-{i:03}-{}", "x".repeat(i % 40));
+        // Sizes around the 60 KiB that comes with an open.
+        let len = [0, 1, 4095, 4096, 61_440, 61_441, 200_000][i % 7];
+        let body: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
+        std::fs::write(export.join("sub").join(&name), &body).unwrap();
+        want.push((name, body));
+    }
+    let ks = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    let opts = FuseOptions {
+        cache_ttl: Duration::from_millis(500),
+        ..FuseOptions::default()
+    };
+    let m = Mount::new(&ks, srv.pid(), work.0.join("m"), &opts);
+    let mut names: Vec<String> = std::fs::read_dir(m.p("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut expect: Vec<String> = want.iter().map(|(n, _)| n.clone()).collect();
+    expect.sort();
+    assert_eq!(names, expect);
+    for (name, body) in &want {
+        let p = m.p("sub").join(name);
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        let local = std::fs::symlink_metadata(export.join("sub").join(name)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (md.len(), md.ino(), md.mode(), md.mtime(), md.mtime_nsec()),
+            (local.len(), local.ino(), local.mode(), local.mtime(), local.mtime_nsec()),
+            "{name}"
+        );
+        // Twice: the second may come from the kernel's pages.
+        for _ in 0..2 {
+            assert_eq!(&std::fs::read(&p).unwrap(), body, "{name}");
+        }
+    }
+    // Changed behind the server's back (on its disk, not through it): no
+    // invalidation, so it shows once the cache lifetime has passed.
+    let (name, _) = &want[8];
+    std::fs::write(export.join("sub").join(name), b"changed").unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(std::fs::read(m.p("sub").join(name)).unwrap(), b"changed");
+}
