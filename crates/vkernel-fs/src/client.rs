@@ -176,6 +176,7 @@ pub struct Client {
     /// The server does not know OPENREAD / READDIRPLUS (older server).
     no_openread: std::sync::atomic::AtomicBool,
     no_readdirplus: std::sync::atomic::AtomicBool,
+    no_closev: std::sync::atomic::AtomicBool,
 }
 
 /// Most bytes [`Client::write_attr`] writes with attributes answered.
@@ -251,6 +252,7 @@ impl Client {
             callback: Mutex::new(None),
             no_openread: Default::default(),
             no_readdirplus: Default::default(),
+            no_closev: Default::default(),
         };
         c.statfs()?;
         Ok(c)
@@ -550,6 +552,20 @@ impl Client {
         mode: u32,
         owner: Owner,
     ) -> Result<(Fh, Attr), ClientError> {
+        self.create_in(path, flags, mode, owner)
+            .map(|(fh, a, _)| (fh, a))
+    }
+
+    /// [`Client::open_as`], also answering, when it created the file, the
+    /// attributes of the directory it was made in (`None` otherwise, or
+    /// from a server that does not send them).
+    pub fn create_in(
+        &self,
+        path: impl AsRef<[u8]>,
+        flags: i32,
+        mode: u32,
+        owner: Owner,
+    ) -> Result<(Fh, Attr, Option<Attr>), ClientError> {
         let p = path.as_ref();
         let req = Request::Open {
             prefetch: false,
@@ -558,9 +574,14 @@ impl Client {
             mode,
             owner,
         };
-        let (m, out) = self.call(req, p, ATTR_LEN)?;
+        let (m, out) = self.call(req, p, 2 * ATTR_LEN)?;
         let attr = Self::attr_of(&out)?;
-        Ok((self.track(vio::reply_words(&m)[0], p, flags, false), attr))
+        let parent = Self::parent_attr(&m, 2, &out[ATTR_LEN..]);
+        Ok((
+            self.track(vio::reply_words(&m)[0], p, flags, false),
+            attr,
+            parent,
+        ))
     }
 
     /// Creates (or truncates) `path` for writing with `mode`.
@@ -572,6 +593,62 @@ impl Client {
     pub fn close(&self, fh: Fh) -> Result<(), ClientError> {
         self.call(Request::Close { handle: fh.0 }, &[], 0)
             .map(|_| ())
+    }
+
+    /// Closes several handles, [`vio::MAX_CLOSEV`] per exchange (CLOSEV;
+    /// one CLOSE each with a server that does not know it, or when the
+    /// exchange fails). Every handle is forgotten; the first error is
+    /// returned.
+    pub fn close_many(&self, fhs: &[Fh]) -> Result<(), ClientError> {
+        let mut first = Ok(());
+        for chunk in fhs.chunks(vio::MAX_CLOSEV as usize) {
+            let ids: Vec<u32> = match &self.reopen {
+                None => chunk.iter().map(|f| f.0).collect(),
+                Some(r) => {
+                    let mut h = lock(&r.handles);
+                    chunk
+                        .iter()
+                        .filter_map(|f| h.open.remove(&f.0))
+                        .filter(|o| !o.broken)
+                        .map(|o| o.server_fh)
+                        .collect()
+                }
+            };
+            if ids.is_empty() || self.no_closev.load(Ordering::Relaxed) {
+                for &id in &ids {
+                    let r = self.exchange_once(
+                        &mut Request::Close { handle: id }.encode(),
+                        None,
+                        self.server(),
+                    );
+                    if let (Err(e), Ok(())) = (r, &first) {
+                        first = Err(e);
+                    }
+                }
+                continue;
+            }
+            let list: Vec<u8> = ids.iter().flat_map(|i| i.to_be_bytes()).collect();
+            let mut m = Request::Closev {
+                count: ids.len() as u32,
+            }
+            .encode();
+            let r = self.exchange_once(&mut m, Some(Segment::Read(&list)), self.server());
+            match r {
+                Err(ClientError::Server(Errno::ENOSYS)) => {
+                    self.no_closev.store(true, Ordering::Relaxed);
+                    for &id in &ids {
+                        let _ = self.exchange_once(
+                            &mut Request::Close { handle: id }.encode(),
+                            None,
+                            self.server(),
+                        );
+                    }
+                }
+                Err(e) if first.is_ok() => first = Err(e),
+                _ => {}
+            }
+        }
+        first
     }
 
     /// Reads into `buf` at `offset`; returns the bytes read (fewer only at
@@ -881,14 +958,35 @@ impl Client {
         mode: u32,
         owner: Owner,
     ) -> Result<Attr, ClientError> {
+        self.mkdir_in(path, mode, owner).map(|(a, _)| a)
+    }
+
+    /// [`Client::mkdir_as`], also answering the attributes of the
+    /// directory it was made in, after the change (`None` from a server
+    /// that does not send them).
+    pub fn mkdir_in(
+        &self,
+        path: impl AsRef<[u8]>,
+        mode: u32,
+        owner: Owner,
+    ) -> Result<(Attr, Option<Attr>), ClientError> {
         let p = path.as_ref();
         let req = Request::Mkdir {
             path_len: Self::len32(p)?,
             mode,
             owner,
         };
-        let (_, out) = self.call(req, p, ATTR_LEN)?;
-        Self::attr_of(&out)
+        let (m, out) = self.call(req, p, 2 * ATTR_LEN)?;
+        let parent = Self::parent_attr(&m, 0, &out[ATTR_LEN..]);
+        Ok((Self::attr_of(&out)?, parent))
+    }
+
+    /// The directory attributes a server appended (reply word `word` + 1
+    /// is 1), from `out`.
+    fn parent_attr(m: &Message, word: usize, out: &[u8]) -> Option<Attr> {
+        (vio::reply_words(m)[word] == 1)
+            .then(|| Attr::decode(out).ok())
+            .flatten()
     }
 
     /// Makes a FIFO, socket or device node (or an empty regular file):
@@ -914,20 +1012,34 @@ impl Client {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, path: impl AsRef<[u8]>) -> Result<(), ClientError> {
+        self.rmdir_in(path).map(|_| ())
+    }
+
+    /// [`Client::rmdir`], answering the attributes of the directory it
+    /// was in, after the change (`None` from a server that does not).
+    pub fn rmdir_in(&self, path: impl AsRef<[u8]>) -> Result<Option<Attr>, ClientError> {
         let p = path.as_ref();
         let req = Request::Rmdir {
             path_len: Self::len32(p)?,
         };
-        self.call(req, p, 0).map(|_| ())
+        let (m, out) = self.call(req, p, ATTR_LEN)?;
+        Ok(Self::parent_attr(&m, 0, &out))
     }
 
     /// Removes a name.
     pub fn unlink(&self, path: impl AsRef<[u8]>) -> Result<(), ClientError> {
+        self.unlink_in(path).map(|_| ())
+    }
+
+    /// [`Client::unlink`], answering the attributes of the directory the
+    /// name was in, after the change (`None` from a server that does not).
+    pub fn unlink_in(&self, path: impl AsRef<[u8]>) -> Result<Option<Attr>, ClientError> {
         let p = path.as_ref();
         let req = Request::Unlink {
             path_len: Self::len32(p)?,
         };
-        self.call(req, p, 0).map(|_| ())
+        let (m, out) = self.call(req, p, ATTR_LEN)?;
+        Ok(Self::parent_attr(&m, 0, &out))
     }
 
     /// Renames `old` to `new` (`flags`: [`vio::RENAME_NOREPLACE`],

@@ -65,7 +65,7 @@ fn rel(path: &[u8]) -> &[u8] {
 
 /// Splits `path` into (parent, last component). The last component must
 /// be a plain name: `.`, `..` or nothing (the root) give `EINVAL`.
-fn split_last(path: &[u8]) -> Result<(&[u8], &[u8]), Errno> {
+pub fn split_last(path: &[u8]) -> Result<(&[u8], &[u8]), Errno> {
     let trimmed = {
         let mut end = path.len();
         while end > 0 && path[end - 1] == b'/' {

@@ -414,6 +414,11 @@ struct Head {
 pub struct VioFs {
     client: Arc<Client>,
     shared: Arc<Shared>,
+    /// Handles to close, to the closer thread (which closes them in
+    /// batches: the kernel does not wait for a release, nor should the
+    /// server have one exchange per close); `None` once unmounted.
+    closer: Mutex<Option<std::sync::mpsc::Sender<u32>>>,
+    closer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// File handles written since their last flush or fsync.
     written: Mutex<std::collections::HashSet<u32>>,
     /// Directory handles whose listing ended, and the offset after it.
@@ -557,7 +562,15 @@ impl VioFs {
         watched: bool,
         shared: Arc<Shared>,
     ) -> VioFs {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = client.clone();
+        let t = std::thread::Builder::new()
+            .name("vkernel-close".into())
+            .spawn(move || close_in_batches(&c, &rx))
+            .ok();
         VioFs {
+            closer: Mutex::new(t.is_some().then_some(tx)),
+            closer_thread: Mutex::new(t),
             client,
             shared,
             written: Mutex::new(std::collections::HashSet::new()),
@@ -588,6 +601,18 @@ impl VioFs {
             v.retain(|&h| h != fh.0);
             if v.is_empty() {
                 open.remove(&ino);
+            }
+        }
+    }
+
+    /// Closes a server handle: by the closer thread, or at once.
+    fn close_later(&self, fh: Fh) {
+        let queued = lock_or_recover(&self.closer)
+            .as_ref()
+            .is_some_and(|tx| tx.send(fh.0).is_ok());
+        if !queued {
+            if let Err(e) = self.client.close(fh) {
+                tracing::debug!("vkernel mount: close: {e}");
             }
         }
     }
@@ -635,10 +660,29 @@ impl VioFs {
     /// directory's attributes (mtime, link count) and the named file's
     /// (link count, ctime) changed.
     fn changed_name(&self, parent: INodeNo, name: &OsStr) {
+        self.changed_name_in(parent, name, None);
+    }
+
+    /// [`VioFs::changed_name`], with the directory's attributes after the
+    /// change when the server answered them.
+    fn changed_name_in(&self, parent: INodeNo, name: &OsStr, dir: Option<Attr>) {
         let mut n = self.nodes();
-        n.clear_attr(parent.0);
+        match dir {
+            Some(a) => n.set_attr(parent.0, &a),
+            None => n.clear_attr(parent.0),
+        }
         if let Some(ino) = n.named(parent.0, name.as_bytes()) {
             n.clear_attr(ino);
+        }
+    }
+
+    /// A name made here in `parent`: the directory's attributes after the
+    /// change, if answered, else forgotten.
+    fn made_in(&self, parent: INodeNo, dir: Option<Attr>) {
+        let mut n = self.nodes();
+        match dir {
+            Some(a) => n.set_attr(parent.0, &a),
+            None => n.clear_attr(parent.0),
         }
     }
 }
@@ -667,7 +711,37 @@ macro_rules! tryf {
     };
 }
 
+/// The closer thread: waits for a handle, gathers those that follow
+/// within a moment, and closes them in one exchange; ends (after closing
+/// what it has) when the mount's sender goes.
+fn close_in_batches(client: &Client, rx: &std::sync::mpsc::Receiver<u32>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![Fh(first)];
+        let until = Instant::now() + CLOSE_GATHER;
+        while batch.len() < vio::MAX_CLOSEV as usize {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(fh) => batch.push(Fh(fh)),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = client.close_many(&batch) {
+            tracing::debug!("vkernel mount: closing {} handles: {e}", batch.len());
+        }
+    }
+}
+
+/// How long the closer gathers handles before closing them.
+const CLOSE_GATHER: Duration = Duration::from_millis(2);
+
 impl Filesystem for VioFs {
+    fn destroy(&mut self) {
+        // Close what is queued before the session ends.
+        lock_or_recover(&self.closer).take();
+        if let Some(t) = lock_or_recover(&self.closer_thread).take() {
+            let _ = t.join();
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Bigger writes mean fewer exchanges; the kernel may cap them.
         let _ = config.set_max_write(1 << 20);
@@ -847,27 +921,28 @@ impl Filesystem for VioFs {
         reply: ReplyEntry,
     ) {
         let p = tryf!(reply, self.child(parent, name));
-        let a = tryf!(
+        let (a, dir) = tryf!(
             reply,
             self.client
-                .mkdir_as(&p, mode & !umask & 0o7777, owner(req))
+                .mkdir_in(&p, mode & !umask & 0o7777, owner(req))
                 .map_err(cerr)
         );
-        self.entry(parent, name, &a, true, reply);
+        self.made_in(parent, dir);
+        self.entry(parent, name, &a, false, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
-        tryf!(reply, self.client.unlink(&p).map_err(cerr));
-        self.changed_name(parent, name);
+        let dir = tryf!(reply, self.client.unlink_in(&p).map_err(cerr));
+        self.changed_name_in(parent, name, dir);
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
-        tryf!(reply, self.client.rmdir(&p).map_err(cerr));
-        self.changed_name(parent, name);
+        let dir = tryf!(reply, self.client.rmdir_in(&p).map_err(cerr));
+        self.changed_name_in(parent, name, dir);
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
@@ -1077,7 +1152,9 @@ impl Filesystem for VioFs {
         self.closed(ino.0, Fh(fh.0 as u32));
         lock_or_recover(&self.shared.heads).remove(&(fh.0 as u32));
         lock_or_recover(&self.written).remove(&(fh.0 as u32));
-        tryf!(reply, self.client.close(Fh(fh.0 as u32)).map_err(cerr));
+        // The kernel ignores what a release answers; any deferred write
+        // error was reported by the flush before it.
+        self.close_later(Fh(fh.0 as u32));
         reply.ok();
     }
 
@@ -1236,7 +1313,7 @@ impl Filesystem for VioFs {
         reply: ReplyEmpty,
     ) {
         lock_or_recover(&self.listed).remove(&(fh.0 as u32));
-        tryf!(reply, self.client.close(Fh(fh.0 as u32)).map_err(cerr));
+        self.close_later(Fh(fh.0 as u32));
         reply.ok();
     }
 
@@ -1373,10 +1450,10 @@ impl Filesystem for VioFs {
         reply: ReplyCreate,
     ) {
         let p = tryf!(reply, self.child(parent, name));
-        let (fh, a) = tryf!(
+        let (fh, a, dir) = tryf!(
             reply,
             self.client
-                .open_as(
+                .create_in(
                     &p,
                     flags | libc::O_CREAT,
                     mode & !umask & 0o7777,
@@ -1388,9 +1465,9 @@ impl Filesystem for VioFs {
             let mut n = self.nodes();
             let ino = n.remember(parent.0, name.as_bytes(), &a);
             n.set_attr(ino, &a);
-            n.clear_attr(parent.0);
             ino
         };
+        self.made_in(parent, dir);
         self.opened(ino, fh);
         reply.created(
             &self.ttl,

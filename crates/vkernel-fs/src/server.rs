@@ -679,6 +679,35 @@ impl Req<'_> {
         }
     }
 
+    /// Adds the attributes of `path`'s directory (after the change) to an
+    /// answer, after what it carries, when the client lent room for them;
+    /// reply word `flag_word` (index into the words) + 1 says so.
+    fn with_parent(&self, a: Answer, path: &[u8], flag_word: usize) -> Answer {
+        let (mut words, mut data) = match a {
+            Answer::Words(w) => (w, Vec::new()),
+            Answer::Data(w, d) => (w, d),
+            other => return other,
+        };
+        let parent = confine::split_last(path)
+            .ok()
+            .filter(|_| self.can_answer(data.len() + ATTR_LEN))
+            .and_then(|(dir, _)| self.sh.root.stat(dir, false).ok());
+        let Some((pa, _)) = parent else {
+            return if data.is_empty() {
+                Answer::Words(words)
+            } else {
+                Answer::Data(words, data)
+            };
+        };
+        if words.len() <= flag_word {
+            words.resize(flag_word + 1, 0);
+        }
+        words[flag_word] = 1;
+        self.sh.watchers.saw(self.r.from, (pa.dev, pa.ino));
+        data.extend_from_slice(&pa.encode());
+        Answer::Data(words, data)
+    }
+
     fn need_attr_room(&self) -> Result<(), Errno> {
         if self.can_answer(ATTR_LEN) {
             Ok(())
@@ -767,7 +796,12 @@ impl Req<'_> {
                     Kind::File { file, inode, id },
                 )?;
                 if !prefetch {
-                    return Ok(self.attr_answer(vec![h], attr));
+                    let a = self.attr_answer(vec![h, 0], attr);
+                    return Ok(if created {
+                        self.with_parent(a, p, 2)
+                    } else {
+                        a
+                    });
                 }
                 self.need_attr_room()?;
                 self.sh.watchers.saw(self.r.from, id);
@@ -779,15 +813,25 @@ impl Req<'_> {
                 Ok(Answer::Data(vec![h, head.len() as u32], out))
             }
             Request::Close { handle } => {
-                let h = sh.handle(handle, self.r.from, self.r.principal)?;
-                lock(&sh.handles).map.remove(&handle);
-                if let Kind::File { inode, .. } = &h.kind {
-                    let mut io = lock(&inode.io);
-                    if let Some(e) = io.error.take() {
-                        return Err(e);
+                self.close(handle)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Closev { count } => {
+                let list = input.get(..count as usize * 4).ok_or(Errno::EPROTO)?;
+                let mut first = None;
+                let mut closed = 0;
+                for c in list.chunks_exact(4) {
+                    match self.close(u32::from_be_bytes([c[0], c[1], c[2], c[3]])) {
+                        Ok(()) => closed += 1,
+                        Err(e) => {
+                            first.get_or_insert(e);
+                        }
                     }
                 }
-                Ok(Answer::Words(vec![]))
+                match first {
+                    None => Ok(Answer::Words(vec![closed])),
+                    Some(e) => Ok(Answer::Fail(e, vec![closed])),
+                }
             }
             Request::Stat { path_len, nofollow } => {
                 self.need_attr_room()?;
@@ -864,7 +908,7 @@ impl Req<'_> {
                 let p = path(path_len)?;
                 let a = root.mkdir(p, mode)?;
                 let a = self.give(p, owner)?.unwrap_or(a);
-                Ok(self.attr_answer(vec![], a))
+                Ok(self.with_parent(self.attr_answer(vec![], a), p, 0))
             }
             Request::Mknod {
                 path_len,
@@ -884,12 +928,14 @@ impl Req<'_> {
                 Ok(self.attr_answer(vec![], a))
             }
             Request::Rmdir { path_len } => {
-                root.rmdir(path(path_len)?)?;
-                Ok(Answer::Words(vec![]))
+                let p = path(path_len)?;
+                root.rmdir(p)?;
+                Ok(self.with_parent(Answer::Words(vec![]), p, 0))
             }
             Request::Unlink { path_len } => {
-                root.unlink(path(path_len)?)?;
-                Ok(Answer::Words(vec![]))
+                let p = path(path_len)?;
+                root.unlink(p)?;
+                Ok(self.with_parent(Answer::Words(vec![]), p, 0))
             }
             Request::Rename {
                 old_len,
@@ -1011,6 +1057,20 @@ impl Req<'_> {
             // Handled before the input is gathered.
             Request::Read { .. } | Request::Write { .. } => Err(Errno::EPROTO),
         }
+    }
+
+    /// Forgets a handle of the caller's; reports a deferred write error.
+    fn close(&self, handle: u32) -> Result<(), Errno> {
+        let sh = self.sh;
+        let h = sh.handle(handle, self.r.from, self.r.principal)?;
+        lock(&sh.handles).map.remove(&handle);
+        if let Kind::File { inode, .. } = &h.kind {
+            let mut io = lock(&inode.io);
+            if let Some(e) = io.error.take() {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     fn file(&self, handle: u32) -> Result<Arc<Handle>, Errno> {

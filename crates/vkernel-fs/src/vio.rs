@@ -120,6 +120,13 @@ pub const READDIRPLUS: u32 = 0x56_0018;
 /// attributes (none for a file not opened for reading or not regular).
 /// Reply: w1 handle, w2 bytes of data after the attributes.
 pub const OPENREAD: u32 = 0x56_0019;
+/// Request: forget several handles. w1 how many (at most
+/// [`MAX_CLOSEV`]); segment read: the handles (u32 each, big-endian).
+/// Reply: w1 handles closed; the status of the first that failed (a
+/// deferred write error, EBADF), the rest are closed all the same.
+pub const CLOSEV: u32 = 0x56_001a;
+/// Most handles in one [`CLOSEV`].
+pub const MAX_CLOSEV: u32 = 1024;
 /// Message from a server to a client's callback process (see [`WATCH`]):
 /// w1 flags ([`INVAL_ATTR`], [`INVAL_DATA`], [`INVAL_ENTRY`]), w2 device,
 /// w3–w4 inode (with [`INVAL_ATTR`]/[`INVAL_DATA`] and no path), w5 path
@@ -458,6 +465,11 @@ pub enum Request {
         /// Member pids in the segment.
         members: u32,
     },
+    /// [`CLOSEV`].
+    Closev {
+        /// Handles in the segment.
+        count: u32,
+    },
     /// [`READDIRPLUS`].
     Readdirplus {
         /// Directory handle.
@@ -543,6 +555,7 @@ impl Request {
             | Request::Readlink { .. }
             | Request::Statfs
             | Request::Watch { .. }
+            | Request::Closev { .. }
             | Request::Readdirplus { .. } => false,
         }
     }
@@ -587,6 +600,7 @@ impl Request {
             } => target_len as usize + path_len as usize,
             Request::Write { count, .. } => count as usize,
             Request::Watch { members, .. } => members as usize * 4,
+            Request::Closev { count } => count as usize * 4,
             _ => 0,
         }
     }
@@ -742,6 +756,10 @@ impl Request {
                 (w[1], w[2]) = (handle, index);
                 READDIRPLUS
             }
+            Request::Closev { count } => {
+                w[1] = count;
+                CLOSEV
+            }
         };
         w[0] = code;
         if self.idempotent() {
@@ -884,6 +902,12 @@ impl Request {
                 handle: w[1],
                 index: w[2],
             },
+            CLOSEV => {
+                if w[1] > MAX_CLOSEV {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Closev { count: w[1] }
+            }
             _ => return Err(Errno::ENOSYS),
         };
         Ok(r)

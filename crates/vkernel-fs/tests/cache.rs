@@ -147,7 +147,11 @@ fn a_change_through_one_mount_shows_through_the_other_at_once() {
     // Mode, rename, a new directory's entries, unlink.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        std::fs::metadata(b.p("new.txt")).unwrap().permissions().mode() & 0o777,
+        std::fs::metadata(b.p("new.txt"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
         0o644
     );
     std::fs::set_permissions(a.p("new.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -216,7 +220,13 @@ fn listings_and_small_files_match_a_local_directory() {
         use std::os::unix::fs::MetadataExt;
         assert_eq!(
             (md.len(), md.ino(), md.mode(), md.mtime(), md.mtime_nsec()),
-            (local.len(), local.ino(), local.mode(), local.mtime(), local.mtime_nsec()),
+            (
+                local.len(),
+                local.ino(),
+                local.mode(),
+                local.mtime(),
+                local.mtime_nsec()
+            ),
             "{name}"
         );
         // Twice: the second may come from the kernel's pages.

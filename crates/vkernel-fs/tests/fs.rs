@@ -703,3 +703,103 @@ fn large_reads_and_writes_are_exact_on_a_lossy_network() {
     }
     assert!(b.stats().drops_of(vkernel::DropReason::ReplyDataMissing) > 0);
 }
+
+/// The requests that spare exchanges (OPENREAD, READDIRPLUS, WRITE with
+/// attributes, parent attributes, CLOSEV) answer what separate requests
+/// and a local stat answer.
+#[test]
+fn compound_answers_match_separate_requests() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(3));
+    let srv = server(&a, dir.path());
+    let c = Client::connect(&b, srv.pid(), 4).unwrap();
+    let local = |p: &str| std::fs::symlink_metadata(dir.path().join(p)).unwrap();
+    let same_dir = |got: Option<vio::Attr>, p: &str| {
+        let got = got.expect("directory attributes answered");
+        let m = local(p);
+        assert_eq!(
+            (got.ino, got.mtime, got.mtime_ns, got.nlink as u64, got.size),
+            (
+                m.ino(),
+                m.mtime(),
+                m.mtime_nsec() as u32,
+                m.nlink(),
+                m.size()
+            ),
+            "{p}"
+        );
+    };
+    // MKDIR, OPEN creating, UNLINK, RMDIR with the directory's attributes.
+    let (_, d) = c.mkdir_in("d", 0o755, vio::Owner::default()).unwrap();
+    same_dir(d, "");
+    let (fh, fa, d) = c
+        .create_in(
+            "d/f",
+            libc::O_CREAT | libc::O_RDWR,
+            0o644,
+            vio::Owner::default(),
+        )
+        .unwrap();
+    same_dir(d, "d");
+    assert_eq!(fa.ino, local("d/f").ino());
+    // WRITE with attributes: written before the answer.
+    let data = pattern(70_000, 3);
+    let (n, wa) = c.write_attr(fh, 0, &data).unwrap();
+    assert_eq!(n, data.len());
+    let wa = wa.expect("attributes after the write");
+    assert_eq!(
+        (wa.size, wa.mtime_ns),
+        (70_000, local("d/f").mtime_nsec() as u32)
+    );
+    // OPENREAD: the first 60 KiB with the open, and all of a small file.
+    let (rh, ra, head) = c.open_read("d/f", libc::O_RDONLY, 1 << 20).unwrap();
+    assert_eq!(ra.size, 70_000);
+    assert_eq!(head.unwrap(), data[..vkernel_fs::client::OPEN_READ_MAX]);
+    c.write_file("d/small", b"tiny", false).unwrap();
+    let (sh, _, small) = c.open_read("d/small", libc::O_RDONLY, 1 << 20).unwrap();
+    assert_eq!(small.unwrap(), b"tiny");
+    // READDIRPLUS: the same names as READDIR, each with lstat's answer.
+    for i in 0..200 {
+        std::fs::write(dir.path().join(format!("d/e{i:03}")), vec![b'x'; i]).unwrap();
+    }
+    let (dh, count) = c.opendir("d").unwrap();
+    let mut at = 0;
+    let mut seen = 0;
+    loop {
+        let chunk = c
+            .readdirplus_at(dh, at)
+            .unwrap()
+            .expect("READDIRPLUS known");
+        for (e, attr) in &chunk.entries {
+            let name = String::from_utf8(e.name.clone()).unwrap();
+            let m = local(&format!("d/{name}"));
+            assert_eq!(
+                (attr.ino, attr.size, attr.mode),
+                (m.ino(), m.size(), m.mode())
+            );
+            seen += 1;
+        }
+        if chunk.done {
+            break;
+        }
+        at = chunk.next;
+    }
+    assert_eq!(seen, count as usize);
+    assert_eq!(seen, 202);
+    // CLOSEV: every handle gone in one request; a bad one reported.
+    let before = srv.open_handles();
+    c.close_many(&[fh, rh, sh, dh]).unwrap();
+    assert_eq!(srv.open_handles(), before - 4);
+    assert_eq!(
+        server_err(c.close_many(&[vkernel_fs::client::Fh(0xdead)])),
+        Errno::EBADF
+    );
+    // UNLINK and RMDIR answer the directory after the change.
+    for i in 0..200 {
+        c.unlink(format!("d/e{i:03}")).unwrap();
+    }
+    same_dir(c.unlink_in("d/small").unwrap(), "d");
+    same_dir(c.unlink_in("d/f").unwrap(), "d");
+    same_dir(c.rmdir_in("d").unwrap(), "");
+}

@@ -28,6 +28,7 @@ fn all_requests() -> Vec<Request> {
             handle: 5,
             index: 9,
         },
+        Request::Closev { count: 12 },
         Request::Close { handle: 9 },
         Request::Read {
             handle: 3,
