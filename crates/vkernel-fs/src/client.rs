@@ -67,6 +67,35 @@ pub struct DirChunk {
     pub done: bool,
 }
 
+/// An advisory lock to set, remove or test ([`Client::lock`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockRequest {
+    /// [`vio::LOCK_UNLOCK`], [`vio::LOCK_READ`] or [`vio::LOCK_WRITE`].
+    pub kind: u32,
+    /// Who holds it (fcntl: the process; flock: the open file), as the
+    /// client's kernel names it.
+    pub owner: u64,
+    /// The locking program's pid (reported to `F_GETLK` elsewhere).
+    pub pid: u32,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive; `i64::MAX` and beyond: to the end of file).
+    pub end: u64,
+}
+
+/// A lock that conflicts with one asked about ([`Client::test_lock`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// [`vio::LOCK_READ`] or [`vio::LOCK_WRITE`].
+    pub kind: u32,
+    /// Its holder's pid on its client.
+    pub pid: u32,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive).
+    pub end: u64,
+}
+
 /// One chunk of a directory listing with attributes (READDIRPLUS).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirChunkPlus {
@@ -167,6 +196,8 @@ pub struct Client {
     server: AtomicU32,
     max_request: usize,
     pool: ClientPool,
+    /// Processes for LOCK requests that wait.
+    waits: ClientPool,
     reopen: Option<Reopen>,
     /// The pool's pids (a WATCH names them as this client's).
     members: Vec<Pid>,
@@ -178,6 +209,9 @@ pub struct Client {
     no_readdirplus: std::sync::atomic::AtomicBool,
     no_closev: std::sync::atomic::AtomicBool,
 }
+
+/// Lock waits a client has in flight at once (more queue behind them).
+const LOCK_WAITERS: usize = 8;
 
 /// Most bytes [`Client::write_attr`] writes with attributes answered.
 pub const WRITE_ATTR_MAX: usize = 128 << 10;
@@ -243,11 +277,14 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let pool = ClientPool::new(kernel, depth, principal)?;
         pool.set_spin(Duration::ZERO);
+        let waits = ClientPool::new(kernel, LOCK_WAITERS, principal)?;
+        waits.set_spin(Duration::ZERO);
         let c = Client {
             server: AtomicU32::new(server.0),
             max_request: DEFAULT_MAX_REQUEST,
             members: pool.pids(),
             pool,
+            waits,
             reopen: None,
             callback: Mutex::new(None),
             no_openread: Default::default(),
@@ -385,12 +422,19 @@ impl Client {
         seg: Option<Segment<'_>>,
         server: Pid,
     ) -> Result<usize, ClientError> {
-        let p = self.pool.take();
+        // A lock wait lasts as long as the lock is held elsewhere: no
+        // deadline (the server's host keeps answering that it is pending).
+        let waits = vio::code(m) == vio::LOCK && m.0[2] & vio::LOCK_WAIT != 0;
+        // Waits borrow from a pool of their own, so that programs waiting
+        // for locks never starve the others of processes.
+        let pool = if waits { &self.waits } else { &self.pool };
+        let p = pool.take();
         let r = match seg {
+            Some(s) if waits => p.send_with_segment_within(m, server, s, usize::MAX, None),
             Some(s) => p.send_with_segment(m, server, s),
             None => p.send(m, server),
         };
-        self.pool.give(p);
+        pool.give(p);
         let r = r?;
         match vio::status(m) {
             Errno::OK => Ok(r.seg_bytes),
@@ -593,6 +637,49 @@ impl Client {
     pub fn close(&self, fh: Fh) -> Result<(), ClientError> {
         self.call(Request::Close { handle: fh.0 }, &[], 0)
             .map(|_| ())
+    }
+
+    /// Sets or removes an advisory lock on the file open as `fh`; with
+    /// `wait`, blocks while another owner's lock conflicts (no deadline),
+    /// else a conflict is `EAGAIN`. A wait ends with `EINTR` if the same
+    /// owner unlocks the whole file meanwhile (its program closed it).
+    pub fn lock(&self, fh: Fh, l: &LockRequest, wait: bool) -> Result<(), ClientError> {
+        let flags = (l.kind & 3) | if wait { vio::LOCK_WAIT } else { 0 };
+        self.lock_call(fh, l, flags).map(|_| ())
+    }
+
+    /// The lock of another owner that would stop `l` (`F_GETLK`), if any.
+    pub fn test_lock(&self, fh: Fh, l: &LockRequest) -> Result<Option<LockInfo>, ClientError> {
+        let (m, out) = self.lock_call(fh, l, (l.kind & 3) | vio::LOCK_TEST)?;
+        if vio::reply_words(&m)[0] == 0 {
+            return Ok(None);
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([out[i], out[i + 1], out[i + 2], out[i + 3]]);
+        let u64_at = |i: usize| (u64::from(u32_at(i)) << 32) | u64::from(u32_at(i + 4));
+        Ok(Some(LockInfo {
+            kind: u32_at(0),
+            pid: u32_at(4),
+            start: u64_at(8),
+            end: u64_at(16),
+        }))
+    }
+
+    fn lock_call(
+        &self,
+        fh: Fh,
+        l: &LockRequest,
+        flags: u32,
+    ) -> Result<(Message, Vec<u8>), ClientError> {
+        let req = Request::Lock {
+            handle: fh.0,
+            flags,
+            owner: l.owner,
+            pid: l.pid,
+        };
+        let mut range = [0u8; vio::LOCK_RANGE_LEN];
+        range[..8].copy_from_slice(&l.start.to_be_bytes());
+        range[8..].copy_from_slice(&l.end.to_be_bytes());
+        self.call(req, &range, vio::LOCK_INFO_LEN)
     }
 
     /// Closes several handles, [`vio::MAX_CLOSEV`] per exchange (CLOSEV;

@@ -26,7 +26,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
-use crate::client::{Client, ClientError, Fh, OPEN_READ_MAX};
+use crate::client::{Client, ClientError, Fh, LockRequest, OPEN_READ_MAX};
 use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
 
 const ROOT: u64 = 1;
@@ -419,6 +419,9 @@ pub struct VioFs {
     /// server have one exchange per close); `None` once unmounted.
     closer: Mutex<Option<std::sync::mpsc::Sender<u32>>>,
     closer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// (inode, lock owner) that set locks through this mount: their close
+    /// must unlock at the server.
+    lockers: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// File handles written since their last flush or fsync.
     written: Mutex<std::collections::HashSet<u32>>,
     /// Directory handles whose listing ended, and the offset after it.
@@ -574,6 +577,7 @@ impl VioFs {
             client,
             shared,
             written: Mutex::new(std::collections::HashSet::new()),
+            lockers: Mutex::new(std::collections::HashSet::new()),
             listed: Mutex::new(HashMap::new()),
             ttl,
             watched,
@@ -602,6 +606,24 @@ impl VioFs {
             if v.is_empty() {
                 open.remove(&ino);
             }
+        }
+    }
+
+    /// Drops `owner`'s locks on the file (whole range, which also ends
+    /// its waits there), if it set any through this mount.
+    fn unlock_all(&self, ino: INodeNo, fh: Fh, owner: LockOwner) {
+        if !lock_or_recover(&self.lockers).remove(&(ino.0, owner.0)) {
+            return;
+        }
+        let l = LockRequest {
+            kind: vio::LOCK_UNLOCK,
+            owner: owner.0,
+            pid: 0,
+            start: 0,
+            end: u64::MAX,
+        };
+        if let Err(e) = self.client.lock(fh, &l, false) {
+            tracing::debug!("vkernel mount: unlocking at close: {e}");
         }
     }
 
@@ -693,6 +715,22 @@ fn reply_absent(ttl: &Duration, reply: ReplyEntry) {
     reply.entry(ttl, &file_attr(0, &Attr::default()), Generation(0));
 }
 
+/// A FUSE lock request (type `F_RDLCK`/`F_WRLCK`/`F_UNLCK`) as V I/O's.
+fn lock_request(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRequest {
+    let kind = match typ {
+        libc::F_RDLCK => vio::LOCK_READ,
+        libc::F_WRLCK => vio::LOCK_WRITE,
+        _ => vio::LOCK_UNLOCK,
+    };
+    LockRequest {
+        kind,
+        owner: owner.0,
+        pid,
+        start,
+        end,
+    }
+}
+
 /// The calling program's ids, for whoever the server lets own what it
 /// creates.
 fn owner(req: &Request) -> Owner {
@@ -753,7 +791,11 @@ impl Filesystem for VioFs {
             InitFlags::FUSE_DO_READDIRPLUS
                 | InitFlags::FUSE_READDIRPLUS_AUTO
                 | InitFlags::FUSE_PARALLEL_DIROPS
-                | InitFlags::FUSE_AUTO_INVAL_DATA,
+                | InitFlags::FUSE_AUTO_INVAL_DATA
+                // fcntl and flock locks go to the server, so programs on
+                // different clients exclude each other.
+                | InitFlags::FUSE_POSIX_LOCKS
+                | InitFlags::FUSE_FLOCK_LOCKS,
         );
         Ok(())
     }
@@ -1123,11 +1165,14 @@ impl Filesystem for VioFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // A close drops the closing program's fcntl locks on the file
+        // (the kernel leaves that to the file system).
+        self.unlock_all(ino, Fh(fh.0 as u32), lock_owner);
         // Only a handle written since its last flush can have deferred
         // writes (and their errors) to wait for.
         let fh = fh.0 as u32;
@@ -1145,10 +1190,14 @@ impl Filesystem for VioFs {
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // The last close of an open file drops its flock lock.
+        if let Some(o) = lock_owner {
+            self.unlock_all(ino, Fh(fh.0 as u32), o);
+        }
         self.closed(ino.0, Fh(fh.0 as u32));
         lock_or_recover(&self.shared.heads).remove(&(fh.0 as u32));
         lock_or_recover(&self.written).remove(&(fh.0 as u32));
@@ -1432,6 +1481,73 @@ impl Filesystem for VioFs {
         reply: fuser::ReplyIoctl,
     ) {
         reply.error(FErrno::from_i32(libc::ENOTTY));
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: fuser::ReplyLock,
+    ) {
+        let l = lock_request(lock_owner, start, end, typ, pid);
+        match self.client.test_lock(Fh(fh.0 as u32), &l) {
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
+            Ok(Some(c)) => {
+                let t = if c.kind == vio::LOCK_WRITE {
+                    libc::F_WRLCK
+                } else {
+                    libc::F_RDLCK
+                };
+                reply.locked(c.start, c.end, t, c.pid)
+            }
+            Err(e) => reply.error(cerr(e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let l = lock_request(lock_owner, start, end, typ, pid);
+        let fh = Fh(fh.0 as u32);
+        if l.kind != vio::LOCK_UNLOCK {
+            // Before asking: a close while the request waits must unlock.
+            lock_or_recover(&self.lockers).insert((ino.0, lock_owner.0));
+        }
+        match self.client.lock(fh, &l, false) {
+            Ok(()) => reply.ok(),
+            // Held elsewhere: wait on a thread of its own, so waiting
+            // programs never take the mount's threads (the holder may
+            // need one to unlock).
+            Err(ClientError::Server(Errno::EAGAIN)) if sleep => {
+                let client = self.client.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("vkernel-lockwait".into())
+                    .spawn(move || match client.lock(fh, &l, true) {
+                        Ok(()) => reply.ok(),
+                        Err(e) => reply.error(cerr(e)),
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("vkernel mount: a thread to wait for a lock: {e}");
+                }
+            }
+            Err(e) => reply.error(cerr(e)),
+        }
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

@@ -4,6 +4,8 @@
 //!
 //! - [`vio`]: request codes, message layouts, records, error codes.
 //! - [`confine`]: path resolution that never leaves the exported root.
+//! - [`locks`]: the advisory byte-range locks a server holds for its
+//!   clients.
 //! - [`server`]: the file server (dispatcher + worker pool, read-ahead,
 //!   write-behind).
 //! - [`client`]: the Rust client API.
@@ -27,6 +29,7 @@ pub mod client;
 pub mod confine;
 pub mod fuse;
 pub mod fuzzing;
+pub mod locks;
 pub mod server;
 pub mod vio;
 mod watch;

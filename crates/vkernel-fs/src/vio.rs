@@ -125,6 +125,32 @@ pub const OPENREAD: u32 = 0x56_0019;
 /// Reply: w1 handles closed; the status of the first that failed (a
 /// deferred write error, EBADF), the rest are closed all the same.
 pub const CLOSEV: u32 = 0x56_001a;
+/// Request: an advisory lock on the file of an open handle (fcntl locks;
+/// the mount sends flock as a whole-file lock). w1 handle, w2 flags (the
+/// kind in bits 0–1: [`LOCK_UNLOCK`], [`LOCK_READ`], [`LOCK_WRITE`]; and
+/// [`LOCK_WAIT`], [`LOCK_TEST`]), w3–w4 the client's lock owner, w5 the
+/// locking program's pid. Segment read+write: first and last byte (u64
+/// each, big-endian) in; with [`LOCK_TEST`] the conflicting lock out
+/// (kind u32, pid u32, first u64, last u64). Reply: OK (set, removed, or
+/// with TEST w1 = the conflicting lock's kind, 0 for none); EAGAIN for a
+/// conflict without WAIT. With WAIT the reply comes when the lock is set
+/// (EINTR if the owner unlocked the whole file meanwhile).
+pub const LOCK: u32 = 0x56_001b;
+/// [`LOCK`] kind: remove the owner's locks over the range.
+pub const LOCK_UNLOCK: u32 = 0;
+/// [`LOCK`] kind: shared.
+pub const LOCK_READ: u32 = 1;
+/// [`LOCK`] kind: exclusive.
+pub const LOCK_WRITE: u32 = 2;
+/// [`LOCK`] flag: wait for a conflicting lock to go.
+pub const LOCK_WAIT: u32 = 0x100;
+/// [`LOCK`] flag: only say whether the lock could be set, and what
+/// conflicts (`F_GETLK`).
+pub const LOCK_TEST: u32 = 0x200;
+/// Bytes of a [`LOCK`] range in the segment.
+pub const LOCK_RANGE_LEN: usize = 16;
+/// Bytes of a [`LOCK_TEST`] answer.
+pub const LOCK_INFO_LEN: usize = 24;
 /// Most handles in one [`CLOSEV`].
 pub const MAX_CLOSEV: u32 = 1024;
 /// Message from a server to a client's callback process (see [`WATCH`]):
@@ -465,6 +491,17 @@ pub enum Request {
         /// Member pids in the segment.
         members: u32,
     },
+    /// [`LOCK`].
+    Lock {
+        /// File handle.
+        handle: u32,
+        /// Kind and flags.
+        flags: u32,
+        /// The client's lock owner.
+        owner: u64,
+        /// The locking program's pid.
+        pid: u32,
+    },
     /// [`CLOSEV`].
     Closev {
         /// Handles in the segment.
@@ -556,6 +593,7 @@ impl Request {
             | Request::Statfs
             | Request::Watch { .. }
             | Request::Closev { .. }
+            | Request::Lock { .. }
             | Request::Readdirplus { .. } => false,
         }
     }
@@ -601,6 +639,7 @@ impl Request {
             Request::Write { count, .. } => count as usize,
             Request::Watch { members, .. } => members as usize * 4,
             Request::Closev { count } => count as usize * 4,
+            Request::Lock { .. } => LOCK_RANGE_LEN,
             _ => 0,
         }
     }
@@ -760,6 +799,17 @@ impl Request {
                 w[1] = count;
                 CLOSEV
             }
+            Request::Lock {
+                handle,
+                flags,
+                owner,
+                pid,
+            } => {
+                (w[1], w[2]) = (handle, flags);
+                (w[3], w[4]) = split64(owner);
+                w[5] = pid;
+                LOCK
+            }
         };
         w[0] = code;
         if self.idempotent() {
@@ -902,6 +952,17 @@ impl Request {
                 handle: w[1],
                 index: w[2],
             },
+            LOCK => {
+                if w[2] & !(3 | LOCK_WAIT | LOCK_TEST) != 0 || w[2] & 3 == 3 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Lock {
+                    handle: w[1],
+                    flags: w[2],
+                    owner: join64(w[3], w[4]),
+                    pid: w[5],
+                }
+            }
             CLOSEV => {
                 if w[1] > MAX_CLOSEV {
                     return Err(Errno::EINVAL);
@@ -939,7 +1000,7 @@ pub fn code(m: &Message) -> u32 {
 pub fn carries_handle(code: u32) -> bool {
     matches!(
         code,
-        CLOSE | READ | WRITE | FSTAT | READDIR | READDIRPLUS | FTRUNCATE | FSYNC | FSETATTR
+        CLOSE | READ | WRITE | FSTAT | READDIR | READDIRPLUS | FTRUNCATE | FSYNC | FSETATTR | LOCK
     )
 }
 

@@ -241,3 +241,148 @@ fn listings_and_small_files_match_a_local_directory() {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(std::fs::read(m.p("sub").join(name)).unwrap(), b"changed");
 }
+
+/// Runs a Python snippet with `path` as argv[1]; its exit status.
+fn python(code: &str, path: &Path) -> std::process::Child {
+    std::process::Command::new("python3")
+        .args(["-c", code])
+        .arg(path)
+        .spawn()
+        .expect("python3")
+}
+
+fn waited(mut c: std::process::Child, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s.code();
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn locks_exclude_programs_on_different_clients() {
+    use std::os::fd::AsRawFd;
+    if !fuse_ready() {
+        return;
+    }
+    let work = Dir::new("locks");
+    let export = work.0.join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    std::fs::write(export.join("db"), vec![0u8; 4096]).unwrap();
+    let ks = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &FuseOptions::default());
+    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &FuseOptions::default());
+
+    // This process write-locks bytes 0..=99 through A (fcntl F_SETLK).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(a.p("db"))
+        .unwrap();
+    let setlk = |kind: i32, wait: bool| {
+        // SAFETY: a plain flock struct for fcntl on an open descriptor.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = 0;
+        fl.l_len = 100;
+        let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
+        // SAFETY: `f` is open; `fl` lives across the call.
+        unsafe { libc::fcntl(f.as_raw_fd(), cmd, &fl) }
+    };
+    assert_eq!(
+        setlk(libc::F_WRLCK, false),
+        0,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+
+    // Another program through B: a non-blocking lock of byte 50 fails,
+    // F_GETLK names this process, and byte 100 is free.
+    let probe = r#"
+import fcntl, os, struct, sys
+f = open(sys.argv[1], "r+b")
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 50)
+    sys.exit(10)
+except BlockingIOError:
+    pass
+q = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 50, 1, 0)
+t, w, s, l, pid = struct.unpack("hhqqi", fcntl.fcntl(f, fcntl.F_GETLK, q))
+if t != fcntl.F_WRLCK or pid != int(os.environ["HOLDER"]) or (s, l) != (0, 100):
+    print("F_GETLK:", t, s, l, pid); sys.exit(11)
+fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 100)
+sys.exit(0)
+"#;
+    std::env::set_var("HOLDER", std::process::id().to_string());
+    assert_eq!(
+        waited(python(probe, &b.p("db")), Duration::from_secs(20)),
+        Some(0),
+        "a lock held through A must exclude a program on B"
+    );
+
+    // A blocking lock through B waits until A unlocks.
+    let wait = r#"
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+fcntl.lockf(f, fcntl.LOCK_EX, 1, 10)
+sys.exit(0)
+"#;
+    let mut child = python(wait, &b.p("db"));
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the waiter got the lock while it was held"
+    );
+    assert_eq!(setlk(libc::F_UNLCK, false), 0);
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the waiter never got the lock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(code, Some(0));
+
+    // flock: an exclusive flock through A excludes one through B, and is
+    // gone when its file is closed.
+    let g = std::fs::File::open(a.p("db")).unwrap();
+    // SAFETY: flock on an open descriptor (not blocking: a test never
+    // hangs).
+    assert_eq!(
+        unsafe { libc::flock(g.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0,
+        "flock: {} (a lock of an exited program left behind?)",
+        std::io::Error::last_os_error()
+    );
+    let try_flock = r#"
+import fcntl, sys
+f = open(sys.argv[1], "rb")
+try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    sys.exit(0)
+except BlockingIOError:
+    sys.exit(1)
+"#;
+    assert_eq!(
+        waited(python(try_flock, &b.p("db")), Duration::from_secs(20)),
+        Some(1)
+    );
+    drop(g);
+    assert_eq!(
+        waited(python(try_flock, &b.p("db")), Duration::from_secs(20)),
+        Some(0)
+    );
+}

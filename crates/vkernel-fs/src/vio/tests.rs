@@ -29,6 +29,12 @@ fn all_requests() -> Vec<Request> {
             index: 9,
         },
         Request::Closev { count: 12 },
+        Request::Lock {
+            handle: 4,
+            flags: LOCK_WRITE | LOCK_WAIT,
+            owner: 0xdead_beef_0000_0001,
+            pid: 4242,
+        },
         Request::Close { handle: 9 },
         Request::Read {
             handle: 3,
