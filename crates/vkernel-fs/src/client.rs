@@ -639,6 +639,75 @@ impl Client {
             .map(|_| ())
     }
 
+    /// The value of the extended attribute `name` of `path` (not
+    /// following a final symbolic link): with `room` 0 only its length.
+    pub fn getxattr(
+        &self,
+        path: impl AsRef<[u8]>,
+        name: &[u8],
+        room: usize,
+    ) -> Result<(usize, Vec<u8>), ClientError> {
+        let p = path.as_ref();
+        let room = room.min(vio::MAX_XATTR_VALUE as usize);
+        let req = Request::Getxattr {
+            path_len: Self::len32(p)?,
+            name_len: name.len() as u32,
+            size: room as u32,
+        };
+        let (m, mut out) = self.call(req, &[p, name].concat(), room)?;
+        let n = vio::reply_words(&m)[0] as usize;
+        out.truncate(if room == 0 { 0 } else { n.min(room) });
+        Ok((n, out))
+    }
+
+    /// The names of `path`'s extended attributes, each NUL-terminated
+    /// (`room` 0: only the length).
+    pub fn listxattr(
+        &self,
+        path: impl AsRef<[u8]>,
+        room: usize,
+    ) -> Result<(usize, Vec<u8>), ClientError> {
+        let p = path.as_ref();
+        let room = room.min(vio::MAX_XATTR_VALUE as usize);
+        let req = Request::Listxattr {
+            path_len: Self::len32(p)?,
+            size: room as u32,
+        };
+        let (m, mut out) = self.call(req, p, room)?;
+        let n = vio::reply_words(&m)[0] as usize;
+        out.truncate(if room == 0 { 0 } else { n.min(room) });
+        Ok((n, out))
+    }
+
+    /// Sets the extended attribute `name` of `path` (`flags`:
+    /// [`vio::XATTR_CREATE`], [`vio::XATTR_REPLACE`]).
+    pub fn setxattr(
+        &self,
+        path: impl AsRef<[u8]>,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<(), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Setxattr {
+            path_len: Self::len32(p)?,
+            name_len: name.len() as u32,
+            value_len: value.len() as u32,
+            flags,
+        };
+        self.call(req, &[p, name, value].concat(), 0).map(|_| ())
+    }
+
+    /// Removes the extended attribute `name` of `path`.
+    pub fn removexattr(&self, path: impl AsRef<[u8]>, name: &[u8]) -> Result<(), ClientError> {
+        let p = path.as_ref();
+        let req = Request::Removexattr {
+            path_len: Self::len32(p)?,
+            name_len: name.len() as u32,
+        };
+        self.call(req, &[p, name].concat(), 0).map(|_| ())
+    }
+
     /// Sets or removes an advisory lock on the file open as `fh`; with
     /// `wait`, blocks while another owner's lock conflicts (no deadline),
     /// else a conflict is `EAGAIN`. A wait ends with `EINTR` if the same

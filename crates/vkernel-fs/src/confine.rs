@@ -435,6 +435,66 @@ impl Root {
         Ok((fd, out))
     }
 
+    /// The file at `path` itself (a final symbolic link not followed),
+    /// named for the xattr calls: `/proc/self/fd/N` of a descriptor
+    /// resolved beneath the root, so they reach exactly that file.
+    fn xattr_target(&self, path: &[u8]) -> Result<(OwnedFd, String), Errno> {
+        let fd = self.resolve(path, OFlags::PATH | OFlags::NOFOLLOW)?;
+        let name = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        Ok((fd, name))
+    }
+
+    /// An extended attribute's value (`room` 0: only its length, with an
+    /// empty value); `ERANGE` when `room` is too small.
+    pub fn getxattr(
+        &self,
+        path: &[u8],
+        name: &[u8],
+        room: usize,
+    ) -> Result<(usize, Vec<u8>), Errno> {
+        let (_fd, at) = self.xattr_target(path)?;
+        let mut buf = vec![0u8; room];
+        let n = rustix::fs::getxattr(at.as_str(), name, &mut buf[..]).map_err(err)?;
+        buf.truncate(if room == 0 { 0 } else { n });
+        Ok((n, buf))
+    }
+
+    /// The names of the file's extended attributes, NUL-terminated (`room`
+    /// 0: only the length).
+    pub fn listxattr(&self, path: &[u8], room: usize) -> Result<(usize, Vec<u8>), Errno> {
+        let (_fd, at) = self.xattr_target(path)?;
+        let mut buf = vec![0u8; room];
+        let n = rustix::fs::listxattr(at.as_str(), &mut buf[..]).map_err(err)?;
+        buf.truncate(if room == 0 { 0 } else { n });
+        Ok((n, buf))
+    }
+
+    /// Sets an extended attribute (`flags`: [`vio::XATTR_CREATE`],
+    /// [`vio::XATTR_REPLACE`]).
+    pub fn setxattr(
+        &self,
+        path: &[u8],
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let (_fd, at) = self.xattr_target(path)?;
+        let mut f = rustix::fs::XattrFlags::empty();
+        if flags & vio::XATTR_CREATE != 0 {
+            f |= rustix::fs::XattrFlags::CREATE;
+        }
+        if flags & vio::XATTR_REPLACE != 0 {
+            f |= rustix::fs::XattrFlags::REPLACE;
+        }
+        rustix::fs::setxattr(at.as_str(), name, value, f).map_err(err)
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&self, path: &[u8], name: &[u8]) -> Result<(), Errno> {
+        let (_fd, at) = self.xattr_target(path)?;
+        rustix::fs::removexattr(at.as_str(), name).map_err(err)
+    }
+
     /// Statistics of the file system holding the root.
     pub fn statfs(&self) -> Result<StatFs, Errno> {
         let v = rustix::fs::fstatvfs(&self.fd).map_err(err)?;

@@ -51,6 +51,9 @@ struct Node {
     /// Reads were answered for it since its data last changed: the
     /// kernel may hold its pages, so an open need not fetch its start.
     pages: bool,
+    /// It has no security.capability attribute (asked before each write),
+    /// as of its current attributes.
+    no_caps: bool,
 }
 
 /// Inode numbers ↔ files and their names. A file's inode number is its
@@ -82,6 +85,7 @@ impl Nodes {
                 lookups: 1,
                 attr: None,
                 pages: false,
+                no_caps: false,
             },
         );
         Nodes {
@@ -192,6 +196,7 @@ impl Nodes {
             lookups: 0,
             attr: None,
             pages: false,
+            no_caps: false,
         });
         if !node.names.contains(&key) {
             node.names.push(key.clone());
@@ -282,6 +287,13 @@ impl Nodes {
     fn clear_attr(&mut self, ino: u64) {
         if let Some(n) = self.map.get_mut(&ino) {
             n.attr = None;
+        }
+    }
+
+    /// Forgets what is known of the node's extended attributes.
+    fn clear_xattrs(&mut self, ino: u64) {
+        if let Some(n) = self.map.get_mut(&ino) {
+            n.no_caps = false;
         }
     }
 
@@ -1387,40 +1399,85 @@ impl Filesystem for VioFs {
     fn getxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // The protocol carries no extended attributes. ENOSYS makes the
-        // kernel answer EOPNOTSUPP itself from now on, sparing a request
-        // per write (it asks for security.capability before each).
-        reply.error(FErrno::from_i32(libc::ENOSYS));
+        // The kernel asks for security.capability before every write;
+        // once a file is known to have none, that is answered here (until
+        // its attributes change).
+        let caps = name.as_bytes() == b"security.capability";
+        if caps && self.nodes().map.get(&ino.0).is_some_and(|n| n.no_caps) {
+            return reply.error(FErrno::from_i32(libc::ENODATA));
+        }
+        let p = tryf!(reply, self.path(ino));
+        match self.client.getxattr(&p, name.as_bytes(), size as usize) {
+            Ok((n, _)) if size == 0 => reply.size(n as u32),
+            Ok((_, v)) => reply.data(&v),
+            Err(ClientError::Server(e)) if caps && e == Errno(libc::ENODATA as u32) => {
+                if let Some(n) = self.nodes().map.get_mut(&ino.0) {
+                    n.no_caps = true;
+                }
+                reply.error(FErrno::from_i32(libc::ENODATA))
+            }
+            Err(e) => reply.error(cerr(e)),
+        }
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        let p = tryf!(reply, self.path(ino));
+        match self.client.listxattr(&p, size as usize) {
+            Ok((n, _)) if size == 0 => reply.size(n as u32),
+            Ok((_, v)) => reply.data(&v),
+            Err(e) => reply.error(cerr(e)),
         }
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(FErrno::from_i32(libc::EOPNOTSUPP));
+        let p = tryf!(reply, self.path(ino));
+        let mut f = 0;
+        if flags & libc::XATTR_CREATE != 0 {
+            f |= vio::XATTR_CREATE;
+        }
+        if flags & libc::XATTR_REPLACE != 0 {
+            f |= vio::XATTR_REPLACE;
+        }
+        {
+            let mut n = self.nodes();
+            n.clear_attr(ino.0);
+            n.clear_xattrs(ino.0);
+        }
+        tryf!(
+            reply,
+            self.client
+                .setxattr(&p, name.as_bytes(), value, f)
+                .map_err(cerr)
+        );
+        reply.ok();
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(FErrno::from_i32(libc::ENODATA));
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = tryf!(reply, self.path(ino));
+        {
+            let mut n = self.nodes();
+            n.clear_attr(ino.0);
+            n.clear_xattrs(ino.0);
+        }
+        tryf!(
+            reply,
+            self.client.removexattr(&p, name.as_bytes()).map_err(cerr)
+        );
+        reply.ok();
     }
 
     fn fallocate(
@@ -1630,6 +1687,7 @@ fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
         };
         if let Some(ino) = target {
             n.clear_attr(ino);
+            n.clear_xattrs(ino);
             if data {
                 if let Some(node) = n.map.get_mut(&ino) {
                     node.pages = false;

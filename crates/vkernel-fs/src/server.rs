@@ -664,6 +664,9 @@ impl Req<'_> {
             Request::Setattr { path_len } => {
                 changes.push(Change::Path(seg(SETATTR_LEN, path_len), attr | data));
             }
+            Request::Setxattr { path_len, .. } | Request::Removexattr { path_len, .. } => {
+                changes.push(Change::Path(seg(0, path_len), attr));
+            }
             Request::Ftruncate { handle, .. } | Request::Fsetattr { handle } => {
                 if let Ok(h) = self.sh.handle(handle, self.r.from, self.r.principal) {
                     if let Kind::File { id, .. } = h.kind {
@@ -1067,6 +1070,47 @@ impl Req<'_> {
                 let at = root.link(a, b)?;
                 Ok(self.attr_answer(vec![], at))
             }
+            Request::Getxattr {
+                path_len,
+                name_len,
+                size,
+            } => {
+                let (p, name) = two(path_len, name_len)?;
+                self.xattr_allowed(name)?;
+                let (n, v) = root.getxattr(p, name, size as usize)?;
+                if size > 0 && !self.can_answer(v.len()) {
+                    return Err(Errno::EPROTO);
+                }
+                Ok(Answer::Data(vec![n as u32], v))
+            }
+            Request::Listxattr { path_len, size } => {
+                let (n, v) = root.listxattr(path(path_len)?, size as usize)?;
+                if size > 0 && !self.can_answer(v.len()) {
+                    return Err(Errno::EPROTO);
+                }
+                Ok(Answer::Data(vec![n as u32], v))
+            }
+            Request::Setxattr {
+                path_len,
+                name_len,
+                value_len,
+                flags,
+            } => {
+                let (p, name) = two(path_len, name_len)?;
+                let at = (path_len + name_len) as usize;
+                let value = input
+                    .get(at..at + value_len as usize)
+                    .ok_or(Errno::EPROTO)?;
+                self.xattr_allowed(name)?;
+                root.setxattr(p, name, value, flags)?;
+                Ok(Answer::Words(vec![]))
+            }
+            Request::Removexattr { path_len, name_len } => {
+                let (p, name) = two(path_len, name_len)?;
+                self.xattr_allowed(name)?;
+                root.removexattr(p, name)?;
+                Ok(Answer::Words(vec![]))
+            }
             Request::Watch { callback, members } => {
                 let m = input.get(..members as usize * 4).ok_or(Errno::EPROTO)?;
                 sh.watchers.add(Pid(callback), watch::members(m))?;
@@ -1083,6 +1127,26 @@ impl Req<'_> {
             Request::Read { .. } | Request::Write { .. } | Request::Lock { .. } => {
                 Err(Errno::EPROTO)
             }
+        }
+    }
+
+    /// Which extended attributes a client may reach: `user.*`; `trusted.*`
+    /// and `security.*` only for principal 0 (a root mount); others (the
+    /// `system.*` ACLs) are not supported.
+    fn xattr_allowed(&self, name: &[u8]) -> Result<(), Errno> {
+        if name.contains(&0) {
+            return Err(Errno::EINVAL);
+        }
+        if name.starts_with(b"user.") {
+            Ok(())
+        } else if name.starts_with(b"trusted.") || name.starts_with(b"security.") {
+            if self.r.principal == 0 {
+                Ok(())
+            } else {
+                Err(Errno::EPERM)
+            }
+        } else {
+            Err(Errno::EOPNOTSUPP)
         }
     }
 

@@ -151,6 +151,30 @@ pub const LOCK_TEST: u32 = 0x200;
 pub const LOCK_RANGE_LEN: usize = 16;
 /// Bytes of a [`LOCK_TEST`] answer.
 pub const LOCK_INFO_LEN: usize = 24;
+/// Request: an extended attribute's value. w1 path length, w2 name
+/// length, w3 room for the value (0: only its length). Segment read+write:
+/// path ++ name in, the value out. Reply: w1 the value's length
+/// (`ERANGE` when the room is too small; `ENODATA`: none). Names:
+/// `user.*`; `trusted.*` and `security.*` for principal 0 only (EPERM);
+/// others `EOPNOTSUPP`.
+pub const GETXATTR: u32 = 0x56_001c;
+/// Request: the names of a file's extended attributes. w1 path length,
+/// w2 room (0: only the length). Segment read+write: path in, the names
+/// out (each NUL-terminated). Reply: w1 the list's length.
+pub const LISTXATTR: u32 = 0x56_001d;
+/// Request: set an extended attribute. w1 path length, w2 name length,
+/// w3 value length, w4 flags ([`XATTR_CREATE`], [`XATTR_REPLACE`]).
+/// Segment read: path ++ name ++ value.
+pub const SETXATTR: u32 = 0x56_001e;
+/// Request: remove an extended attribute. w1 path length, w2 name
+/// length; segment read: path ++ name.
+pub const REMOVEXATTR: u32 = 0x56_001f;
+/// [`SETXATTR`] flag: fail with `EEXIST` if it exists.
+pub const XATTR_CREATE: u32 = 1;
+/// [`SETXATTR`] flag: fail with `ENODATA` unless it exists.
+pub const XATTR_REPLACE: u32 = 2;
+/// Longest extended attribute value.
+pub const MAX_XATTR_VALUE: u32 = 64 << 10;
 /// Most handles in one [`CLOSEV`].
 pub const MAX_CLOSEV: u32 = 1024;
 /// Message from a server to a client's callback process (see [`WATCH`]):
@@ -502,6 +526,40 @@ pub enum Request {
         /// The locking program's pid.
         pid: u32,
     },
+    /// [`GETXATTR`].
+    Getxattr {
+        /// Path length.
+        path_len: u32,
+        /// Name length.
+        name_len: u32,
+        /// Room for the value.
+        size: u32,
+    },
+    /// [`LISTXATTR`].
+    Listxattr {
+        /// Path length.
+        path_len: u32,
+        /// Room for the names.
+        size: u32,
+    },
+    /// [`SETXATTR`].
+    Setxattr {
+        /// Path length.
+        path_len: u32,
+        /// Name length.
+        name_len: u32,
+        /// Value length.
+        value_len: u32,
+        /// [`XATTR_CREATE`] / [`XATTR_REPLACE`].
+        flags: u32,
+    },
+    /// [`REMOVEXATTR`].
+    Removexattr {
+        /// Path length.
+        path_len: u32,
+        /// Name length.
+        name_len: u32,
+    },
     /// [`CLOSEV`].
     Closev {
         /// Handles in the segment.
@@ -581,6 +639,8 @@ impl Request {
             | Request::Mknod { .. }
             | Request::Setattr { .. }
             | Request::Fsetattr { .. }
+            | Request::Setxattr { .. }
+            | Request::Removexattr { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
             | Request::Read { .. }
@@ -594,6 +654,8 @@ impl Request {
             | Request::Watch { .. }
             | Request::Closev { .. }
             | Request::Lock { .. }
+            | Request::Getxattr { .. }
+            | Request::Listxattr { .. }
             | Request::Readdirplus { .. } => false,
         }
     }
@@ -609,6 +671,8 @@ impl Request {
                 | Request::Readdir { .. }
                 | Request::Readdirplus { .. }
                 | Request::Readlink { .. }
+                | Request::Getxattr { .. }
+                | Request::Listxattr { .. }
                 | Request::Statfs
         )
     }
@@ -640,6 +704,17 @@ impl Request {
             Request::Watch { members, .. } => members as usize * 4,
             Request::Closev { count } => count as usize * 4,
             Request::Lock { .. } => LOCK_RANGE_LEN,
+            Request::Getxattr {
+                path_len, name_len, ..
+            }
+            | Request::Removexattr { path_len, name_len } => (path_len + name_len) as usize,
+            Request::Listxattr { path_len, .. } => path_len as usize,
+            Request::Setxattr {
+                path_len,
+                name_len,
+                value_len,
+                ..
+            } => (path_len + name_len + value_len) as usize,
             _ => 0,
         }
     }
@@ -810,6 +885,31 @@ impl Request {
                 w[5] = pid;
                 LOCK
             }
+            Request::Getxattr {
+                path_len,
+                name_len,
+                size,
+            } => {
+                (w[1], w[2], w[3]) = (path_len, name_len, size);
+                GETXATTR
+            }
+            Request::Listxattr { path_len, size } => {
+                (w[1], w[2]) = (path_len, size);
+                LISTXATTR
+            }
+            Request::Setxattr {
+                path_len,
+                name_len,
+                value_len,
+                flags,
+            } => {
+                (w[1], w[2], w[3], w[4]) = (path_len, name_len, value_len, flags);
+                SETXATTR
+            }
+            Request::Removexattr { path_len, name_len } => {
+                (w[1], w[2]) = (path_len, name_len);
+                REMOVEXATTR
+            }
         };
         w[0] = code;
         if self.idempotent() {
@@ -833,6 +933,13 @@ impl Request {
         let owner = Owner {
             uid: w[4],
             gid: w[5],
+        };
+        let xname = |n: u32| -> Result<u32, Errno> {
+            match n {
+                0 => Err(Errno::EINVAL),
+                n if n as usize > MAX_NAME => Err(Errno(libc::ERANGE as u32)),
+                n => Ok(n),
+            }
         };
         // -1 is chown's "leave it", never an owner.
         let creates = matches!(w[0] & CODE_MASK, OPEN | OPENREAD | MKDIR | SYMLINK | MKNOD);
@@ -951,6 +1058,33 @@ impl Request {
             READDIRPLUS => Request::Readdirplus {
                 handle: w[1],
                 index: w[2],
+            },
+            GETXATTR => Request::Getxattr {
+                path_len: path(w[1])?,
+                name_len: xname(w[2])?,
+                size: w[3].min(MAX_XATTR_VALUE),
+            },
+            LISTXATTR => Request::Listxattr {
+                path_len: path(w[1])?,
+                size: w[2].min(MAX_XATTR_VALUE),
+            },
+            SETXATTR => {
+                if w[3] > MAX_XATTR_VALUE {
+                    return Err(Errno(libc::E2BIG as u32));
+                }
+                if w[4] & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Setxattr {
+                    path_len: path(w[1])?,
+                    name_len: xname(w[2])?,
+                    value_len: w[3],
+                    flags: w[4],
+                }
+            }
+            REMOVEXATTR => Request::Removexattr {
+                path_len: path(w[1])?,
+                name_len: xname(w[2])?,
             },
             LOCK => {
                 if w[2] & !(3 | LOCK_WAIT | LOCK_TEST) != 0 || w[2] & 3 == 3 {

@@ -386,3 +386,66 @@ except BlockingIOError:
         Some(0)
     );
 }
+
+#[test]
+fn extended_attributes_as_on_a_local_disk() {
+    use rustix::fs::XattrFlags;
+    if !fuse_ready() {
+        return;
+    }
+    let work = Dir::new("xattr");
+    let export = work.0.join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    std::fs::write(export.join("f"), b"x").unwrap();
+    let ks = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &FuseOptions::default());
+    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &FuseOptions::default());
+    let get = |p: &Path, n: &str| {
+        let mut buf = [0u8; 64];
+        rustix::fs::getxattr(p, n, &mut buf[..]).map(|k| buf[..k].to_vec())
+    };
+    let (fa, fb, local) = (a.p("f"), b.p("f"), export.join("f"));
+    rustix::fs::setxattr(&fa, "user.colour", b"blue", XattrFlags::empty()).unwrap();
+    assert_eq!(
+        get(&local, "user.colour").unwrap(),
+        b"blue",
+        "on the server's disk"
+    );
+    assert_eq!(
+        get(&fb, "user.colour").unwrap(),
+        b"blue",
+        "through the other mount"
+    );
+    assert_eq!(
+        rustix::fs::setxattr(&fa, "user.colour", b"red", XattrFlags::CREATE),
+        Err(rustix::io::Errno::EXIST)
+    );
+    assert_eq!(
+        rustix::fs::setxattr(&fa, "user.size", b"1", XattrFlags::REPLACE),
+        Err(rustix::io::Errno::NODATA)
+    );
+    rustix::fs::setxattr(&fb, "user.size", b"12", XattrFlags::empty()).unwrap();
+    let mut list = [0u8; 256];
+    let n = rustix::fs::listxattr(&fa, &mut list[..]).unwrap();
+    let mut names: Vec<&[u8]> = list[..n]
+        .split(|&c| c == 0)
+        .filter(|s| !s.is_empty())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec![&b"user.colour"[..], &b"user.size"[..]]);
+    // Root's namespaces for a root mount; ACL names are not supported.
+    rustix::fs::setxattr(&fa, "trusted.v", b"t", XattrFlags::empty()).unwrap();
+    assert_eq!(get(&local, "trusted.v").unwrap(), b"t");
+    assert_eq!(
+        rustix::fs::setxattr(&fa, "system.x", b"1", XattrFlags::empty()),
+        Err(rustix::io::Errno::OPNOTSUPP)
+    );
+    // Writes still work (the kernel asks for security.capability first).
+    for i in 0..20 {
+        std::fs::write(&fa, format!("{i}")).unwrap();
+    }
+    rustix::fs::removexattr(&fa, "user.colour").unwrap();
+    assert_eq!(get(&fb, "user.colour"), Err(rustix::io::Errno::NODATA));
+    assert_eq!(get(&local, "user.colour"), Err(rustix::io::Errno::NODATA));
+}

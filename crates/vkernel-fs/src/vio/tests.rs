@@ -29,6 +29,25 @@ fn all_requests() -> Vec<Request> {
             index: 9,
         },
         Request::Closev { count: 12 },
+        Request::Getxattr {
+            path_len: 3,
+            name_len: 6,
+            size: 100,
+        },
+        Request::Listxattr {
+            path_len: 3,
+            size: 0,
+        },
+        Request::Setxattr {
+            path_len: 3,
+            name_len: 6,
+            value_len: 9,
+            flags: XATTR_CREATE,
+        },
+        Request::Removexattr {
+            path_len: 3,
+            name_len: 6,
+        },
         Request::Lock {
             handle: 4,
             flags: LOCK_WRITE | LOCK_WAIT,
