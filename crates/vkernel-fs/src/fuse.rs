@@ -26,10 +26,20 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
+mod listing;
+
 use crate::client::{Client, ClientError, Fh, LockRequest, OPEN_READ_MAX};
 use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
+use listing::{Entry, Listings};
 
 const ROOT: u64 = 1;
+
+/// A listing as a directory handle served here was opened with.
+type Snapshot = Arc<Vec<(Entry, Attr)>>;
+
+/// First directory handle of a listing served by the mount itself
+/// (server handles are 32-bit).
+const LOCAL_DIR: u64 = 1 << 63;
 
 /// First inode number made up for a file whose server inode number is
 /// taken (by a file of another file system beneath the root) or unusable.
@@ -69,6 +79,11 @@ struct Nodes {
     /// changes): the kernel looks a name up twice before an exclusive
     /// create, and the second is answered here.
     absent: HashMap<(u64, Vec<u8>), Instant>,
+    /// Complete directory listings (only while the server reports changes).
+    listings: Listings,
+    /// Changes the server reported so far: a listing fetched while one
+    /// arrived may miss it, and is not kept.
+    reported: u64,
 }
 
 /// Most absent names remembered.
@@ -94,6 +109,8 @@ impl Nodes {
             by_id: HashMap::new(),
             next_synthetic: SYNTHETIC,
             absent: HashMap::new(),
+            listings: Listings::default(),
+            reported: 0,
         }
     }
 
@@ -218,6 +235,7 @@ impl Nodes {
             None => false,
         };
         if gone {
+            self.listings.drop_dir(ino);
             if let Some(node) = self.map.remove(&ino) {
                 for key in node.names {
                     if self.by_name.get(&key) == Some(&ino) {
@@ -436,6 +454,11 @@ pub struct VioFs {
     lockers: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// File handles written since their last flush or fsync.
     written: Mutex<std::collections::HashSet<u32>>,
+    /// Listings served here: directory handles (from [`LOCAL_DIR`] up)
+    /// and the entries each was opened with (with attributes for
+    /// readdirplus).
+    local_dirs: Mutex<HashMap<u64, Snapshot>>,
+    next_local_dir: std::sync::atomic::AtomicU64,
     /// Directory handles whose listing ended, and the offset after it.
     listed: Mutex<HashMap<u32, u64>>,
     ttl: Duration,
@@ -491,6 +514,18 @@ fn kind_of(mode: u32) -> FileType {
         libc::S_IFCHR => FileType::CharDevice,
         libc::S_IFBLK => FileType::BlockDevice,
         _ => FileType::RegularFile,
+    }
+}
+
+fn dt_of_mode(mode: u32) -> u8 {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => libc::DT_DIR,
+        libc::S_IFLNK => libc::DT_LNK,
+        libc::S_IFIFO => libc::DT_FIFO,
+        libc::S_IFSOCK => libc::DT_SOCK,
+        libc::S_IFCHR => libc::DT_CHR,
+        libc::S_IFBLK => libc::DT_BLK,
+        _ => libc::DT_REG,
     }
 }
 
@@ -591,6 +626,8 @@ impl VioFs {
             written: Mutex::new(std::collections::HashSet::new()),
             lockers: Mutex::new(std::collections::HashSet::new()),
             listed: Mutex::new(HashMap::new()),
+            local_dirs: Mutex::new(HashMap::new()),
+            next_local_dir: std::sync::atomic::AtomicU64::new(LOCAL_DIR),
             ttl,
             watched,
         }
@@ -659,12 +696,83 @@ impl VioFs {
             .map(|&h| Fh(h))
     }
 
+    /// The entries a listing served here was opened with.
+    fn local_dir(&self, fh: FileHandle) -> Option<Snapshot> {
+        if fh.0 < LOCAL_DIR {
+            return None;
+        }
+        lock_or_recover(&self.local_dirs).get(&fh.0).cloned()
+    }
+
+    /// The directory's kept listing, if it is fresh and every entry's
+    /// attributes are too (readdirplus hands them to the kernel).
+    fn kept_listing(&self, dir: INodeNo) -> Option<Vec<(Entry, Attr)>> {
+        let n = self.nodes();
+        let entries = n.listings.entries(dir.0, self.ttl)?;
+        entries
+            .into_iter()
+            .map(|e| {
+                let ino = n.named(dir.0, &e.name)?;
+                let a = n.cached_attr(ino, self.ttl)?;
+                Some((e, a))
+            })
+            .collect()
+    }
+
+    /// Lists the directory at the server (with attributes) and keeps the
+    /// listing; `None` from a server without READDIRPLUS.
+    fn fetch_listing(
+        &self,
+        dir: INodeNo,
+        path: &[u8],
+    ) -> Result<Option<Vec<(Entry, Attr)>>, ClientError> {
+        let epoch = self.nodes().reported;
+        let (fh, _) = self.client.opendir(path)?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        let r =
+            loop {
+                match self.client.readdirplus_at(fh, at) {
+                    Ok(Some(c)) => {
+                        out.extend(c.entries.into_iter().filter(|(_, a)| a.ino != 0).map(
+                            |(e, a)| {
+                                (
+                                    Entry {
+                                        name: e.name,
+                                        ino: e.ino,
+                                        kind: e.kind,
+                                    },
+                                    a,
+                                )
+                            },
+                        ));
+                        if c.done || c.next <= at {
+                            break Ok(true);
+                        }
+                        at = c.next;
+                    }
+                    Ok(None) => break Ok(false),
+                    Err(e) => break Err(e),
+                }
+            };
+        self.close_later(fh);
+        if !r? {
+            return Ok(None);
+        }
+        let mut n = self.nodes();
+        if n.reported == epoch {
+            n.listings.set(dir.0, out.iter().map(|(e, _)| e.clone()));
+        }
+        Ok(Some(out))
+    }
+
     /// The directory handle's listing ended before `offset`: nothing
     /// more to ask the server.
     fn listed_past(&self, fh: FileHandle, offset: u64) -> bool {
-        lock_or_recover(&self.listed)
-            .get(&(fh.0 as u32))
-            .is_some_and(|&end| offset >= end)
+        fh.0 < LOCAL_DIR
+            && lock_or_recover(&self.listed)
+                .get(&(fh.0 as u32))
+                .is_some_and(|&end| offset >= end)
     }
 
     fn listed_to(&self, fh: FileHandle, end: u64) {
@@ -675,19 +783,34 @@ impl VioFs {
         self.nodes().child(parent.0, name.as_bytes()).map_err(ferr)
     }
 
-    /// Answers a lookup or a creation with the file's attributes; a
-    /// creation (`made`) also changed the parent directory's.
-    fn entry(&self, parent: INodeNo, name: &OsStr, a: &Attr, made: bool, reply: ReplyEntry) {
+    /// Answers a lookup or a creation with the file's attributes. A
+    /// creation (`made`: with the directory's attributes after it, if the
+    /// server answered them) also changed the directory. Returns the
+    /// file's inode number.
+    fn entry(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        a: &Attr,
+        made: Option<Option<Attr>>,
+        reply: ReplyEntry,
+    ) -> u64 {
         let ino = {
             let mut n = self.nodes();
             let ino = n.remember(parent.0, name.as_bytes(), a);
             n.set_attr(ino, a);
-            if made {
-                n.clear_attr(parent.0);
+            if let Some(dir) = made {
+                match dir {
+                    Some(d) => n.set_attr(parent.0, &d),
+                    None => n.clear_attr(parent.0),
+                }
+                n.listings
+                    .add(parent.0, name.as_bytes(), a.ino, dt_of_mode(a.mode));
             }
             ino
         };
         reply.entry(&self.ttl, &file_attr(ino, a), Generation(0));
+        ino
     }
 
     /// A name in `parent` was made, removed or renamed here: the
@@ -813,12 +936,32 @@ impl Filesystem for VioFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if self.watched && self.nodes().is_absent(parent.0, name.as_bytes(), self.ttl) {
-            return reply_absent(&self.ttl, reply);
+        if name.len() > vio::MAX_NAME {
+            return reply.error(ferr(Errno::ENAMETOOLONG));
+        }
+        if self.watched {
+            let mut n = self.nodes();
+            let key = name.as_bytes();
+            if n.is_absent(parent.0, key, self.ttl) || n.listings.absent(parent.0, key, self.ttl) {
+                drop(n);
+                return reply_absent(&self.ttl, reply);
+            }
+            // Known here with fresh attributes (the kernel dropped its
+            // entry, nothing changed it since).
+            let known = n
+                .named(parent.0, key)
+                .and_then(|ino| Some((ino, n.cached_attr(ino, self.ttl)?)));
+            if let Some((ino, a)) = known {
+                n.remember(parent.0, key, &a);
+                drop(n);
+                return reply.entry(&self.ttl, &file_attr(ino, &a), Generation(0));
+            }
         }
         let p = tryf!(reply, self.child(parent, name));
         match self.client.lstat(&p) {
-            Ok(a) => self.entry(parent, name, &a, false, reply),
+            Ok(a) => {
+                self.entry(parent, name, &a, None, reply);
+            }
             // Absent until the server reports that a client made it.
             Err(ClientError::Server(Errno::ENOENT)) if self.watched => {
                 self.nodes().set_absent(parent.0, name.as_bytes());
@@ -962,7 +1105,7 @@ impl Filesystem for VioFs {
             reply,
             self.client.mknod(&p, mode, rdev, owner(req)).map_err(cerr)
         );
-        self.entry(parent, name, &a, true, reply);
+        self.entry(parent, name, &a, Some(None), reply);
     }
 
     fn mkdir(
@@ -981,14 +1124,18 @@ impl Filesystem for VioFs {
                 .mkdir_in(&p, mode & !umask & 0o7777, owner(req))
                 .map_err(cerr)
         );
-        self.made_in(parent, dir);
-        self.entry(parent, name, &a, false, reply);
+        let ino = self.entry(parent, name, &a, Some(dir), reply);
+        if self.watched {
+            // Made here, so known empty.
+            self.nodes().listings.set(ino, Vec::new());
+        }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
         let dir = tryf!(reply, self.client.unlink_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
+        self.nodes().listings.remove(parent.0, name.as_bytes());
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
@@ -997,6 +1144,13 @@ impl Filesystem for VioFs {
         let p = tryf!(reply, self.child(parent, name));
         let dir = tryf!(reply, self.client.rmdir_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
+        {
+            let mut n = self.nodes();
+            n.listings.remove(parent.0, name.as_bytes());
+            if let Some(child) = n.named(parent.0, name.as_bytes()) {
+                n.listings.drop_dir(child);
+            }
+        }
         self.nodes().detach(parent.0, name.as_bytes());
         reply.ok();
     }
@@ -1016,7 +1170,7 @@ impl Filesystem for VioFs {
                 .symlink_as(target.as_os_str().as_bytes(), &p, owner(req))
                 .map_err(cerr)
         );
-        self.entry(parent, link_name, &a, true, reply);
+        self.entry(parent, link_name, &a, Some(None), reply);
     }
 
     fn rename(
@@ -1044,6 +1198,19 @@ impl Filesystem for VioFs {
         tryf!(reply, self.client.rename(&a, &b, f).map_err(cerr));
         self.changed_name(parent, name);
         self.changed_name(newparent, newname);
+        {
+            let mut n = self.nodes();
+            let moved = n.listings.remove(parent.0, name.as_bytes());
+            match moved {
+                Some((ino, kind)) if f & vio::RENAME_EXCHANGE == 0 => {
+                    n.listings.add(newparent.0, newname.as_bytes(), ino, kind);
+                }
+                _ => {
+                    n.listings.drop_dir(parent.0);
+                    n.listings.drop_dir(newparent.0);
+                }
+            }
+        }
         self.nodes().rename(
             parent.0,
             name.as_bytes(),
@@ -1065,7 +1232,7 @@ impl Filesystem for VioFs {
         let old = tryf!(reply, self.path(ino));
         let new = tryf!(reply, self.child(newparent, newname));
         let a = tryf!(reply, self.client.link(&old, &new).map_err(cerr));
-        self.entry(newparent, newname, &a, true, reply);
+        self.entry(newparent, newname, &a, Some(None), reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -1237,6 +1404,19 @@ impl Filesystem for VioFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let p = tryf!(reply, self.path(ino));
+        if self.watched {
+            let snap = match self.kept_listing(ino) {
+                Some(s) => Some(s),
+                None => tryf!(reply, self.fetch_listing(ino, &p).map_err(cerr)),
+            };
+            if let Some(snap) = snap {
+                let fh = self
+                    .next_local_dir
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lock_or_recover(&self.local_dirs).insert(fh, Arc::new(snap));
+                return reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+        }
         let (fh, _) = tryf!(reply, self.client.opendir(&p).map_err(cerr));
         reply.opened(FileHandle(u64::from(fh.0)), FopenFlags::empty());
     }
@@ -1252,6 +1432,27 @@ impl Filesystem for VioFs {
         // Offsets: 0 ".", 1 "..", then the server's entry i at 2 + i; each
         // entry carries the offset of the one after it.
         if self.listed_past(fh, offset) {
+            return reply.ok();
+        }
+        if let Some(snap) = self.local_dir(fh) {
+            if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+                return reply.ok();
+            }
+            if offset <= 1 {
+                let parent = self.nodes().parent_of(ino.0);
+                if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+                    return reply.ok();
+                }
+            }
+            let n = self.nodes();
+            for (i, (e, _)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+                let e_ino = n.entry_ino(ino.0, e.ino);
+                let name = OsStr::from_bytes(&e.name);
+                if reply.add(INodeNo(e_ino), 2 + i as u64 + 1, dt_kind(e.kind), name) {
+                    break;
+                }
+            }
+            drop(n);
             return reply.ok();
         }
         if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
@@ -1315,6 +1516,22 @@ impl Filesystem for VioFs {
                 return reply.ok();
             }
         }
+        if let Some(snap) = self.local_dir(fh) {
+            let mut n = self.nodes();
+            for (i, (e, a)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+                let e_ino = n.remember(ino.0, &e.name, a);
+                n.set_attr(e_ino, a);
+                let name = OsStr::from_bytes(&e.name);
+                let fa = file_attr(e_ino, a);
+                let off = 2 + i as u64 + 1;
+                if reply.add(INodeNo(e_ino), off, name, &self.ttl, &fa, Generation(0)) {
+                    n.forget(e_ino, 1);
+                    break;
+                }
+            }
+            drop(n);
+            return reply.ok();
+        }
         let mut at = u32::try_from(offset.max(2) - 2).unwrap_or(u32::MAX);
         loop {
             let chunk = tryf!(
@@ -1373,6 +1590,9 @@ impl Filesystem for VioFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        if lock_or_recover(&self.local_dirs).remove(&fh.0).is_some() {
+            return reply.ok();
+        }
         lock_or_recover(&self.listed).remove(&(fh.0 as u32));
         self.close_later(Fh(fh.0 as u32));
         reply.ok();
@@ -1638,6 +1858,8 @@ impl Filesystem for VioFs {
             let mut n = self.nodes();
             let ino = n.remember(parent.0, name.as_bytes(), &a);
             n.set_attr(ino, &a);
+            n.listings
+                .add(parent.0, name.as_bytes(), a.ino, dt_of_mode(a.mode));
             ino
         };
         self.made_in(parent, dir);
@@ -1667,6 +1889,7 @@ fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
     let mut drops = Vec::new();
     {
         let mut n = shared.nodes();
+        n.reported += 1;
         let target = if inv.path_len > 0 {
             match n.resolve(path) {
                 Some((parent, name, child)) => {
@@ -1677,6 +1900,7 @@ fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
                         // The name may mean another file now.
                         n.detach(parent, &name);
                         n.absent.remove(&(parent, name.clone()));
+                        n.listings.drop_dir(parent);
                     }
                     child
                 }
