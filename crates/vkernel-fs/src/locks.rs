@@ -59,6 +59,9 @@ pub struct Table {
     files: HashMap<FileId, Vec<Held>>,
     waiting: Vec<Waiter>,
     next_slot: u32,
+    /// A live process of each client host that asked for a lock (its
+    /// liveness stands for the client's).
+    clients: HashMap<u16, u32>,
 }
 
 fn overlaps(a: &Held, start: u64, end: u64) -> bool {
@@ -175,6 +178,7 @@ impl Table {
     /// Drops every lock and waiter of `host`'s owners (that client went
     /// away); returns the waiters dropped.
     pub fn forget_host(&mut self, host: u16) -> Vec<Waiter> {
+        self.clients.remove(&host);
         self.files.retain(|_, l| {
             l.retain(|h| h.owner.0 != host);
             !l.is_empty()
@@ -182,6 +186,21 @@ impl Table {
         let (gone, stay) = self.waiting.drain(..).partition(|w| w.want.owner.0 == host);
         self.waiting = stay;
         gone
+    }
+
+    /// Remembers `pid` as a process of the client on `host`.
+    pub fn client(&mut self, host: u16, pid: u32) {
+        self.clients.insert(host, pid);
+    }
+
+    /// The clients that hold or wait for locks, each as (host, a pid of
+    /// it); a client without either is forgotten.
+    pub fn clients(&mut self) -> Vec<(u16, u32)> {
+        let mut live: std::collections::HashSet<u16> =
+            self.files.values().flatten().map(|h| h.owner.0).collect();
+        live.extend(self.waiting.iter().map(|w| w.want.owner.0));
+        self.clients.retain(|h, _| live.contains(h));
+        self.clients.iter().map(|(&h, &p)| (h, p)).collect()
     }
 
     /// The locks held on `file`.

@@ -392,6 +392,8 @@ impl FileServer {
         let sh = shared.clone();
         let (lockd, _) = kernel.spawn("vio-lockd", move |p| lock_waiter(&p, &sh))?;
         let _ = shared.lockd.set(lockd);
+        let sh = shared.clone();
+        kernel.spawn("vio-lockcheck", move |p| lock_checker(&p, &sh))?;
         let pool = WorkerPool::start(
             kernel,
             PoolConfig {
@@ -1202,6 +1204,7 @@ impl Req<'_> {
             pid,
         };
         let mut st = lock(&self.sh.locks);
+        st.table.client(owner.0, self.r.from.0);
         if flags & vio::LOCK_TEST != 0 {
             let c = kind.and_then(|_| st.table.conflict(file, &want));
             drop(st);
@@ -1528,6 +1531,59 @@ fn lock_waiter(p: &vkernel::Process, sh: &Shared) {
         };
         for (client, e) in ready {
             let _ = p.reply(&vio::reply(e, &[]), client);
+        }
+    }
+}
+
+/// How often the lock checker asks whether lock holders still exist.
+const LOCK_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The lock checker: every [`LOCK_CHECK`], asks whether each client that
+/// holds or waits for locks still exists; a client found gone (no such
+/// process, or its host unreachable at two checks in a row) loses its
+/// locks and waits, so a crashed client never blocks the others for
+/// good. Ends when the host shuts down.
+fn lock_checker(p: &vkernel::Process, sh: &Shared) {
+    let mut suspects: std::collections::HashSet<u16> = Default::default();
+    loop {
+        std::thread::sleep(LOCK_CHECK);
+        if let Err(IpcError::Shutdown) | Err(IpcError::Destroyed) = p.process_exists(p.pid()) {
+            return;
+        }
+        let clients = lock(&sh.locks).table.clients();
+        for (host, pid) in clients {
+            let gone = match p.process_exists(Pid(pid)) {
+                Ok(true) => {
+                    suspects.remove(&host);
+                    false
+                }
+                Ok(false) => true,
+                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+                // Unreachable: gone at the second check in a row.
+                Err(_) => !suspects.insert(host),
+            };
+            if !gone {
+                continue;
+            }
+            suspects.remove(&host);
+            tracing::warn!(
+                "file server: lock holder host {host:04x} is gone; its locks are released"
+            );
+            let woke = {
+                let mut st = lock(&sh.locks);
+                let dropped = st.table.forget_host(host);
+                let intr = Errno(libc::EINTR as u32);
+                let mut decided: Vec<(u32, Errno)> =
+                    dropped.iter().map(|w| (w.slot, intr)).collect();
+                decided.extend(st.table.grantable().iter().map(|w| (w.slot, Errno::OK)));
+                let any = !decided.is_empty();
+                st.decided.extend(decided);
+                any
+            };
+            if let (true, Some(&lockd)) = (woke, sh.lockd.get()) {
+                let mut m = Message::with_code(LOCKD_WAKE);
+                let _ = p.send(&mut m, lockd);
+            }
         }
     }
 }

@@ -803,3 +803,45 @@ fn compound_answers_match_separate_requests() {
     same_dir(c.unlink_in("d/f").unwrap(), "d");
     same_dir(c.rmdir_in("d").unwrap(), "");
 }
+
+/// A client that holds a lock and vanishes (its host shut down) does not
+/// block the others for good: the server finds it gone and grants the
+/// waiting lock. Locks from two clients exclude each other meanwhile.
+#[test]
+fn a_vanished_clients_locks_are_released() {
+    use vkernel_fs::client::LockRequest;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("db"), b"0123456789").unwrap();
+    let ks = host(vec![], Duration::from_secs(1));
+    let srv = server(&ks, dir.path());
+    let ka = host(vec![ks.local_addr()], Duration::from_secs(1));
+    let kb = host(vec![ks.local_addr()], Duration::from_secs(1));
+    ks.add_peer(ka.local_addr());
+    ks.add_peer(kb.local_addr());
+    let a = Client::connect(&ka, srv.pid(), 2).unwrap();
+    let b = Client::connect(&kb, srv.pid(), 2).unwrap();
+    let (fa, _) = a.open("db", libc::O_RDWR, 0).unwrap();
+    let (fb, _) = b.open("db", libc::O_RDWR, 0).unwrap();
+    let l = |owner| LockRequest {
+        kind: vio::LOCK_WRITE,
+        owner,
+        pid: 1,
+        start: 0,
+        end: u64::MAX,
+    };
+    a.lock(fa, &l(7), false).unwrap();
+    assert_eq!(server_err(b.lock(fb, &l(7), false)), Errno::EAGAIN);
+    let holder = b.test_lock(fb, &l(7)).unwrap().expect("a conflicting lock");
+    assert_eq!((holder.kind, holder.start), (vio::LOCK_WRITE, 0));
+    // A vanishes without unlocking.
+    drop(a);
+    drop(ka);
+    let t = Instant::now();
+    b.lock(fb, &l(7), true).unwrap();
+    let waited = t.elapsed();
+    assert!(
+        waited < Duration::from_secs(20),
+        "granted after {waited:?}; the checker runs every 5 s"
+    );
+    assert!(b.test_lock(fb, &l(8)).unwrap().is_some(), "B holds it now");
+}
