@@ -401,7 +401,7 @@ impl FileServer {
                 workers: cfg.workers,
                 queue: cfg.queue,
                 idle_code: IDLE,
-                inline_upto: 0,
+                inline_upto: INLINE_UPTO,
                 logical_id: cfg.logical_id,
                 worker_spin: Some(std::time::Duration::ZERO),
             },
@@ -471,7 +471,46 @@ impl Handler for Shared {
     fn busy(&self) -> Message {
         vio::reply(Errno::EAGAIN, &[])
     }
+
+    /// Requests that take a few system calls on the exported tree (no
+    /// data moved, no fsync, no wait for a lock, no Send to a watching
+    /// client) run on the dispatcher: a hand-off to a worker costs a
+    /// thread wake-up, often more than the request itself.
+    fn runs_inline(&self, r: &PoolRequest<'_>) -> bool {
+        let Ok(req) = Request::decode(&r.message) else {
+            return true; // answered at once with its error
+        };
+        let quiet = || self.watchers.quiet_for(r.from);
+        match req {
+            Request::Stat { .. }
+            | Request::Fstat { .. }
+            | Request::Readlink { .. }
+            | Request::Statfs
+            | Request::Getxattr { .. }
+            | Request::Listxattr { .. }
+            | Request::Opendir { .. }
+            | Request::Readdir { .. }
+            | Request::Readdirplus { .. }
+            | Request::Close { .. }
+            | Request::Closev { .. } => true,
+            Request::Open { flags, .. } => {
+                flags & (libc::O_CREAT | libc::O_TRUNC) as u32 == 0 || quiet()
+            }
+            Request::Mkdir { .. }
+            | Request::Mknod { .. }
+            | Request::Symlink { .. }
+            | Request::Unlink { .. }
+            | Request::Rmdir { .. }
+            | Request::Rename { .. }
+            | Request::Link { .. } => quiet(),
+            _ => false,
+        }
+    }
 }
+
+/// Requests whose segment is at most this long come to the dispatcher
+/// whole, for [`Handler::runs_inline`] (two paths and a record).
+const INLINE_UPTO: usize = 2 * vio::MAX_PATH + 256;
 
 /// What a handler answers: a status with reply words, and bytes for the
 /// client's segment.

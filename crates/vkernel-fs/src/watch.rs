@@ -74,6 +74,19 @@ impl Watchers {
         self.count.load(Ordering::Acquire)
     }
 
+    /// Would a change by `from` be reported to nobody (no other client
+    /// watches)?
+    pub(crate) fn quiet_for(&self, from: Pid) -> bool {
+        match self.len() {
+            0 => true,
+            1 => self
+                .list()
+                .first()
+                .is_some_and(|w| w.members.contains(&from)),
+            _ => false,
+        }
+    }
+
     /// Registers (or re-registers) the client whose callback process is
     /// `callback` and which sends from `members`.
     pub(crate) fn add(&self, callback: Pid, members: Vec<Pid>) -> Result<(), Errno> {
