@@ -597,19 +597,20 @@ impl Client {
         owner: Owner,
     ) -> Result<(Fh, Attr), ClientError> {
         self.create_in(path, flags, mode, owner)
-            .map(|(fh, a, _)| (fh, a))
+            .map(|(fh, a, _, _)| (fh, a))
     }
 
     /// [`Client::open_as`], also answering, when it created the file, the
     /// attributes of the directory it was made in (`None` otherwise, or
-    /// from a server that does not send them).
+    /// from a server that does not send them), and whether it made the
+    /// file (false from a server that does not say).
     pub fn create_in(
         &self,
         path: impl AsRef<[u8]>,
         flags: i32,
         mode: u32,
         owner: Owner,
-    ) -> Result<(Fh, Attr, Option<Attr>), ClientError> {
+    ) -> Result<(Fh, Attr, Option<Attr>, bool), ClientError> {
         let p = path.as_ref();
         let req = Request::Open {
             prefetch: false,
@@ -621,10 +622,12 @@ impl Client {
         let (m, out) = self.call(req, p, 2 * ATTR_LEN)?;
         let attr = Self::attr_of(&out)?;
         let parent = Self::parent_attr(&m, 2, &out[ATTR_LEN..]);
+        let made = vio::reply_words(&m)[3] == 1;
         Ok((
             self.track(vio::reply_words(&m)[0], p, flags, false),
             attr,
             parent,
+            made,
         ))
     }
 

@@ -1843,7 +1843,7 @@ impl Filesystem for VioFs {
         reply: ReplyCreate,
     ) {
         let p = tryf!(reply, self.child(parent, name));
-        let (fh, a, dir) = tryf!(
+        let (fh, a, dir, made) = tryf!(
             reply,
             self.client
                 .create_in(
@@ -1860,6 +1860,11 @@ impl Filesystem for VioFs {
             n.set_attr(ino, &a);
             n.listings
                 .add(parent.0, name.as_bytes(), a.ino, dt_of_mode(a.mode));
+            // Made just now: no extended attributes yet (the kernel asks
+            // for security.capability before its first write).
+            if let Some(node) = n.map.get_mut(&ino).filter(|_| made) {
+                node.no_caps = true;
+            }
             ino
         };
         self.made_in(parent, dir);

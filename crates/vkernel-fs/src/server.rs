@@ -865,7 +865,8 @@ impl Req<'_> {
                     Kind::File { file, inode, id },
                 )?;
                 if !prefetch {
-                    let a = self.attr_answer(vec![h, 0], attr);
+                    // w4: the file was made by this open.
+                    let a = self.attr_answer(vec![h, 0, 0, u32::from(created)], attr);
                     return Ok(if created {
                         self.with_parent(a, p, 2)
                     } else {

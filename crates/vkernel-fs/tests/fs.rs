@@ -733,7 +733,7 @@ fn compound_answers_match_separate_requests() {
     // MKDIR, OPEN creating, UNLINK, RMDIR with the directory's attributes.
     let (_, d) = c.mkdir_in("d", 0o755, vio::Owner::default()).unwrap();
     same_dir(d, "");
-    let (fh, fa, d) = c
+    let (fh, fa, d, made) = c
         .create_in(
             "d/f",
             libc::O_CREAT | libc::O_RDWR,
@@ -743,6 +743,17 @@ fn compound_answers_match_separate_requests() {
         .unwrap();
     same_dir(d, "d");
     assert_eq!(fa.ino, local("d/f").ino());
+    assert!(made, "the open made the file");
+    let (again, _, none, made) = c
+        .create_in(
+            "d/f",
+            libc::O_CREAT | libc::O_RDONLY,
+            0o644,
+            vio::Owner::default(),
+        )
+        .unwrap();
+    assert!(!made && none.is_none(), "an existing file: not made here");
+    c.close(again).unwrap();
     // WRITE with attributes: written before the answer.
     let data = pattern(70_000, 3);
     let (n, wa) = c.write_attr(fh, 0, &data).unwrap();
