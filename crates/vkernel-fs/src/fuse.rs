@@ -1434,16 +1434,16 @@ impl Filesystem for VioFs {
         if self.listed_past(fh, offset) {
             return reply.ok();
         }
-        if let Some(snap) = self.local_dir(fh) {
-            if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset <= 1 {
+            let parent = self.nodes().parent_of(ino.0);
+            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
                 return reply.ok();
             }
-            if offset <= 1 {
-                let parent = self.nodes().parent_of(ino.0);
-                if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
-                    return reply.ok();
-                }
-            }
+        }
+        if let Some(snap) = self.local_dir(fh) {
             let n = self.nodes();
             for (i, (e, _)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
                 let e_ino = n.entry_ino(ino.0, e.ino);
@@ -1454,15 +1454,6 @@ impl Filesystem for VioFs {
             }
             drop(n);
             return reply.ok();
-        }
-        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
-            return reply.ok();
-        }
-        if offset <= 1 {
-            let parent = self.nodes().parent_of(ino.0);
-            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
-                return reply.ok();
-            }
         }
         let mut at = u32::try_from(offset.max(2) - 2).unwrap_or(u32::MAX);
         loop {
