@@ -54,6 +54,29 @@ impl Drop for Dir {
     }
 }
 
+/// A scratch directory with an export in it, served by a file server on
+/// a logical host of its own (fields drop server first, directory last).
+struct Served {
+    srv: FileServer,
+    ks: Kernel,
+    export: PathBuf,
+    work: Dir,
+}
+
+fn served(tag: &str) -> Served {
+    let work = Dir::new(tag);
+    let export = work.0.join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let ks = Kernel::start(KernelConfig::default()).unwrap();
+    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    Served {
+        srv,
+        ks,
+        export,
+        work,
+    }
+}
+
 /// A mount of `server` from a logical host of its own.
 struct Mount {
     session: Option<fuser::BackgroundSession>,
@@ -109,11 +132,12 @@ fn a_change_through_one_mount_shows_through_the_other_at_once() {
     if !fuse_ready() {
         return;
     }
-    let work = Dir::new("two");
-    let export = work.0.join("export");
-    std::fs::create_dir_all(&export).unwrap();
-    let ks = Kernel::start(KernelConfig::default()).unwrap();
-    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
+    let Served {
+        srv,
+        ks,
+        export: _,
+        work,
+    } = served("two");
     let opts = FuseOptions {
         cache_ttl: Duration::from_secs(10),
         ..FuseOptions::default()
@@ -186,8 +210,12 @@ fn listings_and_small_files_match_a_local_directory() {
     if !fuse_ready() {
         return;
     }
-    let work = Dir::new("list");
-    let export = work.0.join("export");
+    let Served {
+        srv,
+        ks,
+        export,
+        work,
+    } = served("list");
     std::fs::create_dir_all(export.join("sub")).unwrap();
     let mut want = Vec::new();
     for i in 0..300 {
@@ -198,8 +226,6 @@ fn listings_and_small_files_match_a_local_directory() {
         std::fs::write(export.join("sub").join(&name), &body).unwrap();
         want.push((name, body));
     }
-    let ks = Kernel::start(KernelConfig::default()).unwrap();
-    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
     let opts = FuseOptions {
         cache_ttl: Duration::from_millis(500),
         ..FuseOptions::default()
@@ -272,12 +298,13 @@ fn locks_exclude_programs_on_different_clients() {
     if !fuse_ready() {
         return;
     }
-    let work = Dir::new("locks");
-    let export = work.0.join("export");
-    std::fs::create_dir_all(&export).unwrap();
+    let Served {
+        srv,
+        ks,
+        export,
+        work,
+    } = served("locks");
     std::fs::write(export.join("db"), vec![0u8; 4096]).unwrap();
-    let ks = Kernel::start(KernelConfig::default()).unwrap();
-    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
     let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &FuseOptions::default());
     let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &FuseOptions::default());
 
@@ -343,18 +370,11 @@ sys.exit(0)
         "the waiter got the lock while it was held"
     );
     assert_eq!(setlk(libc::F_UNLCK, false), 0);
-    let t = Instant::now();
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s.code();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the waiter never got the lock"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(code, Some(0));
+    assert_eq!(
+        waited(child, Duration::from_secs(10)),
+        Some(0),
+        "the waiter never got the lock"
+    );
 
     // flock: an exclusive flock through A excludes one through B, and is
     // gone when its file is closed.
@@ -393,12 +413,13 @@ fn extended_attributes_as_on_a_local_disk() {
     if !fuse_ready() {
         return;
     }
-    let work = Dir::new("xattr");
-    let export = work.0.join("export");
-    std::fs::create_dir_all(&export).unwrap();
+    let Served {
+        srv,
+        ks,
+        export,
+        work,
+    } = served("xattr");
     std::fs::write(export.join("f"), b"x").unwrap();
-    let ks = Kernel::start(KernelConfig::default()).unwrap();
-    let srv = FileServer::start(&ks, &export, ServerConfig::default()).unwrap();
     let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &FuseOptions::default());
     let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &FuseOptions::default());
     let get = |p: &Path, n: &str| {
