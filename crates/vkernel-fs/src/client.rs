@@ -219,8 +219,11 @@ pub const WRITE_ATTR_MAX: usize = 128 << 10;
 /// Most bytes [`Client::open_read`] asks for with the open.
 pub const OPEN_READ_MAX: usize = 60 << 10;
 
-/// A callback process: answers each INVALIDATE at once, then hands it
-/// to `sink` (so the server's worker never waits on the client's kernel).
+/// A callback process: hands each INVALIDATE to `sink`, then answers it,
+/// so what the sink forgets is forgotten before the server acknowledges
+/// the change. The sink must not wait on anything that may wait on the
+/// server (the mount's sink only takes its own caches' locks, and leaves
+/// the kernel's caches to another thread).
 fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
     let mut m = Message::zero();
     let mut path = vec![0u8; vio::MAX_PATH];
@@ -230,17 +233,15 @@ fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
             Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
             Err(_) => continue,
         };
-        let inv = vio::Invalidation::decode(&m);
-        let status = if inv.is_ok() {
-            Errno::OK
-        } else {
-            Errno::EPROTO
+        let status = match vio::Invalidation::decode(&m) {
+            Ok(inv) => {
+                let n = (inv.path_len as usize).min(i.seg_bytes).min(path.len());
+                sink(inv, &path[..n]);
+                Errno::OK
+            }
+            Err(_) => Errno::EPROTO,
         };
         let _ = p.reply(&vio::reply(status, &[]), i.from);
-        if let Ok(inv) = inv {
-            let n = (inv.path_len as usize).min(i.seg_bytes).min(path.len());
-            sink(inv, &path[..n]);
-        }
     }
 }
 
@@ -1039,8 +1040,8 @@ impl Client {
 
     /// Asks the server to tell this client of changes other clients make
     /// (WATCH): `sink` is called with each [`vio::Invalidation`] and its
-    /// path, on a callback process this starts on `kernel`, after the
-    /// server was answered. `Ok(false)` from a server that does not know
+    /// path, on a callback process this starts on `kernel`, before the
+    /// server is answered (see `callback_loop`). `Ok(false)` from a server that does not know
     /// WATCH (then nothing is reported). The callback process ends with
     /// the kernel.
     pub fn watch<F>(&self, kernel: &Kernel, sink: F) -> Result<bool, ClientError>

@@ -26,10 +26,12 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
+mod contents;
 mod listing;
 
 use crate::client::{Client, ClientError, Fh, LockRequest, OPEN_READ_MAX};
 use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
+use contents::Contents;
 use listing::{Entry, Listings};
 
 const ROOT: u64 = 1;
@@ -40,6 +42,10 @@ type Snapshot = Arc<Vec<(Entry, Attr)>>;
 /// First directory handle of a listing served by the mount itself
 /// (server handles are 32-bit).
 const LOCAL_DIR: u64 = 1 << 63;
+
+/// First file handle answered by the mount itself, for a file it holds
+/// whole (server handles are 32-bit, local directory handles higher).
+const LOCAL_FILE: u64 = 1 << 62;
 
 /// First inode number made up for a file whose server inode number is
 /// taken (by a file of another file system beneath the root) or unusable.
@@ -81,8 +87,10 @@ struct Nodes {
     absent: HashMap<(u64, Vec<u8>), Instant>,
     /// Complete directory listings (only while the server reports changes).
     listings: Listings,
-    /// Changes the server reported so far: a listing fetched while one
-    /// arrived may miss it, and is not kept.
+    /// Whole small files (only used while the server reports changes).
+    contents: Contents,
+    /// Changes the server reported so far: a listing or file fetched
+    /// while one arrived may miss it, and is not kept.
     reported: u64,
 }
 
@@ -110,6 +118,7 @@ impl Nodes {
             next_synthetic: SYNTHETIC,
             absent: HashMap::new(),
             listings: Listings::default(),
+            contents: Contents::new(contents::BUDGET),
             reported: 0,
         }
     }
@@ -236,6 +245,7 @@ impl Nodes {
         };
         if gone {
             self.listings.drop_dir(ino);
+            self.contents.remove(ino);
             if let Some(node) = self.map.remove(&ino) {
                 for key in node.names {
                     if self.by_name.get(&key) == Some(&ino) {
@@ -298,7 +308,21 @@ impl Nodes {
     fn set_attr(&mut self, ino: u64, a: &Attr) {
         if let Some(n) = self.map.get_mut(&ino) {
             n.attr = Some((*a, Instant::now()));
+            // An empty file is known whole.
+            if a.size == 0
+                && a.mode & libc::S_IFMT == libc::S_IFREG
+                && self.contents.get(ino, a).is_none()
+            {
+                self.contents.set(ino, Arc::new(Vec::new()), *a);
+            }
         }
+    }
+
+    /// The whole of the file, if kept and its attributes (fresh within
+    /// `ttl`) show it unchanged.
+    fn content(&self, ino: u64, ttl: Duration) -> Option<Arc<Vec<u8>>> {
+        let a = self.cached_attr(ino, ttl)?;
+        self.contents.get(ino, &a)
     }
 
     /// Forgets the node's attributes (something changed them).
@@ -435,9 +459,18 @@ impl Shared {
 
 /// What an open file kept from its OPENREAD: the start of the file.
 struct Head {
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
     /// `data` reaches the end of the file (as it was at the open).
     to_eof: bool,
+}
+
+/// A file opened for reading from its kept whole data, without the server.
+struct LocalFile {
+    ino: u64,
+    data: Arc<Vec<u8>>,
+    /// A server handle, opened once something needs one (a read after the
+    /// file changed, a lock, fsync, an unlink of its last name).
+    server: Option<Fh>,
 }
 
 /// The FUSE file system: a [`Client`] and the node table.
@@ -461,6 +494,9 @@ pub struct VioFs {
     next_local_dir: std::sync::atomic::AtomicU64,
     /// Directory handles whose listing ended, and the offset after it.
     listed: Mutex<HashMap<u32, u64>>,
+    /// Files opened here without the server (handles from [`LOCAL_FILE`]).
+    local_files: Mutex<HashMap<u64, LocalFile>>,
+    next_local_file: std::sync::atomic::AtomicU64,
     ttl: Duration,
     /// The server reports other clients' changes.
     watched: bool,
@@ -628,6 +664,8 @@ impl VioFs {
             listed: Mutex::new(HashMap::new()),
             local_dirs: Mutex::new(HashMap::new()),
             next_local_dir: std::sync::atomic::AtomicU64::new(LOCAL_DIR),
+            local_files: Mutex::new(HashMap::new()),
+            next_local_file: std::sync::atomic::AtomicU64::new(LOCAL_FILE),
             ttl,
             watched,
         }
@@ -694,6 +732,68 @@ impl VioFs {
             .get(&ino)
             .and_then(|v| v.first())
             .map(|&h| Fh(h))
+    }
+
+    /// The server handle behind a FUSE file handle, if it has one now.
+    fn known_fh(&self, fh: FileHandle) -> Option<Fh> {
+        if fh.0 < LOCAL_FILE {
+            return Some(Fh(fh.0 as u32));
+        }
+        lock_or_recover(&self.local_files)
+            .get(&fh.0)
+            .and_then(|l| l.server)
+    }
+
+    /// The server handle behind a FUSE file handle: itself, or for a file
+    /// opened here without the server, one opened now by the file's name.
+    fn server_fh(&self, ino: INodeNo, fh: FileHandle) -> Result<Fh, FErrno> {
+        if let Some(s) = self.known_fh(fh) {
+            return Ok(s);
+        }
+        let p = self.path(ino)?;
+        let (s, _) = self.client.open(&p, libc::O_RDONLY, 0).map_err(cerr)?;
+        let mut files = lock_or_recover(&self.local_files);
+        let (got, spare) = match files.get_mut(&fh.0) {
+            Some(l) => match l.server {
+                // Another thread opened one meanwhile.
+                Some(have) => (Ok(have), Some(s)),
+                None => {
+                    l.server = Some(s);
+                    (Ok(s), None)
+                }
+            },
+            None => (Err(FErrno::from_i32(libc::EBADF)), Some(s)),
+        };
+        drop(files);
+        match spare {
+            Some(s) => self.close_later(s),
+            None => self.opened(ino.0, s),
+        }
+        got
+    }
+
+    /// Gives every handle of `ino` opened here without the server a
+    /// server handle: its last name may be about to go, and the file is
+    /// then reached only through one (fstat after unlink).
+    fn materialize(&self, ino: u64) {
+        let local: Vec<u64> = lock_or_recover(&self.local_files)
+            .iter()
+            .filter(|(_, l)| l.ino == ino && l.server.is_none())
+            .map(|(&fh, _)| fh)
+            .collect();
+        for fh in local {
+            if let Err(e) = self.server_fh(INodeNo(ino), FileHandle(fh)) {
+                tracing::debug!("vkernel mount: opening a held file at the server: {e:?}");
+            }
+        }
+    }
+
+    /// Materializes the file a name in `parent` stands for, if any.
+    fn materialize_named(&self, parent: INodeNo, name: &OsStr) {
+        let named = self.nodes().named(parent.0, name.as_bytes());
+        if let Some(ino) = named {
+            self.materialize(ino);
+        }
     }
 
     /// The entries a listing served here was opened with.
@@ -981,8 +1081,8 @@ impl Filesystem for VioFs {
         if let Some(a) = self.nodes().cached_attr(ino.0, self.ttl) {
             return reply.attr(&self.ttl, &file_attr(ino.0, &a));
         }
-        if let Some(fh) = fh {
-            if let Ok(a) = self.client.fstat(Fh(fh.0 as u32)) {
+        if let Some(fh) = fh.and_then(|f| self.known_fh(f)) {
+            if let Ok(a) = self.client.fstat(fh) {
                 self.nodes().set_attr(ino.0, &a);
                 return reply.attr(&self.ttl, &file_attr(ino.0, &a));
             }
@@ -1027,12 +1127,13 @@ impl Filesystem for VioFs {
         reply: ReplyAttr,
     ) {
         let mut s = SetAttr::default();
+        let fh = match fh {
+            Some(f) => Some(tryf!(reply, self.server_fh(ino, f))),
+            None => None,
+        };
         if let (Some(sz), Some(fh)) = (size, fh) {
             // Through the handle: works for an open file whose name is gone.
-            tryf!(
-                reply,
-                self.client.ftruncate(Fh(fh.0 as u32), sz).map_err(cerr)
-            );
+            tryf!(reply, self.client.ftruncate(fh, sz).map_err(cerr));
         } else if let Some(sz) = size {
             s.valid |= vio::SET_SIZE;
             s.size = sz;
@@ -1063,7 +1164,7 @@ impl Filesystem for VioFs {
         );
         // Through a handle when there is one (fchmod, futimens, and any
         // change to a file whose names are gone), else by name.
-        let handle = fh.map(|f| Fh(f.0 as u32)).or_else(|| {
+        let handle = fh.or_else(|| {
             self.path(ino)
                 .is_err()
                 .then(|| self.any_handle(ino.0))
@@ -1133,6 +1234,7 @@ impl Filesystem for VioFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
+        self.materialize_named(parent, name);
         let dir = tryf!(reply, self.client.unlink_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
         self.nodes().listings.remove(parent.0, name.as_bytes());
@@ -1195,6 +1297,7 @@ impl Filesystem for VioFs {
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(FErrno::from_i32(libc::EINVAL));
         }
+        self.materialize_named(newparent, newname);
         tryf!(reply, self.client.rename(&a, &b, f).map_err(cerr));
         self.changed_name(parent, name);
         self.changed_name(newparent, newname);
@@ -1236,8 +1339,31 @@ impl Filesystem for VioFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let p = tryf!(reply, self.path(ino));
         let f = flags.0 & !(libc::O_CREAT | libc::O_EXCL);
+        let want_head = f & libc::O_ACCMODE == libc::O_RDONLY && f & libc::O_TRUNC == 0;
+        // A file held whole, unchanged as far as the server has told:
+        // opened here (the server reports any change before it is made).
+        let held = if self.watched && want_head {
+            self.nodes().content(ino.0, self.ttl)
+        } else {
+            None
+        };
+        if let Some(data) = held {
+            let fh = self
+                .next_local_file
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let l = LocalFile {
+                ino: ino.0,
+                data,
+                server: None,
+            };
+            lock_or_recover(&self.local_files).insert(fh, l);
+            // Unchanged since its attributes were answered: pages the
+            // kernel holds are good.
+            return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+        let p = tryf!(reply, self.path(ino));
+        let epoch = self.nodes().reported;
         let (before, pages) = self
             .nodes()
             .map
@@ -1246,7 +1372,6 @@ impl Filesystem for VioFs {
         // A small file the kernel holds no pages of comes with the open:
         // its reads are then answered here.
         let small = before.is_none_or(|a| a.size <= OPEN_READ_MAX as u64);
-        let want_head = f & libc::O_ACCMODE == libc::O_RDONLY && f & libc::O_TRUNC == 0;
         let (fh, a, head) = if want_head && small && !pages {
             tryf!(
                 reply,
@@ -1268,6 +1393,14 @@ impl Filesystem for VioFs {
         }
         if let Some(data) = head {
             let to_eof = data.len() < OPEN_READ_MAX;
+            let data = Arc::new(data);
+            // The whole file, and nothing reported changed meanwhile: kept
+            // for later opens.
+            let mut n = self.nodes();
+            if to_eof && self.watched && n.reported == epoch {
+                n.contents.set(ino.0, data.clone(), a);
+            }
+            drop(n);
             lock_or_recover(&self.shared.heads).insert(fh.0, Head { data, to_eof });
         }
         self.opened(ino.0, fh);
@@ -1290,10 +1423,32 @@ impl Filesystem for VioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        if let Some(n) = self.nodes().map.get_mut(&ino.0) {
-            n.pages = true;
+        let (at, end) = (offset as usize, offset as usize + size as usize);
+        let local = if fh.0 >= LOCAL_FILE {
+            let Some(data) = lock_or_recover(&self.local_files)
+                .get(&fh.0)
+                .map(|l| l.data.clone())
+            else {
+                return reply.error(FErrno::from_i32(libc::EBADF));
+            };
+            Some(data)
+        } else {
+            None
+        };
+        {
+            let mut n = self.nodes();
+            if let Some(node) = n.map.get_mut(&ino.0) {
+                node.pages = true;
+            }
+            // Still the file's data (not reported changed since the open).
+            if let Some(d) = local.filter(|d| n.contents.holds(ino.0, d)) {
+                drop(n);
+                let at = at.min(d.len());
+                return reply.data(&d[at..end.min(d.len())]);
+            }
         }
-        if let Some(h) = lock_or_recover(&self.shared.heads).get(&(fh.0 as u32)) {
+        let sfh = tryf!(reply, self.server_fh(ino, fh));
+        if let Some(h) = lock_or_recover(&self.shared.heads).get(&sfh.0) {
             let (at, end) = (offset as usize, offset as usize + size as usize);
             if end <= h.data.len() || h.to_eof {
                 let at = at.min(h.data.len());
@@ -1301,12 +1456,7 @@ impl Filesystem for VioFs {
             }
         }
         let mut buf = vec![0u8; size as usize];
-        let n = tryf!(
-            reply,
-            self.client
-                .read(Fh(fh.0 as u32), offset, &mut buf)
-                .map_err(cerr)
-        );
+        let n = tryf!(reply, self.client.read(sfh, offset, &mut buf).map_err(cerr));
         reply.data(&buf[..n]);
     }
 
@@ -1322,23 +1472,43 @@ impl Filesystem for VioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.nodes().clear_attr(ino.0);
-        let (n, a) = tryf!(
+        let sfh = tryf!(reply, self.server_fh(ino, fh));
+        // A file held whole and written at its end stays held whole.
+        let (prior, epoch) = {
+            let mut n = self.nodes();
+            let fresh = n.cached_attr(ino.0, self.ttl);
+            let prior = n.contents.take(ino.0).filter(|(d, was)| {
+                self.watched
+                    && fresh.is_some_and(|f| same_data(was, &f))
+                    && offset == d.len() as u64
+                    && d.len() + data.len() <= OPEN_READ_MAX
+            });
+            n.clear_attr(ino.0);
+            (prior.map(|(d, _)| d), n.reported)
+        };
+        let (written, a) = tryf!(
             reply,
-            self.client
-                .write_attr(Fh(fh.0 as u32), offset, data)
-                .map_err(cerr)
+            self.client.write_attr(sfh, offset, data).map_err(cerr)
         );
         match a {
             // Written before the answer, so no deferred error can follow;
             // and the kernel asks for the attributes next (its copy is
             // stale after a write).
-            Some(a) => self.nodes().set_attr(ino.0, &a),
+            Some(a) => {
+                let mut n = self.nodes();
+                n.set_attr(ino.0, &a);
+                let grown = (prior.as_ref()).map_or(0, |d| d.len()) + data.len();
+                if let Some(d) = prior.filter(|_| n.reported == epoch && a.size == grown as u64) {
+                    let mut d = Arc::unwrap_or_clone(d);
+                    d.extend_from_slice(data);
+                    n.contents.set(ino.0, Arc::new(d), a);
+                }
+            }
             None => {
-                lock_or_recover(&self.written).insert(fh.0 as u32);
+                lock_or_recover(&self.written).insert(sfh.0);
             }
         }
-        reply.written(n as u32);
+        reply.written(written as u32);
     }
 
     fn flush(
@@ -1350,11 +1520,15 @@ impl Filesystem for VioFs {
         reply: ReplyEmpty,
     ) {
         // A close drops the closing program's fcntl locks on the file
-        // (the kernel leaves that to the file system).
-        self.unlock_all(ino, Fh(fh.0 as u32), lock_owner);
+        // (the kernel leaves that to the file system). A handle without a
+        // server handle set none.
+        let Some(fh) = self.known_fh(fh) else {
+            return reply.ok();
+        };
+        self.unlock_all(ino, fh, lock_owner);
         // Only a handle written since its last flush can have deferred
         // writes (and their errors) to wait for.
-        let fh = fh.0 as u32;
+        let fh = fh.0;
         if !lock_or_recover(&self.written).contains(&fh) {
             return reply.ok();
         }
@@ -1373,32 +1547,41 @@ impl Filesystem for VioFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let fh = if fh.0 >= LOCAL_FILE {
+            match lock_or_recover(&self.local_files).remove(&fh.0) {
+                Some(LocalFile {
+                    server: Some(s), ..
+                }) => s,
+                // Never reached the server: nothing to close there.
+                _ => return reply.ok(),
+            }
+        } else {
+            Fh(fh.0 as u32)
+        };
         // The last close of an open file drops its flock lock.
         if let Some(o) = lock_owner {
-            self.unlock_all(ino, Fh(fh.0 as u32), o);
+            self.unlock_all(ino, fh, o);
         }
-        self.closed(ino.0, Fh(fh.0 as u32));
-        lock_or_recover(&self.shared.heads).remove(&(fh.0 as u32));
-        lock_or_recover(&self.written).remove(&(fh.0 as u32));
+        self.closed(ino.0, fh);
+        lock_or_recover(&self.shared.heads).remove(&fh.0);
+        lock_or_recover(&self.written).remove(&fh.0);
         // The kernel ignores what a release answers; any deferred write
         // error was reported by the flush before it.
-        self.close_later(Fh(fh.0 as u32));
+        self.close_later(fh);
         reply.ok();
     }
 
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        tryf!(
-            reply,
-            self.client.fsync(Fh(fh.0 as u32), datasync).map_err(cerr)
-        );
-        lock_or_recover(&self.written).remove(&(fh.0 as u32));
+        let fh = tryf!(reply, self.server_fh(ino, fh));
+        tryf!(reply, self.client.fsync(fh, datasync).map_err(cerr));
+        lock_or_recover(&self.written).remove(&fh.0);
         reply.ok();
     }
 
@@ -1754,7 +1937,7 @@ impl Filesystem for VioFs {
     fn getlk(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
@@ -1764,7 +1947,8 @@ impl Filesystem for VioFs {
         reply: fuser::ReplyLock,
     ) {
         let l = lock_request(lock_owner, start, end, typ, pid);
-        match self.client.test_lock(Fh(fh.0 as u32), &l) {
+        let fh = tryf!(reply, self.server_fh(ino, fh));
+        match self.client.test_lock(fh, &l) {
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
             Ok(Some(c)) => {
                 let t = if c.kind == vio::LOCK_WRITE {
@@ -1792,7 +1976,7 @@ impl Filesystem for VioFs {
         reply: ReplyEmpty,
     ) {
         let l = lock_request(lock_owner, start, end, typ, pid);
-        let fh = Fh(fh.0 as u32);
+        let fh = tryf!(reply, self.server_fh(ino, fh));
         if l.kind != vio::LOCK_UNLOCK {
             // Before asking: a close while the request waits must unlock.
             lock_or_recover(&self.lockers).insert((ino.0, lock_owner.0));
@@ -1877,10 +2061,13 @@ enum Drop {
     Data(u64),
 }
 
-/// Applies one of the server's invalidations: this side's caches at once,
-/// then the kernel's (on the thread that calls this, never the callback
-/// process, so the server's worker never waits on this kernel).
-fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
+/// Applies one of the server's invalidations to the mount's own caches,
+/// on the callback process before it answers (so a change is forgotten
+/// here before the server acknowledges it to the client that made it).
+/// Returns what the kernel must drop: that waits for
+/// [`tell_kernel`] on another thread, so the server's worker never waits
+/// on this kernel.
+fn forget_changed(shared: &Shared, inv: &Invalidation, path: &[u8]) -> Vec<Drop> {
     let data = inv.flags & vio::INVAL_DATA != 0;
     let mut drops = Vec::new();
     {
@@ -1912,6 +2099,7 @@ fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
                 if let Some(node) = n.map.get_mut(&ino) {
                     node.pages = false;
                 }
+                n.contents.remove(ino);
             }
             drops.push(if data {
                 Drop::Data(ino)
@@ -1929,6 +2117,11 @@ fn apply(shared: &Shared, inv: &Invalidation, path: &[u8]) {
             }
         }
     }
+    drops
+}
+
+/// Tells the kernel to drop what an invalidation made stale.
+fn tell_kernel(shared: &Shared, drops: Vec<Drop>) {
     let Some(k) = shared.notifier.get() else {
         return;
     };
@@ -1955,9 +2148,10 @@ pub fn mount(
 ) -> std::io::Result<fuser::BackgroundSession> {
     let shared = Arc::new(Shared::new());
     let watched = if opts.watch {
-        let (tx, rx) = std::sync::mpsc::channel::<(Invalidation, Vec<u8>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Drop>>();
+        let sh = shared.clone();
         let sink = move |inv: Invalidation, path: &[u8]| {
-            let _ = tx.send((inv, path.to_vec()));
+            let _ = tx.send(forget_changed(&sh, &inv, path));
         };
         match client.watch(kernel, sink) {
             Ok(true) => {
@@ -1966,8 +2160,8 @@ pub fn mount(
                     .name("vkernel-invalidate".into())
                     .spawn(move || {
                         // Ends when the callback process (and its sender) goes.
-                        while let Ok((inv, path)) = rx.recv() {
-                            apply(&sh, &inv, &path);
+                        while let Ok(drops) = rx.recv() {
+                            tell_kernel(&sh, drops);
                         }
                     })?;
                 true

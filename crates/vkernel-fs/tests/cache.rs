@@ -81,7 +81,7 @@ fn served(tag: &str) -> Served {
 struct Mount {
     session: Option<fuser::BackgroundSession>,
     at: PathBuf,
-    _kernel: Kernel,
+    kernel: Kernel,
 }
 
 impl Mount {
@@ -98,12 +98,30 @@ impl Mount {
         Mount {
             session: Some(session),
             at,
-            _kernel: k,
+            kernel: k,
         }
     }
 
     fn p(&self, name: &str) -> PathBuf {
         self.at.join(name)
+    }
+
+    /// Exchanges this mount's host has had with other hosts so far.
+    fn exchanges(&self) -> u64 {
+        self.kernel.stats().remote_exchanges
+    }
+
+    /// [`Mount::exchanges`] once none was made for 100 ms (handles are
+    /// closed in batches a little after their release), waiting ≤ 5 s.
+    fn settled_exchanges(&self) -> u64 {
+        let t = Instant::now();
+        loop {
+            let n = self.exchanges();
+            std::thread::sleep(Duration::from_millis(100));
+            if self.exchanges() == n || t.elapsed() > Duration::from_secs(5) {
+                return n;
+            }
+        }
     }
 }
 
@@ -469,4 +487,89 @@ fn extended_attributes_as_on_a_local_disk() {
     rustix::fs::removexattr(&fa, "user.colour").unwrap();
     assert_eq!(get(&fb, "user.colour"), Err(rustix::io::Errno::NODATA));
     assert_eq!(get(&local, "user.colour"), Err(rustix::io::Errno::NODATA));
+}
+
+#[test]
+fn a_file_held_whole_opens_without_the_server_until_another_client_changes_it() {
+    if !fuse_ready() {
+        return;
+    }
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::FileExt;
+    let Served {
+        srv,
+        ks,
+        export: _,
+        work,
+    } = served("held");
+    let opts = FuseOptions {
+        cache_ttl: Duration::from_secs(10),
+        ..FuseOptions::default()
+    };
+    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &opts);
+    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &opts);
+    let body = |i: u8| vec![b'a' + i % 26; 5000];
+    std::fs::write(a.p("f"), body(0)).unwrap();
+    // B reads it once whole (its open brings it), then opens it again and
+    // again without an exchange.
+    assert_eq!(std::fs::read(b.p("f")).unwrap(), body(0));
+    let before = b.settled_exchanges();
+    for _ in 0..20 {
+        assert_eq!(std::fs::read(b.p("f")).unwrap(), body(0));
+    }
+    assert_eq!(
+        b.exchanges(),
+        before,
+        "opens of a held file asked the server"
+    );
+    // So does A, which wrote it from empty.
+    let before = a.settled_exchanges();
+    for _ in 0..20 {
+        assert_eq!(std::fs::read(a.p("f")).unwrap(), body(0));
+    }
+    assert_eq!(
+        a.exchanges(),
+        before,
+        "A asked the server for what it wrote"
+    );
+
+    // A rewrites it in place, same size: the very next open through B
+    // (no waiting) sees the new data, every time.
+    for i in 1..=20u8 {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.p("f"))
+            .unwrap();
+        f.write_all_at(&body(i), 0).unwrap();
+        drop(f);
+        assert_eq!(
+            std::fs::read(b.p("f")).unwrap(),
+            body(i),
+            "B read stale data right after A's write {i} returned"
+        );
+    }
+
+    // A file open from B's copy: still readable and fstat-able after its
+    // last name goes, and a change by A shows in it once told.
+    std::fs::write(a.p("g"), "held").unwrap();
+    assert_eq!(std::fs::read(b.p("g")).unwrap(), b"held");
+    let mut g = std::fs::File::open(b.p("g")).unwrap();
+    std::fs::remove_file(b.p("g")).unwrap();
+    assert_eq!(g.metadata().unwrap().len(), 4);
+    let mut s = String::new();
+    g.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "held");
+    std::fs::write(a.p("h"), "one").unwrap();
+    assert_eq!(std::fs::read(b.p("h")).unwrap(), b"one");
+    let mut h = std::fs::File::open(b.p("h")).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(a.p("h"))
+        .unwrap();
+    f.write_all(b" two").unwrap();
+    drop(f);
+    soon("an append through A, read through B's open file", || {
+        let mut s = String::new();
+        h.rewind().is_ok() && h.read_to_string(&mut s).is_ok() && s == "one two"
+    });
 }
