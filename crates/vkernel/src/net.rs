@@ -189,6 +189,9 @@ pub struct Net {
     /// Counters.
     pub counters: NetCounters,
     rcvbuf: usize,
+    /// Unique among the hosts this program ever ran (a socket's number
+    /// may be reused once it is closed; this is not).
+    serial: u64,
 }
 
 /// Per-peer sockets, each connected to one peer, that the engine's
@@ -330,6 +333,10 @@ impl Net {
             faults,
             counters: NetCounters::default(),
             rcvbuf,
+            serial: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         })
     }
 
@@ -409,6 +416,11 @@ impl Net {
     /// The socket, for registering it with an epoll set.
     pub fn socket(&self) -> &UdpSocket {
         &self.sock
+    }
+
+    /// This host's serial number (see the field).
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// The socket descriptor (for poll).

@@ -2,13 +2,20 @@
 //!
 //! Whoever runs the engine hands a completion to the waiter's slot and
 //! sets its `ready` flag; a spinning process sees the flag, and only one
-//! blocked in the kernel (`parked`) is also signalled through its eventfd.
-//! Each process blocks in its own epoll set on that eventfd and, while it
-//! is a socket reader, the host's socket, registered `EPOLLEXCLUSIVE` so a
-//! datagram wakes one blocked process rather than all of them.
+//! blocked in the kernel (`parked`) is also signalled through an eventfd.
+//!
+//! The descriptors belong to threads, not processes: a thread that blocks
+//! makes (once) an eventfd and an epoll set of its own, and a process
+//! about to block notes whose thread's eventfd wakes it. So a process
+//! holds no descriptor, and a host can have as many processes as memory
+//! allows. A thread blocks in its epoll set on its eventfd and, while its
+//! process is a socket reader, the host's socket, registered
+//! `EPOLLEXCLUSIVE` so a datagram wakes one blocked thread rather than all
+//! of them.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use vkernel_proto::engine::Completion;
@@ -22,12 +29,10 @@ pub(crate) struct Waiter {
     pub(crate) ready: AtomicBool,
     pub(crate) parked: AtomicBool,
     pub(crate) destroyed: AtomicBool,
-    /// The socket is in `epoll` (only the owning thread changes this).
-    pub(crate) sock_in_epoll: AtomicBool,
-    /// The descriptors a blocking wait uses: made at creation, or on the
-    /// first wait for a process that normally never blocks (an
-    /// [`crate::aio::AsyncProcess`], whose completions go to its sink).
-    fds: OnceLock<WaitFds>,
+    /// The descriptors of the thread that last blocked waiting for this
+    /// process (set before `parked`, so a waker that sees `parked` finds
+    /// them).
+    parked_on: Mutex<Option<Arc<WaitFds>>>,
     /// Where an armed operation's completion goes instead (an attached
     /// program's call slot): set once.
     sink: OnceLock<Arc<dyn Sink>>,
@@ -56,76 +61,87 @@ pub(crate) trait Sink: Send + Sync {
 }
 
 impl Waiter {
-    /// A waiter with its descriptors (`None`: out of descriptors).
-    pub(crate) fn new() -> Option<Waiter> {
-        let w = Waiter::without_fds();
-        let _ = w.fds.set(WaitFds::new()?);
-        Some(w)
-    }
-
-    /// A waiter that makes its descriptors only if it ever blocks: for a
-    /// process whose completions go to a sink, so that thousands of them
-    /// hold no descriptor each.
-    pub(crate) fn without_fds() -> Waiter {
+    /// A waiter (it holds no descriptor: see the module's notes).
+    pub(crate) fn new() -> Waiter {
         Waiter {
             slot: std::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
-            sock_in_epoll: AtomicBool::new(false),
-            fds: OnceLock::new(),
+            parked_on: Mutex::new(None),
             sink: OnceLock::new(),
             armed: AtomicBool::new(false),
             sink_wake: AtomicBool::new(false),
         }
     }
 
-    /// The descriptors for a blocking wait, made now if need be (`None`:
-    /// out of descriptors; the caller then waits by sleeping briefly).
-    pub(crate) fn fds(&self) -> Option<&WaitFds> {
-        if let Some(f) = self.fds.get() {
-            return Some(f);
-        }
-        let _ = self.fds.set(WaitFds::new()?);
-        self.fds.get()
+    /// The calling thread's descriptors, noted as the ones that wake
+    /// this process (call before setting `parked`). `None`: the thread
+    /// could not make them (out of descriptors); the caller then waits by
+    /// sleeping briefly.
+    pub(crate) fn park_here(&self) -> Option<Arc<WaitFds>> {
+        let fds = thread_fds()?;
+        *lock(&self.parked_on) = Some(fds.clone());
+        Some(fds)
     }
 
-    /// Blocks until the eventfd or (exclusively among the processes
-    /// blocked this way) the socket is readable, or `timeout` passes.
-    /// Returns (socket readable, eventfd readable).
+    /// The process is awake again: its thread's descriptors are no longer
+    /// its to hold (a waker that saw `parked` just before may still find
+    /// them and signal: a spurious wake-up of that thread, which looks
+    /// again). Keeps a process from holding a dead thread's descriptors.
+    pub(crate) fn unpark(&self) {
+        lock(&self.parked_on).take();
+    }
+
+    /// Blocks the calling thread until its eventfd or (exclusively among
+    /// the threads blocked this way) the socket `sock` of the host
+    /// `host_serial` is readable, or `timeout` passes. Returns (socket
+    /// readable, eventfd readable).
     ///
-    /// The socket joins this process's epoll set when it first blocks and
-    /// leaves it when the process next spins ([`Waiter::spinning`]): every
-    /// entry on a socket's wait queue costs a callback under a lock with
-    /// interrupts off for each datagram sent or received on it, so a
-    /// process busy-polling the socket must not have one, while one that
-    /// always blocks keeps its entry rather than pay two syscalls a wait.
-    /// (Readiness is checked when the socket is added, so a datagram that
-    /// arrived just before is not missed.)
+    /// The socket joins the thread's epoll set when it first blocks and
+    /// leaves it when the thread next spins ([`Waiter::spinning`]) or
+    /// blocks on another host's socket: every entry on a socket's wait
+    /// queue costs a callback under a lock with interrupts off for each
+    /// datagram sent or received on it, so a thread busy-polling the
+    /// socket must not have one, while one that always blocks keeps its
+    /// entry rather than pay two syscalls a wait. (Readiness is checked
+    /// when the socket is added, so a datagram that arrived just before is
+    /// not missed.)
     pub(crate) fn block_on_both(
-        &self,
+        fds: &WaitFds,
         sock: &std::net::UdpSocket,
+        host_serial: u64,
         timeout: Duration,
     ) -> (bool, bool) {
         use rustix::event::{epoll, Timespec};
-        let Some(fds) = self.fds() else {
-            std::thread::sleep(timeout.min(Duration::from_millis(1)));
-            return (false, false);
-        };
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
-        if !self.sock_in_epoll.load(Ordering::Relaxed)
-            && epoll::add(
-                &fds.epoll,
-                sock,
-                epoll::EventData::new_u64(1),
-                epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
-            )
-            .is_ok()
         {
-            self.sock_in_epoll.store(true, Ordering::Relaxed);
+            let want = (sock.as_raw_fd(), host_serial);
+            let mut cur = lock(&fds.sock);
+            if *cur != Some(want) {
+                // Another host's socket (or one since closed, whose
+                // number may now name this one): out first.
+                if let Some((fd, _)) = cur.take() {
+                    // SAFETY: only the number is used, to name the
+                    // registration to delete; a closed descriptor's is
+                    // already gone and the call then fails harmlessly.
+                    let old = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    let _ = epoll::delete(&fds.epoll, old);
+                }
+                if epoll::add(
+                    &fds.epoll,
+                    sock,
+                    epoll::EventData::new_u64(1),
+                    epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
+                )
+                .is_ok()
+                {
+                    *cur = Some(want);
+                }
+            }
         }
         let mut events = Vec::with_capacity(2);
         match epoll::wait(
@@ -147,13 +163,16 @@ impl Waiter {
         r
     }
 
-    /// The process is about to busy-poll the socket: take the socket out
-    /// of its epoll set (see [`Waiter::block_on_both`]).
-    pub(crate) fn spinning(&self, sock: &std::net::UdpSocket) {
-        if self.sock_in_epoll.swap(false, Ordering::Relaxed) {
-            if let Some(f) = self.fds.get() {
-                let _ = rustix::event::epoll::delete(&f.epoll, sock);
-            }
+    /// The calling thread is about to busy-poll the socket: take it out
+    /// of the thread's epoll set (see [`Waiter::block_on_both`]).
+    pub(crate) fn spinning(sock: &std::net::UdpSocket) {
+        let Some(f) = THREAD_FDS.with(|t| t.get().cloned()) else {
+            return;
+        };
+        let mut cur = lock(&f.sock);
+        if cur.is_some_and(|(fd, _)| fd == sock.as_raw_fd()) {
+            *cur = None;
+            let _ = rustix::event::epoll::delete(&f.epoll, sock);
         }
     }
 
@@ -197,8 +216,8 @@ impl Waiter {
             }
             return;
         }
-        // No descriptors: the process never blocked, so nothing waits.
-        if let Some(f) = self.fds.get() {
+        // None: the process never blocked, so nothing waits.
+        if let Some(f) = lock(&self.parked_on).as_ref() {
             f.efd.signal();
         }
     }
@@ -253,12 +272,38 @@ impl Waiter {
     }
 }
 
-/// The eventfd a blocked process waits on, and its epoll set.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+thread_local! {
+    /// This thread's wait descriptors, made when it first blocks.
+    static THREAD_FDS: OnceLock<Arc<WaitFds>> = const { OnceLock::new() };
+}
+
+/// The calling thread's wait descriptors (`None`: out of descriptors).
+fn thread_fds() -> Option<Arc<WaitFds>> {
+    THREAD_FDS.with(|t| {
+        if let Some(f) = t.get() {
+            return Some(f.clone());
+        }
+        let f = Arc::new(WaitFds::new()?);
+        Some(t.get_or_init(|| f).clone())
+    })
+}
+
+/// The eventfd a blocked thread waits on, and its epoll set.
 pub(crate) struct WaitFds {
     pub(crate) efd: EventFd,
-    /// The eventfd (data 0) and, while blocked, the host's socket
+    /// The eventfd (data 0) and, while blocked, a host's socket
     /// (data 1, exclusive).
     epoll: std::os::fd::OwnedFd,
+    /// That socket (descriptor, host serial), if it is in `epoll`; only
+    /// the owning thread changes it.
+    sock: Mutex<Option<(RawFd, u64)>>,
 }
 
 impl WaitFds {
@@ -273,6 +318,10 @@ impl WaitFds {
             epoll::EventFlags::IN,
         )
         .ok()?;
-        Some(WaitFds { efd, epoll: ep })
+        Some(WaitFds {
+            efd,
+            epoll: ep,
+            sock: Mutex::new(None),
+        })
     }
 }

@@ -88,12 +88,7 @@ const MAX_STATS: usize = 64 << 20;
 
 impl LocalProcess {
     pub(crate) fn new(shared: Arc<Shared>, pid: Pid) -> Result<LocalProcess, IpcError> {
-        let Some(waiter) = Waiter::new() else {
-            // Out of file descriptors: undo the creation.
-            let _ = shared.with_engine(|e, now| e.destroy_process(now, pid));
-            return Err(IpcError::OutOfDescriptors);
-        };
-        Ok(Self::with_waiter(shared, pid, waiter))
+        Ok(Self::with_waiter(shared, pid, Waiter::new()))
     }
 
     /// A process whose operations complete into `sink` (started with the
@@ -103,7 +98,7 @@ impl LocalProcess {
         pid: Pid,
         sink: Arc<dyn crate::waiter::Sink>,
     ) -> LocalProcess {
-        let waiter = Waiter::without_fds();
+        let waiter = Waiter::new();
         waiter.set_sink(sink);
         Self::with_waiter(shared, pid, waiter)
     }
@@ -234,7 +229,7 @@ impl LocalProcess {
         let mut next_poll = start + gap;
         // While spinning this thread reads the socket itself.
         if !spin.is_zero() {
-            w.spinning(sh.net.socket());
+            Waiter::spinning(sh.net.socket());
         }
         let mut spinning = !spin.is_zero();
         // Counted as a spinner only once the wait has lasted a while: the
@@ -309,9 +304,9 @@ impl LocalProcess {
                 counted = None;
             }
             *blocked = true;
-            // Made before parking, so a waker that sees `parked` has an
+            // Noted before parking, so a waker that sees `parked` has an
             // eventfd to signal.
-            let _ = w.fds();
+            let fds = w.park_here();
             w.parked.store(true, Ordering::SeqCst);
             if w.ready.load(Ordering::SeqCst) || w.destroyed.load(Ordering::SeqCst) {
                 w.parked.store(false, Ordering::SeqCst);
@@ -322,10 +317,14 @@ impl LocalProcess {
             // process never reads it (the kernel server).
             let reads = self.socket_reader.get() && sh.spinning() == 0;
             let mut sock_ready = false;
-            let ev = if reads {
+            let ev = if let (true, Some(f)) = (reads, &fds) {
                 let _r = Counted::enter(&sh.blocked_readers, 1);
-                let (s, e) =
-                    w.block_on_both(sh.net.socket(), sh.time_to_timer(Duration::from_millis(50)));
+                let (s, e) = Waiter::block_on_both(
+                    f,
+                    sh.net.socket(),
+                    sh.net.serial(),
+                    sh.time_to_timer(Duration::from_millis(50)),
+                );
                 sock_ready = s;
                 e
             } else {
@@ -341,7 +340,7 @@ impl LocalProcess {
                 } else {
                     Duration::from_millis(50)
                 };
-                match w.fds() {
+                match &fds {
                     Some(f) => poll2(f.efd.fd(), None, t).0,
                     None => {
                         std::thread::sleep(t.min(Duration::from_millis(1)));
@@ -350,8 +349,9 @@ impl LocalProcess {
                 }
             };
             w.parked.store(false, Ordering::SeqCst);
+            w.unpark();
             if ev {
-                if let Some(f) = w.fds() {
+                if let Some(f) = &fds {
                     f.efd.drain();
                 }
             }
