@@ -41,6 +41,7 @@ pub mod paper;
 mod peers;
 mod python;
 pub mod report;
+mod scale;
 pub mod section;
 pub mod stats;
 pub mod trace;

@@ -110,6 +110,8 @@ pub enum SectionReport {
     Async(crate::asyncrt::AsyncReport),
     /// 16.
     Metadata(crate::metadata::Metadata),
+    /// 17.
+    Processes(crate::scale::Processes),
 }
 
 /// Section 1.

@@ -17,7 +17,8 @@ use vkernel_proto::Pid;
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
 use crate::{
-    asyncrt, attach, disk, files, kernel_ops, loading, metadata, overhead, peers, python, Mode,
+    asyncrt, attach, disk, files, kernel_ops, loading, metadata, overhead, peers, python, scale,
+    Mode,
 };
 
 /// What [`run`] measures and where it writes.
@@ -120,11 +121,13 @@ pub enum Section {
     Async,
     /// 16: metadata workloads on a local directory, the V mount, sshfs.
     Metadata,
+    /// 17: many processes: creation, first Send, memory, pauses.
+    Processes,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 16] = [
+    pub const ALL: [Section; 17] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -141,6 +144,7 @@ impl Section {
         Section::Python,
         Section::Async,
         Section::Metadata,
+        Section::Processes,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -172,6 +176,7 @@ impl Section {
             Section::Python => "Python",
             Section::Async => "Async Rust",
             Section::Metadata => "File metadata",
+            Section::Processes => "Many processes",
         }
     }
 
@@ -206,6 +211,7 @@ impl Section {
             Section::Python => python::section(c)?,
             Section::Async => asyncrt::section(c)?,
             Section::Metadata => metadata::section(c)?,
+            Section::Processes => scale::section(c)?,
         })
     }
 }

@@ -267,6 +267,7 @@ fn demo_and_bench_run_and_report() {
         "13. One machine host",
         "14. Python",
         "16. File metadata",
+        "17. Many processes",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
@@ -297,6 +298,10 @@ fn demo_and_bench_run_and_report() {
     let w = s["section16"]["workloads"].as_array().expect("section 16");
     assert_eq!(w.len(), 6, "{s}");
     assert!(w.iter().all(|x| pos(&x["local_ms"])), "{s}");
+    // Section 17 grew the table to 10,000 processes, measuring each size.
+    let r = s["section17"]["rows"].as_array().expect("section 17");
+    assert_eq!(r.last().map(|x| x["processes"].as_u64()), Some(Some(10_000)), "{s}");
+    assert!(r.iter().all(|x| pos(&x["first_send"]["median_us"])), "{s}");
     let rows = s["section2"]["rows"].as_array().unwrap();
     let srr = rows
         .iter()

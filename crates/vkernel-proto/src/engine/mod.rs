@@ -190,7 +190,13 @@ pub struct Engine {
     cfg: Config,
     host: HostState,
     rng: SmallRng,
-    procs: IdMap<u16, Proc>,
+    /// Boxed, so growing the table moves pointers, not processes (a
+    /// pause of milliseconds at tens of thousands of processes).
+    procs: IdMap<u16, Box<Proc>>,
+    /// Local ids of the processes blocked in a Send (a superset: entries
+    /// whose Send ended are dropped when next looked at). Timers and
+    /// destruction look only at these, so idle processes cost nothing.
+    sending: std::collections::BTreeSet<u16>,
     next_local: u16,
     next_seq: u32,
     aliens: Aliens,
@@ -248,6 +254,7 @@ impl Engine {
             host,
             rng,
             procs: new_map(hs),
+            sending: std::collections::BTreeSet::new(),
             rtt: new_map(hs),
             names: naming::Names::new(hs),
             groups: group::Groups::new(hs),
@@ -391,7 +398,7 @@ impl Engine {
         if !self.is_local(pid) {
             return None;
         }
-        self.procs.get(&pid.local())
+        self.procs.get(&pid.local()).map(|p| &**p)
     }
 
     #[inline]
@@ -399,12 +406,13 @@ impl Engine {
         if !self.is_local(pid) {
             return None;
         }
-        self.procs.get_mut(&pid.local())
+        self.procs.get_mut(&pid.local()).map(|p| &mut **p)
     }
 
     #[inline]
     fn complete(&mut self, pid: Pid, c: Completion) {
         let own = self.caller == Some(pid);
+        self.sending.remove(&pid.local());
         let Some(p) = self.proc_mut(pid) else { return };
         p.set_state(PState::Ready);
         if own {
@@ -495,8 +503,13 @@ impl Engine {
         let mut dead = Vec::new();
         let mut late = Vec::new();
         let host = self.host_id();
-        for (&l, p) in &self.procs {
+        let mut ended = Vec::new();
+        for &l in &self.sending {
             let Some(h) = host else { break };
+            let Some(p) = self.procs.get(&l) else {
+                ended.push(l);
+                continue;
+            };
             if let PState::Sending(o) = &p.state {
                 if let Some(d) = o.deadline {
                     if now >= d {
@@ -514,7 +527,12 @@ impl Engine {
                         next = next.min(r.next).min(r.deadline);
                     }
                 }
+            } else {
+                ended.push(l);
             }
+        }
+        for l in ended {
+            self.sending.remove(&l);
         }
         for (pid, dst) in dead {
             self.stats.timeouts += 1;

@@ -92,7 +92,7 @@ impl Engine {
             if l <= KERNEL_SERVER_LOCAL_ID || self.procs.contains_key(&l) {
                 continue;
             }
-            self.procs.insert(l, Proc::new());
+            self.procs.insert(l, Box::new(Proc::new()));
             return Ok(Pid::new(host, l));
         }
         Err(IpcError::TableFull)
@@ -104,7 +104,8 @@ impl Engine {
         if self.procs.contains_key(&KERNEL_SERVER_LOCAL_ID) {
             return Err(IpcError::Busy(Pid::new(host, KERNEL_SERVER_LOCAL_ID)));
         }
-        self.procs.insert(KERNEL_SERVER_LOCAL_ID, Proc::new());
+        self.procs
+            .insert(KERNEL_SERVER_LOCAL_ID, Box::new(Proc::new()));
         let pid = Pid::new(host, KERNEL_SERVER_LOCAL_ID);
         self.join_group(KERNEL_SERVER_GROUP, pid, pid)?;
         Ok(pid)
@@ -161,9 +162,10 @@ impl Engine {
         if !self.process_exists(pid) {
             return Err(IpcError::NoSuchProcess(pid));
         }
-        let Some(p) = self.procs.remove(&pid.local()) else {
+        let Some(p) = self.procs.remove(&pid.local()).map(|b| *b) else {
             return Err(IpcError::NoSuchProcess(pid));
         };
+        self.sending.remove(&pid.local());
         if self.caller == Some(pid) {
             self.own = None;
         }
@@ -177,11 +179,11 @@ impl Engine {
         }
         // Local senders awaiting reply from it (already received).
         let waiting: Vec<Pid> = self
-            .procs
+            .sending
             .iter()
-            .filter_map(|(&l, q)| match &q.state {
+            .filter_map(|l| match &self.procs.get(l)?.state {
                 PState::Sending(o) if o.dst == pid && o.remote.is_none() => {
-                    Some(Pid::new(pid.host(), l))
+                    Some(Pid::new(pid.host(), *l))
                 }
                 _ => None,
             })
@@ -244,6 +246,7 @@ impl Engine {
             let b = p.boxed(out);
             p.set_state(PState::Sending(b));
             p.completion = None;
+            self.sending.insert(pid.local());
         }
     }
 
@@ -252,6 +255,7 @@ impl Engine {
         if let Some(p) = self.proc_mut(pid) {
             p.set_state(st);
             p.completion = None;
+            self.sending.remove(&pid.local());
         }
     }
 
@@ -280,6 +284,7 @@ impl Engine {
         if self.caller == Some(pid) {
             self.own = None;
         }
+        self.sending.remove(&pid.local());
         if let Some(p) = self.proc_mut(pid) {
             let old = p.set_state(PState::Ready);
             p.completion = None;
