@@ -300,7 +300,11 @@ fn demo_and_bench_run_and_report() {
     assert!(w.iter().all(|x| pos(&x["local_ms"])), "{s}");
     // Section 17 grew the table to 10,000 processes, measuring each size.
     let r = s["section17"]["rows"].as_array().expect("section 17");
-    assert_eq!(r.last().map(|x| x["processes"].as_u64()), Some(Some(10_000)), "{s}");
+    assert_eq!(
+        r.last().map(|x| x["processes"].as_u64()),
+        Some(Some(10_000)),
+        "{s}"
+    );
     assert!(r.iter().all(|x| pos(&x["first_send"]["median_us"])), "{s}");
     let rows = s["section2"]["rows"].as_array().unwrap();
     let srr = rows
