@@ -145,7 +145,7 @@ impl Engine {
         } else {
             self.emit_send(dst, bytes);
         }
-        let rto = self.rto_for(dst.host());
+        let rto = self.rto_for(now, dst.host());
         let host_timeout = self.cfg.host_timeout;
         let max_rto = self.max_rto();
         let Some(o) = self.outgoing_mut(src) else {
@@ -165,6 +165,7 @@ impl Engine {
                     rto,
                     deadline: now + host_timeout,
                     retransmitted: false,
+                    pending_seen: false,
                 });
                 now + rto
             }

@@ -423,8 +423,9 @@ impl Engine {
         }
     }
 
-    fn rto_for(&self, host: HostId) -> Micros {
-        self.rtt.get(&host).copied().unwrap_or_default().rto(
+    fn rto_for(&self, now: Micros, host: HostId) -> Micros {
+        self.rtt.get(&host).copied().unwrap_or_default().rto_at(
+            now,
             self.cfg.initial_rto,
             self.cfg.min_rto,
             self.max_rto(),

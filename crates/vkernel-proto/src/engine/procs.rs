@@ -12,6 +12,10 @@ pub(super) struct Retx {
     pub(super) rto: Micros,
     pub(super) deadline: Micros,
     pub(super) retransmitted: bool,
+    /// The server's host answered a copy with replyPending: it had the
+    /// request, so the time from the first copy to the reply is a true
+    /// sample even though copies were sent (Karn's ambiguity resolved).
+    pub(super) pending_seen: bool,
 }
 
 /// A Send in progress, kept in the sender's descriptor.

@@ -348,14 +348,18 @@ impl Engine {
         let sample = o
             .remote
             .as_ref()
-            .filter(|r| !r.retransmitted)
-            .map(|r| now.saturating_sub(r.sent_at));
+            .filter(|r| !r.retransmitted || r.pending_seen)
+            .map(|r| (now.saturating_sub(r.sent_at), r.pending_seen));
         let whole = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
-        if let Some(s) = sample {
-            self.rtt.entry(h.src.host()).or_default().sample(s);
+        if let Some((s, held)) = sample {
+            let rtt = self.rtt.entry(h.src.host()).or_default();
+            rtt.sample(s);
+            if held {
+                rtt.busy(now, s);
+            }
         }
         self.stats.remote_exchanges += 1;
         if let (Some(l), true) = (whole, self.cfg.metrics) {
@@ -428,9 +432,20 @@ impl Engine {
     pub(super) fn on_reply_pending(&mut self, now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
-        let rto = self.rto_for(h.src.host());
+        let host = h.src.host();
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
+            // It has held the request this long at least: later Sends to
+            // it wait that long before a copy.
+            let held = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
+            if let Some(held) = held {
+                self.rtt.entry(host).or_default().busy(now, held);
+            }
+            let rto = self.rto_for(now, host);
+            let Some(o) = self.remote_waiter(h.dst, h.seq) else {
+                return;
+            };
             if let Some(r) = o.remote.as_mut() {
+                r.pending_seen = true;
                 r.deadline = now + host_timeout;
                 r.rto = rto.max(r.rto);
                 r.next = now + r.rto;

@@ -145,3 +145,67 @@ fn send_deadline_bounds_a_local_send() {
     n.advance(2_000_000);
     assert_eq!(n.e[0].stats().deadlines, 1);
 }
+
+/// One exchange from `c` (host 2) to `s` (host 1) whose server holds the
+/// request `hold` µs before replying; returns the client's retransmissions.
+fn held_exchange(n: &mut Net, c: Pid, s: Pid, hold: Micros) -> u64 {
+    let before = n.e[1].stats().retransmits;
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.advance(hold);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    n.e[1].stats().retransmits - before
+}
+
+#[test]
+fn a_busy_server_stops_drawing_needless_copies() {
+    // A server host that holds each request 10 ms (a queue behind other
+    // clients) on a clean network: the first exchange draws copies, which
+    // it answers with replyPending; from then on the client's timeout
+    // stays above the time the host holds requests, and no copy is sent.
+    let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    for _ in 0..20 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    let first = held_exchange(&mut n, c, s, 10_000);
+    assert!(first >= 1, "the fast exchanges taught a short timeout");
+    let later: u64 = (0..30).map(|_| held_exchange(&mut n, c, s, 10_000)).sum();
+    assert_eq!(later, 0, "copies sent to a host known to hold requests");
+    // The floor fades: long after, a held request draws copies again
+    // (a host that stopped being busy is not waited on forever).
+    n.advance(20 * crate::rtt::BUSY_HALF_LIFE);
+    for _ in 0..20 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    assert!(held_exchange(&mut n, c, s, 10_000) >= 1);
+}
+
+#[test]
+fn quick_answers_between_held_ones_do_not_bring_the_copies_back() {
+    // A host that answers most requests at once but holds one in six for
+    // 10 ms: the quick answers pull the smoothed round trip down, but the
+    // timeout stays above what the host was seen to hold.
+    let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let mut copies = Vec::new();
+    for _ in 0..10 {
+        for _ in 0..5 {
+            held_exchange(&mut n, c, s, 0);
+        }
+        copies.push(held_exchange(&mut n, c, s, 10_000));
+    }
+    assert!(copies[0] >= 1, "{copies:?}");
+    assert_eq!(copies[1..].iter().sum::<u64>(), 0, "{copies:?}");
+}
