@@ -166,6 +166,7 @@ impl Engine {
                     deadline: now + host_timeout,
                     retransmitted: false,
                     pending_seen: false,
+                    answered_at: 0,
                 });
                 now + rto
             }

@@ -304,6 +304,7 @@ impl Engine {
         }
         let h = pkt.header;
         let Some(o) = self.remote_waiter(h.dst, h.seq) else {
+            self.needless_copies(now, h.dst, h.seq, h.src.host());
             self.stats.drop(DropReason::NoMatch);
             return;
         };
@@ -351,6 +352,11 @@ impl Engine {
             .filter(|r| !r.retransmitted || r.pending_seen)
             .map(|r| (now.saturating_sub(r.sent_at), r.pending_seen));
         let whole = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
+        if sample.is_none() {
+            if let Some(r) = o.remote.as_mut() {
+                r.answered_at = now;
+            }
+        }
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
@@ -457,6 +463,26 @@ impl Engine {
         if self.bulk_pending(now, &h) {
             return;
         }
+        self.needless_copies(now, h.dst, h.seq, h.src.host());
         self.stats.drop(DropReason::NoMatch);
+    }
+
+    /// A replyPending or a second reply for `pid`'s last exchange (`seq`),
+    /// which ended after sending copies: the server had the first copy, so
+    /// the copies were needless (as in Eifel, RFC 3522). The host held the
+    /// request as long as the exchange took: a sample, and the busy floor.
+    fn needless_copies(&mut self, now: Micros, pid: Pid, seq: u32, host: HostId) {
+        let Some(p) = self.proc_mut(pid) else { return };
+        let Some(o) = p.spare.as_mut().filter(|o| o.seq == seq) else {
+            return;
+        };
+        let Some(r) = o.remote.as_mut().filter(|r| r.answered_at != 0) else {
+            return;
+        };
+        let took = r.answered_at.saturating_sub(r.sent_at);
+        r.answered_at = 0;
+        let rtt = self.rtt.entry(host).or_default();
+        rtt.sample(took);
+        rtt.busy(now, took);
     }
 }

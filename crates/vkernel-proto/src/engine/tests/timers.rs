@@ -209,3 +209,40 @@ fn quick_answers_between_held_ones_do_not_bring_the_copies_back() {
     assert!(copies[0] >= 1, "{copies:?}");
     assert_eq!(copies[1..].iter().sum::<u64>(), 0, "{copies:?}");
 }
+
+#[test]
+fn a_copy_found_needless_after_the_reply_still_teaches_the_timeout() {
+    // The server's host reads the first copy but is slow to answer it
+    // (its threads preempted, say); the client's copy is held back in the
+    // network until after the reply. The reply completes a retransmitted
+    // exchange (no sample, by Karn's rule); the server's answer to the
+    // late copy shows the copy was needless, and later exchanges held as
+    // long draw no copies.
+    let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    for _ in 0..20 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    let held = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let h = held.clone();
+    n.filter = Some(Box::new(move |from, _to, data: &[u8]| {
+        let copy = decode(data).is_ok_and(|p| {
+            p.header.ptype == PacketType::RemoteSend && p.header.flags & wire::F_RETRANSMIT != 0
+        });
+        if copy && from == 1 {
+            h.borrow_mut().push(data.to_vec());
+        }
+        !(copy && from == 1)
+    }));
+    let first = held_exchange(&mut n, c, s, 10_000);
+    assert!(first >= 1);
+    n.filter = None;
+    for d in held.take() {
+        n.inject(0, 1, &d);
+        n.run();
+    }
+    let later: u64 = (0..10).map(|_| held_exchange(&mut n, c, s, 10_000)).sum();
+    assert_eq!(later, 0, "needless copies did not teach the timeout");
+}
