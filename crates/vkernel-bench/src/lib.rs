@@ -27,6 +27,7 @@ mod asyncrt;
 mod attach;
 pub mod baseline;
 pub mod chart;
+mod clients;
 pub mod demo;
 mod disk;
 pub mod echo;

@@ -112,6 +112,8 @@ pub enum SectionReport {
     Metadata(crate::metadata::Metadata),
     /// 17.
     Processes(crate::scale::Processes),
+    /// 18.
+    Clients(crate::clients::Clients),
 }
 
 /// Section 1.

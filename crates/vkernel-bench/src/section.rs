@@ -17,8 +17,8 @@ use vkernel_proto::Pid;
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
 use crate::{
-    asyncrt, attach, disk, files, kernel_ops, loading, metadata, overhead, peers, python, scale,
-    Mode,
+    asyncrt, attach, clients, disk, files, kernel_ops, loading, metadata, overhead, peers, python,
+    scale, Mode,
 };
 
 /// What [`run`] measures and where it writes.
@@ -123,11 +123,13 @@ pub enum Section {
     Metadata,
     /// 17: many processes: creation, first Send, memory, pauses.
     Processes,
+    /// 18: one server, many clients, beside raw UDP.
+    Clients,
 }
 
 impl Section {
     /// Every section, in order.
-    pub const ALL: [Section; 17] = [
+    pub const ALL: [Section; 18] = [
         Section::Penalty,
         Section::KernelOps,
         Section::Pages,
@@ -145,6 +147,7 @@ impl Section {
         Section::Async,
         Section::Metadata,
         Section::Processes,
+        Section::Clients,
     ];
 
     /// The section's number (1-based, as on the command line).
@@ -177,6 +180,7 @@ impl Section {
             Section::Async => "Async Rust",
             Section::Metadata => "File metadata",
             Section::Processes => "Many processes",
+            Section::Clients => "Many clients",
         }
     }
 
@@ -212,6 +216,7 @@ impl Section {
             Section::Async => asyncrt::section(c)?,
             Section::Metadata => metadata::section(c)?,
             Section::Processes => scale::section(c)?,
+            Section::Clients => clients::section(c)?,
         })
     }
 }

@@ -15,11 +15,12 @@ pub struct BenchArgs {
     /// 15 async Rust beside the blocking API, 16 file metadata workloads:
     /// git, tar, stat, sqlite, rm on a local directory, the V mount and
     /// sshfs, 17 many processes: creation, first Send, memory, 10 to
-    /// 100,000 processes).
+    /// 100,000 processes, 18 many clients: one server, k = 1 … 256
+    /// clients, beside a raw UDP echo server).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"
+        default_value = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"
     )]
     pub sections: Vec<u8>,
     /// Small counts and sizes: finishes in well under a minute.

@@ -1,0 +1,248 @@
+//! Section 18: one server, many clients. k client threads (k = 1 … 256)
+//! each Send a 32-byte message to one echo server process on another
+//! logical host, as fast as they can, beside a raw UDP echo server with
+//! the same clients and the same waiting, same run; busy-polling and
+//! blocking. Exchanges per second, latency median and p99, and the
+//! clients' retransmissions (a clean loopback should see none).
+
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vkernel::{FaultConfig, Message};
+use vkernel_peers::Wait;
+
+use crate::report::{Goal, SectionReport};
+use crate::section::{Ctx, Outcome, Section};
+use crate::stats::Summary;
+use crate::{vkbench, Mode};
+
+/// One (waiting, k) configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// "spin" or "block".
+    pub wait: String,
+    /// Client threads.
+    pub clients: usize,
+    /// vkernel exchanges per second, all clients together.
+    pub vk_per_s: f64,
+    /// Raw UDP echo exchanges per second, same clients.
+    pub raw_per_s: f64,
+    /// vkernel exchange latency.
+    pub vk: Summary,
+    /// Raw UDP exchange latency.
+    pub raw: Summary,
+    /// Retransmissions by the clients' host during the vkernel run.
+    pub retransmits: u64,
+}
+
+/// Section 18's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Clients {
+    /// Seconds each configuration ran, per system.
+    pub seconds: f64,
+    /// The rows, block first.
+    pub rows: Vec<Row>,
+}
+
+/// Runs `k` threads of `one` (which does one exchange and returns its
+/// latency, or an error) until `dur` passes; all latencies.
+fn drive<F>(
+    k: usize,
+    dur: Duration,
+    make: impl Fn() -> Result<F, String>,
+) -> Result<Vec<Duration>, String>
+where
+    F: FnMut() -> Result<Duration, String> + Send,
+{
+    let clients: Vec<F> = (0..k).map(|_| make()).collect::<Result<_, _>>()?;
+    let deadline = Instant::now() + dur;
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = clients
+            .into_iter()
+            .map(|mut one| {
+                sc.spawn(move || -> Result<Vec<Duration>, String> {
+                    let mut v = Vec::new();
+                    while Instant::now() < deadline {
+                        v.push(one()?);
+                    }
+                    Ok(v)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in hs {
+            all.extend(
+                h.join()
+                    .map_err(|_| "client thread panicked".to_string())??,
+            );
+        }
+        Ok(all)
+    })
+}
+
+/// A raw UDP echo server thread (32-byte datagrams) waiting as `wait`
+/// says; stops when `stop` is set (checked between datagrams, and every
+/// 10 ms when blocking).
+fn raw_server(
+    wait: Wait,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<()>), String> {
+    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let a = s.local_addr().map_err(|e| e.to_string())?;
+    match wait {
+        Wait::Spin => s.set_nonblocking(true),
+        Wait::Block => s.set_read_timeout(Some(Duration::from_millis(10))),
+    }
+    .map_err(|e| e.to_string())?;
+    let h = std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((n, from)) = s.recv_from(&mut b) {
+                let _ = s.send_to(&b[..n], from);
+            } else if wait == Wait::Spin {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    Ok((a, h))
+}
+
+/// One raw UDP client: a connected socket; each call one exchange.
+fn raw_client(
+    server: std::net::SocketAddr,
+    wait: Wait,
+) -> Result<impl FnMut() -> Result<Duration, String> + Send, String> {
+    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    s.connect(server).map_err(|e| e.to_string())?;
+    match wait {
+        Wait::Spin => s.set_nonblocking(true),
+        // A lost datagram is resent after this long (none are, here).
+        Wait::Block => s.set_read_timeout(Some(Duration::from_millis(200))),
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(move || {
+        let m = [7u8; 32];
+        let mut b = [0u8; 64];
+        let t = Instant::now();
+        s.send(&m).map_err(|e| e.to_string())?;
+        let give_up = t + Duration::from_secs(1);
+        loop {
+            match s.recv(&mut b) {
+                Ok(_) => return Ok(t.elapsed()),
+                Err(_) if Instant::now() > give_up => {
+                    return Err("raw UDP echo: no answer within 1 s".into())
+                }
+                Err(_) if wait == Wait::Spin => std::hint::spin_loop(),
+                Err(_) => {
+                    s.send(&m).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    })
+}
+
+pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
+    Section::Clients
+        .heading("(one echo server, k client threads; vkernel beside raw UDP, same run)");
+    let ks: &[usize] = if c.quick {
+        &[1, 8, 64]
+    } else {
+        &[1, 4, 16, 64, 256]
+    };
+    let dur = if c.quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_millis(700)
+    };
+    println!(
+        "  threads unpinned; each client thread its own vkernel process (or UDP socket) on one \
+         host, the server one process (or socket) on another; {} ms per configuration and system",
+        dur.as_millis()
+    );
+    println!(
+        "  {:<6} {:>4} {:>11} {:>11} {:>7} {:>16} {:>16} {:>7}",
+        "wait", "k", "vk exch/s", "raw exch/s", "vk/raw", "vk med/p99 µs", "raw med/p99 µs", "retx"
+    );
+    let mut rows = Vec::new();
+    let mut goals = Vec::new();
+    for mode in [Mode::BLOCK, Mode::SPIN] {
+        let name = if mode.spins() { "spin" } else { "block" };
+        let (ka, kb) = vkbench::host_pair(mode, FaultConfig::default())?;
+        let (server, sh) = vkbench::start_server(&ka, mode)?;
+        for &k in ks {
+            let retx0 = kb.stats().retransmits;
+            let mut vs = drive(k, dur, || {
+                let p = kb.create_process().map_err(|e| e.to_string())?;
+                Ok(move || {
+                    let mut m = Message::with_code(1);
+                    let t = Instant::now();
+                    p.send(&mut m, server).map_err(|e| e.to_string())?;
+                    Ok(t.elapsed())
+                })
+            })?;
+            let retransmits = kb.stats().retransmits - retx0;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (raddr, rh) = raw_server(mode.wait, stop.clone())?;
+            let rs = drive(k, dur, || raw_client(raddr, mode.wait));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = rh.join();
+            let mut rs = rs?;
+            let secs = dur.as_secs_f64();
+            let row = Row {
+                wait: name.into(),
+                clients: k,
+                vk_per_s: vs.len() as f64 / secs,
+                raw_per_s: rs.len() as f64 / secs,
+                vk: Summary::of(&mut vs),
+                raw: Summary::of(&mut rs),
+                retransmits,
+            };
+            let ratio = row.vk_per_s / row.raw_per_s.max(1e-9);
+            println!(
+                "  {:<6} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7}",
+                name,
+                k,
+                row.vk_per_s,
+                row.raw_per_s,
+                ratio,
+                row.vk.median_us,
+                row.vk.p99_us,
+                row.raw.median_us,
+                row.raw.p99_us,
+                row.retransmits
+            );
+            goals.push(Goal::at_least(
+                &format!("{name}, k = {k}: vkernel / raw UDP exchanges per second"),
+                ratio,
+                0.9,
+                "×",
+            ));
+            if k <= 64 {
+                goals.push(Goal::at_most(
+                    &format!("{name}, k = {k}: retransmissions on a clean loopback"),
+                    row.retransmits as f64,
+                    0.0,
+                    "",
+                ));
+            }
+            goals.push(Goal::at_most(
+                &format!("{name}, k = {k}: vkernel p99 / median"),
+                row.vk.p99_us / row.vk.median_us.max(1e-3),
+                10.0,
+                "×",
+            ));
+            rows.push(row);
+        }
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
+        vkbench::stop_server(&probe, server, sh);
+    }
+    Ok(Outcome {
+        report: SectionReport::Clients(Clients {
+            seconds: dur.as_secs_f64(),
+            rows,
+        }),
+        goals,
+        charts: Vec::new(),
+    })
+}
