@@ -4,7 +4,7 @@ use super::*;
 
 /// Serves every member that has a message: records (sender, tag) and
 /// replies with the tag and its pid, then receives again.
-fn serve_members(
+pub(super) fn serve_members(
     n: &mut Net,
     members: &[(usize, Pid)],
     seen: &mut std::collections::HashMap<Pid, BTreeSet<u32>>,

@@ -11,6 +11,7 @@ mod exchange;
 mod groups;
 mod naming;
 mod robustness;
+mod scale;
 mod timers;
 
 use std::collections::BTreeSet;
