@@ -21,13 +21,16 @@ fn hosts() -> usize {
         .unwrap_or(1000)
 }
 
+/// A datagram in flight: (arrival, order, to, from, bytes).
+type Flight = (Micros, u64, usize, usize, Vec<u8>);
+
 /// The simulated LAN and its hosts.
 struct Lan {
     e: Vec<Engine>,
     n: usize,
     now: Micros,
     /// (arrival, order, to, from, datagram).
-    flights: BinaryHeap<Reverse<(Micros, u64, usize, usize, Vec<u8>)>>,
+    flights: BinaryHeap<Reverse<Flight>>,
     /// (due, engine): an engine's timer, pushed whenever it may change.
     timers: BinaryHeap<Reverse<(Micros, usize)>>,
     order: u64,
