@@ -133,6 +133,27 @@ impl Drop for Mount {
     }
 }
 
+/// Two mounts of one served export, each caching 10 s (fields drop in
+/// order: the mounts, then the server and the directory).
+struct Two {
+    a: Mount,
+    b: Mount,
+    s: Served,
+}
+
+fn two_mounts(tag: &str) -> Two {
+    let s = served(tag);
+    let opts = FuseOptions {
+        cache_ttl: Duration::from_secs(10),
+        ..FuseOptions::default()
+    };
+    Two {
+        a: Mount::new(&s.ks, s.srv.pid(), s.work.0.join("a"), &opts),
+        b: Mount::new(&s.ks, s.srv.pid(), s.work.0.join("b"), &opts),
+        s,
+    }
+}
+
 /// Waits (at most 2 s, far below the 10 s cache lifetime) for `f`.
 fn soon(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
@@ -150,18 +171,8 @@ fn a_change_through_one_mount_shows_through_the_other_at_once() {
     if !fuse_ready() {
         return;
     }
-    let Served {
-        srv,
-        ks,
-        export: _,
-        work,
-    } = served("two");
-    let opts = FuseOptions {
-        cache_ttl: Duration::from_secs(10),
-        ..FuseOptions::default()
-    };
-    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &opts);
-    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &opts);
+    let t = two_mounts("two");
+    let (a, b, srv) = (&t.a, &t.b, &t.s.srv);
     assert_eq!(srv.watch_stats().watchers, 2, "both mounts watch");
 
     // B learns that the name is absent (and may cache that for 10 s).
@@ -496,18 +507,8 @@ fn a_file_held_whole_opens_without_the_server_until_another_client_changes_it() 
     }
     use std::io::{Read, Seek, Write};
     use std::os::unix::fs::FileExt;
-    let Served {
-        srv,
-        ks,
-        export: _,
-        work,
-    } = served("held");
-    let opts = FuseOptions {
-        cache_ttl: Duration::from_secs(10),
-        ..FuseOptions::default()
-    };
-    let a = Mount::new(&ks, srv.pid(), work.0.join("a"), &opts);
-    let b = Mount::new(&ks, srv.pid(), work.0.join("b"), &opts);
+    let t = two_mounts("held");
+    let (a, b) = (&t.a, &t.b);
     let body = |i: u8| vec![b'a' + i % 26; 5000];
     std::fs::write(a.p("f"), body(0)).unwrap();
     // B reads it once whole (its open brings it), then opens it again and

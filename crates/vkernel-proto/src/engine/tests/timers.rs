@@ -164,12 +164,10 @@ fn held_exchange(n: &mut Net, c: Pid, s: Pid, hold: Micros) -> u64 {
     n.e[1].stats().retransmits - before
 }
 
-#[test]
-fn a_busy_server_stops_drawing_needless_copies() {
-    // A server host that holds each request 10 ms (a queue behind other
-    // clients) on a clean network: the first exchange draws copies, which
-    // it answers with replyPending; from then on the client's timeout
-    // stays above the time the host holds requests, and no copy is sent.
+/// Two hosts (host timeout 10 s), a server `s` on host 1 and a client
+/// `c` on host 2 that made 20 quick exchanges: its timeout is the
+/// minimum. Returns (net, client, server).
+fn taught_a_short_timeout() -> (Net, Pid, Pid) {
     let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
     n.introduce();
     let s = n.e[0].create_process().unwrap();
@@ -177,6 +175,16 @@ fn a_busy_server_stops_drawing_needless_copies() {
     for _ in 0..20 {
         held_exchange(&mut n, c, s, 0);
     }
+    (n, c, s)
+}
+
+#[test]
+fn a_busy_server_stops_drawing_needless_copies() {
+    // A server host that holds each request 10 ms (a queue behind other
+    // clients) on a clean network: the first exchange draws copies, which
+    // it answers with replyPending; from then on the client's timeout
+    // stays above the time the host holds requests, and no copy is sent.
+    let (mut n, c, s) = taught_a_short_timeout();
     let first = held_exchange(&mut n, c, s, 10_000);
     assert!(first >= 1, "the fast exchanges taught a short timeout");
     let later: u64 = (0..30).map(|_| held_exchange(&mut n, c, s, 10_000)).sum();
@@ -195,10 +203,7 @@ fn quick_answers_between_held_ones_do_not_bring_the_copies_back() {
     // A host that answers most requests at once but holds one in six for
     // 10 ms: the quick answers pull the smoothed round trip down, but the
     // timeout stays above what the host was seen to hold.
-    let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
-    n.introduce();
-    let s = n.e[0].create_process().unwrap();
-    let c = n.e[1].create_process().unwrap();
+    let (mut n, c, s) = taught_a_short_timeout();
     let mut copies = Vec::new();
     for _ in 0..10 {
         for _ in 0..5 {
@@ -218,13 +223,7 @@ fn a_copy_found_needless_after_the_reply_still_teaches_the_timeout() {
     // exchange (no sample, by Karn's rule); the server's answer to the
     // late copy shows the copy was needless, and later exchanges held as
     // long draw no copies.
-    let mut n = Net::with(2, |_, c| c.host_timeout = 10_000_000);
-    n.introduce();
-    let s = n.e[0].create_process().unwrap();
-    let c = n.e[1].create_process().unwrap();
-    for _ in 0..20 {
-        held_exchange(&mut n, c, s, 0);
-    }
+    let (mut n, c, s) = taught_a_short_timeout();
     let held = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let h = held.clone();
     n.filter = Some(Box::new(move |from, _to, data: &[u8]| {
