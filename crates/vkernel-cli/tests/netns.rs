@@ -340,7 +340,7 @@ fn duplicate_fixed_host_id_is_refused() {
     assert!(!out.contains("host 004d "), "{out}");
 }
 
-/// Three namespaces (192.0.2.1..3) on a bridge that lives in a fourth, so
+/// Namespaces (192.0.2.1, .2, …) on a bridge that lives in one more, so
 /// that IP multicast really travels between hosts.
 struct Bridged {
     hosts: Vec<String>,
@@ -348,12 +348,17 @@ struct Bridged {
 }
 
 impl Bridged {
+    /// Three hosts.
     fn create(tag: &str) -> Option<Bridged> {
+        Self::with_hosts(tag, 3)
+    }
+
+    fn with_hosts(tag: &str, n: usize) -> Option<Bridged> {
         // Reuse the Pair checks (root, iproute2) without keeping the pair.
         Pair::create(&format!("{tag}p"))?;
         let id = std::process::id() % 100_000;
         let b = Bridged {
-            hosts: (1..=3).map(|i| format!("vk{tag}{i}n{id}")).collect(),
+            hosts: (1..=n).map(|i| format!("vk{tag}{i}n{id}")).collect(),
             br: format!("vk{tag}br{id}"),
         };
         let mut ok = ip(&["netns", "add", &b.br])
@@ -485,6 +490,80 @@ fn group_queries_travel_by_ip_multicast_between_namespaces() {
     let out = run(&[&base[..], &["--mode", "many", "--wait", "700ms"]].concat());
     assert!(out.contains("2 server(s) answered"), "{out}");
     assert!(!out.contains("on host 0001"), "{out}");
+}
+
+/// Thirty-two hosts on one bridge: 31 echo servers in a group found by
+/// one multicast query, every kernel server answering the host query
+/// (host selection), and a host that fails drops out of the answers.
+#[test]
+fn thirty_two_hosts_on_a_bridge_answer_group_queries() {
+    const N: usize = 32;
+    let Some(n) = Bridged::with_hosts("t", N) else {
+        return;
+    };
+    let mut servers = Vec::new();
+    for i in 0..N - 1 {
+        let addr = format!("192.0.2.{}:7000", i + 1);
+        let mut c = Child2(
+            n.cmd(
+                i,
+                &[
+                    "echo",
+                    "--bind",
+                    &addr,
+                    "--group",
+                    "--multicast-port",
+                    "7999",
+                    "--exit-after",
+                    "60s",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn echo"),
+        );
+        wait_banner(&mut c);
+        servers.push(c);
+    }
+    let run = |args: &[&str]| {
+        let o = n.cmd(N - 1, args).output().expect("run");
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{out}{err}");
+        out
+    };
+    let mc = ["--bind", "192.0.2.32:0", "--multicast-port", "7999"];
+    let locate = |wanted: usize| {
+        let max = wanted.to_string();
+        let args = [
+            &["locate"][..],
+            &mc,
+            &["echo", "--mode", "many", "--wait", "2s", "--max", &max],
+        ];
+        run(&args.concat())
+    };
+    let out = locate(N - 1);
+    assert!(
+        out.contains(&format!("{} server(s) answered", N - 1)),
+        "{out}"
+    );
+    // Host selection: every kernel server answers, the querier's too.
+    let max = N.to_string();
+    let out = run(&[&["hosts"][..], &mc, &["--max", &max]].concat());
+    assert!(
+        out.contains(&format!("{N} logical host(s) answered")),
+        "{out}"
+    );
+    // A failed host: its server no longer answers; the others do.
+    drop(servers.remove(5));
+    let out = locate(N - 1);
+    assert!(
+        out.contains(&format!("{} server(s) answered", N - 2)),
+        "{out}"
+    );
+    let out = run(&[&["ping"][..], &mc, &["-n", "100"]].concat());
+    assert_eq!(failures(&out), 0, "{out}");
 }
 
 /// Remote execution between namespaces: file server and team server in
