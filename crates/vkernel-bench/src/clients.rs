@@ -12,8 +12,9 @@ use serde::Serialize;
 use vkernel::{FaultConfig, Message};
 use vkernel_peers::Wait;
 
+use crate::chart::{self, Series};
 use crate::report::{Goal, SectionReport};
-use crate::section::{Ctx, Outcome, Section};
+use crate::section::{Chart, Ctx, Outcome, Section};
 use crate::stats::Summary;
 use crate::{vkbench, Mode};
 
@@ -237,12 +238,36 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         vkbench::stop_server(&probe, server, sh);
     }
+    let mut series: Vec<Series> = Vec::new();
+    for wait in ["block", "spin"] {
+        let of = |f: fn(&Row) -> f64| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.wait == wait)
+                .map(|r| (r.clients as f64, f(r).max(1.0)))
+                .collect()
+        };
+        series.push((format!("vkernel, {wait}"), of(|r| r.vk_per_s)));
+        series.push((format!("raw UDP, {wait}"), of(|r| r.raw_per_s)));
+    }
+    let charts = vec![Chart {
+        file: "clients.svg",
+        draw: Box::new(move |p| {
+            chart::lines(
+                p,
+                "One server, k clients: exchanges per second (log scales)",
+                "client threads",
+                "exchanges / s",
+                &series,
+                true,
+            )
+        }),
+    }];
     Ok(Outcome {
         report: SectionReport::Clients(Clients {
             seconds: dur.as_secs_f64(),
             rows,
         }),
         goals,
-        charts: Vec::new(),
+        charts,
     })
 }

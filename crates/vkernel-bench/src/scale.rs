@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use vkernel::{Kernel, KernelConfig, Message, Process};
 
+use crate::chart::{self, Series};
 use crate::report::{Goal, SectionReport};
-use crate::section::{Ctx, Outcome, Section};
+use crate::section::{Chart, Ctx, Outcome, Section};
 use crate::stats::{sample, Summary};
 
 /// Processes one logical host holds here, at most.
@@ -114,6 +115,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     );
     let mut hosts = vec![Kernel::start(cfg.clone()).map_err(|e| e.to_string())?];
     let client = hosts[0].create_process().map_err(|e| e.to_string())?;
+    // Memory earlier sections freed would otherwise be reused without
+    // growing the resident set, and the figure per process would be low.
+    // SAFETY: malloc_trim only returns free heap memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let rss0 = rss_bytes();
     let mut held: Vec<Process> = Vec::new();
     let mut longest = Duration::ZERO;
@@ -199,6 +206,46 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             "B",
         ));
     }
+    let series: Vec<Series> = vec![
+        (
+            "create (median)".into(),
+            rows.iter()
+                .map(|r| (r.processes as f64, r.create.median_us))
+                .collect(),
+        ),
+        (
+            "first Send (median)".into(),
+            rows.iter()
+                .map(|r| (r.processes as f64, r.first_send.median_us))
+                .collect(),
+        ),
+        (
+            "bytes per process / 10".into(),
+            rows.iter()
+                .skip(1)
+                .map(|r| (r.processes as f64, r.bytes_per_process / 10.0))
+                .collect(),
+        ),
+    ];
+    // Log scales: a point that is not positive (resident memory can
+    // shrink when earlier sections' memory is returned) is left out.
+    let series: Vec<Series> = series
+        .into_iter()
+        .map(|(name, pts)| (name, pts.into_iter().filter(|p| p.1 > 0.0).collect()))
+        .collect();
+    let charts = vec![Chart {
+        file: "processes.svg",
+        draw: Box::new(move |p| {
+            chart::lines(
+                p,
+                "Cost per process vs processes (log scales; flat is the goal)",
+                "processes",
+                "µs (bytes / 10)",
+                &series,
+                true,
+            )
+        }),
+    }];
     Ok(Outcome {
         report: SectionReport::Processes(Processes {
             rows,
@@ -207,6 +254,6 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             median_destroy_us: d.median_us,
         }),
         goals,
-        charts: Vec::new(),
+        charts,
     })
 }

@@ -268,13 +268,14 @@ fn demo_and_bench_run_and_report() {
         "14. Python",
         "16. File metadata",
         "17. Many processes",
+        "18. Many clients",
     ] {
         assert!(out.contains(title), "missing {title}:\n{out}");
     }
     assert!(out.contains("1983 8MHz/3Mb"), "{out}");
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
-    for chart in ["latency.svg", "loading.svg"] {
+    for chart in ["latency.svg", "loading.svg", "processes.svg", "clients.svg"] {
         let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
         assert!(svg.contains("<svg") && svg.contains("</svg>"), "{chart}");
     }
@@ -306,6 +307,14 @@ fn demo_and_bench_run_and_report() {
         "{s}"
     );
     assert!(r.iter().all(|x| pos(&x["first_send"]["median_us"])), "{s}");
+    // Section 18: both waiting modes at k = 1, 8, 64, vkernel and raw UDP.
+    let r = s["section18"]["rows"].as_array().expect("section 18");
+    assert_eq!(r.len(), 6, "{s}");
+    assert!(
+        r.iter()
+            .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),
+        "{s}"
+    );
     let rows = s["section2"]["rows"].as_array().unwrap();
     let srr = rows
         .iter()
