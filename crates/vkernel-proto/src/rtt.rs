@@ -7,15 +7,7 @@ use crate::config::Micros;
 pub struct Rtt {
     srtt: Option<Micros>,
     rttvar: Micros,
-    /// The longest the host was seen to hold a request before answering
-    /// it (half again), as of `busy_at`; the timeout stays above it,
-    /// halving every [`BUSY_HALF_LIFE`] after.
-    busy: Micros,
-    busy_at: Micros,
 }
-
-/// How fast a busy host's floor on the timeout fades.
-pub const BUSY_HALF_LIFE: Micros = 1_000_000;
 
 impl Default for Rtt {
     fn default() -> Self {
@@ -29,8 +21,6 @@ impl Rtt {
         Rtt {
             srtt: None,
             rttvar: 0,
-            busy: 0,
-            busy_at: 0,
         }
     }
 
@@ -47,28 +37,6 @@ impl Rtt {
                 self.srtt = Some((7 * srtt + s) / 8);
             }
         }
-    }
-
-    /// The host held a request `held` µs before answering it (known from
-    /// its replyPending: it had the first copy, so the retransmission was
-    /// needless). Later timeouts stay above it for a while, so a busy but
-    /// healthy host is not sent copies it has no use for.
-    pub fn busy(&mut self, now: Micros, held: Micros) {
-        let floor = held.saturating_add(held / 2);
-        self.busy = self.busy_floor(now).max(floor);
-        self.busy_at = now;
-    }
-
-    /// The floor [`Rtt::busy`] set, faded to `now`.
-    pub fn busy_floor(&self, now: Micros) -> Micros {
-        let halvings = now.saturating_sub(self.busy_at) / BUSY_HALF_LIFE;
-        self.busy.checked_shr(halvings.min(63) as u32).unwrap_or(0)
-    }
-
-    /// [`Rtt::rto`], and not below the busy floor at `now`.
-    pub fn rto_at(&self, now: Micros, initial: Micros, min: Micros, max: Micros) -> Micros {
-        self.rto(initial, min, max)
-            .max(self.busy_floor(now).min(max))
     }
 
     /// The smoothed RTT, if any sample was taken.

@@ -131,7 +131,7 @@ impl Engine {
             next_new: 0,
             last_tx: Vec::new(),
             tx_counter: 0,
-            rto: self.rto_for(now, peer.host()),
+            rto: self.rto_for(peer.host()),
             timer: 0,
             deadline: now + self.cfg.host_timeout,
             addr,
@@ -541,7 +541,7 @@ impl Engine {
             .entry(host)
             .or_default()
             .sample(now.saturating_sub(t));
-        let rto = self.rto_for(now, host);
+        let rto = self.rto_for(host);
         if let Some(op) = self.move_op(mover) {
             op.rto = rto;
         }
@@ -776,7 +776,7 @@ impl Engine {
     pub(super) fn on_move_to_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
-        let rto = self.rto_for(now, h.src.host());
+        let rto = self.rto_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
         if !self.accept_answer(pkt, Dir::To) {
             return;
@@ -902,7 +902,7 @@ impl Engine {
     pub(super) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
-        let rto = self.rto_for(now, h.src.host());
+        let rto = self.rto_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
         if !self.accept_answer(pkt, Dir::From) {
             return;

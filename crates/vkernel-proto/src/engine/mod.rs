@@ -423,9 +423,8 @@ impl Engine {
         }
     }
 
-    fn rto_for(&self, now: Micros, host: HostId) -> Micros {
-        self.rtt.get(&host).copied().unwrap_or_default().rto_at(
-            now,
+    fn rto_for(&self, host: HostId) -> Micros {
+        self.rtt.get(&host).copied().unwrap_or_default().rto(
             self.cfg.initial_rto,
             self.cfg.min_rto,
             self.max_rto(),

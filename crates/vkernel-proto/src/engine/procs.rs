@@ -16,10 +16,6 @@ pub(super) struct Retx {
     /// request, so the time from the first copy to the reply is a true
     /// sample even though copies were sent (Karn's ambiguity resolved).
     pub(super) pending_seen: bool,
-    /// When the reply came (0 before), for an exchange that sent copies
-    /// without a replyPending: a late replyPending or second reply for it
-    /// shows the copies were needless (see `Engine::needless_copies`).
-    pub(super) answered_at: Micros,
 }
 
 /// A Send in progress, kept in the sender's descriptor.

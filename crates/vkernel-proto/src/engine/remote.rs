@@ -304,7 +304,6 @@ impl Engine {
         }
         let h = pkt.header;
         let Some(o) = self.remote_waiter(h.dst, h.seq) else {
-            self.needless_copies(now, h.dst, h.seq, h.src.host());
             self.stats.drop(DropReason::NoMatch);
             return;
         };
@@ -350,22 +349,13 @@ impl Engine {
             .remote
             .as_ref()
             .filter(|r| !r.retransmitted || r.pending_seen)
-            .map(|r| (now.saturating_sub(r.sent_at), r.pending_seen));
+            .map(|r| now.saturating_sub(r.sent_at));
         let whole = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
-        if sample.is_none() {
-            if let Some(r) = o.remote.as_mut() {
-                r.answered_at = now;
-            }
-        }
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
-        if let Some((s, held)) = sample {
-            let rtt = self.rtt.entry(h.src.host()).or_default();
-            rtt.sample(s);
-            if held {
-                rtt.busy(now, s);
-            }
+        if let Some(s) = sample {
+            self.rtt.entry(h.src.host()).or_default().sample(s);
         }
         self.stats.remote_exchanges += 1;
         if let (Some(l), true) = (whole, self.cfg.metrics) {
@@ -439,17 +429,8 @@ impl Engine {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let host = h.src.host();
+        let rto = self.rto_for(host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
-            // It has held the request this long at least: later Sends to
-            // it wait that long before a copy.
-            let held = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
-            if let Some(held) = held {
-                self.rtt.entry(host).or_default().busy(now, held);
-            }
-            let rto = self.rto_for(now, host);
-            let Some(o) = self.remote_waiter(h.dst, h.seq) else {
-                return;
-            };
             if let Some(r) = o.remote.as_mut() {
                 r.pending_seen = true;
                 r.deadline = now + host_timeout;
@@ -463,26 +444,6 @@ impl Engine {
         if self.bulk_pending(now, &h) {
             return;
         }
-        self.needless_copies(now, h.dst, h.seq, h.src.host());
         self.stats.drop(DropReason::NoMatch);
-    }
-
-    /// A replyPending or a second reply for `pid`'s last exchange (`seq`),
-    /// which ended after sending copies: the server had the first copy, so
-    /// the copies were needless (as in Eifel, RFC 3522). The host held the
-    /// request as long as the exchange took: a sample, and the busy floor.
-    fn needless_copies(&mut self, now: Micros, pid: Pid, seq: u32, host: HostId) {
-        let Some(p) = self.proc_mut(pid) else { return };
-        let Some(o) = p.spare.as_mut().filter(|o| o.seq == seq) else {
-            return;
-        };
-        let Some(r) = o.remote.as_mut().filter(|r| r.answered_at != 0) else {
-            return;
-        };
-        let took = r.answered_at.saturating_sub(r.sent_at);
-        r.answered_at = 0;
-        let rtt = self.rtt.entry(host).or_default();
-        rtt.sample(took);
-        rtt.busy(now, took);
     }
 }
