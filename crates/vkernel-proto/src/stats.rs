@@ -157,6 +157,8 @@ pub struct Stats {
     pub auth_refused_by_peer: u64,
     /// Bulk-data chunks retransmitted.
     pub bulk_retransmits: u64,
+    /// Bulk congestion-window cuts (a loss, or a timeout, seen by a mover).
+    pub bulk_cwnd_cuts: u64,
     /// Duplicate requests filtered (answered with replyPending or a saved reply).
     pub duplicates: u64,
     /// Saved replies re-sent for non-idempotent duplicates.

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 
 use super::bitset::{packed_get, BitSet};
+use super::congestion::Cwnd;
 use super::rights::{self, Need};
 use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState};
 use crate::config::{Micros, MAX_APPEND};
@@ -61,6 +62,9 @@ pub(crate) struct MoveOp {
     /// RTT probe: (chunk index whose answer is timed, time sent). Only
     /// first transmissions are timed (Karn).
     probe: Option<(usize, Micros)>,
+    /// Congestion window: chunks in flight (MoveTo) or credit granted and
+    /// not yet received (MoveFrom), within the flow-control window.
+    cwnd: Cwnd,
 }
 
 impl MoveOp {
@@ -118,6 +122,10 @@ impl Engine {
         let chunk = self.cfg.chunk_bytes();
         let total = buf.len();
         let nc = nchunks(total, chunk);
+        let cwnd = match self.cwnds.get(&peer.host()) {
+            Some(c) => c.carried(),
+            None => Cwnd::new(self.window_chunks(chunk)),
+        };
         MoveOp {
             dir,
             peer,
@@ -138,6 +146,7 @@ impl Engine {
             on_behalf,
             max_seen: 0,
             probe: None,
+            cwnd,
         }
     }
 
@@ -243,7 +252,10 @@ impl Engine {
             dest,
             (xseq, addr, on_behalf),
         );
-        let first = op.done.len().min(self.window_chunks(op.chunk));
+        let first = op
+            .done
+            .len()
+            .min(op.cwnd.limit(self.window_chunks(op.chunk)));
         op.next_new = first;
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.request_range(now, mover, 0, first, false);
@@ -411,6 +423,10 @@ impl Engine {
     /// Completes `mover`'s remote move, all `n` bytes of it done.
     #[inline]
     fn move_done(&mut self, mover: Pid, n: usize) {
+        if let Some(op) = self.move_op(mover) {
+            let (host, c) = (op.peer.host(), op.cwnd.carried());
+            self.cwnds.insert(host, c);
+        }
         self.count_move(n);
         self.complete(mover, Completion::Move(Ok(n)));
     }
@@ -426,10 +442,17 @@ impl Engine {
             };
             let nc = op.done.len();
             let cum = op.done.first_clear_from(0);
-            while op.next_new < nc && op.next_new < cum + win {
+            let limit = op.cwnd.limit(win);
+            let half = (limit / 2).max(1).min(half);
+            let mut inflight = (cum..op.next_new).filter(|&i| !op.done.get(i)).count();
+            while op.next_new < nc && op.next_new < cum + win && inflight < limit {
                 let idx = op.next_new;
                 op.next_new += 1;
-                let ack_now = (idx + 1) % half == 0 || idx + 1 == nc || idx + 1 == cum + win;
+                inflight += 1;
+                let ack_now = (idx + 1) % half == 0
+                    || idx + 1 == nc
+                    || idx + 1 == cum + win
+                    || inflight == limit;
                 op.tx_counter += 1;
                 op.last_tx[idx] = op.tx_counter;
                 if ack_now && op.probe.is_none() {
@@ -797,10 +820,12 @@ impl Engine {
                 op.done.set(i);
             }
         }
-        let progressed = op.done.ones() > before;
+        let newly = op.done.ones() - before;
+        let progressed = newly > 0;
         if progressed {
             op.deadline = now + host_timeout;
             op.rto = rto;
+            op.cwnd.acked(newly, win);
         }
         let Some(op) = self.move_answered(now, h.dst, progressed) else {
             return;
@@ -825,6 +850,12 @@ impl Engine {
             }
         }
         let k = lost.len();
+        let oldest = lost.iter().map(|&i| op.last_tx[i]).max();
+        if let Some(m) = oldest {
+            if op.cwnd.lost(m, op.tx_counter) {
+                self.stats.bulk_cwnd_cuts += 1;
+            }
+        }
         for (j, &i) in lost.iter().enumerate() {
             if let Some(op) = self.move_op(h.dst) {
                 op.tx_counter += 1;
@@ -925,6 +956,7 @@ impl Engine {
             }
             op.deadline = now + host_timeout;
             op.rto = rto;
+            op.cwnd.acked(1, win);
         }
         let Some(op) = self.move_answered(now, h.dst, fresh) else {
             return;
@@ -940,18 +972,28 @@ impl Engine {
         // the re-requested chunks, or of the last one, falls to the timer.
         let cum = op.done.first_clear_from(0);
         let mut rereq = None;
+        let mut cut = false;
         if idx >= op.max_seen {
             let first = op.done.first_clear_from(op.max_seen);
             if first < idx {
                 rereq = Some((first, idx));
+                // Marks are chunk indices: a gap among chunks asked for
+                // before the last cut is that cut's episode.
+                cut = op.cwnd.lost(first as u32 + 1, op.next_new as u32);
             }
             op.max_seen = idx + 1;
         }
+        let limit = op.cwnd.limit(win);
         let mut more = None;
-        if outstanding <= win / 2 && op.next_new < nc && op.next_new < cum + 2 * win {
-            let end = nc.min(op.next_new + (win - outstanding)).min(cum + 2 * win);
+        if outstanding <= limit / 2 && op.next_new < nc && op.next_new < cum + 2 * win {
+            let end = nc
+                .min(op.next_new + limit.saturating_sub(outstanding).max(1))
+                .min(cum + 2 * win);
             more = Some((op.next_new, end));
             op.next_new = end;
+        }
+        if cut {
+            self.stats.bulk_cwnd_cuts += 1;
         }
         if let Some((a, b)) = rereq {
             self.request_range(now, h.dst, a, b, true);
@@ -983,7 +1025,14 @@ impl Engine {
                 continue;
             }
             if now >= op.timer {
+                self.stats.bulk_cwnd_cuts += 1;
+                let Some(op) = self.move_op(m) else { continue };
                 op.rto = (op.rto * 2).min(max_rto);
+                let mark = match op.dir {
+                    Dir::To => op.tx_counter,
+                    Dir::From => op.next_new as u32,
+                };
+                op.cwnd.timed_out(mark);
                 let cum = op.done.first_clear_from(0);
                 match op.dir {
                     Dir::To => {

@@ -57,6 +57,7 @@
 mod aliens;
 mod bitset;
 mod bulk;
+mod congestion;
 mod exchange;
 mod group;
 mod idmap;
@@ -202,6 +203,9 @@ pub struct Engine {
     aliens: Aliens,
     location: location::Locations,
     rtt: IdMap<HostId, Rtt>,
+    /// Bulk congestion window per peer host, carried from one transfer
+    /// to the next.
+    cwnds: IdMap<HostId, congestion::Cwnd>,
     names: naming::Names,
     groups: group::Groups,
     out: Output,
@@ -256,6 +260,7 @@ impl Engine {
             procs: new_map(hs),
             sending: std::collections::BTreeSet::new(),
             rtt: new_map(hs),
+            cwnds: new_map(hs),
             names: naming::Names::new(hs),
             groups: group::Groups::new(hs),
             out: Output::default(),

@@ -7,6 +7,7 @@
 mod aliens;
 mod auth;
 mod bulk;
+mod congestion;
 mod exchange;
 mod groups;
 mod naming;
