@@ -46,6 +46,7 @@ mod scale;
 pub mod section;
 pub mod stats;
 pub mod trace;
+mod transfers;
 pub mod vkbench;
 
 pub use mode::Mode;

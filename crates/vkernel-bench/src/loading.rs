@@ -6,11 +6,11 @@ use vkernel::FaultConfig;
 use vkernel_proto::Pid;
 
 use crate::paper;
-use crate::report::{Faulty, Image, Load, LoadRow, Loading, LoadingRow, SectionReport};
+use crate::report::{Faulty, Goal, Image, Load, LoadRow, Loading, LoadingRow, SectionReport};
 use crate::section::{ms, us, Chart, Ctx, Outcome, Section};
 use crate::stats::Summary;
 use crate::vkbench::{self, Op};
-use crate::{baseline, chart};
+use crate::{baseline, chart, transfers};
 
 pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
     let lossy = c.lossy.clone();
@@ -111,6 +111,30 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
     if !(to.intact && from.intact) {
         return Err("a transfer on the faulty network delivered wrong bytes".into());
     }
+    let mut goals = Vec::new();
+    let image = |unit_is_total: bool| {
+        images
+            .iter()
+            .filter(|i| i.bytes == total && (i.unit == i.bytes) == unit_is_total)
+            .map(|i| i.mbps)
+            .next()
+    };
+    if let (Some(one), Some(units)) = (image(true), image(false)) {
+        goals.push(Goal::at_least(
+            &format!("{} MiB by one MoveTo, MB/s", total >> 20),
+            one,
+            8000.0,
+            "",
+        ));
+        goals.push(Goal::at_least(
+            &format!("{} MiB in 64 KiB MoveTo units / one MoveTo", total >> 20),
+            units / one.max(1e-9),
+            0.9,
+            "×",
+        ));
+    }
+    let (bulk, bulk_goals, bulk_chart) = transfers::rows(c)?;
+    goals.extend(bulk_goals);
     let bars: Vec<(String, f64)> = rows
         .iter()
         .map(|r| (format!("{} KiB", r.unit_kib), r.mbps))
@@ -125,20 +149,24 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
                 move_from_mbps: mb(from.bytes, from.elapsed),
                 intact: true,
             },
+            bulk,
         }),
-        goals: Vec::new(),
-        charts: vec![Chart {
-            file: "loading.svg",
-            draw: Box::new(move |p| {
-                chart::bars(
-                    p,
-                    "Program loading, 64 KiB by MoveTo: remote throughput by transfer unit",
-                    "transfer unit",
-                    "MB/s",
-                    &[("vkernel remote".to_string(), bars)],
-                )
-            }),
-        }],
+        goals,
+        charts: vec![
+            bulk_chart,
+            Chart {
+                file: "loading.svg",
+                draw: Box::new(move |p| {
+                    chart::bars(
+                        p,
+                        "Program loading, 64 KiB by MoveTo: remote throughput by transfer unit",
+                        "transfer unit",
+                        "MB/s",
+                        &[("vkernel remote".to_string(), bars)],
+                    )
+                }),
+            },
+        ],
     })
 }
 

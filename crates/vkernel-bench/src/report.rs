@@ -208,6 +208,8 @@ pub struct Loading {
     pub images: Vec<Image>,
     /// The transfer on a faulty network.
     pub faulty: Faulty,
+    /// Cost against bytes, loss, segmentation offload.
+    pub bulk: BulkRows,
 }
 
 /// One transfer unit of section 5.
@@ -242,6 +244,52 @@ pub struct Image {
     pub raw_blast_mbps: f64,
     /// Its loss.
     pub raw_blast_loss: f64,
+}
+
+/// Section 5's bulk rows: cost against bytes, congestion control under
+/// loss, segmentation offload at an Ethernet datagram size.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BulkRows {
+    /// One remote MoveTo of each size: (bytes, time).
+    pub by_bytes: Vec<(usize, Summary)>,
+    /// The same transfers on a clean link and with injected loss.
+    pub loss: Vec<LossRow>,
+    /// Transfers with 1,472-byte datagrams, with and without GSO.
+    pub mtu: Vec<MtuRow>,
+}
+
+/// One transfer clean and under loss.
+#[derive(Clone, Debug, Serialize)]
+pub struct LossRow {
+    /// "MoveTo" or "MoveFrom".
+    pub op: String,
+    /// Bytes per transfer.
+    pub bytes: usize,
+    /// Injected loss (fraction).
+    pub loss: f64,
+    /// Median MB/s on the clean pair.
+    pub clean_mbps: f64,
+    /// Median MB/s with the loss.
+    pub lossy_mbps: f64,
+    /// Chunks retransmitted with the loss.
+    pub retransmits: u64,
+    /// Congestion-window cuts with the loss.
+    pub cwnd_cuts: u64,
+}
+
+/// One transfer with 1,472-byte datagrams.
+#[derive(Clone, Debug, Serialize)]
+pub struct MtuRow {
+    /// "MoveTo" or "MoveFrom".
+    pub op: String,
+    /// Bytes per transfer.
+    pub bytes: usize,
+    /// Median MB/s, one datagram per send call.
+    pub plain_mbps: f64,
+    /// Median MB/s with UDP segmentation offload.
+    pub gso_mbps: f64,
+    /// Datagrams that left in segmented sends.
+    pub gso_datagrams: u64,
 }
 
 /// Section 5's transfer on a faulty network.

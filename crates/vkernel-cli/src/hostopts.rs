@@ -91,6 +91,12 @@ pub struct HostOpts {
     /// NAT or port mapping sits between hosts and would not map that port.
     #[arg(long)]
     pub no_side_sockets: bool,
+    /// Send every bulk datagram with its own system call, not bursts of
+    /// equal-sized ones as one UDP segmentation-offload (GSO) send. GSO
+    /// is used by default where the kernel takes it, and turns itself
+    /// off if it is refused.
+    #[arg(long)]
+    pub no_gso: bool,
     /// Attach to the machine host at PATH (see `vkernel host`) instead of
     /// starting a logical host of this program's own: its processes are
     /// then that host's. Without PATH: $VKERNEL_HOST, else the default
@@ -179,6 +185,7 @@ impl HostOpts {
                 refuse_remote_joins: self.refuse_remote_joins,
             },
             side_sockets: !self.no_side_sockets,
+            gso: !self.no_gso,
             #[cfg(feature = "otel")]
             otel: crate::otel::enabled(),
             ..KernelConfig::default()

@@ -275,7 +275,13 @@ fn demo_and_bench_run_and_report() {
     assert!(out.contains("1983 8MHz/3Mb"), "{out}");
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
-    for chart in ["latency.svg", "loading.svg", "processes.svg", "clients.svg"] {
+    for chart in [
+        "latency.svg",
+        "loading.svg",
+        "bulk.svg",
+        "processes.svg",
+        "clients.svg",
+    ] {
         let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
         assert!(svg.contains("<svg") && svg.contains("</svg>"), "{chart}");
     }
@@ -329,6 +335,31 @@ fn demo_and_bench_run_and_report() {
     assert_eq!(s["section4"]["rows"].as_array().unwrap().len(), 5);
     assert_eq!(s["section5"]["faulty"]["intact"], true);
     assert!(pos(&s["section5"]["images"][0]["raw_blast_mbps"]));
+    // Section 5's bulk rows: cost by size, clean and lossy pairs, and
+    // 1,472-byte datagrams with and without segmentation offload.
+    let b = &s["section5"]["bulk"];
+    assert_eq!(b["by_bytes"].as_array().map(Vec::len), Some(4), "{b}");
+    for row in b["loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(b["mtu"].as_array().unwrap())
+    {
+        assert!(
+            pos(&row["clean_mbps"]) && pos(&row["lossy_mbps"])
+                || pos(&row["plain_mbps"]) && pos(&row["gso_mbps"]),
+            "{row}"
+        );
+    }
+    assert_eq!(b["loss"].as_array().unwrap().len(), 2, "{b}");
+    assert!(
+        b["mtu"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| pos(&r["gso_datagrams"])),
+        "no datagram left by segmentation offload: {b}"
+    );
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);

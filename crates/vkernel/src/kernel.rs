@@ -101,6 +101,10 @@ pub struct KernelConfig {
     /// every datagram names the main socket's port for answers). Not with
     /// fault injection, which sends from the main socket.
     pub side_sockets: bool,
+    /// Send bursts of equal-sized bulk chunks as one UDP_SEGMENT send
+    /// (segmentation offload), where the kernel takes it; off: one
+    /// datagram per call (still batched by sendmmsg).
+    pub gso: bool,
     /// Export a span per exchange through the global OpenTelemetry tracer
     /// provider (see `otel.rs`); feature `otel`.
     #[cfg(feature = "otel")]
@@ -134,6 +138,7 @@ impl Default for KernelConfig {
             trace: None,
             metrics: true,
             side_sockets: true,
+            gso: true,
             #[cfg(feature = "otel")]
             otel: false,
         }
@@ -360,8 +365,7 @@ impl Shared {
         // keeps those lent (no copy into a datagram first), unless a
         // fault injector or tracer needs whole datagrams.
         if self.tracer.is_none() && !self.net.has_faults() {
-            st.engine
-                .send_chunks(|to, head, data| self.net.send_gathered(to, head, data));
+            st.engine.send_chunk_batch(|b| self.net.send_batch(b));
         }
         while let Some(t) = st.engine.poll_transmit() {
             out.push(t);
@@ -739,6 +743,7 @@ impl Kernel {
         if let Some(port) = cfg.multicast_port {
             net.bind_multicast(port)?;
         }
+        net.set_gso(cfg.gso);
         let side = cfg.side_sockets && net.use_side_sockets()?;
         let me = net.local_addr()?;
         let seed = cfg.seed.unwrap_or_else(|| {
@@ -1112,6 +1117,15 @@ impl Kernel {
         match &self.imp {
             Imp::Embedded(e) => &e.shared.net.counters,
             Imp::Attached(a) => &a.net_counters,
+        }
+    }
+
+    /// Bulk bursts sent: (segmented sends, datagrams in them, sendmmsg
+    /// calls).
+    pub fn batch_counts(&self) -> (u64, u64, u64) {
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.net.batch_counts(),
+            Imp::Attached(_) => (0, 0, 0),
         }
     }
 

@@ -29,6 +29,7 @@ pub mod aio;
 #[doc = include_str!("../../../docs/GUIDE.md")]
 pub mod guide {}
 pub mod attach;
+mod batch;
 mod clock;
 mod discover;
 pub mod host;

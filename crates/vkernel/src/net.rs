@@ -192,6 +192,8 @@ pub struct Net {
     /// Unique among the hosts this program ever ran (a socket's number
     /// may be reused once it is closed; this is not).
     serial: u64,
+    /// Sends bursts of bulk chunks (segmentation offload, sendmmsg).
+    batcher: crate::batch::Batcher,
 }
 
 /// Per-peer sockets, each connected to one peer, that the engine's
@@ -337,6 +339,7 @@ impl Net {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            batcher: crate::batch::Batcher::new(true),
         })
     }
 
@@ -506,6 +509,31 @@ impl Net {
                 rustix::net::SendFlags::empty(),
             )
         });
+    }
+
+    /// Sends a burst of bulk chunks, in order, in few system calls (see
+    /// `batch.rs`). Not through the fault injector, as
+    /// [`Net::send_gathered`].
+    pub fn send_batch(&self, batch: &[vkernel_proto::engine::Gathered<'_>]) {
+        self.batcher.send(&self.sock, batch, |g| {
+            self.send_gathered(g.to, g.head, g.data)
+        });
+    }
+
+    /// Turns UDP segmentation offload for bulk bursts on or off (on by
+    /// default; it turns itself off if the kernel refuses it).
+    pub fn set_gso(&mut self, on: bool) {
+        self.batcher = crate::batch::Batcher::new(on);
+    }
+
+    /// (segmented sends, datagrams sent in them, sendmmsg calls).
+    pub fn batch_counts(&self) -> (u64, u64, u64) {
+        let b = &self.batcher;
+        (
+            b.gso_sends.load(Ordering::Relaxed),
+            b.gso_datagrams.load(Ordering::Relaxed),
+            b.mmsg_calls.load(Ordering::Relaxed),
+        )
     }
 
     /// Runs a send, retrying an interrupted one, and once after a yield

@@ -24,6 +24,8 @@ use crate::wire::{
 const MAX_ACK_SPAN: usize = 8192 * 8;
 /// Inbound MoveTo transfers remembered per exchange.
 const MAX_INBOUND: usize = 4;
+/// Shortest tail-loss probe delay (see `MoveOp::tlp`).
+const TLP_MIN: Micros = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dir {
@@ -65,6 +67,27 @@ pub(crate) struct MoveOp {
     /// Congestion window: chunks in flight (MoveTo) or credit granted and
     /// not yet received (MoveFrom), within the flow-control window.
     cwnd: Cwnd,
+    /// Tail-loss probe delay: two smoothed round trips (0 before any
+    /// sample). When nothing has come back for that long the transfer
+    /// probes once (the first missing chunk, or the outstanding credit)
+    /// without cutting the window, before waiting out the full timeout.
+    /// Owners answer bulk at once, so this is far below the exchanges'
+    /// 2 ms timeout floor, which allows for a server's work.
+    tlp: Micros,
+    /// The probe was sent since the last progress.
+    probed: bool,
+}
+
+impl MoveOp {
+    /// When the timer should next fire, from `now`.
+    fn next_timer(&self, now: Micros) -> Micros {
+        let wait = if self.probed || self.tlp == 0 {
+            self.rto
+        } else {
+            self.tlp.min(self.rto)
+        };
+        now + wait
+    }
 }
 
 impl MoveOp {
@@ -104,6 +127,11 @@ fn nchunks(total: usize, chunk: usize) -> usize {
 }
 
 impl Engine {
+    /// Tail-loss probe delay for a transfer to `host`.
+    fn tlp_for(&self, host: super::HostId) -> Micros {
+        self.srtt(host).map_or(0, |s| (2 * s).max(TLP_MIN))
+    }
+
     fn window_chunks(&self, chunk: usize) -> usize {
         (self.cfg.window / chunk.max(1)).max(1)
     }
@@ -147,6 +175,8 @@ impl Engine {
             max_seen: 0,
             probe: None,
             cwnd,
+            tlp: self.tlp_for(peer.host()),
+            probed: false,
         }
     }
 
@@ -374,7 +404,8 @@ impl Engine {
         self.bulk_sample(mover, now);
         let op = self.move_op(mover)?;
         if progressed {
-            op.timer = now + op.rto;
+            op.probed = false;
+            op.timer = op.next_timer(now);
         }
         Some(op)
     }
@@ -461,7 +492,7 @@ impl Engine {
                 sends.push((idx, ack_now));
             }
             if !sends.is_empty() {
-                op.timer = now + op.rto;
+                op.timer = op.next_timer(now);
             }
         }
         for (idx, ack_now) in sends {
@@ -537,7 +568,7 @@ impl Engine {
             Vec::new()
         };
         let addr = op.addr;
-        op.timer = now + op.rto;
+        op.timer = op.next_timer(now);
         if retx {
             op.probe = None;
         } else if op.probe.is_none() && from < to {
@@ -800,6 +831,7 @@ impl Engine {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let rto = self.rto_for(h.src.host());
+        let tlp = self.tlp_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
         if !self.accept_answer(pkt, Dir::To) {
             return;
@@ -825,6 +857,7 @@ impl Engine {
         if progressed {
             op.deadline = now + host_timeout;
             op.rto = rto;
+            op.tlp = tlp;
             op.cwnd.acked(newly, win);
         }
         let Some(op) = self.move_answered(now, h.dst, progressed) else {
@@ -934,6 +967,7 @@ impl Engine {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let rto = self.rto_for(h.src.host());
+        let tlp = self.tlp_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
         if !self.accept_answer(pkt, Dir::From) {
             return;
@@ -956,6 +990,7 @@ impl Engine {
             }
             op.deadline = now + host_timeout;
             op.rto = rto;
+            op.tlp = tlp;
             op.cwnd.acked(1, win);
         }
         let Some(op) = self.move_answered(now, h.dst, fresh) else {
@@ -1025,18 +1060,23 @@ impl Engine {
                 continue;
             }
             if now >= op.timer {
-                self.stats.bulk_cwnd_cuts += 1;
+                let probe = !op.probed && op.tlp > 0 && op.tlp < op.rto;
+                if probe {
+                    op.probed = true;
+                } else {
+                    op.rto = (op.rto * 2).min(max_rto);
+                    let mark = match op.dir {
+                        Dir::To => op.tx_counter,
+                        Dir::From => op.next_new as u32,
+                    };
+                    op.cwnd.timed_out(mark);
+                    self.stats.bulk_cwnd_cuts += 1;
+                }
                 let Some(op) = self.move_op(m) else { continue };
-                op.rto = (op.rto * 2).min(max_rto);
-                let mark = match op.dir {
-                    Dir::To => op.tx_counter,
-                    Dir::From => op.next_new as u32,
-                };
-                op.cwnd.timed_out(mark);
                 let cum = op.done.first_clear_from(0);
                 match op.dir {
                     Dir::To => {
-                        op.timer = now + op.rto;
+                        op.timer = op.next_timer(now);
                         op.tx_counter += 1;
                         if cum < op.last_tx.len() {
                             op.last_tx[cum] = op.tx_counter;

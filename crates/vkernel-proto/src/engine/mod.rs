@@ -108,6 +108,18 @@ pub struct Transmit {
     pub data: Vec<u8>,
 }
 
+/// A bulk chunk handed to the runtime by [`Engine::send_chunk_batch`]: its
+/// header, and its data still in the lent buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Gathered<'a> {
+    /// Destination address.
+    pub to: SocketAddr,
+    /// The encoded header and message ([`crate::wire::FIXED_BYTES`]).
+    pub head: &'a [u8],
+    /// The chunk's data.
+    pub data: &'a [u8],
+}
+
 /// Something the runtime must act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {

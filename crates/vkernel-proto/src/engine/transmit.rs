@@ -112,27 +112,57 @@ impl Engine {
     /// a cluster key only (a sealed datagram is made whole first);
     /// otherwise [`Engine::poll_transmit`] encodes them.
     pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
+        self.send_chunk_batch(|batch| {
+            for g in batch {
+                send(g.to, g.head, g.data);
+            }
+        });
+    }
+
+    /// Like [`Engine::send_chunks`], but hands every queued chunk over in
+    /// one slice, in order, so the runtime can send them with one call
+    /// (segmentation offload, `sendmmsg`).
+    pub fn send_chunk_batch(&mut self, send: impl FnOnce(&[Gathered<'_>])) {
         if self.auth.is_some() || !self.out.has_chunks() {
             return;
         }
-        let mut head = self.out.take_head();
+        let mut chunks = Vec::new();
         while let Some(c) = self.out.pop_chunk() {
-            let Some(data) = self.chunk_data(&c) else {
-                continue;
-            };
-            head.clear();
-            crate::wire::encode_head(&c.header, &c.msg, data.len(), &mut head);
-            let len = head.len() + data.len();
-            let data_len = data.len();
-            send(c.to, &head, data);
-            self.stats.tx_type(c.header.ptype, len);
+            chunks.push(c);
+        }
+        let mut heads = self.out.take_head();
+        heads.clear();
+        for c in &chunks {
+            crate::wire::encode_head(&c.header, &c.msg, c.end - c.start, &mut heads);
+        }
+        let fixed = crate::wire::FIXED_BYTES;
+        let mut sent = Vec::with_capacity(chunks.len());
+        {
+            let mut batch = Vec::with_capacity(chunks.len());
+            for (k, c) in chunks.iter().enumerate() {
+                let (Some(data), Some(head)) =
+                    (self.chunk_data(c), heads.get(k * fixed..(k + 1) * fixed))
+                else {
+                    continue;
+                };
+                sent.push((c.header.ptype, fixed + data.len(), data.len(), c.header.dst));
+                batch.push(Gathered {
+                    to: c.to,
+                    head,
+                    data,
+                });
+            }
+            send(&batch);
+        }
+        for (ptype, len, data_len, dst) in sent {
+            self.stats.tx_type(ptype, len);
             if self.cfg.metrics {
-                let peer = c.header.dst.host().0;
                 self.stats
-                    .datagram(true, peer, c.header.ptype, len, data_len);
+                    .datagram(true, dst.host().0, ptype, len, data_len);
             }
         }
-        self.out.put_head(head);
+        self.out.put_head(heads);
+        // Its chunks are out: the reply's data is no longer needed.
         self.reply_src = None;
     }
 }

@@ -255,3 +255,82 @@ fn one_percent_random_loss_keeps_half_the_clean_throughput() {
         );
     }
 }
+
+/// A transfer whose last chunk (MoveTo) or last credit answer (MoveFrom)
+/// is lost recovers after two round trips (the tail-loss probe, 200 µs
+/// at least), not after the 2 ms retransmission floor, and without
+/// cutting its window.
+#[test]
+fn a_lost_tail_is_probed_for_after_two_round_trips() {
+    for to in [true, false] {
+        let mut n = Net::with(2, |_, c| c.window = 64 * CHUNK);
+        n.introduce();
+        let s = n.e[0].create_process().unwrap();
+        let c = n.e[1].create_process().unwrap();
+        let len = 8 * CHUNK;
+        let data = pattern(9, len);
+        let seg = SharedBuf::new(if to { vec![0; len] } else { data.clone() });
+        let mut m = seg_msg(1, SegAccess::READ_WRITE);
+        m.set_flag(NO_APPEND, true);
+        n.e[1].send(n.now, c, s, m, Some(seg.lend())).unwrap();
+        n.run();
+        n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+        let mut took = Vec::new();
+        for round in 0..2 {
+            // Round 0 teaches the round trip; round 1 loses its tail once.
+            let last = (len - 1) / CHUNK * CHUNK;
+            let data_type = if to {
+                PacketType::MoveToRequest
+            } else {
+                PacketType::MoveFromReply
+            };
+            let mut dropped = false;
+            n.filter = Some(Box::new(move |_, _, d| {
+                let p = decode(d).unwrap();
+                let tail = p.header.ptype == data_type && p.header.local_addr as usize == last;
+                if round == 1 && tail && !dropped {
+                    dropped = true;
+                    return false;
+                }
+                true
+            }));
+            let mine = SharedBuf::new(if to { data.clone() } else { vec![0; len] });
+            let start = n.now;
+            let r = if to {
+                n.e[0].move_to(n.now, s, c, 0, mine.lend())
+            } else {
+                n.e[0].move_from(n.now, s, c, 0, mine.lend())
+            };
+            assert_eq!(r, Ok(None));
+            assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+            assert_eq!(moved(&mut n.e[0], s), Ok(len));
+            took.push(n.now - start);
+            if !to {
+                same_bytes(&mine.snapshot(), &data, "moved from");
+            }
+        }
+        let cuts = n.e[0].stats().bulk_cwnd_cuts;
+        println!(
+            "{}: clean {} µs, tail lost {} µs",
+            if to { "MoveTo" } else { "MoveFrom" },
+            took[0],
+            took[1]
+        );
+        assert!(
+            took[1] < 1_000,
+            "{took:?}: probed well before the 2 ms floor"
+        );
+        assert!(
+            took[1] > took[0] + 150,
+            "{took:?}: the probe waits two round trips"
+        );
+        assert_eq!(cuts, 0, "a probe is not a timeout");
+        n.filter = None;
+        n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+        n.run();
+        reply_of(&mut n.e[1], c);
+        if to {
+            same_bytes(&seg.snapshot(), &data, "moved to");
+        }
+    }
+}
