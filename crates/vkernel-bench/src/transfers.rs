@@ -11,37 +11,78 @@ use crate::stats::Summary;
 use crate::vkbench::{self, Op};
 use crate::{chart, Mode};
 
-/// Median MB/s of `reps` remote transfers of `bytes` from a fresh pair of
-/// hosts set up by `adjust`; also the pair's (bulk retransmissions,
-/// congestion-window cuts, datagrams sent segmented).
-fn pair_mbps(
-    pl: Mode,
-    faults: FaultConfig,
-    adjust: impl Fn(usize, &mut vkernel::KernelConfig),
-    bytes: usize,
-    to: bool,
-    reps: usize,
-) -> Result<(f64, (u64, u64, u64)), String> {
-    let (a, b) = vkbench::host_pair_with(pl, faults, adjust)?;
-    let (pid, h): (Pid, _) = vkbench::start_server(&a, pl)?;
-    let mut mbps = Vec::new();
-    for _ in 0..reps {
-        let r = vkbench::bulk(&b, pid, bytes, to, pl)?;
+/// A pair of hosts with a bulk server on the first.
+struct Pair {
+    a: vkernel::Kernel,
+    b: vkernel::Kernel,
+    pid: Pid,
+    server: std::thread::JoinHandle<()>,
+    mbps: Vec<f64>,
+}
+
+impl Pair {
+    fn new(
+        pl: Mode,
+        faults: FaultConfig,
+        adjust: impl Fn(usize, &mut vkernel::KernelConfig),
+    ) -> Result<Pair, String> {
+        let (a, b) = vkbench::host_pair_with(pl, faults, adjust)?;
+        let (pid, server) = vkbench::start_server(&a, pl)?;
+        Ok(Pair {
+            a,
+            b,
+            pid,
+            server,
+            mbps: Vec::new(),
+        })
+    }
+
+    /// One transfer of `bytes`; its MB/s is kept.
+    fn transfer(&mut self, bytes: usize, to: bool, pl: Mode) -> Result<(), String> {
+        let r = vkbench::bulk(&self.b, self.pid, bytes, to, pl)?;
         if !r.intact {
             return Err(format!("a {bytes}-byte transfer delivered wrong bytes"));
         }
-        mbps.push(r.bytes as f64 / r.elapsed.as_secs_f64().max(1e-9) / 1e6);
+        self.mbps
+            .push(r.bytes as f64 / r.elapsed.as_secs_f64().max(1e-9) / 1e6);
+        Ok(())
     }
-    let c = b.create_process().map_err(|e| e.to_string())?;
-    vkbench::stop_server(&c, pid, h);
-    let (sa, sb) = (a.stats(), b.stats());
-    let counts = (
-        sa.bulk_retransmits + sb.bulk_retransmits,
-        sa.bulk_cwnd_cuts + sb.bulk_cwnd_cuts,
-        a.batch_counts().1 + b.batch_counts().1,
-    );
-    mbps.sort_by(f64::total_cmp);
-    Ok((mbps[mbps.len() / 2], counts))
+
+    /// Stops the server; the median MB/s and the pair's (bulk
+    /// retransmissions, congestion-window cuts, datagrams sent segmented).
+    fn finish(mut self) -> Result<(f64, (u64, u64, u64)), String> {
+        let c = self.b.create_process().map_err(|e| e.to_string())?;
+        vkbench::stop_server(&c, self.pid, self.server);
+        let (sa, sb) = (self.a.stats(), self.b.stats());
+        let counts = (
+            sa.bulk_retransmits + sb.bulk_retransmits,
+            sa.bulk_cwnd_cuts + sb.bulk_cwnd_cuts,
+            self.a.batch_counts().1 + self.b.batch_counts().1,
+        );
+        self.mbps.sort_by(f64::total_cmp);
+        Ok((self.mbps[self.mbps.len() / 2], counts))
+    }
+}
+
+/// Median MB/s of `reps` transfers of `bytes` on two pairs of hosts, set
+/// up by `(faults, adjust)` each, the transfers alternating between the
+/// pairs so that both see the same machine.
+#[allow(clippy::type_complexity)]
+fn side_by_side(
+    pl: Mode,
+    x: (FaultConfig, &dyn Fn(usize, &mut vkernel::KernelConfig)),
+    y: (FaultConfig, &dyn Fn(usize, &mut vkernel::KernelConfig)),
+    bytes: usize,
+    to: bool,
+    reps: usize,
+) -> Result<[(f64, (u64, u64, u64)); 2], String> {
+    let mut px = Pair::new(pl, x.0, x.1)?;
+    let mut py = Pair::new(pl, y.0, y.1)?;
+    for _ in 0..reps {
+        px.transfer(bytes, to, pl)?;
+        py.transfer(bytes, to, pl)?;
+    }
+    Ok([px.finish()?, py.finish()?])
 }
 
 fn op_name(to: bool) -> String {
@@ -103,21 +144,28 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
 
     // Congestion control: the same transfers clean and at 1 % loss.
     let big = if quick { 8 << 20 } else { 64 << 20 };
-    let reps = if quick { 2 } else { 3 };
+    let reps = if quick { 2 } else { 5 };
     let loss = 0.01;
     println!(
-        "  congestion control: {} MiB, median of {reps}, a clean pair and a pair losing {:.0} % of datagrams:",
+        "  congestion control: {} MiB, median of {reps}, a clean pair and a pair losing {:.0} % of datagrams, transfers alternating:",
         big >> 20,
         loss * 100.0
     );
     for to in [true, false] {
-        let (clean, _) = pair_mbps(c.pl, FaultConfig::default(), |_, _| {}, big, to, reps)?;
         let lossy_faults = FaultConfig {
             loss,
             seed: 11,
             ..FaultConfig::default()
         };
-        let (lossy, (retx, cuts, _)) = pair_mbps(c.pl, lossy_faults, |_, _| {}, big, to, reps)?;
+        let same = |_: usize, _: &mut vkernel::KernelConfig| {};
+        let [(clean, _), (lossy, (retx, cuts, _))] = side_by_side(
+            c.pl,
+            (FaultConfig::default(), &same),
+            (lossy_faults, &same),
+            big,
+            to,
+            reps,
+        )?;
         println!(
             "    {:<8} clean {clean:>8.1} MB/s  1 % loss {lossy:>8.1} MB/s ({retx} chunks resent, {cuts} window cuts)",
             op_name(to)
@@ -152,8 +200,14 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
             }
         };
         let none = FaultConfig::default;
-        let (plain, _) = pair_mbps(c.pl, none(), with(false), big, to, reps)?;
-        let (gso, (_, _, segs)) = pair_mbps(c.pl, none(), with(true), big, to, reps)?;
+        let [(plain, _), (gso, (_, _, segs))] = side_by_side(
+            c.pl,
+            (none(), &with(false)),
+            (none(), &with(true)),
+            big,
+            to,
+            reps,
+        )?;
         println!(
             "    {:<8} plain {plain:>8.1} MB/s  GSO {gso:>8.1} MB/s ({segs} datagrams segmented): {:.2}×",
             op_name(to),
