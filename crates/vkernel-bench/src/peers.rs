@@ -132,7 +132,7 @@ pub(crate) fn peers(c: &mut Ctx) -> Result<Outcome, String> {
     })
 }
 
-pub(crate) fn groups(c: &mut Ctx) -> Result<Groups, String> {
+pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Groups.heading("(thesis ch. 6): group Send beside one-to-one Send, same run");
     let g = vkernel::Pid::well_known_group(0x4242);
     let admin = c.kb.create_process().map_err(|e| e.to_string())?;
@@ -176,7 +176,12 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Groups, String> {
     // (a difference between runs with different member counts can go
     // negative with noise).
     let iters = if c.quick { 100 } else { 500 };
-    for want in [1usize, 2, 4, 8] {
+    let counts: &[usize] = if c.quick {
+        &[1, 2, 4, 8]
+    } else {
+        &[1, 2, 4, 8, 16, 32]
+    };
+    for &want in counts {
         while servers.len() < want {
             let k = if servers.len() % 2 == 0 { &c.ka } else { &kc };
             let (pid, h) = vkbench::start_server(k, block)?;
@@ -214,10 +219,115 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Groups, String> {
     for (pid, h) in servers {
         vkbench::stop_server(&admin, pid, h);
     }
-    Ok(Groups {
+    let by_hosts = group_hosts(c, block)?;
+    let members: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.members as f64, r.all.median_us))
+        .collect();
+    let hosts: Vec<(f64, f64)> = by_hosts
+        .iter()
+        .map(|r| (r.members as f64, r.all.median_us))
+        .collect();
+    let report = Groups {
         one_reply: one,
         one_to_one: direct,
         ratio: one.median_us / direct.median_us.max(1e-9),
         multi_reply: rows,
+        by_hosts,
+    };
+    let line = |file, title: &'static str, x: &'static str, pts: Vec<(f64, f64)>| Chart {
+        file,
+        draw: Box::new(move |p| {
+            chart::lines(
+                p,
+                title,
+                x,
+                "µs until the last reply (median)",
+                &[("multi-reply group Send".to_string(), pts)],
+                false,
+            )
+        }),
+    };
+    Ok(Outcome {
+        report: SectionReport::Groups(report),
+        goals: Vec::new(),
+        charts: vec![
+            line(
+                "groups.svg",
+                "Group Send: time to every reply against members (two hosts)",
+                "members",
+                members,
+            ),
+            line(
+                "hosts.svg",
+                "Group Send: time to every reply against hosts (one member each)",
+                "hosts",
+                hosts,
+            ),
+        ],
     })
+}
+
+/// Multi-reply group Sends to one member on each of 1 … 16 other logical
+/// hosts (each its own socket on loopback), all waits blocking: the cost
+/// of a group against the hosts it spans.
+fn group_hosts(c: &mut Ctx, block: crate::Mode) -> Result<Vec<GroupRow>, String> {
+    let counts: &[usize] = if c.quick {
+        &[1, 2, 4]
+    } else {
+        &[1, 2, 4, 8, 16]
+    };
+    let most = counts.last().copied().unwrap_or(1);
+    println!("  one member on each of N hosts (multi-reply, blocking waits):");
+    println!(
+        "  {:>8} {:>16} {:>16}",
+        "hosts", "first reply µs", "all replies µs"
+    );
+    let client = Kernel::start(vkernel::KernelConfig {
+        spin: Duration::ZERO,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let admin = client.create_process().map_err(|e| e.to_string())?;
+    let g = vkernel::Pid::well_known_group(0x4244);
+    let mut hosts: Vec<Kernel> = Vec::new();
+    let mut servers = Vec::new();
+    let mut rows = Vec::new();
+    let iters = if c.quick { 100 } else { 300 };
+    for &want in counts {
+        while hosts.len() < want.min(most) {
+            let k = Kernel::start(vkernel::KernelConfig {
+                peers: vec![client.local_addr()],
+                spin: Duration::ZERO,
+                ..Default::default()
+            })
+            .map_err(|e| e.to_string())?;
+            client.add_peer(k.local_addr());
+            let (pid, h) = vkbench::start_server(&k, block)?;
+            admin.join_group(g, pid).map_err(|e| e.to_string())?;
+            servers.push((pid, h));
+            hosts.push(k);
+        }
+        let (mut f, mut a) =
+            vkbench::group_sends(&client, g, GroupMode::Many, want, iters, iters / 10, block)?;
+        let (f, a) = (Summary::of(&mut f), Summary::of(&mut a));
+        println!(
+            "  {want:>8} {:>9.2} / {:>4.0} {:>9.2} / {:>4.0}",
+            f.median_us, f.p99_us, a.median_us, a.p99_us
+        );
+        rows.push(GroupRow {
+            members: want,
+            first: f,
+            all: a,
+            per_extra_reply_us: if want > 1 {
+                (a.median_us - f.median_us).max(0.0) / (want - 1) as f64
+            } else {
+                0.0
+            },
+        });
+    }
+    for (pid, h) in servers {
+        vkbench::stop_server(&admin, pid, h);
+    }
+    Ok(rows)
 }

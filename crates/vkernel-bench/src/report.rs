@@ -377,6 +377,9 @@ pub struct Groups {
     pub ratio: f64,
     /// Multi-reply gathering by member count.
     pub multi_reply: Vec<GroupRow>,
+    /// Multi-reply gathering, one member on each of N hosts (`members`
+    /// is the host count).
+    pub by_hosts: Vec<GroupRow>,
 }
 
 /// One member count of section 8.

@@ -204,7 +204,7 @@ impl Section {
             Section::Loading => loading::loading(c)?,
             Section::Load => SectionReport::Load(loading::load(c)?).into(),
             Section::Peers => peers::peers(c)?,
-            Section::Groups => SectionReport::Groups(peers::groups(c)?).into(),
+            Section::Groups => peers::groups(c)?,
             Section::Observability => {
                 SectionReport::Observability(overhead::observability(c)?).into()
             }

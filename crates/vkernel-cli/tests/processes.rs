@@ -279,6 +279,8 @@ fn demo_and_bench_run_and_report() {
         "latency.svg",
         "loading.svg",
         "bulk.svg",
+        "groups.svg",
+        "hosts.svg",
         "processes.svg",
         "clients.svg",
     ] {
@@ -362,6 +364,13 @@ fn demo_and_bench_run_and_report() {
     );
     assert!(pos(&s["section6"]["rows"][0]["exchanges_per_s"]));
     assert!(pos(&s["section8"]["one_reply"]["median_us"]), "{s}");
+    // Cost against members and against hosts (quick: 1, 2, 4, 8 members;
+    // 1, 2, 4 hosts), each row measured.
+    for (k, n) in [("multi_reply", 4), ("by_hosts", 3)] {
+        let rows = s["section8"][k].as_array().unwrap();
+        assert_eq!(rows.len(), n, "{k}: {s}");
+        assert!(rows.iter().all(|r| pos(&r["all"]["median_us"])), "{k}: {s}");
+    }
     assert_eq!(s["section9"]["overhead"].as_array().unwrap().len(), 3);
     assert!(pos(&s["section10"]["native"]["read_mbps"]), "{s}");
     assert!(pos(&s["section11"]["page_read"]["median_us"]), "{s}");
