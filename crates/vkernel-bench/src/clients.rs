@@ -13,6 +13,7 @@ use vkernel::{FaultConfig, Message};
 use vkernel_peers::Wait;
 
 use crate::chart::{self, Series};
+use crate::programs::{self, raw_client};
 use crate::report::{Goal, SectionReport};
 use crate::section::{Chart, Ctx, Outcome, Section};
 use crate::stats::Summary;
@@ -44,6 +45,9 @@ pub struct Clients {
     pub seconds: f64,
     /// The rows, block first.
     pub rows: Vec<Row>,
+    /// Blocking rows with each client a separate program (a logical host
+    /// of its own); empty when not run from the `vkernel` command.
+    pub program_rows: Vec<Row>,
 }
 
 /// Runs `k` threads of `one` (which does one exchange and returns its
@@ -109,40 +113,6 @@ fn raw_server(
     Ok((a, h))
 }
 
-/// One raw UDP client: a connected socket; each call one exchange.
-fn raw_client(
-    server: std::net::SocketAddr,
-    wait: Wait,
-) -> Result<impl FnMut() -> Result<Duration, String> + Send, String> {
-    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    s.connect(server).map_err(|e| e.to_string())?;
-    match wait {
-        Wait::Spin => s.set_nonblocking(true),
-        // A lost datagram is resent after this long (none are, here).
-        Wait::Block => s.set_read_timeout(Some(Duration::from_millis(200))),
-    }
-    .map_err(|e| e.to_string())?;
-    Ok(move || {
-        let m = [7u8; 32];
-        let mut b = [0u8; 64];
-        let t = Instant::now();
-        s.send(&m).map_err(|e| e.to_string())?;
-        let give_up = t + Duration::from_secs(1);
-        loop {
-            match s.recv(&mut b) {
-                Ok(_) => return Ok(t.elapsed()),
-                Err(_) if Instant::now() > give_up => {
-                    return Err("raw UDP echo: no answer within 1 s".into())
-                }
-                Err(_) if wait == Wait::Spin => std::hint::spin_loop(),
-                Err(_) => {
-                    s.send(&m).map_err(|e| e.to_string())?;
-                }
-            }
-        }
-    })
-}
-
 pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Clients
         .heading("(one echo server, k client threads; vkernel beside raw UDP, same run)");
@@ -166,6 +136,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "wait", "k", "vk exch/s", "raw exch/s", "vk/raw", "vk med/p99 µs", "raw med/p99 µs", "retx"
     );
     let mut rows = Vec::new();
+    let mut program_rows = Vec::new();
     let mut goals = Vec::new();
     for mode in [Mode::BLOCK, Mode::SPIN] {
         let name = if mode.spins() { "spin" } else { "block" };
@@ -199,41 +170,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 raw: Summary::of(&mut rs),
                 retransmits,
             };
-            let ratio = row.vk_per_s / row.raw_per_s.max(1e-9);
-            println!(
-                "  {:<6} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7}",
-                name,
-                k,
-                row.vk_per_s,
-                row.raw_per_s,
-                ratio,
-                row.vk.median_us,
-                row.vk.p99_us,
-                row.raw.median_us,
-                row.raw.p99_us,
-                row.retransmits
-            );
-            goals.push(Goal::at_least(
-                &format!("{name}, k = {k}: vkernel / raw UDP exchanges per second"),
-                ratio,
-                0.9,
-                "×",
-            ));
-            if k <= 64 {
-                goals.push(Goal::at_most(
-                    &format!("{name}, k = {k}: retransmissions on a clean loopback"),
-                    row.retransmits as f64,
-                    0.0,
-                    "",
-                ));
-            }
-            goals.push(Goal::at_most(
-                &format!("{name}, k = {k}: vkernel p99 / median"),
-                row.vk.p99_us / row.vk.median_us.max(1e-3),
-                10.0,
-                "×",
-            ));
+            report_row(&row, name, &mut goals);
             rows.push(row);
+        }
+        if !mode.spins() {
+            program_rows = program_section(c.quick, dur, &ka, server, &mut goals)?;
         }
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         vkbench::stop_server(&probe, server, sh);
@@ -266,8 +207,97 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         report: SectionReport::Clients(Clients {
             seconds: dur.as_secs_f64(),
             rows,
+            program_rows,
         }),
         goals,
         charts,
     })
+}
+
+/// Prints a row and checks its goals: ≥ 0.9× raw UDP, no retransmission
+/// up to k = 64, p99 ≤ 10× the median.
+fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
+    let k = row.clients;
+    let ratio = row.vk_per_s / row.raw_per_s.max(1e-9);
+    println!(
+        "  {:<6} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7}",
+        name,
+        k,
+        row.vk_per_s,
+        row.raw_per_s,
+        ratio,
+        row.vk.median_us,
+        row.vk.p99_us,
+        row.raw.median_us,
+        row.raw.p99_us,
+        row.retransmits
+    );
+    goals.push(Goal::at_least(
+        &format!("{name}, k = {k}: vkernel / raw UDP exchanges per second"),
+        ratio,
+        0.9,
+        "×",
+    ));
+    if k <= 64 {
+        goals.push(Goal::at_most(
+            &format!("{name}, k = {k}: retransmissions on a clean loopback"),
+            row.retransmits as f64,
+            0.0,
+            "",
+        ));
+    }
+    goals.push(Goal::at_most(
+        &format!("{name}, k = {k}: vkernel p99 / median"),
+        row.vk.p99_us / row.vk.median_us.max(1e-3),
+        10.0,
+        "×",
+    ));
+}
+
+/// The blocking rows again with every client a separate program: k
+/// copies of this executable against the same vkernel server, then
+/// against a raw UDP echo server.
+fn program_section(
+    quick: bool,
+    dur: Duration,
+    ka: &vkernel::Kernel,
+    server: vkernel::Pid,
+    goals: &mut Vec<Goal>,
+) -> Result<Vec<Row>, String> {
+    let Some(exe) = programs::client_program() else {
+        println!("  (separate-program rows skipped: run from the `vkernel` command)");
+        return Ok(Vec::new());
+    };
+    println!("  the same, block, each client a separate program (its own logical host):");
+    let ks: &[usize] = if quick { &[1, 8] } else { &[1, 8, 64] };
+    // Fixed host ids for the programs, clear of the server's.
+    let first_id = if ka.host_id().0 >= 20_000 {
+        1_000
+    } else {
+        20_000
+    };
+    let mut rows = Vec::new();
+    for &k in ks {
+        let (mut vs, retransmits) =
+            programs::run_programs(&exe, k, dur, ka.local_addr(), Some(server), false, first_id)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (raddr, rh) = raw_server(Wait::Block, stop.clone())?;
+        let rs = programs::run_programs(&exe, k, dur, raddr, None, false, first_id);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = rh.join();
+        let (mut rs, _) = rs?;
+        let secs = dur.as_secs_f64();
+        let row = Row {
+            wait: "block, programs".into(),
+            clients: k,
+            vk_per_s: vs.len() as f64 / secs,
+            raw_per_s: rs.len() as f64 / secs,
+            vk: Summary::of(&mut vs),
+            raw: Summary::of(&mut rs),
+            retransmits,
+        };
+        report_row(&row, "programs", goals);
+        rows.push(row);
+    }
+    Ok(rows)
 }

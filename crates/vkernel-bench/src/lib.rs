@@ -40,6 +40,7 @@ pub mod mode;
 mod overhead;
 pub mod paper;
 mod peers;
+pub mod programs;
 mod python;
 pub mod report;
 mod scale;

@@ -60,3 +60,39 @@ pub fn run(a: Option<BenchArgs>) -> Result<(), String> {
     };
     vkernel_bench::run(&o).map(|_| ())
 }
+
+/// Arguments of the hidden `vkernel bench-client`: one client program of
+/// the bench's section 18 (started by the bench, not by users).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// The raw UDP echo server, or the vkernel server's host.
+    #[arg(long)]
+    pub server: std::net::SocketAddr,
+    /// The vkernel echo server's pid (without: raw UDP).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// This program's logical host id (vkernel only).
+    #[arg(long, default_value_t = 20_000)]
+    pub host_id: u16,
+    /// Busy-poll instead of blocking.
+    #[arg(long)]
+    pub spin: bool,
+    /// Start at this Unix time in ms.
+    #[arg(long, default_value_t = 0)]
+    pub start_at_ms: u64,
+    /// Run this many ms.
+    #[arg(long, default_value_t = 500)]
+    pub ms: u64,
+}
+
+/// Runs one client program.
+pub fn client(a: ClientArgs) -> Result<(), String> {
+    vkernel_bench::programs::client_main(&vkernel_bench::programs::ClientArgs {
+        server: a.server,
+        pid: a.pid,
+        host_id: a.host_id,
+        spin: a.spin,
+        start_at_ms: a.start_at_ms,
+        ms: a.ms.min(60_000),
+    })
+}

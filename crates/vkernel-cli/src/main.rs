@@ -51,6 +51,9 @@ enum Cmd {
     /// beside today's, peers in the same run, JSON and SVG charts (the
     /// default command).
     Bench(bench::BenchArgs),
+    /// One client program of `vkernel bench` section 18 (internal).
+    #[command(hide = true)]
+    BenchClient(bench::ClientArgs),
     /// Run this machine's logical host, which other programs attach to
     /// (`--attach`): their processes share its pid space and sockets.
     // (A variant's doc comment would replace the command's long help.)
@@ -163,6 +166,7 @@ fn main() {
         Some(Cmd::Man(a)) => gen::man(a, root),
         Some(Cmd::Demo(a)) => demo::run(a),
         Some(Cmd::Bench(a)) => bench::run(Some(a)),
+        Some(Cmd::BenchClient(a)) => bench::client(a),
         None => bench::run(None),
     };
     flush();

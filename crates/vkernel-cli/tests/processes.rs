@@ -318,6 +318,16 @@ fn demo_and_bench_run_and_report() {
     // Section 18: both waiting modes at k = 1, 8, 64, vkernel and raw UDP.
     let r = s["section18"]["rows"].as_array().expect("section 18");
     assert_eq!(r.len(), 6, "{s}");
+    // …and blocking with each client a separate program (k = 1, 8).
+    let p = s["section18"]["program_rows"]
+        .as_array()
+        .expect("section 18");
+    assert_eq!(p.len(), 2, "{s}");
+    assert!(
+        p.iter()
+            .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),
+        "{s}"
+    );
     assert!(
         r.iter()
             .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),
