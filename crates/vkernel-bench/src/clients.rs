@@ -38,6 +38,29 @@ pub struct Row {
     pub retransmits: u64,
 }
 
+impl Row {
+    /// A row from both systems' latencies over `dur`.
+    fn new(
+        wait: &str,
+        clients: usize,
+        dur: Duration,
+        mut vk: Vec<Duration>,
+        mut raw: Vec<Duration>,
+        retransmits: u64,
+    ) -> Row {
+        let secs = dur.as_secs_f64();
+        Row {
+            wait: wait.into(),
+            clients,
+            vk_per_s: vk.len() as f64 / secs,
+            raw_per_s: raw.len() as f64 / secs,
+            vk: Summary::of(&mut vk),
+            raw: Summary::of(&mut raw),
+            retransmits,
+        }
+    }
+}
+
 /// Section 18's figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct Clients {
@@ -144,7 +167,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let (server, sh) = vkbench::start_server(&ka, mode)?;
         for &k in ks {
             let retx0 = kb.stats().retransmits;
-            let mut vs = drive(k, dur, || {
+            let vs = drive(k, dur, || {
                 let p = kb.create_process().map_err(|e| e.to_string())?;
                 Ok(move || {
                     let mut m = Message::with_code(1);
@@ -159,17 +182,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             let rs = drive(k, dur, || raw_client(raddr, mode.wait));
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = rh.join();
-            let mut rs = rs?;
-            let secs = dur.as_secs_f64();
-            let row = Row {
-                wait: name.into(),
-                clients: k,
-                vk_per_s: vs.len() as f64 / secs,
-                raw_per_s: rs.len() as f64 / secs,
-                vk: Summary::of(&mut vs),
-                raw: Summary::of(&mut rs),
-                retransmits,
-            };
+            let row = Row::new(name, k, dur, vs, rs?, retransmits);
             report_row(&row, name, &mut goals);
             rows.push(row);
         }
@@ -278,24 +291,14 @@ fn program_section(
     };
     let mut rows = Vec::new();
     for &k in ks {
-        let (mut vs, retransmits) =
+        let (vs, retransmits) =
             programs::run_programs(&exe, k, dur, ka.local_addr(), Some(server), false, first_id)?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (raddr, rh) = raw_server(Wait::Block, stop.clone())?;
         let rs = programs::run_programs(&exe, k, dur, raddr, None, false, first_id);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = rh.join();
-        let (mut rs, _) = rs?;
-        let secs = dur.as_secs_f64();
-        let row = Row {
-            wait: "block, programs".into(),
-            clients: k,
-            vk_per_s: vs.len() as f64 / secs,
-            raw_per_s: rs.len() as f64 / secs,
-            vk: Summary::of(&mut vs),
-            raw: Summary::of(&mut rs),
-            retransmits,
-        };
+        let row = Row::new("block, programs", k, dur, vs, rs?.0, retransmits);
         report_row(&row, "programs", goals);
         rows.push(row);
     }
