@@ -228,6 +228,7 @@ impl Engine {
         let mut op = self.new_move(now, Dir::To, target, dest_off, src, (xseq, addr, on_behalf));
         op.last_tx = vec![0; op.done.len()];
         self.set_state(mover, PState::Moving(Box::new(op)));
+        self.moving.insert(mover.local());
         self.pump_move_to(now, mover);
         Ok(None)
     }
@@ -288,6 +289,7 @@ impl Engine {
             .min(op.cwnd.limit(self.window_chunks(op.chunk)));
         op.next_new = first;
         self.set_state(mover, PState::Moving(Box::new(op)));
+        self.moving.insert(mover.local());
         self.request_range(now, mover, 0, first, false);
         Ok(None)
     }
@@ -1044,12 +1046,13 @@ impl Engine {
 
     pub(super) fn bulk_timers(&mut self, now: Micros, next: &mut Micros) {
         let Some(host) = self.host_id() else { return };
-        let movers: Vec<Pid> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| matches!(p.state, PState::Moving(_)))
-            .map(|(&l, _)| Pid::new(host, l))
-            .collect();
+        let procs = &self.procs;
+        self.moving.retain(|l| {
+            procs
+                .get(l)
+                .is_some_and(|p| matches!(p.state, PState::Moving(_)))
+        });
+        let movers: Vec<Pid> = self.moving.iter().map(|&l| Pid::new(host, l)).collect();
         let max_rto = self.max_rto();
         for m in movers {
             let Some(op) = self.move_op(m) else { continue };

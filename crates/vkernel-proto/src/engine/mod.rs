@@ -210,6 +210,9 @@ pub struct Engine {
     /// whose Send ended are dropped when next looked at). Timers and
     /// destruction look only at these, so idle processes cost nothing.
     sending: std::collections::BTreeSet<u16>,
+    /// Local ids of the processes blocked in a remote MoveTo/MoveFrom (a
+    /// superset, as `sending`): bulk timers look only at these.
+    moving: std::collections::BTreeSet<u16>,
     next_local: u16,
     next_seq: u32,
     aliens: Aliens,
@@ -271,6 +274,7 @@ impl Engine {
             rng,
             procs: new_map(hs),
             sending: std::collections::BTreeSet::new(),
+            moving: std::collections::BTreeSet::new(),
             rtt: new_map(hs),
             cwnds: new_map(hs),
             names: naming::Names::new(hs),
