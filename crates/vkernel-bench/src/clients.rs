@@ -6,10 +6,12 @@
 //! clients' retransmissions (a clean loopback should see none).
 
 use std::net::UdpSocket;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vkernel::{FaultConfig, Message};
+use vkernel::service::{Handler, PoolConfig, Request, WorkerPool};
+use vkernel::{FaultConfig, IpcError, Message};
 use vkernel_peers::Wait;
 
 use crate::chart::{self, Series};
@@ -71,6 +73,118 @@ pub struct Clients {
     /// Blocking rows with each client a separate program (a logical host
     /// of its own); empty when not run from the `vkernel` command.
     pub program_rows: Vec<Row>,
+    /// Requests that cost CPU time at the server, served by worker pools
+    /// of 1 … CPUs workers.
+    pub workers: Vec<WorkRow>,
+}
+
+/// A worker pool serving requests that each cost CPU time.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkRow {
+    /// Worker processes.
+    pub workers: usize,
+    /// CPU time per request, µs.
+    pub work_us: u64,
+    /// Client threads (blocking).
+    pub clients: usize,
+    /// Exchanges per second, all clients together.
+    pub per_s: f64,
+    /// Exchange latency.
+    pub latency: Summary,
+}
+
+/// Busy-works for the given time per request, then echoes it.
+struct Work(Duration);
+
+impl Handler for Work {
+    type Scratch = ();
+
+    fn handle(&self, r: Request<'_>, _: &mut ()) -> Result<(), IpcError> {
+        let t = Instant::now();
+        while t.elapsed() < self.0 {
+            std::hint::spin_loop();
+        }
+        r.process.reply(&r.message, r.from)
+    }
+
+    fn failed(&self) -> Message {
+        Message::with_code(0xf)
+    }
+
+    fn busy(&self) -> Message {
+        Message::with_code(0xb)
+    }
+}
+
+/// k blocking clients on one host send requests that each cost `work` of
+/// CPU to a worker pool on another host, with 1 … CPUs workers: does one
+/// service spread over the CPUs?
+fn worker_rows(quick: bool, dur: Duration, goals: &mut Vec<Goal>) -> Result<Vec<WorkRow>, String> {
+    let work = Duration::from_micros(40);
+    let k = 8;
+    let most = vkernel::host::online_cpus().clamp(2, 16);
+    let mut counts = vec![1];
+    while !quick && counts.last().is_some_and(|&w| 2 * w < most) {
+        counts.push(2 * counts[counts.len() - 1]);
+    }
+    counts.push(most);
+    println!(
+        "  worker pool (block): {k} clients, each request {} µs of CPU at the server",
+        work.as_micros()
+    );
+    let mut rows: Vec<WorkRow> = Vec::new();
+    for w in counts {
+        let (ka, kb) = vkbench::host_pair(Mode::BLOCK, FaultConfig::default())?;
+        let cfg = PoolConfig {
+            name: "bench-work".into(),
+            workers: w,
+            queue: 4 * k,
+            idle_code: 0x7e_57fe,
+            inline_upto: 0,
+            logical_id: None,
+            worker_spin: Some(Duration::ZERO),
+        };
+        let pool = WorkerPool::start(&ka, cfg, Arc::new(Work(work))).map_err(|e| e.to_string())?;
+        let to = pool.pid();
+        let mut lat = drive(k, dur, || {
+            let p = kb.create_process().map_err(|e| e.to_string())?;
+            Ok(move || {
+                let mut m = Message::with_code(1);
+                let t = Instant::now();
+                p.send(&mut m, to).map_err(|e| e.to_string())?;
+                if m.code() != 1 {
+                    return Err(format!("worker pool answered code {:#x}", m.code()));
+                }
+                Ok(t.elapsed())
+            })
+        })?;
+        // The pool's threads end with its host.
+        drop((ka, kb));
+        let row = WorkRow {
+            workers: w,
+            work_us: work.as_micros() as u64,
+            clients: k,
+            per_s: lat.len() as f64 / dur.as_secs_f64(),
+            latency: Summary::of(&mut lat),
+        };
+        println!(
+            "    {w} worker{}: {:>8.0} exchanges/s  median/p99 {:.1}/{:.1} µs",
+            if w == 1 { " " } else { "s" },
+            row.per_s,
+            row.latency.median_us,
+            row.latency.p99_us
+        );
+        rows.push(row);
+    }
+    if let (Some(one), Some(all)) = (rows.first(), rows.last()) {
+        goals.push(Goal::at_least(
+            &format!("worker pool, {} workers / 1 worker", all.workers),
+            all.per_s / one.per_s.max(1e-9),
+            0.75 * all.workers as f64,
+            "×",
+        ));
+    }
+    Ok(rows)
 }
 
 /// Runs `k` threads of `one` (which does one exchange and returns its
@@ -192,6 +306,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         vkbench::stop_server(&probe, server, sh);
     }
+    let workers = worker_rows(c.quick, dur, &mut goals)?;
     let mut series: Vec<Series> = Vec::new();
     for wait in ["block", "spin"] {
         let of = |f: fn(&Row) -> f64| -> Vec<(f64, f64)> {
@@ -221,6 +336,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             seconds: dur.as_secs_f64(),
             rows,
             program_rows,
+            workers,
         }),
         goals,
         charts,

@@ -328,6 +328,10 @@ fn demo_and_bench_run_and_report() {
             .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),
         "{s}"
     );
+    // A worker pool of 1 and of one worker per CPU served the same load.
+    let w = s["section18"]["workers"].as_array().expect("section 18");
+    assert_eq!(w.len(), 2, "{s}");
+    assert!(w.iter().all(|x| pos(&x["per_s"])), "{s}");
     assert!(
         r.iter()
             .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),

@@ -885,8 +885,10 @@ impl Engine {
             }
         }
         let k = lost.len();
-        let oldest = lost.iter().map(|&i| op.last_tx[i]).max();
-        if let Some(m) = oldest {
+        // A loss cuts the window once per window of data: cut only if the
+        // latest-sent lost chunk left after the last cut.
+        let newest = lost.iter().map(|&i| op.last_tx[i]).max();
+        if let Some(m) = newest {
             if op.cwnd.lost(m, op.tx_counter) {
                 self.stats.bulk_cwnd_cuts += 1;
             }
