@@ -384,6 +384,30 @@ impl Bridged {
         Some(b)
     }
 
+    /// Starts an echo server in host `i`'s namespace, in the echo group,
+    /// sending group messages by multicast (port 7999), with `extra`
+    /// options; returns once it is ready.
+    fn group_echo(&self, i: usize, extra: &[&str]) -> Child2 {
+        let addr = format!("192.0.2.{}:7000", i + 1);
+        let base = [
+            "echo",
+            "--bind",
+            &addr,
+            "--group",
+            "--multicast-port",
+            "7999",
+        ];
+        let mut c = Child2(
+            self.cmd(i, &[&base[..], extra].concat())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn echo"),
+        );
+        wait_banner(&mut c);
+        c
+    }
+
     fn cmd(&self, i: usize, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.hosts[i], BIN]).args(args);
@@ -407,30 +431,7 @@ fn group_queries_travel_by_ip_multicast_between_namespaces() {
     };
     let mut servers = Vec::new();
     for (i, count) in [(0usize, "1"), (1, "2")] {
-        let addr = format!("192.0.2.{}:7000", i + 1);
-        let mut c = Child2(
-            n.cmd(
-                i,
-                &[
-                    "echo",
-                    "--bind",
-                    &addr,
-                    "--group",
-                    "--servers",
-                    count,
-                    "--multicast-port",
-                    "7999",
-                    "--exit-after",
-                    "30s",
-                ],
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn echo"),
-        );
-        wait_banner(&mut c);
-        servers.push(c);
+        servers.push(n.group_echo(i, &["--servers", count, "--exit-after", "30s"]));
     }
     // No peer list: the query reaches both hosts only by multicast.
     let run = |args: &[&str]| {
@@ -503,28 +504,7 @@ fn thirty_two_hosts_on_a_bridge_answer_group_queries() {
     };
     let mut servers = Vec::new();
     for i in 0..N - 1 {
-        let addr = format!("192.0.2.{}:7000", i + 1);
-        let mut c = Child2(
-            n.cmd(
-                i,
-                &[
-                    "echo",
-                    "--bind",
-                    &addr,
-                    "--group",
-                    "--multicast-port",
-                    "7999",
-                    "--exit-after",
-                    "60s",
-                ],
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn echo"),
-        );
-        wait_banner(&mut c);
-        servers.push(c);
+        servers.push(n.group_echo(i, &["--exit-after", "60s"]));
     }
     let run = |args: &[&str]| {
         let o = n.cmd(N - 1, args).output().expect("run");
