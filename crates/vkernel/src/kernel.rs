@@ -105,6 +105,12 @@ pub struct KernelConfig {
     /// (segmentation offload), where the kernel takes it; off: one
     /// datagram per call (still batched by sendmmsg).
     pub gso: bool,
+    /// A remote Send without a segment asks for its answers at the
+    /// sending thread's own socket (one per thread and host), so the reply
+    /// wakes the thread that waits for it (`waiter::answer_socket`). Needs
+    /// `side_sockets`; not with fault injection or tracing, which see every
+    /// datagram at the main socket.
+    pub answer_sockets: bool,
     /// Export a span per exchange through the global OpenTelemetry tracer
     /// provider (see `otel.rs`); feature `otel`.
     #[cfg(feature = "otel")]
@@ -139,6 +145,7 @@ impl Default for KernelConfig {
             metrics: true,
             side_sockets: true,
             gso: true,
+            answer_sockets: true,
             #[cfg(feature = "otel")]
             otel: false,
         }
@@ -201,6 +208,9 @@ pub(crate) struct Shared {
     /// Bulk chunks may leave gathered from the lent buffers
     /// ([`Net::gathers`]).
     gathers: bool,
+    /// Remote Sends ask for their answers at the sending thread's answer
+    /// socket (`KernelConfig::answer_sockets`), bound to this address.
+    pub(crate) answers: Option<std::net::IpAddr>,
     /// Slots for taking a stream of small bulk chunks 32 at a time
     /// (allocated on first use: 2 MiB).
     rx_batch: Mutex<Option<Box<crate::net::RecvBatch>>>,
@@ -263,6 +273,15 @@ fn is_bulk(d: &[u8]) -> bool {
         .is_some_and(|t| t.is_bulk())
 }
 
+/// True if the datagram is a RemoteSend asking for its answers at its
+/// source address.
+fn asks_answer_at_source(d: &[u8]) -> bool {
+    use vkernel_proto::wire::{field, PacketType, F_ANSWER_SOURCE};
+    d.get(field::PTYPE).copied() == Some(PacketType::RemoteSend as u8)
+        && d.get(field::FLAGS)
+            .is_some_and(|f| f & F_ANSWER_SOURCE != 0)
+}
+
 /// A thread's reused vectors: datagrams to send, waiters to signal, and
 /// sent datagrams' buffers to hand back to the engine.
 type Scratch = (
@@ -301,6 +320,18 @@ impl Shared {
     pub(crate) fn with_engine_as<R>(
         &self,
         me: Option<Pid>,
+        f: impl FnOnce(&mut Engine, Micros) -> R,
+    ) -> (R, Option<Completion>) {
+        self.with_engine_via(me, None, f)
+    }
+
+    /// [`Shared::with_engine_as`] sending the RemoteSends that ask for
+    /// answers at their source (`F_ANSWER_SOURCE`) from `via`, the calling
+    /// thread's answer socket.
+    pub(crate) fn with_engine_via<R>(
+        &self,
+        me: Option<Pid>,
+        via: Option<&std::net::UdpSocket>,
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
@@ -342,7 +373,10 @@ impl Shared {
             }
         }
         for t in out.drain(..) {
-            if let Some(b) = self.net.send(t.to, t.data) {
+            if let Some(v) = via.filter(|_| asks_answer_at_source(&t.data)) {
+                self.net.send_from(v, t.to, &t.data);
+                sent.push(t.data);
+            } else if let Some(b) = self.net.send(t.to, t.data) {
                 sent.push(b);
             }
         }
@@ -424,6 +458,39 @@ impl Shared {
                 Event::LeaveMulticast(a) => self.net.leave_multicast(a),
             }
         }
+    }
+
+    /// Reads and processes what waits on the calling thread's answer
+    /// socket `sock` (at most 8 datagrams, up to the one that completes
+    /// `me`'s operation): that completion, if one came.
+    pub(crate) fn poll_answer(&self, me: Pid, sock: &std::net::UdpSocket) -> Option<Completion> {
+        let mut mine = None;
+        RECV_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            for _ in 0..8 {
+                let Some((len, from)) = self.net.recv_answer(sock, &mut buf) else {
+                    break;
+                };
+                mine = self.handle_answer(me, from, &buf[..len]);
+                if mine.is_some() {
+                    // Done: no empty read after the reply.
+                    break;
+                }
+            }
+        });
+        mine
+    }
+
+    /// Handles a datagram read from `me`'s thread's answer socket: `me`'s
+    /// completion, if it produced it.
+    pub(crate) fn handle_answer(
+        &self,
+        me: Pid,
+        from: SocketAddr,
+        data: &[u8],
+    ) -> Option<Completion> {
+        self.with_engine_as(Some(me), |e, now| e.handle_datagram(now, from, data))
+            .1
     }
 
     /// Reads and processes up to `max` queued datagrams.
@@ -855,10 +922,13 @@ impl Kernel {
             conflict: None,
         };
         let gathers = net.gathers();
+        let answers = (cfg.answer_sockets && side && !net.has_faults() && cfg.trace.is_none())
+            .then_some(me.ip());
         let mut shared = Shared {
             state: Mutex::new(state),
             net,
             gathers,
+            answers,
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),

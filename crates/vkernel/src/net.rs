@@ -101,7 +101,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// The sender of a received datagram as a std address (UDP over IPv4 or
 /// IPv6 only).
-fn std_addr(a: Option<rustix::net::SocketAddrAny>) -> Option<SocketAddr> {
+pub(crate) fn std_addr(a: Option<rustix::net::SocketAddrAny>) -> Option<SocketAddr> {
     SocketAddr::try_from(a?).ok()
 }
 
@@ -215,6 +215,9 @@ pub struct NetCounters {
     /// Datagrams another reader took between the peek and the receive of
     /// an in-place chunk (handled as usual).
     pub bulk_in_place_missed: AtomicU64,
+    /// Datagrams read from a thread's answer socket (answers to Sends
+    /// that asked for them at their source; see `answer.rs`).
+    pub answers: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
@@ -476,6 +479,37 @@ impl Net {
     /// Non-blocking receive. `Ok(None)` when nothing is queued.
     pub fn try_recv(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
         recv_one(&self.sock, buf).or_else(|| recv_one(self.mcast.as_ref()?, buf))
+    }
+
+    /// Sends `data` to `to` from `sock` (a thread's answer socket), with
+    /// the main socket's retry and error counting.
+    pub(crate) fn send_from(&self, sock: &UdpSocket, to: SocketAddr, data: &[u8]) {
+        self.retrying(|| rustix::net::sendto(sock, data, rustix::net::SendFlags::DONTWAIT, &to));
+    }
+
+    /// Takes the next datagram queued on `sock` (non-blocking), counted as
+    /// an answer.
+    pub(crate) fn recv_answer(
+        &self,
+        sock: &UdpSocket,
+        buf: &mut [u8],
+    ) -> Option<(usize, SocketAddr)> {
+        let r = loop {
+            match rustix::net::recvfrom(sock, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+                // (Empty: a wake-up that came after its wait ended.)
+                Ok((0, _, _)) => continue,
+                Ok((n, _, a)) => break (n, std_addr(a)?),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return None,
+            }
+        };
+        self.count_answer();
+        Some(r)
+    }
+
+    /// Counts a datagram read from an answer socket.
+    pub(crate) fn count_answer(&self) {
+        self.counters.answers.fetch_add(1, Ordering::Relaxed);
     }
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {

@@ -11,7 +11,9 @@
 //! allows. A thread blocks in its epoll set on its eventfd and, while its
 //! process is a socket reader, the host's socket, registered
 //! `EPOLLEXCLUSIVE` so a datagram wakes one blocked thread rather than all
-//! of them.
+//! of them. A thread awaiting a remote reply at its own answer socket
+//! (docs/PROTOCOL.md §1c) blocks in `recvfrom` on that socket instead, and
+//! is woken by an empty datagram to it.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,7 +220,7 @@ impl Waiter {
         }
         // None: the process never blocked, so nothing waits.
         if let Some(f) = lock(&self.parked_on).as_ref() {
-            f.efd.signal();
+            f.signal();
         }
     }
 
@@ -304,6 +306,89 @@ pub(crate) struct WaitFds {
     /// That socket (descriptor, host serial), if it is in `epoll`; only
     /// the owning thread changes it.
     sock: Mutex<Option<(RawFd, u64)>>,
+    /// The thread's answer sockets by host serial, the latest used last;
+    /// only the owning thread touches them.
+    answers: Mutex<Vec<(u64, Arc<std::net::UdpSocket>)>>,
+    /// The answer socket the thread is blocked in (`recvfrom`), if it is:
+    /// a waker then sends it an empty datagram instead of signalling the
+    /// eventfd.
+    in_recv: Mutex<Option<Arc<std::net::UdpSocket>>>,
+}
+
+impl WaitFds {
+    /// Wakes the thread: an empty datagram to the answer socket it is
+    /// blocked in, else the eventfd.
+    pub(crate) fn signal(&self) {
+        if let Some(s) = lock(&self.in_recv).as_ref() {
+            if let Ok(a) = s.local_addr() {
+                if rustix::net::sendto(&**s, &[], rustix::net::SendFlags::DONTWAIT, &a).is_ok() {
+                    return;
+                }
+            }
+        }
+        self.efd.signal();
+    }
+
+    /// Blocks in `recvfrom` on the answer socket `sock` (see
+    /// [`WaitFds::signal`]) until a datagram comes or the socket's timeout
+    /// passes: the datagram, unless it was empty (a wake-up). Call with
+    /// the process parked on this thread.
+    pub(crate) fn recv_blocking(
+        &self,
+        sock: &Arc<std::net::UdpSocket>,
+        buf: &mut [u8],
+    ) -> Option<(usize, std::net::SocketAddr)> {
+        *lock(&self.in_recv) = Some(sock.clone());
+        let r = loop {
+            match rustix::net::recvfrom(&**sock, &mut *buf, rustix::net::RecvFlags::empty()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r,
+            }
+        };
+        lock(&self.in_recv).take();
+        match r {
+            Ok((n, _, a)) if n > 0 => crate::net::std_addr(a).map(|a| (n, a)),
+            _ => None,
+        }
+    }
+}
+
+/// The longest a thread blocks in its answer socket before it looks at
+/// its flags again (a waker normally ends the wait sooner, see
+/// [`WaitFds::signal`]).
+const ANSWER_WAIT: Duration = Duration::from_millis(50);
+
+/// Answer sockets a thread keeps (one per host it sends from; the least
+/// recently used goes first).
+const ANSWER_SOCKETS: usize = 4;
+
+/// The calling thread's answer socket for the host `serial`, bound to
+/// `ip` (any port) and added to the thread's epoll set on first use: a
+/// remote Send made on this thread asks for its answers there
+/// (`F_ANSWER_SOURCE`), so the thread waiting for the reply is the one the
+/// reply wakes, not whichever of the host's blocked threads the main
+/// socket wakes (which would then wake the sender: two wake-ups).
+/// `None` if the thread has no descriptors to spare.
+pub(crate) fn answer_socket(serial: u64, ip: std::net::IpAddr) -> Option<Arc<std::net::UdpSocket>> {
+    let fds = thread_fds()?;
+    let mut v = lock(&fds.answers);
+    if let Some(i) = v.iter().position(|(s, _)| *s == serial) {
+        if i + 1 != v.len() {
+            let e = v.remove(i);
+            v.push(e);
+        }
+        return v.last().map(|(_, s)| s.clone());
+    }
+    let sock = std::net::UdpSocket::bind((ip, 0)).ok()?;
+    // Blocking, so a thread waits in `recvfrom` itself (other reads pass
+    // MSG_DONTWAIT); the timeout bounds a wait between looks at its flags.
+    sock.set_read_timeout(Some(ANSWER_WAIT)).ok()?;
+    if v.len() >= ANSWER_SOCKETS {
+        v.remove(0);
+    }
+    let sock = Arc::new(sock);
+    v.push((serial, sock.clone()));
+    Some(sock)
 }
 
 impl WaitFds {
@@ -322,6 +407,8 @@ impl WaitFds {
             efd,
             epoll: ep,
             sock: Mutex::new(None),
+            answers: Mutex::new(Vec::new()),
+            in_recv: Mutex::new(None),
         })
     }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::thread;
 
 use common::{pattern, two_hosts};
@@ -488,4 +489,96 @@ fn operations_after_shutdown_fail_cleanly_with_lent_buffers() {
         }
         drop(sink);
     }
+}
+
+/// `threads` client threads on `b` (each its own process, waiting as
+/// `spin` says) send `each` ECHO requests to `server`; checks every answer.
+fn echo_clients(b: &Kernel, server: Pid, threads: u32, each: u32, spin: std::time::Duration) {
+    thread::scope(|sc| {
+        for t in 0..threads {
+            let c = b.create_process().unwrap();
+            sc.spawn(move || {
+                c.set_spin(spin);
+                for i in 0..each {
+                    let mut m = Message::with_code(ECHO);
+                    m.0[1] = t * 1000 + i;
+                    c.send(&mut m, server).unwrap();
+                    assert_eq!(m.0[1], t * 1000 + i + 1);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn replies_come_to_the_sending_threads_own_socket() {
+    let (a, b) = two_hosts();
+    let (server, h) = a.spawn("server", serve).unwrap();
+    for spin in [
+        std::time::Duration::ZERO,
+        std::time::Duration::from_micros(300),
+    ] {
+        let (answers, retx) = (
+            b.net_counters().answers.load(Relaxed),
+            b.stats().retransmits,
+        );
+        echo_clients(&b, server, 4, 50, spin);
+        let answers = b.net_counters().answers.load(Relaxed) - answers;
+        let retx = b.stats().retransmits - retx;
+        // Only the answer to a retransmission goes to the main socket.
+        assert!(
+            answers + retx >= 200,
+            "{answers} of 200 replies read from the senders' own sockets ({retx} retransmissions, spin {spin:?})"
+        );
+    }
+    // A wait in the answer socket is ended by other events too: the
+    // Send's deadline (completed by another thread's timer run), and the
+    // process's destruction.
+    let silent = a.create_process().unwrap();
+    let c = b.create_process().unwrap();
+    c.set_spin(std::time::Duration::ZERO);
+    c.set_send_deadline(Some(std::time::Duration::from_millis(100)));
+    let mut m = Message::with_code(ECHO);
+    assert!(matches!(
+        c.send(&mut m, silent.pid()),
+        Err(IpcError::Deadline(_))
+    ));
+    c.set_send_deadline(None);
+    let killer = b.create_process().unwrap();
+    let cpid = c.pid();
+    let retx = b.stats().retransmits;
+    thread::scope(|sc| {
+        let w = sc.spawn(move || {
+            let mut m = Message::with_code(ECHO);
+            c.send(&mut m, silent.pid())
+        });
+        common::wait_for(std::time::Duration::from_secs(5), "client blocked", || {
+            (b.stats().retransmits > retx || w.is_finished()).then_some(())
+        });
+        killer.destroy(cpid).unwrap();
+        assert_eq!(w.join().unwrap().unwrap_err(), IpcError::Destroyed);
+    });
+    let p = b.create_process().unwrap();
+    let mut m = Message::with_code(STOP);
+    let _ = p.send(&mut m, server);
+    h.join().unwrap();
+}
+
+#[test]
+fn without_answer_sockets_replies_come_to_the_main_socket() {
+    let a = Kernel::start(KernelConfig::default()).unwrap();
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        answer_sockets: false,
+        ..Default::default()
+    })
+    .unwrap();
+    a.add_peer(b.local_addr());
+    let (server, h) = a.spawn("server", serve).unwrap();
+    echo_clients(&b, server, 4, 50, std::time::Duration::ZERO);
+    assert_eq!(b.net_counters().answers.load(Relaxed), 0);
+    let p = b.create_process().unwrap();
+    let mut m = Message::with_code(STOP);
+    let _ = p.send(&mut m, server);
+    h.join().unwrap();
 }

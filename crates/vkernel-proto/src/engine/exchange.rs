@@ -191,8 +191,15 @@ impl Engine {
         h.dst = dst;
         h.forwarder = o.forwarder;
         h.user = o.principal;
+        let answer_source =
+            self.answer_source && !retransmission && o.seg.is_none() && !dst.is_group();
         h.flags = if retransmission { F_RETRANSMIT } else { 0 }
-            | if o.no_ahead { wire::F_REPLY_DATA } else { 0 };
+            | if o.no_ahead { wire::F_REPLY_DATA } else { 0 }
+            | if answer_source {
+                wire::F_ANSWER_SOURCE
+            } else {
+                0
+            };
         let msg = o.msg;
         let append = rights::appends(o.access, &o.msg);
         let (data, total): (&[u8], u32) = match (&o.seg, append) {

@@ -240,6 +240,10 @@ pub struct Engine {
     /// [`Engine::take_own`] instead of being announced by an event.
     caller: Option<Pid>,
     own: Option<Completion>,
+    /// The next RemoteSends encoded (first transmissions of Sends without
+    /// a segment) ask for their answers at their source address (see
+    /// [`Engine::set_answer_source`]).
+    answer_source: bool,
 }
 
 /// Serial-number comparison: is `a` older than `b` within a window?
@@ -288,6 +292,7 @@ impl Engine {
             placed: false,
             caller: None,
             own: None,
+            answer_source: false,
         };
         if let HostState::Ready { id, nonce } = e.host {
             e.out.event(Event::HostReady(id));
@@ -371,6 +376,17 @@ impl Engine {
             }
         }
         self.caller = pid;
+    }
+
+    /// While on, the first transmission of a Send without a segment to
+    /// one remote process carries `F_ANSWER_SOURCE` (docs/PROTOCOL.md
+    /// §1): its receiver answers the socket it left from, which the
+    /// runtime makes the sending thread's own, so the thread reads its own
+    /// reply. Retransmissions never carry it (they may leave from any
+    /// thread; their answers go to the main socket). The runtime turns it
+    /// on around one call and off again.
+    pub fn set_answer_source(&mut self, on: bool) {
+        self.answer_source = on;
     }
 
     /// The caller's completion (see [`Engine::set_caller`]), if one came.

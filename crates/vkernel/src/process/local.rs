@@ -179,6 +179,16 @@ impl LocalProcess {
     /// as long as the process's [`SpinPolicy`] says, and teaches the policy
     /// how long the wait took.
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
+        self.wait_via(expect, None)
+    }
+
+    /// [`LocalProcess::wait`] for the reply to a Send that asked for its
+    /// answers at `answer`, the thread's answer socket (read first).
+    fn wait_via(
+        &self,
+        expect: Expect,
+        answer: Option<&Arc<std::net::UdpSocket>>,
+    ) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let start = sh.now();
         let mut policy = self.spin.get();
@@ -191,7 +201,7 @@ impl LocalProcess {
             (0, false)
         };
         let mut blocked = false;
-        let r = self.wait_spin_then_block(expect, start, spin_us, &mut blocked);
+        let r = self.wait_spin_then_block(expect, answer, start, spin_us, &mut blocked);
         let mut n = self.waits.get();
         if blocked {
             n.blocked += 1;
@@ -210,6 +220,7 @@ impl LocalProcess {
     fn wait_spin_then_block(
         &self,
         expect: Expect,
+        answer: Option<&Arc<std::net::UdpSocket>>,
         start: u64,
         spin_us: u64,
         blocked: &mut bool,
@@ -280,10 +291,17 @@ impl LocalProcess {
                     }
                 };
                 if polled {
-                    // One datagram at a time: if it was ours, see it at once
-                    // instead of paying another empty recv first.
-                    if let (_, Some(c)) = sh.poll_socket_as(Some(self.pid), 1) {
+                    if let Some(c) = answer.and_then(|a| sh.poll_answer(self.pid, a)) {
                         return Ok(c);
+                    }
+                    // One datagram at a time: if it was ours, see it at once
+                    // instead of paying another empty recv first. (With an
+                    // answer socket the main one is only looked at every
+                    // eighth turn: the reply comes to the other.)
+                    if answer.is_none() || i.is_multiple_of(8) {
+                        if let (_, Some(c)) = sh.poll_socket_as(Some(self.pid), 1) {
+                            return Ok(c);
+                        }
                     }
                 }
                 if i.is_multiple_of(32) {
@@ -314,10 +332,22 @@ impl LocalProcess {
             }
             // Block. Read the socket too, unless another thread is spinning
             // on it (then a datagram would wake us for nothing) or this
-            // process never reads it (the kernel server).
-            let reads = self.socket_reader.get() && sh.spinning() == 0;
+            // process never reads it (the kernel server). A process
+            // awaiting its reply at the thread's answer socket blocks in
+            // that socket alone (one syscall, as a plain UDP client's
+            // `recv`); the background thread reads the main one.
+            let reads = answer.is_none() && self.socket_reader.get() && sh.spinning() == 0;
             let mut sock_ready = false;
-            let ev = if let (true, Some(f)) = (reads, &fds) {
+            let mut got = None;
+            let ev = if let (Some(a), Some(f)) = (answer, &fds) {
+                got = ANSWER_BUF.with(|b| {
+                    let mut b = b.borrow_mut();
+                    let (n, from) = f.recv_blocking(a, &mut b[..])?;
+                    sh.net.count_answer();
+                    Some(sh.handle_answer(self.pid, from, &b[..n]))
+                });
+                false
+            } else if let (true, Some(f)) = (reads, &fds) {
                 let _r = Counted::enter(&sh.blocked_readers, 1);
                 let (s, e) = Waiter::block_on_both(
                     f,
@@ -354,6 +384,9 @@ impl LocalProcess {
                 if let Some(f) = &fds {
                     f.efd.drain();
                 }
+            }
+            if let Some(Some(c)) = got {
+                return Ok(c);
             }
             if reads {
                 match sh.poll_socket_as(Some(self.pid), 256) {
@@ -419,16 +452,28 @@ impl LocalProcess {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
-        self.shared.with_engine(|e, now| {
-            e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder)?;
+        let sh = &self.shared;
+        // To another host: the reply comes to this thread's answer socket.
+        let answer = match sh.answers {
+            Some(ip) if to.is_process() && to.host() != sh.host => {
+                crate::waiter::answer_socket(sh.net.serial(), ip)
+            }
+            _ => None,
+        };
+        sh.with_engine_via(None, answer.as_deref(), |e, now| {
+            e.set_answer_source(answer.is_some());
+            let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
+            e.set_answer_source(false);
+            r?;
             #[cfg(feature = "otel")]
             self.otel_sent(e);
             if let Some(d) = deadline {
                 e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
             }
             Ok(())
-        })?;
-        self.finish_send(msg, to)
+        })
+        .0?;
+        self.finish_send_via(msg, to, answer.as_ref())
     }
 
     /// Send with a segment the receiver may access while this process awaits
@@ -499,7 +544,18 @@ impl LocalProcess {
     }
 
     fn finish_send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
-        let r = match self.wait(self.expect_for(to)) {
+        self.finish_send_via(msg, to, None)
+    }
+
+    /// [`LocalProcess::finish_send`] of a Send whose answers come to the
+    /// thread's answer socket `answer`.
+    fn finish_send_via(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        answer: Option<&Arc<std::net::UdpSocket>>,
+    ) -> Result<Reply, IpcError> {
+        let r = match self.wait_via(self.expect_for(to), answer) {
             Ok(Completion::Send(Ok(r))) => {
                 *msg = r.msg;
                 Ok(Reply {
@@ -1136,6 +1192,13 @@ impl Drop for LocalProcess {
         }
         self.shared.unregister(pid);
     }
+}
+
+thread_local! {
+    /// Where a thread blocked in its answer socket receives (an answer is
+    /// a small datagram; a larger one is truncated and dropped as such).
+    static ANSWER_BUF: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(vec![0u8; vkernel_proto::wire::MAX_DATAGRAM]);
 }
 
 /// `d` in engine time (µs), saturating.

@@ -927,3 +927,67 @@ fn a_granted_move_is_checked_as_a_move_is() {
         "only while the Send is outstanding"
     );
 }
+
+#[test]
+fn only_a_first_send_without_segment_asks_for_answers_at_its_source() {
+    let mut n = Net::with(2, |i, c| c.reply_port = addr(i).port());
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let flags = |t: &Transmit| decode(&t.data).unwrap().header.flags;
+    // Armed: the first transmission carries the flag, and the receiver
+    // answers the socket it came from, while learning the main socket.
+    n.e[1].set_answer_source(true);
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.e[1].set_answer_source(false);
+    let t = n.e[1].poll_transmit().expect("the RemoteSend");
+    assert_eq!(flags(&t) & wire::F_ANSWER_SOURCE, wire::F_ANSWER_SOURCE);
+    let own = SocketAddr::from(([127, 0, 0, 1], 40000));
+    n.e[0].handle_datagram(n.now, own, &t.data);
+    assert_eq!(n.e[0].location_of(HostId(2)), Some(addr(1)));
+    assert_eq!(
+        n.e[0].receive(n.now, s, None, None).unwrap().unwrap().from,
+        c
+    );
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    let r = n.e[0].poll_transmit().expect("the reply");
+    assert_eq!(r.to, own, "answered at the source");
+    n.e[1].handle_datagram(n.now, addr(0), &r.data);
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    // A retransmission never carries it, even while armed.
+    n.e[1].set_answer_source(true);
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(3), None)
+        .unwrap();
+    let first = n.e[1].poll_transmit().expect("the RemoteSend");
+    assert_ne!(flags(&first) & wire::F_ANSWER_SOURCE, 0);
+    let later = n.now + 1_000_000;
+    n.e[1].handle_timeout(later);
+    n.e[1].set_answer_source(false);
+    let again = n.e[1].poll_transmit().expect("a retransmission");
+    assert_eq!(flags(&again) & wire::F_ANSWER_SOURCE, 0);
+    assert_ne!(flags(&again) & wire::F_RETRANSMIT, 0);
+    n.e[1].cancel(c);
+    while n.e[1].poll_transmit().is_some() {}
+    // Nor does a Send with a segment (its bulk data goes by the main
+    // socket), nor one made while not armed.
+    let seg = SharedBuf::new(pattern(1, 100));
+    n.e[1].set_answer_source(true);
+    n.e[1]
+        .send(n.now, c, s, seg_msg(4, SegAccess::READ), Some(seg.lend()))
+        .unwrap();
+    n.e[1].set_answer_source(false);
+    let t = n.e[1].poll_transmit().expect("the RemoteSend");
+    assert_eq!(flags(&t) & wire::F_ANSWER_SOURCE, 0);
+    n.e[1].cancel(c);
+    while n.e[1].poll_transmit().is_some() {}
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(5), None)
+        .unwrap();
+    let t = n.e[1].poll_transmit().expect("the RemoteSend");
+    assert_eq!(flags(&t) & wire::F_ANSWER_SOURCE, 0);
+}
