@@ -7,6 +7,10 @@ use crate::config::Micros;
 pub struct Rtt {
     srtt: Option<Micros>,
     rttvar: Micros,
+    /// A floor under the timeout after the peer answered a retransmission
+    /// with replyPending (it held the request: the retransmission was
+    /// needless), in 1/`HELD_FADE` µs; fades as samples come.
+    held: Micros,
 }
 
 impl Default for Rtt {
@@ -21,6 +25,7 @@ impl Rtt {
         Rtt {
             srtt: None,
             rttvar: 0,
+            held: 0,
         }
     }
 
@@ -37,6 +42,20 @@ impl Rtt {
                 self.srtt = Some((7 * srtt + s) / 8);
             }
         }
+        self.held -= self.held / HELD_FADE;
+    }
+
+    /// The peer answered a retransmission with replyPending after the
+    /// exchange had waited `waited` µs: it is busy (its queue, or its
+    /// threads waiting for a CPU) and held the request all along, so until
+    /// samples say otherwise the timeout is at least twice that.
+    ///
+    /// At most [`HELD_MAX`]: a server that holds requests on purpose (a
+    /// pipe's reader, a delayed reply) would otherwise double it with every
+    /// exchange, and a lost datagram to that host would wait as long.
+    pub fn held(&mut self, waited: Micros) {
+        let floor = waited.saturating_mul(2).min(HELD_MAX);
+        self.held = self.held.max(floor * HELD_FADE);
     }
 
     /// The smoothed RTT, if any sample was taken.
@@ -47,15 +66,48 @@ impl Rtt {
     /// Current timeout: srtt + 4·rttvar, clamped, or `initial` before samples.
     pub fn rto(&self, initial: Micros, min: Micros, max: Micros) -> Micros {
         match self.srtt {
-            None => initial.clamp(min, max),
-            Some(s) => (s + 4 * self.rttvar).clamp(min, max),
+            None => initial.max(self.held / HELD_FADE).clamp(min, max),
+            Some(s) => (s + 4 * self.rttvar)
+                .max(self.held / HELD_FADE)
+                .clamp(min, max),
         }
     }
 }
 
+/// Samples over which the replyPending floor fades to 1/e (`Rtt::held`).
+const HELD_FADE: Micros = 4096;
+
+/// The highest replyPending floor (`Rtt::held`): above the queueing delays
+/// of a busy server (a few ms at 256 clients here), below the holds of one
+/// that delays replies on purpose.
+pub const HELD_MAX: Micros = 20_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_request_raises_the_timeout_until_samples_wear_it_down() {
+        let mut r = Rtt::new();
+        for _ in 0..50 {
+            r.sample(100);
+        }
+        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000);
+        r.held(3_000);
+        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 6_000);
+        for _ in 0..HELD_FADE {
+            r.sample(100);
+        }
+        let rto = r.rto(100_000, 1_000, 1_000_000);
+        assert!((2_000..2_500).contains(&rto), "{rto}");
+        for _ in 0..4 * HELD_FADE {
+            r.sample(100);
+        }
+        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000);
+        // A long hold raises it only so far.
+        r.held(10_000_000);
+        assert_eq!(r.rto(100_000, 1_000, 1_000_000), HELD_MAX);
+    }
 
     #[test]
     fn adapts_to_samples() {

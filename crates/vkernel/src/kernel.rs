@@ -348,6 +348,9 @@ impl Shared {
             }
             let r = f(&mut st.engine, now);
             if now >= st.engine.poll_timeout() {
+                if self.answers.is_some() {
+                    self.read_unread_answers(st, now);
+                }
                 st.engine.handle_timeout(now);
             }
             let mine = if me.is_some() {
@@ -397,6 +400,37 @@ impl Shared {
             }
         });
         (r, mine)
+    }
+
+    /// Before retransmissions are due: reads what waits in the answer
+    /// sockets of the processes concerned whose threads are blocked (not
+    /// scheduled yet since their reply came, on a loaded machine), so the
+    /// reply is taken as such rather than the request sent again. Their
+    /// completions wake them as usual.
+    fn read_unread_answers(&self, st: &mut State, now: Micros) {
+        let mut due = Vec::new();
+        st.engine.due_retransmissions(now, &mut due);
+        if due.is_empty() {
+            return;
+        }
+        // Answers to Sends without a segment carry no data: a fixed part
+        // and at most an authentication trailer.
+        let mut buf = [0u8; 1024];
+        for pid in due {
+            let Some(sock) = st.waiters.get(&pid).and_then(|w| w.blocked_in_answer()) else {
+                continue;
+            };
+            for _ in 0..4 {
+                let Some((len, from)) = self.net.recv_answer(&sock, &mut buf) else {
+                    break;
+                };
+                self.net
+                    .counters
+                    .answers_for_others
+                    .fetch_add(1, Ordering::Relaxed);
+                st.engine.handle_datagram(now, from, &buf[..len]);
+            }
+        }
     }
 
     /// Takes what the engine produced under the lock: bulk chunks are sent

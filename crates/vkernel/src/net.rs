@@ -218,6 +218,10 @@ pub struct NetCounters {
     /// Datagrams read from a thread's answer socket (answers to Sends
     /// that asked for them at their source; see `answer.rs`).
     pub answers: AtomicU64,
+    /// Of those, datagrams read by a thread running due retransmission
+    /// timers from the answer socket of another, blocked thread (its reply
+    /// had come but it had not run yet): each one a retransmission saved.
+    pub answers_for_others: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.

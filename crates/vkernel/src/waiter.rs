@@ -87,6 +87,13 @@ impl Waiter {
         Some(fds)
     }
 
+    /// The answer socket the process's thread is blocked in, if it is.
+    pub(crate) fn blocked_in_answer(&self) -> Option<Arc<std::net::UdpSocket>> {
+        let f = lock(&self.parked_on).clone()?;
+        let s = lock(&f.in_recv).clone();
+        s
+    }
+
     /// The process is awake again: its thread's descriptors are no longer
     /// its to hold (a waker that saw `parked` just before may still find
     /// them and signal: a spurious wake-up of that thread, which looks

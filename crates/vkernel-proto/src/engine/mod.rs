@@ -600,6 +600,26 @@ impl Engine {
         self.timers.set(next);
     }
 
+    /// Adds to `out` the processes whose remote Send
+    /// [`Engine::handle_timeout`] would retransmit at `now`. A runtime that
+    /// receives some answers where only the waiting thread looks (an
+    /// answer socket) reads what waits there first, so that a reply that
+    /// came but was not read yet (its thread not scheduled) is not taken
+    /// for a loss.
+    pub fn due_retransmissions(&self, now: Micros, out: &mut Vec<Pid>) {
+        let Some(h) = self.host_id() else { return };
+        for &l in &self.sending {
+            if let Some(PState::Sending(o)) = self.procs.get(&l).map(|p| &p.state) {
+                if o.remote
+                    .as_ref()
+                    .is_some_and(|r| now >= r.next && now < r.deadline)
+                {
+                    out.push(Pid::new(h, l));
+                }
+            }
+        }
+    }
+
     /// Fails every blocked operation with `Shutdown` (the runtime is stopping).
     pub fn shutdown(&mut self) {
         let Some(h) = self.host_id() else { return };

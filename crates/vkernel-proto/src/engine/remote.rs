@@ -432,12 +432,19 @@ impl Engine {
         let rto = self.rto_for(host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
+                // The first replyPending of an exchange: its retransmission
+                // was needless (the peer held the request).
+                let first = !r.pending_seen;
+                let waited = now.saturating_sub(r.sent_at);
                 r.pending_seen = true;
                 r.deadline = now + host_timeout;
                 r.rto = rto.max(r.rto);
                 r.next = now + r.rto;
                 let next = r.next;
                 self.arm(next);
+                if first {
+                    self.rtt.entry(host).or_default().held(waited);
+                }
             }
             return;
         }

@@ -991,3 +991,36 @@ fn only_a_first_send_without_segment_asks_for_answers_at_its_source() {
     let t = n.e[1].poll_transmit().expect("the RemoteSend");
     assert_eq!(flags(&t) & wire::F_ANSWER_SOURCE, 0);
 }
+
+#[test]
+fn a_peer_that_held_a_retransmitted_request_gets_longer_before_the_next() {
+    // Twenty quick exchanges keep the round-trip estimate near 100 µs,
+    // then one request is held 5 ms by its server. The first such hold
+    // is retransmitted (2 ms minimum timeout) and answered with
+    // replyPending; from then on the timeout stays above the holds.
+    let mut n = Net::new(2);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let mut per_round = Vec::new();
+    for _ in 0..6 {
+        let before = n.e[1].stats().retransmits;
+        for i in 0..21 {
+            n.e[1]
+                .send(n.now, c, s, Message::with_code(1), None)
+                .unwrap();
+            n.run();
+            n.advance(if i == 20 { 5_000 } else { 100 });
+            let r = n.e[0].receive(n.now, s, None, None).unwrap();
+            assert_eq!(r.map(|r| r.from), Some(c));
+            n.e[0]
+                .reply(n.now, s, c, Message::with_code(2), None)
+                .unwrap();
+            n.run();
+            assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+        }
+        per_round.push(n.e[1].stats().retransmits - before);
+    }
+    assert!(per_round[0] > 0, "{per_round:?}");
+    assert_eq!(per_round[3..], [0, 0, 0], "{per_round:?}");
+}
