@@ -74,8 +74,10 @@ impl Rtt {
     }
 }
 
-/// Samples over which the replyPending floor fades to 1/e (`Rtt::held`).
-const HELD_FADE: Micros = 4096;
+/// Samples over which the replyPending floor fades to 1/e (`Rtt::held`):
+/// ~0.3 s at 50,000 exchanges a second, longer when quieter (the floor is
+/// at most `HELD_MAX`).
+const HELD_FADE: Micros = 16384;
 
 /// The highest replyPending floor (`Rtt::held`): above the queueing delays
 /// of a busy server (a few ms at 256 clients here), below the holds of one
