@@ -38,7 +38,7 @@ impl Timing {
     pub fn new(cfg: &Config, rtt: &Rtt) -> Timing {
         let max_rto = cfg.max_rto.min(cfg.host_timeout / 8).max(cfg.min_rto);
         Timing {
-            rto: rtt.rto(cfg.initial_rto, cfg.min_rto, max_rto),
+            rto: rtt.send_rto(cfg.initial_rto, cfg.min_rto, max_rto),
             max_rto,
             host_timeout: cfg.host_timeout,
         }

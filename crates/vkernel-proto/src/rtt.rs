@@ -66,11 +66,17 @@ impl Rtt {
     /// Current timeout: srtt + 4·rttvar, clamped, or `initial` before samples.
     pub fn rto(&self, initial: Micros, min: Micros, max: Micros) -> Micros {
         match self.srtt {
-            None => initial.max(self.held / HELD_FADE).clamp(min, max),
-            Some(s) => (s + 4 * self.rttvar)
-                .max(self.held / HELD_FADE)
-                .clamp(min, max),
+            None => initial.clamp(min, max),
+            Some(s) => (s + 4 * self.rttvar).clamp(min, max),
         }
+    }
+
+    /// [`Rtt::rto`] of a request (a RemoteSend): at least the floor
+    /// [`Rtt::held`] set, since a busy peer holds requests, while bulk
+    /// data is answered at once.
+    pub fn send_rto(&self, initial: Micros, min: Micros, max: Micros) -> Micros {
+        self.rto(initial, min, max)
+            .max((self.held / HELD_FADE).clamp(min, max))
     }
 }
 
@@ -96,19 +102,20 @@ mod tests {
         }
         assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000);
         r.held(3_000);
-        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 6_000);
+        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), 6_000);
+        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000, "bulk data's own");
         for _ in 0..HELD_FADE {
             r.sample(100);
         }
-        let rto = r.rto(100_000, 1_000, 1_000_000);
+        let rto = r.send_rto(100_000, 1_000, 1_000_000);
         assert!((2_000..2_500).contains(&rto), "{rto}");
         for _ in 0..4 * HELD_FADE {
             r.sample(100);
         }
-        assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000);
+        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), 1_000);
         // A long hold raises it only so far.
         r.held(10_000_000);
-        assert_eq!(r.rto(100_000, 1_000, 1_000_000), HELD_MAX);
+        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), HELD_MAX);
     }
 
     #[test]

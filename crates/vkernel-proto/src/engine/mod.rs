@@ -460,8 +460,20 @@ impl Engine {
         }
     }
 
+    /// The retransmission timeout of bulk data to `host`: the round trip's
+    /// alone (a lost chunk is the network's doing).
     fn rto_for(&self, host: HostId) -> Micros {
         self.rtt.get(&host).copied().unwrap_or_default().rto(
+            self.cfg.initial_rto,
+            self.cfg.min_rto,
+            self.max_rto(),
+        )
+    }
+
+    /// The retransmission timeout of a RemoteSend to `host`: also at least
+    /// the floor a busy `host` earned (`Rtt::held`).
+    fn send_rto_for(&self, host: HostId) -> Micros {
+        self.rtt.get(&host).copied().unwrap_or_default().send_rto(
             self.cfg.initial_rto,
             self.cfg.min_rto,
             self.max_rto(),

@@ -429,7 +429,7 @@ impl Engine {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let host = h.src.host();
-        let rto = self.rto_for(host);
+        let rto = self.send_rto_for(host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
                 // The first replyPending of an exchange: its retransmission
