@@ -337,14 +337,17 @@ impl WaitFds {
     }
 
     /// Blocks in `recvfrom` on the answer socket `sock` (see
-    /// [`WaitFds::signal`]) until a datagram comes or the socket's timeout
-    /// passes: the datagram, unless it was empty (a wake-up). Call with
-    /// the process parked on this thread.
+    /// [`WaitFds::signal`]) until a datagram comes or about `timeout`
+    /// passes (whole milliseconds, 1 to [`ANSWER_WAIT`]): the datagram,
+    /// unless it was empty (a wake-up). Call with the process parked on
+    /// this thread.
     pub(crate) fn recv_blocking(
         &self,
         sock: &Arc<std::net::UdpSocket>,
         buf: &mut [u8],
+        timeout: Duration,
     ) -> Option<(usize, std::net::SocketAddr)> {
+        set_answer_timeout(sock, timeout);
         *lock(&self.in_recv) = Some(sock.clone());
         let r = loop {
             match rustix::net::recvfrom(&**sock, &mut *buf, rustix::net::RecvFlags::empty()) {
@@ -364,6 +367,28 @@ impl WaitFds {
 /// its flags again (a waker normally ends the wait sooner, see
 /// [`WaitFds::signal`]).
 const ANSWER_WAIT: Duration = Duration::from_millis(50);
+
+thread_local! {
+    /// The receive timeout last set on an answer socket of this thread
+    /// (descriptor, milliseconds): set again only when it changes, which
+    /// it rarely does (it follows the retransmission timeout).
+    static ANSWER_TIMEOUT: std::cell::Cell<(RawFd, u64)> = const { std::cell::Cell::new((-1, 0)) };
+}
+
+/// Sets `sock`'s receive timeout to `d` rounded up to whole milliseconds
+/// (1 to [`ANSWER_WAIT`]), unless it is set so already.
+fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
+    let max = ANSWER_WAIT.as_millis() as u64;
+    let ms = (d.as_micros() as u64).div_ceil(1000).clamp(1, max);
+    let key = (sock.as_raw_fd(), ms);
+    if ANSWER_TIMEOUT.with(|c| c.get()) != key
+        && sock
+            .set_read_timeout(Some(Duration::from_millis(ms)))
+            .is_ok()
+    {
+        ANSWER_TIMEOUT.with(|c| c.set(key));
+    }
+}
 
 /// Answer sockets a thread keeps (one per host it sends from; the least
 /// recently used goes first).
@@ -390,6 +415,9 @@ pub(crate) fn answer_socket(serial: u64, ip: std::net::IpAddr) -> Option<Arc<std
     // Blocking, so a thread waits in `recvfrom` itself (other reads pass
     // MSG_DONTWAIT); the timeout bounds a wait between looks at its flags.
     sock.set_read_timeout(Some(ANSWER_WAIT)).ok()?;
+    // (A closed socket's descriptor number may come back: forget what was
+    // set on it.)
+    ANSWER_TIMEOUT.with(|c| c.set((sock.as_raw_fd(), ANSWER_WAIT.as_millis() as u64)));
     if v.len() >= ANSWER_SOCKETS {
         v.remove(0);
     }

@@ -582,3 +582,35 @@ fn without_answer_sockets_replies_come_to_the_main_socket() {
     let _ = p.send(&mut m, server);
     h.join().unwrap();
 }
+
+#[test]
+fn a_sender_waiting_in_its_answer_socket_retransmits_by_itself() {
+    // No other thread wakes for such a Send's retransmission deadline
+    // (Engine::own_deadline): the waiting thread must run it.
+    let (a, b) = two_hosts();
+    let (server, h) = a.spawn("server", serve).unwrap();
+    // Quick exchanges first: the timeout is then the 2 ms minimum.
+    echo_clients(&b, server, 1, 20, std::time::Duration::ZERO);
+    let (slow, sh) = a
+        .spawn("slow", |p| {
+            thread::sleep(std::time::Duration::from_millis(200));
+            let mut m = Message::zero();
+            if let Ok(i) = p.receive(&mut m) {
+                let _ = p.reply(&m, i.from);
+            }
+        })
+        .unwrap();
+    let c = b.create_process().unwrap();
+    c.set_spin(std::time::Duration::ZERO);
+    let retx = b.stats().retransmits;
+    let mut m = Message::with_code(ECHO);
+    c.send(&mut m, slow).unwrap();
+    assert!(
+        b.stats().retransmits > retx,
+        "a request held 200 ms was never sent again"
+    );
+    sh.join().unwrap();
+    let mut m = Message::with_code(STOP);
+    let _ = c.send(&mut m, server);
+    h.join().unwrap();
+}

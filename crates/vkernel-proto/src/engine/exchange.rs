@@ -148,15 +148,19 @@ impl Engine {
         let rto = self.send_rto_for(dst.host());
         let host_timeout = self.cfg.host_timeout;
         let max_rto = self.max_rto();
+        // The first copy asked for its answers at the sending thread's own
+        // socket: that thread times the exchange itself.
+        let self_timed = self.answer_source && !retransmission;
         let Some(o) = self.outgoing_mut(src) else {
             return;
         };
-        let next = match &mut o.remote {
+        let self_timed = self_timed && o.seg.is_none() && !dst.is_group();
+        let (next, shared) = match &mut o.remote {
             Some(r) if retransmission => {
                 r.retransmitted = true;
                 r.rto = (r.rto * 2).min(max_rto);
                 r.next = now + r.rto;
-                r.next
+                (r.next, !r.self_timed)
             }
             _ => {
                 o.remote = Some(Retx {
@@ -166,14 +170,17 @@ impl Engine {
                     deadline: now + host_timeout,
                     retransmitted: false,
                     pending_seen: false,
+                    self_timed,
                 });
-                now + rto
+                (now + rto, !self_timed)
             }
         };
         if retransmission {
             self.stats.retransmits += 1;
         }
-        self.arm(next);
+        if shared {
+            self.arm(next);
+        }
     }
 
     /// The RemoteSend datagram of `src`'s current exchange, and its

@@ -572,7 +572,7 @@ impl Engine {
                         dead.push((Pid::new(h, l), o.dst));
                     } else if now >= r.next {
                         retx.push(Pid::new(h, l));
-                    } else {
+                    } else if !r.self_timed {
                         next = next.min(r.next).min(r.deadline);
                     }
                 }
@@ -594,7 +594,9 @@ impl Engine {
         for pid in retx {
             self.transmit_send(now, pid, true);
             if let Some(r) = self.outgoing(pid).and_then(|o| o.remote.as_ref()) {
-                next = next.min(r.next).min(r.deadline);
+                if !r.self_timed {
+                    next = next.min(r.next).min(r.deadline);
+                }
             }
         }
         self.bulk_timers(now, &mut next);
@@ -610,6 +612,17 @@ impl Engine {
             next = next.min(self.timers.next_sweep());
         }
         self.timers.set(next);
+    }
+
+    /// When `pid`'s remote Send needs its own thread to run
+    /// [`Engine::handle_timeout`] (retransmission or host timeout), if
+    /// that thread times it: a Send whose first copy asked for its answers
+    /// at the thread's socket ([`Engine::set_answer_source`]) is left out
+    /// of [`Engine::poll_timeout`], so that no other thread wakes for a
+    /// deadline that is nearly always stale (the reply comes first).
+    pub fn own_deadline(&self, pid: Pid) -> Option<Micros> {
+        let r = self.outgoing(pid)?.remote.as_ref()?;
+        r.self_timed.then(|| r.next.min(r.deadline))
     }
 
     /// Adds to `out` the processes whose remote Send

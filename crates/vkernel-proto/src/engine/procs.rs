@@ -16,6 +16,11 @@ pub(super) struct Retx {
     /// request, so the time from the first copy to the reply is a true
     /// sample even though copies were sent (Karn's ambiguity resolved).
     pub(super) pending_seen: bool,
+    /// The sender's own thread runs this exchange's retransmission timer
+    /// (it waits in its answer socket, docs/PROTOCOL.md §1c): the
+    /// engine's shared deadline leaves it out, so no other thread wakes
+    /// for it ([`super::Engine::own_deadline`]).
+    pub(super) self_timed: bool,
 }
 
 /// A Send in progress, kept in the sender's descriptor.

@@ -440,8 +440,10 @@ impl Engine {
                 r.deadline = now + host_timeout;
                 r.rto = rto.max(r.rto);
                 r.next = now + r.rto;
-                let next = r.next;
-                self.arm(next);
+                let (next, shared) = (r.next, !r.self_timed);
+                if shared {
+                    self.arm(next);
+                }
                 if first {
                     self.rtt.entry(host).or_default().held(waited);
                 }

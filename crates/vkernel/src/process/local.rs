@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use vkernel_proto::engine::{Completion, KERNEL_SERVER_LOCAL_ID};
 use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
-use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
+use vkernel_proto::{IpcError, Message, Micros, Pid, Scope, SegAccess};
 
 use crate::kernel::{destroy_local, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
@@ -179,15 +179,18 @@ impl LocalProcess {
     /// as long as the process's [`SpinPolicy`] says, and teaches the policy
     /// how long the wait took.
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
-        self.wait_via(expect, None)
+        self.wait_via(expect, None, Micros::MAX)
     }
 
     /// [`LocalProcess::wait`] for the reply to a Send that asked for its
-    /// answers at `answer`, the thread's answer socket (read first).
+    /// answers at `answer`, the thread's answer socket (read first); `due`
+    /// is when this thread must run the exchange's timer itself
+    /// (`Engine::own_deadline`).
     fn wait_via(
         &self,
         expect: Expect,
         answer: Option<&Arc<std::net::UdpSocket>>,
+        due: Micros,
     ) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let start = sh.now();
@@ -201,7 +204,7 @@ impl LocalProcess {
             (0, false)
         };
         let mut blocked = false;
-        let r = self.wait_spin_then_block(expect, answer, start, spin_us, &mut blocked);
+        let r = self.wait_spin_then_block(expect, answer, due, start, spin_us, &mut blocked);
         let mut n = self.waits.get();
         if blocked {
             n.blocked += 1;
@@ -221,6 +224,7 @@ impl LocalProcess {
         &self,
         expect: Expect,
         answer: Option<&Arc<std::net::UdpSocket>>,
+        mut due: Micros,
         start: u64,
         spin_us: u64,
         blocked: &mut bool,
@@ -262,6 +266,19 @@ impl LocalProcess {
             }
             if w.destroyed.load(Ordering::Acquire) {
                 return Err(IpcError::Destroyed);
+            }
+            // This thread times its own exchange (no other thread wakes for
+            // it): retransmit, or learn the next deadline.
+            if answer.is_some() && sh.now() >= due {
+                let (d, c) = sh.with_engine_as(Some(self.pid), |e, now| {
+                    e.handle_timeout(now);
+                    e.own_deadline(self.pid)
+                });
+                if let Some(c) = c {
+                    return Ok(c);
+                }
+                due = d.unwrap_or(Micros::MAX);
+                continue;
             }
             if sh.stopping() {
                 // The engine failed every blocked op at shutdown; pick it
@@ -340,9 +357,10 @@ impl LocalProcess {
             let mut sock_ready = false;
             let mut got = None;
             let ev = if let (Some(a), Some(f)) = (answer, &fds) {
+                let left = Duration::from_micros(due.saturating_sub(sh.now()));
                 got = ANSWER_BUF.with(|b| {
                     let mut b = b.borrow_mut();
-                    let (n, from) = f.recv_blocking(a, &mut b[..])?;
+                    let (n, from) = f.recv_blocking(a, &mut b[..], left)?;
                     sh.net.count_answer();
                     Some(sh.handle_answer(self.pid, from, &b[..n]))
                 });
@@ -359,14 +377,12 @@ impl LocalProcess {
                 e
             } else {
                 // A process that never reads the socket (the kernel server)
-                // runs due timers only while nobody spins: spinners run
-                // them (and its wake-up would take a CPU from them); with
-                // everyone blocked, taking them here keeps that work off
-                // the threads waiting for answers.
+                // leaves timers to the spinners and the background thread,
+                // which wakes for them when nobody spins (two threads
+                // waking for one, usually stale, deadline cost a CPU
+                // twice).
                 let t = if self.socket_reader.get() {
                     sh.time_to_timer(Duration::from_millis(1))
-                } else if sh.spinning() == 0 {
-                    sh.time_to_timer(Duration::from_millis(50))
                 } else {
                     Duration::from_millis(50)
                 };
@@ -460,20 +476,22 @@ impl LocalProcess {
             }
             _ => None,
         };
-        sh.with_engine_via(None, answer.as_deref(), |e, now| {
-            e.set_answer_source(answer.is_some());
-            let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
-            e.set_answer_source(false);
-            r?;
-            #[cfg(feature = "otel")]
-            self.otel_sent(e);
-            if let Some(d) = deadline {
-                e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
-            }
-            Ok(())
-        })
-        .0?;
-        self.finish_send_via(msg, to, answer.as_ref())
+        let due = sh
+            .with_engine_via(None, answer.as_deref(), |e, now| {
+                e.set_answer_source(answer.is_some());
+                let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
+                e.set_answer_source(false);
+                r?;
+                #[cfg(feature = "otel")]
+                self.otel_sent(e);
+                if let Some(d) = deadline {
+                    e.set_send_deadline(self.pid, now.saturating_add(micros(d)));
+                }
+                Ok(e.own_deadline(self.pid))
+            })
+            .0?;
+        let answer = answer.filter(|_| due.is_some());
+        self.finish_send_via(msg, to, answer.as_ref(), due.unwrap_or(Micros::MAX))
     }
 
     /// Send with a segment the receiver may access while this process awaits
@@ -544,18 +562,19 @@ impl LocalProcess {
     }
 
     fn finish_send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
-        self.finish_send_via(msg, to, None)
+        self.finish_send_via(msg, to, None, Micros::MAX)
     }
 
     /// [`LocalProcess::finish_send`] of a Send whose answers come to the
-    /// thread's answer socket `answer`.
+    /// thread's answer socket `answer`, timed by this thread from `due`.
     fn finish_send_via(
         &self,
         msg: &mut Message,
         to: Pid,
         answer: Option<&Arc<std::net::UdpSocket>>,
+        due: Micros,
     ) -> Result<Reply, IpcError> {
-        let r = match self.wait_via(self.expect_for(to), answer) {
+        let r = match self.wait_via(self.expect_for(to), answer, due) {
             Ok(Completion::Send(Ok(r))) => {
                 *msg = r.msg;
                 Ok(Reply {

@@ -1024,3 +1024,38 @@ fn a_peer_that_held_a_retransmitted_request_gets_longer_before_the_next() {
     assert!(per_round[0] > 0, "{per_round:?}");
     assert_eq!(per_round[3..], [0, 0, 0], "{per_round:?}");
 }
+
+#[test]
+fn a_send_that_asked_for_answers_at_its_source_is_timed_by_its_own_thread() {
+    let mut n = Net::with(2, |i, c| c.reply_port = addr(i).port());
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    // Not armed: the shared deadline covers the retransmission.
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    assert_eq!(n.e[1].own_deadline(c), None);
+    assert!(n.e[1].poll_timeout() < n.now + 1_000_000);
+    n.e[1].cancel(c);
+    while n.e[1].poll_transmit().is_some() {}
+    n.e[1].handle_timeout(n.now);
+    // Armed: the sender's thread times it; the engine's deadline leaves
+    // it out, and a timer pass at the own deadline retransmits.
+    n.e[1].set_answer_source(true);
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(2), None)
+        .unwrap();
+    n.e[1].set_answer_source(false);
+    let due = n.e[1].own_deadline(c).expect("timed by its thread");
+    assert!(n.e[1].poll_timeout() > due, "no shared deadline for it");
+    while n.e[1].poll_transmit().is_some() {}
+    n.e[1].handle_timeout(due);
+    let t = n.e[1].poll_transmit().expect("a retransmission");
+    let h = decode(&t.data).unwrap().header;
+    assert_eq!(h.ptype, PacketType::RemoteSend);
+    assert_ne!(h.flags & wire::F_RETRANSMIT, 0);
+    assert_eq!(n.e[1].stats().retransmits, 1);
+    assert!(n.e[1].own_deadline(c).expect("still its own") > due);
+    assert!(n.e[1].poll_timeout() > due);
+}
