@@ -377,12 +377,14 @@ impl LocalProcess {
                 e
             } else {
                 // A process that never reads the socket (the kernel server)
-                // leaves timers to the spinners and the background thread,
-                // which wakes for them when nobody spins (two threads
-                // waking for one, usually stale, deadline cost a CPU
-                // twice).
+                // runs due timers only while nobody spins: spinners run
+                // them (and its wake-up would take a CPU from them); with
+                // everyone blocked, taking them here keeps that work off
+                // the threads waiting for answers.
                 let t = if self.socket_reader.get() {
                     sh.time_to_timer(Duration::from_millis(1))
+                } else if sh.spinning() == 0 {
+                    sh.time_to_timer(Duration::from_millis(50))
                 } else {
                     Duration::from_millis(50)
                 };
