@@ -16,7 +16,7 @@
 //! verifies, the counter is not older than the receiver's own start minus
 //! `max_skew` (so nothing captured well before a restart is accepted
 //! again: a restarted host has no memory of what it saw), and the counter
-//! is new for the sending host (a 128-packet sliding window per host id,
+//! is new for the sending host (a 960-packet sliding window per host id,
 //! as in IPsec). Anything else is dropped and counted by reason before
 //! the protocol engine sees it. Two keys may be
 //! held at once, so keys rotate without a restart: install the new key
@@ -124,39 +124,54 @@ impl Reject {
     ];
 }
 
-/// Sliding replay window of one sending host.
+/// 64-bit words in a replay window's ring.
+const WINDOW_WORDS: usize = 16;
+/// How far behind the newest counter seen an older one is still accepted
+/// (once): 960. The ring is cleared a word at a time as the top moves, so
+/// one word of it is never usable. (At 128, a datagram sealed by a thread
+/// that was then preempted while other threads sent a bulk burst arrived
+/// too late and was refused.)
+pub const REPLAY_WINDOW: u64 = (WINDOW_WORDS as u64 - 1) * 64;
+
+/// Sliding replay window of one sending host: a ring of bits indexed by
+/// counter, cleared a word at a time as the newest counter moves up (as
+/// in RFC 6479), so no shifting of the whole window.
 #[derive(Clone, Copy, Default)]
 struct Window {
     top: u64,
-    bits: u128,
+    bits: [u64; WINDOW_WORDS],
 }
 
 impl Window {
     /// True (and records it) if `c` was not seen and is within the window.
     fn accept(&mut self, c: u64) -> bool {
         if c > self.top {
-            let shift = c - self.top;
-            self.bits = if shift >= 128 { 0 } else { self.bits << shift };
-            self.bits |= 1;
+            // Clear the words the top moves into (all, after a long jump).
+            let (from, to) = (self.top / 64, c / 64);
+            for w in from + 1..=to.min(from + WINDOW_WORDS as u64) {
+                self.bits[Self::word(w)] = 0;
+            }
             self.top = c;
-            return true;
-        }
-        let back = self.top - c;
-        if back >= 128 {
+        } else if self.top - c >= REPLAY_WINDOW {
             return false;
         }
-        let bit = 1u128 << back;
-        if self.bits & bit != 0 {
+        let word = &mut self.bits[Self::word(c / 64)];
+        let bit = 1u64 << (c % 64);
+        if *word & bit != 0 {
             return false;
         }
-        self.bits |= bit;
+        *word |= bit;
         true
+    }
+
+    fn word(w: u64) -> usize {
+        (w % WINDOW_WORDS as u64) as usize
     }
 }
 
 /// How far a sender's counter may fall behind its wall clock (µs) before
 /// it jumps up to it. A jump puts everything sent before it out of a
-/// receiver's 128-packet window, so jumps are kept rare (at most one per
+/// receiver's [`REPLAY_WINDOW`], so jumps are kept rare (at most one per
 /// this long); the lag is part of the bound a receiver's floor gives.
 pub const COUNTER_LAG: u64 = 100_000;
 
@@ -424,10 +439,37 @@ mod tests {
         assert!(w.accept(12));
         assert!(w.accept(11));
         assert!(!w.accept(11));
-        assert!(w.accept(200));
-        assert!(!w.accept(12), "fell out of the window");
+        assert!(w.accept(10 + REPLAY_WINDOW));
+        assert!(!w.accept(10), "fell out of the window");
+        assert!(w.accept(13), "still inside it");
+        assert!(!w.accept(12), "seen before the top moved");
         assert!(w.accept(100));
-        assert!(!w.accept(200));
+        assert!(!w.accept(10 + REPLAY_WINDOW));
+    }
+
+    proptest::proptest! {
+        /// The ring agrees with the plain definition: a counter is taken
+        /// once, if newer than the top or less than the window behind it.
+        #[test]
+        fn window_matches_its_definition(
+            steps in proptest::collection::vec((0u64..3000, proptest::bool::ANY), 1..400)
+        ) {
+            let mut w = Window::default();
+            let mut seen = std::collections::HashSet::new();
+            let mut top = 0u64;
+            let mut last = 0u64;
+            for (d, back) in steps {
+                // Mostly forward, sometimes back (reordering, replays).
+                let c = if back { last.saturating_sub(d) } else { last + d / 8 };
+                let want = (c > top || top - c < REPLAY_WINDOW) && !seen.contains(&c);
+                proptest::prop_assert_eq!(w.accept(c), want, "counter {}", c);
+                if want {
+                    seen.insert(c);
+                    top = top.max(c);
+                }
+                last = c.max(last);
+            }
+        }
     }
 
     /// A sender that started at wall-clock `t0` µs (engine time 0).
