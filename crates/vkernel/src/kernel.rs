@@ -616,7 +616,21 @@ impl Shared {
             return InPlace::Small;
         }
         let (done, mine) = self.with_engine_as(me, |e, now| {
-            let Some(slot) = e.placement(&head) else {
+            // Peek again under the lock: the datagram peeked before may have
+            // been taken and handled since, and its transfer forgotten by
+            // the engine (an exchange remembers its last few), which would then
+            // offer its place again; whatever this thread then received
+            // would land there and nothing would put the real data back.
+            // A datagram still queued now is handled only after this lock
+            // is released, so if another reader takes it, its data is
+            // written over whatever lands in the place meanwhile.
+            let mut again = [0u8; FIXED_BYTES];
+            let still = self
+                .net
+                .peek(&mut again)
+                .is_some_and(|(k, _)| k >= FIXED_BYTES && again == head);
+            let slot = if still { e.placement(&head) } else { None };
+            let Some(slot) = slot else {
                 // Not placeable (held already, say): read it as usual,
                 // under this lock rather than taking it again.
                 let Some((len, from)) = self.net.try_recv(spill) else {
