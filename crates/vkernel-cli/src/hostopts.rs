@@ -31,6 +31,11 @@ pub struct HostOpts {
     /// Bulk-data flow-control window in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub window: usize,
+    /// Write-behind bound in bytes: a remote MoveTo up to this size returns
+    /// once its data is sent (kept until acknowledged; the Reply to that
+    /// sender waits for it); 0: every MoveTo waits for its acknowledgement.
+    #[arg(long, default_value_t = 512 << 10, value_name = "BYTES")]
+    pub write_behind: usize,
     /// How often peer names (--peer NAME:PORT) are looked up again.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub resolve_interval: Duration,
@@ -174,6 +179,7 @@ impl HostOpts {
             host_id: self.host_id,
             datagram_size: self.datagram_size,
             window: self.window,
+            write_behind: self.write_behind,
             host_timeout: self.host_timeout,
             spin: self.spin.max,
             adaptive_spin: self.spin.adaptive,

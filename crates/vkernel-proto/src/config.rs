@@ -23,6 +23,13 @@ pub struct Config {
     pub datagram_size: usize,
     /// Bulk-data bytes in flight before an acknowledgement (flow-control window).
     pub window: usize,
+    /// Write-behind: a remote MoveTo of at most this many bytes, while the
+    /// mover's unacknowledged write-behind MoveTos to the same process stay
+    /// within it too, returns once its data is copied and sent; the kernel
+    /// keeps the copy until it is acknowledged and holds the mover's Reply
+    /// (or Forward) to that process until then. 0: every remote MoveTo
+    /// waits for its acknowledgement.
+    pub write_behind: usize,
     /// Alien descriptors (buffers for incoming remote requests), preallocated bound.
     pub alien_pool: usize,
     /// At most this many aliens held for one remote host.
@@ -102,6 +109,7 @@ impl Default for Config {
             discovery: Vec::new(),
             datagram_size: MAX_DATAGRAM,
             window: 1 << 20,
+            write_behind: 512 << 10,
             alien_pool: 256,
             alien_per_host: 128,
             initial_rto: 100_000,

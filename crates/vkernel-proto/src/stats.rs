@@ -159,6 +159,8 @@ pub struct Stats {
     pub bulk_retransmits: u64,
     /// Bulk congestion-window cuts (a loss, or a timeout, seen by a mover).
     pub bulk_cwnd_cuts: u64,
+    /// Remote MoveTos answered write-behind (before their acknowledgement).
+    pub bulk_write_behind: u64,
     /// Duplicate requests filtered (answered with replyPending or a saved reply).
     pub duplicates: u64,
     /// Saved replies re-sent for non-idempotent duplicates.

@@ -1468,6 +1468,9 @@ fn build(seed: u64) -> World {
             } else {
                 seed.wrapping_mul(31) + h as u64
             },
+            // MoveTo waits for its acknowledgement, or returns at once with
+            // a little or a lot in flight (write-behind).
+            write_behind: [0, 2 * datagram_size, 512 << 10][(seed % 3) as usize],
             ..Config::default()
         })
         .collect();

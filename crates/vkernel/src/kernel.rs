@@ -51,6 +51,11 @@ pub struct KernelConfig {
     pub datagram_size: Option<usize>,
     /// Bulk-data flow-control window in bytes.
     pub window: usize,
+    /// Write-behind bound in bytes: a remote MoveTo this small returns once
+    /// its data is copied and sent, while the process's unacknowledged
+    /// ones stay within it; its Reply to that sender waits for them (see
+    /// `vkernel_proto::Config::write_behind`). 0: every MoveTo waits.
+    pub write_behind: usize,
     /// A remote operation fails when the peer host is silent this long.
     pub host_timeout: Duration,
     /// The longest a waiting process busy-polls before it blocks (zero:
@@ -127,6 +132,7 @@ impl Default for KernelConfig {
             host_id: None,
             datagram_size: None,
             window: 1 << 20,
+            write_behind: 512 << 10,
             host_timeout: Duration::from_secs(3),
             spin: crate::spin::AUTO_SPIN_CAP,
             adaptive_spin: true,
@@ -949,6 +955,7 @@ impl Kernel {
             discovery,
             datagram_size,
             window: cfg.window.max(datagram_size),
+            write_behind: cfg.write_behind,
             alien_pool: cfg.alien_pool.max(1),
             alien_per_host: (cfg.alien_pool / 2).max(1),
             host_timeout,

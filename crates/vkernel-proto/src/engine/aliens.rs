@@ -27,6 +27,10 @@ use crate::wire::{self, Header, PacketType};
 pub(super) enum AlienState {
     Queued,
     Received,
+    /// Replied to (or forwarded) by the receiver, the answer held until
+    /// the receiver's write-behind MoveTos to the sender are acknowledged
+    /// (`Engine::behind_drained`). Duplicates get replyPending meanwhile.
+    Replied,
 }
 
 /// Descriptor standing for a remote sender's request.
@@ -184,6 +188,12 @@ impl Aliens {
     #[inline]
     pub(super) fn is(&self, i: usize, seq: u32) -> bool {
         self.get(i).is_some_and(|a| a.seq == seq)
+    }
+
+    /// The slot of `sender`'s request `seq`, whatever its state.
+    pub(super) fn of(&self, sender: Pid, seq: u32) -> Option<usize> {
+        let i = self.senders.get(&sender)?.alien?;
+        self.is(i, seq).then_some(i)
     }
 
     /// The slot of `sender`'s request that `by` has received.

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 
+use super::aliens::AlienState;
 use super::bitset::{packed_get, BitSet};
 use super::congestion::Cwnd;
 use super::rights::{self, Need};
@@ -14,7 +15,7 @@ use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::Message;
 use crate::pid::Pid;
-use crate::segment::Seg;
+use crate::segment::{Seg, SegMem};
 use crate::stats::DropReason;
 use crate::wire::{
     BulkMsg, Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT,
@@ -22,8 +23,9 @@ use crate::wire::{
 
 /// Largest bitmap carried in one acknowledgement, in chunks.
 const MAX_ACK_SPAN: usize = 8192 * 8;
-/// Inbound MoveTo transfers remembered per exchange.
-const MAX_INBOUND: usize = 4;
+/// Inbound MoveTo transfers remembered per exchange (a mover may have
+/// several write-behind MoveTos in flight).
+const MAX_INBOUND: usize = 16;
 /// Shortest tail-loss probe delay (see `MoveOp::tlp`).
 const TLP_MIN: Micros = 200;
 
@@ -76,6 +78,9 @@ pub(crate) struct MoveOp {
     tlp: Micros,
     /// The probe was sent since the last progress.
     probed: bool,
+    /// Not started: it waits for the mover's write-behind MoveTos to the
+    /// same process to be acknowledged first (its range overlaps one).
+    waiting: bool,
 }
 
 impl MoveOp {
@@ -95,6 +100,66 @@ impl MoveOp {
     pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
         (self.xseq == xseq).then_some(&self.buf)
     }
+}
+
+/// A write-behind MoveTo: answered at once, its data copied and then sent
+/// and acknowledged while the mover goes on.
+pub(crate) struct Behind {
+    mover: Pid,
+    op: MoveOp,
+}
+
+impl Behind {
+    fn is_for(&self, mover: Pid, peer: Pid, xseq: u32) -> bool {
+        self.mover == mover && self.op.peer == peer && self.op.xseq == xseq
+    }
+
+    /// The copy being sent, if this transfer is of exchange `xseq`.
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
+        self.op.buffer_of(xseq)
+    }
+}
+
+/// A Reply or Forward held until the replier's write-behind MoveTos to
+/// the sender are acknowledged, so that the sender never resumes before
+/// its segment holds all the data moved to it.
+pub(crate) struct Held {
+    by: Pid,
+    sender: Pid,
+    seq: u32,
+    op: HeldOp,
+}
+
+/// What is held.
+pub(super) enum HeldOp {
+    Reply {
+        msg: Message,
+        seg: Option<(u32, Vec<u8>)>,
+    },
+    Forward {
+        to: Pid,
+        msg: Message,
+    },
+}
+
+/// A write-behind MoveTo's own copy of the data.
+struct OwnedSeg(Vec<u8>);
+
+impl SegMem for OwnedSeg {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+/// Which transfer: the one a process is blocked in, or a write-behind
+/// MoveTo (by transfer id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MoveRef {
+    Proc(Pid),
+    Behind(u32),
 }
 
 /// A MoveTo arriving into a local process's segment (owner side).
@@ -177,13 +242,16 @@ impl Engine {
             cwnd,
             tlp: self.tlp_for(peer.host()),
             probed: false,
+            waiting: false,
         }
     }
 
     /// MoveTo: copies `src` into `target`'s write-granted segment at
     /// `dest_off`. `target` must be awaiting reply from `mover`. Returns the
-    /// byte count at once for a local target, or `None` (blocked until a
-    /// [`Completion::Move`]) for a remote one.
+    /// byte count at once for a local target, or for a remote one sent
+    /// write-behind ([`crate::Config::write_behind`]: the data copied, the
+    /// mover's Reply held until it is acknowledged); else `None` (blocked
+    /// until a [`Completion::Move`]).
     pub fn move_to(
         &mut self,
         now: Micros,
@@ -225,12 +293,179 @@ impl Engine {
             let k = (head.len() - off).min(n);
             head[off..off + k].copy_from_slice(&src.bytes()[..k]);
         }
-        let mut op = self.new_move(now, Dir::To, target, dest_off, src, (xseq, addr, on_behalf));
+        let ex = (xseq, addr, on_behalf);
+        let overlaps = self.behind_overlaps(mover, target, xseq, off, n);
+        if !overlaps && self.behind_room(mover, n) {
+            let own: Seg = Box::new(OwnedSeg(src.bytes().to_vec()));
+            drop(src);
+            let mut op = self.new_move(now, Dir::To, target, dest_off, own, ex);
+            while self.behind.contains_key(&op.xfer) {
+                op.xfer = self.random_u32();
+            }
+            op.last_tx = vec![0; op.done.len()];
+            let x = op.xfer;
+            self.behind.insert(x, Behind { mover, op });
+            self.stats.bulk_write_behind += 1;
+            self.pump_move_to(now, MoveRef::Behind(x));
+            return Ok(Some(n));
+        }
+        let mut op = self.new_move(now, Dir::To, target, dest_off, src, ex);
         op.last_tx = vec![0; op.done.len()];
+        op.waiting = overlaps;
+        if overlaps {
+            (op.timer, op.deadline) = (Micros::MAX, Micros::MAX);
+        }
         self.set_state(mover, PState::Moving(Box::new(op)));
         self.moving.insert(mover.local());
-        self.pump_move_to(now, mover);
+        if !overlaps {
+            self.pump_move_to(now, MoveRef::Proc(mover));
+        }
         Ok(None)
+    }
+
+    /// Is there room for `n` more bytes of `mover`'s write-behind data?
+    fn behind_room(&self, mover: Pid, n: usize) -> bool {
+        let cap = self.cfg.write_behind;
+        if n > cap {
+            return false;
+        }
+        let held: usize = self
+            .behind
+            .values()
+            .filter(|b| b.mover == mover)
+            .map(|b| b.op.total)
+            .sum();
+        held + n <= cap
+    }
+
+    /// Does `[off, off + n)` of `target`'s segment in exchange `xseq`
+    /// overlap a write-behind MoveTo of `mover`'s still in flight? (Then a
+    /// lost chunk of the earlier one, retransmitted, could land after the
+    /// later data.)
+    fn behind_overlaps(&self, mover: Pid, target: Pid, xseq: u32, off: usize, n: usize) -> bool {
+        self.behind.values().any(|b| {
+            let (lo, hi) = (b.op.base as usize, b.op.base as usize + b.op.total);
+            b.is_for(mover, target, xseq) && lo < off + n && off < hi
+        })
+    }
+
+    /// Has `mover` write-behind MoveTos to `peer`'s segment in exchange
+    /// `xseq` in flight? (Those of an earlier exchange, run again after
+    /// its reply crossed a retransmission, hold nothing of this one.)
+    pub(super) fn behind_busy(&self, mover: Pid, peer: Pid, xseq: u32) -> bool {
+        self.behind.values().any(|b| b.is_for(mover, peer, xseq))
+    }
+
+    /// Holds `by`'s Reply or Forward of alien `i` (from `sender`) until its
+    /// write-behind MoveTos to `sender` are acknowledged.
+    pub(super) fn hold(&mut self, i: usize, by: Pid, sender: Pid, op: HeldOp) {
+        let Some(a) = self.aliens.get_mut(i) else {
+            return;
+        };
+        a.state = AlienState::Replied;
+        let seq = a.seq;
+        self.held.push(Held {
+            by,
+            sender,
+            seq,
+            op,
+        });
+    }
+
+    /// `mover`'s last write-behind MoveTo to `peer` in exchange `xseq`
+    /// ended (`failed`: with that error): sends what was held for it, or
+    /// starts the move that waited for it.
+    fn behind_drained(
+        &mut self,
+        now: Micros,
+        (mover, peer, xseq): (Pid, Pid, u32),
+        failed: Option<IpcError>,
+    ) {
+        let mut mine = Vec::new();
+        let mut k = 0;
+        while k < self.held.len() {
+            let h = &self.held[k];
+            if h.by == mover && h.sender == peer && h.seq == xseq {
+                mine.push(self.held.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        for h in mine {
+            // Gone (freed after a failure, or expired): nothing to send.
+            let Some(i) = self.aliens.of(h.sender, h.seq) else {
+                continue;
+            };
+            match self.aliens.get_mut(i) {
+                Some(a) if a.state == AlienState::Replied => {
+                    a.state = AlienState::Received;
+                }
+                _ => continue,
+            }
+            // Checked when held; what fails now (the target of a Forward
+            // destroyed since) ends the exchange as it would have then.
+            let r = match h.op {
+                HeldOp::Reply { msg, seg } => {
+                    let seg = seg.as_ref().map(|(o, d)| (*o, &d[..]));
+                    self.reply_alien(now, h.by, h.sender, i, msg, seg)
+                }
+                HeldOp::Forward { to, msg } => self.forward_alien(now, h.by, h.sender, i, to, msg),
+            };
+            if r.is_err() {
+                self.free_alien(i);
+            }
+        }
+        let waiting = self
+            .move_op(mover)
+            .is_some_and(|op| op.waiting && op.peer == peer && op.xseq == xseq);
+        if !waiting {
+            return;
+        }
+        let gone = self.aliens.received(peer, mover).is_err();
+        if let Some(e) = failed.or(gone.then_some(IpcError::NotAwaitingReply(peer))) {
+            return self.complete(mover, Completion::Move(Err(e)));
+        }
+        let host_timeout = self.cfg.host_timeout;
+        let win = self.window_chunks(self.cfg.chunk_bytes());
+        let Some(op) = self.move_op(mover) else {
+            return;
+        };
+        op.waiting = false;
+        op.deadline = now + host_timeout;
+        op.timer = 0;
+        match op.dir {
+            Dir::To => self.pump_move_to(now, MoveRef::Proc(mover)),
+            Dir::From => {
+                let first = op.done.len().min(op.cwnd.limit(win));
+                op.next_new = first;
+                self.request_range(now, mover, 0, first, false);
+            }
+        }
+    }
+
+    /// Ends write-behind MoveTo `x` with error `e`. The exchange it wrote
+    /// for is broken (the sender's segment misses data): its alien is
+    /// freed, so a held reply is never sent and the sender times out
+    /// rather than resuming on partial data.
+    fn fail_behind(&mut self, now: Micros, x: u32, e: IpcError) {
+        let Some(b) = self.behind.remove(&x) else {
+            return;
+        };
+        if let Some(i) = self.aliens.of(b.op.peer, b.op.xseq) {
+            self.free_alien(i);
+        }
+        let ex = (b.mover, b.op.peer, b.op.xseq);
+        if !self.behind_busy(ex.0, ex.1, ex.2) {
+            self.behind_drained(now, ex, Some(e));
+        }
+    }
+
+    /// The transfer `r`, if it is still going.
+    fn op_mut(&mut self, r: MoveRef) -> Option<&mut MoveOp> {
+        match r {
+            MoveRef::Proc(p) => self.move_op(p),
+            MoveRef::Behind(x) => self.behind.get_mut(&x).map(|b| &mut b.op),
+        }
     }
 
     /// MoveFrom: copies from `source`'s read-granted segment at `src_off`
@@ -283,6 +518,14 @@ impl Engine {
             dest,
             (xseq, addr, on_behalf),
         );
+        if self.behind_overlaps(mover, source, xseq, off, n) {
+            // Read what was written: after the written data is acknowledged.
+            op.waiting = true;
+            (op.timer, op.deadline) = (Micros::MAX, Micros::MAX);
+            self.set_state(mover, PState::Moving(Box::new(op)));
+            self.moving.insert(mover.local());
+            return Ok(None);
+        }
         let first = op
             .done
             .len()
@@ -330,7 +573,13 @@ impl Engine {
             return Err(too_large);
         };
         let chunk = self.cfg.chunk_bytes();
-        if !a.idempotent || a.no_ahead || n > self.cfg.window.max(chunk) {
+        // (Not while write-behind data to the sender is unacknowledged:
+        // the caller's MoveTo then Reply is held behind it.)
+        if !a.idempotent
+            || a.no_ahead
+            || n > self.cfg.window.max(chunk)
+            || self.behind_busy(replier, to, a.seq)
+        {
             return Err(too_large);
         }
         a.check(Need::Write, off as usize, n)
@@ -402,9 +651,14 @@ impl Engine {
     /// After an answer to `mover`'s move: feeds the RTT sample and, if the
     /// answer made progress, restarts the retransmission timer.
     #[inline]
-    fn move_answered(&mut self, now: Micros, mover: Pid, progressed: bool) -> Option<&mut MoveOp> {
+    fn move_answered(
+        &mut self,
+        now: Micros,
+        mover: MoveRef,
+        progressed: bool,
+    ) -> Option<&mut MoveOp> {
         self.bulk_sample(mover, now);
-        let op = self.move_op(mover)?;
+        let op = self.op_mut(mover)?;
         if progressed {
             op.probed = false;
             op.timer = op.next_timer(now);
@@ -453,24 +707,35 @@ impl Engine {
         self.stats.bulk_moves += 1;
     }
 
-    /// Completes `mover`'s remote move, all `n` bytes of it done.
+    /// Completes remote move `r`, all `n` bytes of it done.
     #[inline]
-    fn move_done(&mut self, mover: Pid, n: usize) {
-        if let Some(op) = self.move_op(mover) {
+    fn move_done(&mut self, now: Micros, r: MoveRef, n: usize) {
+        if let Some(op) = self.op_mut(r) {
             let (host, c) = (op.peer.host(), op.cwnd.carried());
             self.cwnds.insert(host, c);
         }
         self.count_move(n);
-        self.complete(mover, Completion::Move(Ok(n)));
+        match r {
+            MoveRef::Proc(mover) => self.complete(mover, Completion::Move(Ok(n))),
+            MoveRef::Behind(x) => {
+                let Some(b) = self.behind.remove(&x) else {
+                    return;
+                };
+                let ex = (b.mover, b.op.peer, b.op.xseq);
+                if !self.behind_busy(ex.0, ex.1, ex.2) {
+                    self.behind_drained(now, ex, None);
+                }
+            }
+        }
     }
 
     /// Sends new MoveTo chunks while the window allows.
-    fn pump_move_to(&mut self, now: Micros, mover: Pid) {
+    fn pump_move_to(&mut self, now: Micros, mover: MoveRef) {
         let win = self.window_chunks(self.cfg.chunk_bytes());
         let half = (win / 2).max(1);
         let mut sends = Vec::new();
         {
-            let Some(op) = self.move_op(mover) else {
+            let Some(op) = self.op_mut(mover) else {
                 return;
             };
             let nc = op.done.len();
@@ -500,13 +765,20 @@ impl Engine {
         for (idx, ack_now) in sends {
             self.send_move_to_chunk(mover, idx, ack_now, false);
         }
-        if let Some(t) = self.move_op(mover).map(|op| op.timer) {
+        if let Some(t) = self.op_mut(mover).map(|op| op.timer) {
             self.arm(t);
         }
     }
 
-    fn send_move_to_chunk(&mut self, mover: Pid, idx: usize, ack_now: bool, retx: bool) {
-        let Some(op) = self.move_op(mover) else {
+    fn send_move_to_chunk(&mut self, r: MoveRef, idx: usize, ack_now: bool, retx: bool) {
+        let (mover, from) = match r {
+            MoveRef::Proc(p) => (p, ChunkSrc::Moving(p)),
+            MoveRef::Behind(x) => match self.behind.get(&x) {
+                Some(b) => (b.mover, ChunkSrc::Behind(x)),
+                None => return,
+            },
+        };
+        let Some(op) = self.op_mut(r) else {
             return;
         };
         let start = idx * op.chunk;
@@ -538,7 +810,7 @@ impl Engine {
             to: addr,
             header: h,
             msg,
-            from: ChunkSrc::Moving(mover),
+            from,
             start,
             end,
         });
@@ -583,8 +855,8 @@ impl Engine {
 
     /// Feeds an RTT sample once the probed chunk is acknowledged (MoveTo) or
     /// received (MoveFrom), and refreshes the transfer's timeout.
-    fn bulk_sample(&mut self, mover: Pid, now: Micros) {
-        let Some(op) = self.move_op(mover) else {
+    fn bulk_sample(&mut self, mover: MoveRef, now: Micros) {
+        let Some(op) = self.op_mut(mover) else {
             return;
         };
         let Some((i, t)) = op.probe else { return };
@@ -598,7 +870,7 @@ impl Engine {
             .or_default()
             .sample(now.saturating_sub(t));
         let rto = self.rto_for(host);
-        if let Some(op) = self.move_op(mover) {
+        if let Some(op) = self.op_mut(mover) {
             op.rto = rto;
         }
     }
@@ -809,24 +1081,35 @@ impl Engine {
         }
     }
 
-    /// Matches an answer to the mover's transfer; a refusal ends the
-    /// transfer with its error. True if the answer should be processed.
-    fn accept_answer(&mut self, pkt: &Packet<'_>, dir: Dir) -> bool {
+    /// Matches an answer to the transfer it is for (the mover's, or one of
+    /// its write-behind MoveTos); a refusal ends the transfer with its
+    /// error. `Some` if the answer should be processed.
+    fn accept_answer(&mut self, now: Micros, pkt: &Packet<'_>, dir: Dir) -> Option<MoveRef> {
         let h = pkt.header;
-        let Some(op) = self.move_op(h.dst) else {
-            self.stats.drop(DropReason::NoMatch);
-            return false;
+        let xfer = BulkMsg::read(&pkt.msg).xfer;
+        let r = match self.move_op(h.dst) {
+            Some(op) if op.dir == dir && op.peer == h.src && op.xfer == xfer && !op.waiting => {
+                MoveRef::Proc(h.dst)
+            }
+            _ => match self.behind.get(&xfer) {
+                Some(b) if dir == Dir::To && b.mover == h.dst && b.op.peer == h.src => {
+                    MoveRef::Behind(xfer)
+                }
+                _ => {
+                    self.stats.drop(DropReason::NoMatch);
+                    return None;
+                }
+            },
         };
-        if op.dir != dir || op.peer != h.src || op.xfer != BulkMsg::read(&pkt.msg).xfer {
-            self.stats.drop(DropReason::NoMatch);
-            return false;
-        }
         if h.status != Status::Ok {
-            let e = status_error(h.status, op.peer);
-            self.complete(h.dst, Completion::Move(Err(e)));
-            return false;
+            let e = status_error(h.status, h.src);
+            match r {
+                MoveRef::Proc(p) => self.complete(p, Completion::Move(Err(e))),
+                MoveRef::Behind(x) => self.fail_behind(now, x, e),
+            }
+            return None;
         }
-        true
+        Some(r)
     }
 
     pub(super) fn on_move_to_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
@@ -835,10 +1118,10 @@ impl Engine {
         let rto = self.rto_for(h.src.host());
         let tlp = self.tlp_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
-        if !self.accept_answer(pkt, Dir::To) {
+        let Some(r) = self.accept_answer(now, pkt, Dir::To) else {
             return;
-        }
-        let Some(op) = self.move_op(h.dst) else {
+        };
+        let Some(op) = self.op_mut(r) else {
             return;
         };
         let nc = op.done.len();
@@ -862,12 +1145,12 @@ impl Engine {
             op.tlp = tlp;
             op.cwnd.acked(newly, win);
         }
-        let Some(op) = self.move_answered(now, h.dst, progressed) else {
+        let Some(op) = self.move_answered(now, r, progressed) else {
             return;
         };
         if op.done.full() {
             let n = op.total;
-            return self.move_done(h.dst, n);
+            return self.move_done(now, r, n);
         }
         // Chunks sent before the latest-sent acknowledged one and still
         // missing were lost (the path delivers in order, or nearly so).
@@ -894,13 +1177,13 @@ impl Engine {
             }
         }
         for (j, &i) in lost.iter().enumerate() {
-            if let Some(op) = self.move_op(h.dst) {
+            if let Some(op) = self.op_mut(r) {
                 op.tx_counter += 1;
                 op.last_tx[i] = op.tx_counter;
             }
-            self.send_move_to_chunk(h.dst, i, j + 1 == k, true);
+            self.send_move_to_chunk(r, i, j + 1 == k, true);
         }
-        self.pump_move_to(now, h.dst);
+        self.pump_move_to(now, r);
     }
 
     pub(super) fn on_move_from_request(&mut self, now: Micros, from: SocketAddr, pkt: &Packet<'_>) {
@@ -973,7 +1256,7 @@ impl Engine {
         let rto = self.rto_for(h.src.host());
         let tlp = self.tlp_for(h.src.host());
         let win = self.window_chunks(self.cfg.chunk_bytes());
-        if !self.accept_answer(pkt, Dir::From) {
+        if self.accept_answer(now, pkt, Dir::From).is_none() {
             return;
         }
         let placed = self.placed;
@@ -997,12 +1280,12 @@ impl Engine {
             op.tlp = tlp;
             op.cwnd.acked(1, win);
         }
-        let Some(op) = self.move_answered(now, h.dst, fresh) else {
+        let Some(op) = self.move_answered(now, MoveRef::Proc(h.dst), fresh) else {
             return;
         };
         if op.done.full() {
             let n = op.total;
-            return self.move_done(h.dst, n);
+            return self.move_done(now, MoveRef::Proc(h.dst), n);
         }
         let nc = op.done.len();
         let outstanding = op.next_new - op.done.ones().min(op.next_new);
@@ -1054,14 +1337,23 @@ impl Engine {
                 .get(l)
                 .is_some_and(|p| matches!(p.state, PState::Moving(_)))
         });
-        let movers: Vec<Pid> = self.moving.iter().map(|&l| Pid::new(host, l)).collect();
+        let movers: Vec<MoveRef> = self
+            .moving
+            .iter()
+            .map(|&l| MoveRef::Proc(Pid::new(host, l)))
+            .chain(self.behind.keys().map(|&x| MoveRef::Behind(x)))
+            .collect();
         let max_rto = self.max_rto();
         for m in movers {
-            let Some(op) = self.move_op(m) else { continue };
+            let Some(op) = self.op_mut(m) else { continue };
             if now >= op.deadline {
                 let peer = op.peer;
                 self.stats.timeouts += 1;
-                self.complete(m, Completion::Move(Err(IpcError::Timeout(peer))));
+                let e = IpcError::Timeout(peer);
+                match m {
+                    MoveRef::Proc(p) => self.complete(p, Completion::Move(Err(e))),
+                    MoveRef::Behind(x) => self.fail_behind(now, x, e),
+                }
                 continue;
             }
             if now >= op.timer {
@@ -1077,10 +1369,10 @@ impl Engine {
                     op.cwnd.timed_out(mark);
                     self.stats.bulk_cwnd_cuts += 1;
                 }
-                let Some(op) = self.move_op(m) else { continue };
+                let Some(op) = self.op_mut(m) else { continue };
                 let cum = op.done.first_clear_from(0);
-                match op.dir {
-                    Dir::To => {
+                match (op.dir, m) {
+                    (Dir::To, _) => {
                         op.timer = op.next_timer(now);
                         op.tx_counter += 1;
                         if cum < op.last_tx.len() {
@@ -1088,13 +1380,14 @@ impl Engine {
                         }
                         self.send_move_to_chunk(m, cum, true, true);
                     }
-                    Dir::From => {
+                    (Dir::From, MoveRef::Proc(p)) => {
                         let end = op.next_new;
-                        self.request_range(now, m, cum, end, true);
+                        self.request_range(now, p, cum, end, true);
                     }
+                    (Dir::From, MoveRef::Behind(_)) => {}
                 }
             }
-            if let Some(op) = self.move_op(m) {
+            if let Some(op) = self.op_mut(m) {
                 *next = (*next).min(op.timer).min(op.deadline);
             }
         }

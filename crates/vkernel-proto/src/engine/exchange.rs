@@ -501,6 +501,35 @@ impl Engine {
             Some(i) => i,
             None => self.aliens.received(to, replier)?,
         };
+        if self
+            .aliens
+            .get(i)
+            .is_some_and(|a| self.behind_busy(replier, to, a.seq))
+        {
+            if let (Some(a), Some((off, d))) = (self.aliens.get(i), seg) {
+                if !d.is_empty() {
+                    a.check(Need::Write, off as usize, d.len())
+                        .map_err(|e| e.error(to))?;
+                }
+            }
+            let seg = seg.map(|(o, d)| (o, d.to_vec()));
+            self.hold(i, replier, to, HeldOp::Reply { msg, seg });
+            return Ok(());
+        }
+        self.reply_alien(now, replier, to, i, msg, seg)
+    }
+
+    /// Replies to the remote sender `to` of alien `i`, received by
+    /// `replier` (see [`Engine::reply`]).
+    pub(super) fn reply_alien(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        i: usize,
+        msg: Message,
+        seg: Option<(u32, &[u8])>,
+    ) -> Result<(), IpcError> {
         let (src, seq, addr, idem) = {
             let Some(a) = self.aliens.get(i) else {
                 return Err(IpcError::NotAwaitingReply(to));
@@ -603,6 +632,20 @@ impl Engine {
             return Ok(());
         }
         let i = self.aliens.received(from, forwarder)?;
+        if self
+            .aliens
+            .get(i)
+            .is_some_and(|a| self.behind_busy(forwarder, from, a.seq))
+        {
+            self.forward_check(i, to)?;
+            self.hold(i, forwarder, from, HeldOp::Forward { to, msg });
+            return Ok(());
+        }
+        self.forward_alien(now, forwarder, from, i, to, msg)
+    }
+
+    /// Can alien `i` be forwarded to `to`?
+    fn forward_check(&self, i: usize, to: Pid) -> Result<(), IpcError> {
         if self.is_local(to) {
             if !self.process_exists(to) {
                 return Err(IpcError::NoSuchProcess(to));
@@ -611,6 +654,23 @@ impl Engine {
             if !self.admits(to, p) {
                 return Err(IpcError::AccessDenied(to));
             }
+        }
+        Ok(())
+    }
+
+    /// Forwards alien `i`, from the remote sender `from`, to `to` (see
+    /// [`Engine::forward`]).
+    pub(super) fn forward_alien(
+        &mut self,
+        now: Micros,
+        forwarder: Pid,
+        from: Pid,
+        i: usize,
+        to: Pid,
+        msg: Message,
+    ) -> Result<(), IpcError> {
+        self.forward_check(i, to)?;
+        if self.is_local(to) {
             let seq = {
                 let Some(a) = self.aliens.get_mut(i) else {
                     return Err(IpcError::NotAwaitingReply(from));

@@ -89,6 +89,7 @@ use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
 use aliens::{Alien, AlienState, Aliens, Known};
+use bulk::HeldOp;
 use bulk::{InBulk, MoveOp};
 use idmap::{new_map, IdMap};
 use output::{Chunk, ChunkSrc, Output};
@@ -213,6 +214,10 @@ pub struct Engine {
     /// Local ids of the processes blocked in a remote MoveTo/MoveFrom (a
     /// superset, as `sending`): bulk timers look only at these.
     moving: std::collections::BTreeSet<u16>,
+    /// Write-behind MoveTos in flight, by transfer id (`bulk.rs`).
+    behind: std::collections::HashMap<u32, bulk::Behind>,
+    /// Replies and Forwards held for write-behind MoveTos, oldest first.
+    held: Vec<bulk::Held>,
     next_local: u16,
     next_seq: u32,
     aliens: Aliens,
@@ -279,6 +284,8 @@ impl Engine {
             procs: new_map(hs),
             sending: std::collections::BTreeSet::new(),
             moving: std::collections::BTreeSet::new(),
+            behind: std::collections::HashMap::new(),
+            held: Vec::new(),
             rtt: new_map(hs),
             cwnds: new_map(hs),
             names: naming::Names::new(hs),

@@ -41,6 +41,8 @@ pub(super) struct Chunk {
 pub(super) enum ChunkSrc {
     /// A MoveTo's source (the mover's buffer).
     Moving(Pid),
+    /// A write-behind MoveTo's own copy, by transfer id.
+    Behind(u32),
     /// A sender's segment, in the exchange with this sequence number.
     Lent(Pid, u32),
     /// The data of the reply being sent (`Engine::reply_ahead`).

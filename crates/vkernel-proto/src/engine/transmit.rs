@@ -84,6 +84,7 @@ impl Engine {
                 PState::Moving(op) => op.buffer_of(c.header.seq)?,
                 _ => return None,
             },
+            ChunkSrc::Behind(x) => self.behind.get(&x)?.buffer_of(c.header.seq)?,
             ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
             ChunkSrc::Reply => self.reply_src.as_ref()?,
         };

@@ -581,3 +581,177 @@ fn stray_reply_data_is_dropped_without_an_answer() {
         "no refusal, no acknowledgement"
     );
 }
+
+/// Two engines with write-behind up to `behind` bytes, a server process on
+/// engine 0 that has received a Send from a client on engine 1 declaring
+/// a `len`-byte segment with `access`, and the segment.
+fn behind_exchange(behind: usize, len: usize, access: SegAccess) -> (Net, Pid, Pid, SharedBuf) {
+    let mut n = Net::with(2, |_, c| c.write_behind = behind);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let seg = SharedBuf::new(vec![0; len]);
+    // Nothing appended: every MoveFrom goes to the sender's host.
+    let mut m = seg_msg(1, access);
+    m.set_flag(NO_APPEND, true);
+    n.e[1].send(n.now, c, s, m, Some(seg.lend())).unwrap();
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    (n, s, c, seg)
+}
+
+/// A filter losing the first copy of the chunk at `off` of a transfer
+/// from engine 0 (the last of a two-chunk unit: no acknowledgement comes,
+/// so only the transfer's timer recovers it).
+fn lose_first_copy_of_chunk_at(off: usize) -> Filter {
+    let mut lost = false;
+    Box::new(move |from, _, d| {
+        let h = decode(d).expect("valid").header;
+        let hit = from == 0
+            && h.ptype == PacketType::MoveToRequest
+            && h.local_addr as usize == off
+            && !lost;
+        lost |= hit;
+        !hit
+    })
+}
+
+#[test]
+fn a_write_behind_move_returns_at_once_and_the_reply_waits_for_its_data() {
+    let (mut n, s, c, seg) = behind_exchange(4 * CHUNK, 6 * CHUNK, SegAccess::WRITE);
+    n.filter = Some(lose_first_copy_of_chunk_at(CHUNK));
+    let a = pattern(1, 2 * CHUNK);
+    let b = pattern(2, 2 * CHUNK);
+    let now = n.now;
+    assert_eq!(
+        n.e[0].move_to(now, s, c, 0, SharedBuf::new(a.clone()).lend()),
+        Ok(Some(2 * CHUNK)),
+        "answered before its acknowledgement"
+    );
+    assert_eq!(
+        n.e[0].move_to(
+            now,
+            s,
+            c,
+            2 * CHUNK as u32,
+            SharedBuf::new(b.clone()).lend()
+        ),
+        Ok(Some(2 * CHUNK)),
+        "a second unit goes out beside the first"
+    );
+    // Beyond the write-behind bound: an ordinary blocking MoveTo.
+    let c3 = pattern(3, 2 * CHUNK);
+    assert_eq!(
+        n.e[0].move_to(
+            now,
+            s,
+            c,
+            4 * CHUNK as u32,
+            SharedBuf::new(c3.clone()).lend()
+        ),
+        Ok(None)
+    );
+    n.run();
+    assert_eq!(moved(&mut n.e[0], s), Ok(2 * CHUNK));
+    assert_eq!(n.e[0].stats().bulk_write_behind, 2);
+    // The first unit lost its last chunk: the reply is held meanwhile.
+    let mark = n.sent.len();
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(7), None)
+        .unwrap();
+    n.run();
+    assert!(!completed(&n.e[1], c), "the sender must not resume yet");
+    assert!(!n.types_since(mark).contains(&PacketType::RemoteReply));
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[1], c)));
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 7);
+    let types = n.types_since(mark);
+    let retx = types.iter().position(|&t| t == PacketType::MoveToRequest);
+    let reply = types.iter().position(|&t| t == PacketType::RemoteReply);
+    assert!(
+        retx.is_some() && retx < reply,
+        "the lost chunk went again before the reply: {types:?}"
+    );
+    let mut want = a;
+    want.extend_from_slice(&b);
+    want.extend_from_slice(&c3);
+    same_bytes(&seg.snapshot(), &want, "segment");
+    assert!(n.e[0].behind.is_empty() && n.e[0].held.is_empty());
+}
+
+#[test]
+fn a_move_overlapping_unacknowledged_write_behind_data_waits_for_it() {
+    let (mut n, s, c, seg) = behind_exchange(4 * CHUNK, 6 * CHUNK, SegAccess::READ_WRITE);
+    // The first copy of the write-behind unit's last chunk is lost, so
+    // without the wait the overlapping MoveTo would land first and the
+    // retransmitted chunk over it.
+    n.filter = Some(lose_first_copy_of_chunk_at(CHUNK));
+    let a = pattern(1, 2 * CHUNK);
+    let b = pattern(2, 2 * CHUNK);
+    let now = n.now;
+    let at = 2 * CHUNK as u32;
+    assert_eq!(
+        n.e[0].move_to(now, s, c, at, SharedBuf::new(a.clone()).lend()),
+        Ok(Some(2 * CHUNK))
+    );
+    assert_eq!(
+        n.e[0].move_to(
+            now,
+            s,
+            c,
+            at + CHUNK as u32,
+            SharedBuf::new(b.clone()).lend()
+        ),
+        Ok(None),
+        "overlaps: waits, then moves"
+    );
+    n.run();
+    assert!(!completed(&n.e[0], s));
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    assert_eq!(moved(&mut n.e[0], s), Ok(2 * CHUNK));
+    // A MoveFrom of what a write-behind MoveTo wrote (its second chunk
+    // lost once) reads it.
+    n.filter = Some(lose_first_copy_of_chunk_at(CHUNK));
+    let now = n.now;
+    assert_eq!(
+        n.e[0].move_to(now, s, c, 0, SharedBuf::new(b.clone()).lend()),
+        Ok(Some(2 * CHUNK))
+    );
+    let back = SharedBuf::new(vec![0; CHUNK]);
+    assert_eq!(
+        n.e[0].move_from(now, s, c, CHUNK as u32, back.lend()),
+        Ok(None)
+    );
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    assert_eq!(moved(&mut n.e[0], s), Ok(CHUNK));
+    same_bytes(&back.snapshot(), &b[CHUNK..], "read after write");
+    n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+    n.run();
+    reply_of(&mut n.e[1], c);
+    let mut want = vec![0; 6 * CHUNK];
+    want[..2 * CHUNK].copy_from_slice(&b);
+    want[2 * CHUNK..3 * CHUNK].copy_from_slice(&a[..CHUNK]);
+    want[3 * CHUNK..5 * CHUNK].copy_from_slice(&b);
+    same_bytes(&seg.snapshot(), &want, "the later MoveTo wins");
+}
+
+#[test]
+fn a_failed_write_behind_move_never_lets_the_sender_resume() {
+    let (mut n, s, c, _seg) = behind_exchange(4 * CHUNK, 2 * CHUNK, SegAccess::WRITE);
+    // Every chunk to the sender's host is lost; everything else passes, so
+    // the sender's kernel hears replyPending and would wait for ever for
+    // a reply that must not come.
+    n.filter = Some(Box::new(|from, _, d| {
+        from != 0 || decode(d).expect("valid").header.ptype != PacketType::MoveToRequest
+    }));
+    let now = n.now;
+    let data = SharedBuf::new(pattern(1, 2 * CHUNK)).lend();
+    assert_eq!(n.e[0].move_to(now, s, c, 0, data), Ok(Some(2 * CHUNK)));
+    n.e[0].reply(now, s, c, Message::zero(), None).unwrap();
+    let limit = 3 * Config::default().host_timeout;
+    assert!(n.advance_until(limit, |n| completed(&n.e[1], c)));
+    assert!(
+        matches!(send_err(&mut n.e[1], c), IpcError::Timeout(_)),
+        "the Send fails rather than returning on a partial segment"
+    );
+    assert!(n.e[0].behind.is_empty() && n.e[0].held.is_empty());
+}

@@ -85,6 +85,9 @@ impl Net {
                     alien_pool: 4,
                     alien_per_host: 4,
                     seed: i as u64,
+                    // MoveTo waits for its acknowledgement, unless a test
+                    // turns write-behind on (`tests/bulk.rs`).
+                    write_behind: 0,
                     ..Config::default()
                 };
                 f(i, &mut c);
