@@ -90,6 +90,34 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             });
         }
     }
+    // The largest image in 64 KiB units again, write-behind off: what the
+    // default gains (same bytes, same placement, this run).
+    let no_wb = {
+        let total = big[big.len() - 1];
+        let (a, b) =
+            vkbench::host_pair_with(c.pl, FaultConfig::default(), |_, k| k.write_behind = 0)?;
+        let (pid, h) = vkbench::start_server(&a, c.pl)?;
+        let op = Op::Load {
+            total,
+            unit: 64 << 10,
+        };
+        let n = if c.quick { 2 } else { 5 };
+        let r = vkbench::timed(&b, pid, op, n, 1, c.pl)?;
+        let cl = b.create_process().map_err(|e| e.to_string())?;
+        vkbench::stop_server(&cl, pid, h);
+        let mut s = r.samples.clone();
+        let mbps = total as f64 / Summary::of(&mut s).median_us.max(1e-9);
+        let with = images
+            .iter()
+            .find(|i| i.bytes == total && i.unit == 64 << 10)
+            .map_or(0.0, |i| i.mbps);
+        println!(
+            "  image {:>3} MiB by 64 KiB MoveTo, write-behind off {mbps:8.1} MB/s; on (default) {with:.1} MB/s: {:.2}×",
+            total >> 20,
+            with / mbps.max(1e-9)
+        );
+        mbps
+    };
     // The same 64 MiB-class transfer on a bad network.
     let (la, lb) = vkbench::host_pair(c.pl, lossy.clone())?;
     let (lpid, lh) = vkbench::start_server(&la, c.pl)?;
@@ -149,6 +177,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
                 move_from_mbps: mb(from.bytes, from.elapsed),
                 intact: true,
             },
+            units_without_write_behind_mbps: no_wb,
             bulk,
         }),
         goals,

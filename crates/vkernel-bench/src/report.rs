@@ -208,6 +208,10 @@ pub struct Loading {
     pub images: Vec<Image>,
     /// The transfer on a faulty network.
     pub faulty: Faulty,
+    /// The largest image in 64 KiB units with write-behind off (every
+    /// MoveTo waiting for its acknowledgement), MB/s, for comparison with
+    /// the default in `images`.
+    pub units_without_write_behind_mbps: f64,
     /// Cost against bytes, loss, segmentation offload.
     pub bulk: BulkRows,
 }
