@@ -91,6 +91,9 @@ pub struct DirectSend {
     rto: Micros,
     deadline: Micros,
     retransmitted: bool,
+    /// How long the exchange had waited when it learned its retransmission
+    /// was needless (a replyPending, or a reply to the first copy).
+    needless: Option<Micros>,
 }
 
 impl DirectSend {
@@ -130,6 +133,7 @@ impl DirectSend {
             rto: timing.rto,
             deadline: now,
             retransmitted: false,
+            needless: None,
         };
         d.restart(now, dst, seq, timing);
         d
@@ -146,6 +150,7 @@ impl DirectSend {
         self.next = now + timing.rto;
         self.deadline = now + timing.host_timeout;
         self.retransmitted = false;
+        self.needless = None;
     }
 
     /// The destination (changed by a forward).
@@ -207,9 +212,23 @@ impl DirectSend {
     }
 
     /// A round-trip sample, if the exchange replied was never
-    /// retransmitted (Karn's rule).
+    /// retransmitted (Karn's rule), or its retransmission was needless
+    /// (the answer is to the first copy).
     pub fn rtt_sample(&self, now: Micros) -> Option<Micros> {
-        (!self.retransmitted).then(|| now.saturating_sub(self.sent_at))
+        (!self.retransmitted || self.needless.is_some()).then(|| now.saturating_sub(self.sent_at))
+    }
+
+    /// How long the exchange had waited when it learned that its
+    /// retransmission was needless, if it did: the peer is busy, feed
+    /// this to [`Rtt::held`] (as the engine does).
+    pub fn needless(&self) -> Option<Micros> {
+        self.needless
+    }
+
+    fn learn_needless(&mut self, now: Micros) {
+        if self.retransmitted && self.needless.is_none() {
+            self.needless = Some(now.saturating_sub(self.sent_at));
+        }
     }
 
     /// What the datagram `buf`, read from this exchange's socket, means.
@@ -226,19 +245,26 @@ impl DirectSend {
             return Outcome::Ignored(DropReason::NoMatch);
         }
         match h.ptype {
-            PacketType::RemoteReply => Outcome::Replied(ReplyInfo {
-                msg: pkt.msg,
-                // Data with a reply to a Send without a segment has
-                // nowhere to go (the engine counts a violation, too).
-                seg_bytes: 0,
-                from: h.src,
-            }),
+            PacketType::RemoteReply => {
+                // Not flagged as a copy: the answer to the first copy.
+                if h.flags & wire::F_RETRANSMIT == 0 {
+                    self.learn_needless(now);
+                }
+                Outcome::Replied(ReplyInfo {
+                    msg: pkt.msg,
+                    // Data with a reply to a Send without a segment has
+                    // nowhere to go (the engine counts a violation, too).
+                    seg_bytes: 0,
+                    from: h.src,
+                })
+            }
             PacketType::NAck => Outcome::Failed(match h.status {
                 Status::Busy => IpcError::NoResources,
                 Status::AccessDenied => IpcError::AccessDenied(h.src),
                 _ => IpcError::NoSuchProcess(h.src),
             }),
             PacketType::ReplyPending => {
+                self.learn_needless(now);
                 self.deadline = now + self.timing.host_timeout;
                 self.rto = self.rto.max(self.timing.rto);
                 self.next = now + self.rto;
@@ -370,6 +396,26 @@ mod tests {
             None,
             "no sample after a retransmission"
         );
+        assert_eq!(d.needless(), None, "the reply was lost: a needed copy");
+    }
+
+    #[test]
+    fn a_reply_to_the_first_copy_makes_its_retransmission_needless() {
+        let (mut e, server, src, mut d) = setup(Message::with_code(1));
+        exchange(&mut e, &d, 10, false);
+        e.take_completion(server);
+        let t = d.next_timer();
+        assert_eq!(d.on_timer(t), Timer::Retransmit);
+        // The copy is lost; the server replies to the first.
+        e.reply(t + 50, server, src, Message::with_code(2), None)
+            .unwrap();
+        let out = testing::take_output(&mut e, false).0;
+        assert!(matches!(
+            d.on_datagram(t + 60, &out[0].data),
+            Outcome::Replied(_)
+        ));
+        assert_eq!(d.needless(), Some(t + 60));
+        assert_eq!(d.rtt_sample(t + 60), Some(t + 60), "a true sample");
     }
 
     #[test]
@@ -382,6 +428,7 @@ mod tests {
         let out = exchange(&mut e, &d, t, true);
         assert_eq!(out.len(), 1);
         assert_eq!(d.on_datagram(t + 1, &out[0].1), Outcome::Pending);
+        assert_eq!(d.needless(), Some(t + 1), "the server held it");
         // The host timeout starts again from the replyPending.
         let host_timeout = Config::default().host_timeout;
         assert!(d.next_timer() <= t + 1 + host_timeout);

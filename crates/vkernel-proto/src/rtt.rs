@@ -11,6 +11,10 @@ pub struct Rtt {
     /// with replyPending (it held the request: the retransmission was
     /// needless), in 1/`HELD_FADE` µs; fades as samples come.
     held: Micros,
+    /// When the peer last answered a Send of ours, and the newest first
+    /// transmission among the Sends it has answered ([`Rtt::older_served`]).
+    answered_at: Micros,
+    answered_newest: Micros,
 }
 
 impl Default for Rtt {
@@ -26,7 +30,28 @@ impl Rtt {
             srtt: None,
             rttvar: 0,
             held: 0,
+            answered_at: 0,
+            answered_newest: 0,
         }
+    }
+
+    /// The peer replied, at `now`, to a Send first transmitted at `sent_at`.
+    pub fn answered(&mut self, now: Micros, sent_at: Micros) {
+        self.answered_at = self.answered_at.max(now);
+        self.answered_newest = self.answered_newest.max(sent_at);
+    }
+
+    /// Is the peer busy serving requests older than one first sent at
+    /// `sent_at`? It answered within the last `window` µs, and only Sends
+    /// sent before that one. A server takes its queue in order, so the
+    /// request is most likely queued behind them, not lost: if it were
+    /// lost, the Sends that follow it would be answered first (the idea of
+    /// RACK, RFC 8985, for requests). A retransmission now would be
+    /// needless, so the sender waits another timeout instead.
+    pub fn older_served(&self, now: Micros, sent_at: Micros, window: Micros) -> bool {
+        self.answered_at > sent_at
+            && now.saturating_sub(self.answered_at) < window
+            && self.answered_newest < sent_at
     }
 
     /// Feeds one sample (only from exchanges that were not retransmitted).
@@ -116,6 +141,21 @@ mod tests {
         // A long hold raises it only so far.
         r.held(10_000_000);
         assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), HELD_MAX);
+    }
+
+    #[test]
+    fn a_peer_serving_older_requests_holds_back_a_retransmission() {
+        let mut r = Rtt::new();
+        assert!(!r.older_served(5_000, 1_000, 2_000), "no answers yet");
+        // Ours went at 1,000; the peer answers one sent at 900, at 2,500.
+        r.answered(2_500, 900);
+        assert!(r.older_served(3_000, 1_000, 2_000));
+        assert!(!r.older_served(5_000, 1_000, 2_000), "silent for a window");
+        assert!(!r.older_served(3_000, 3_000, 2_000), "nothing since ours");
+        // A Send made after ours is answered: ours is behind nothing.
+        r.answered(3_100, 1_200);
+        assert!(!r.older_served(3_200, 1_000, 2_000));
+        assert!(r.older_served(3_200, 1_300, 2_000));
     }
 
     #[test]

@@ -152,6 +152,12 @@ pub struct Stats {
     pub drops: [u64; 11],
     /// RemoteSend retransmissions.
     pub retransmits: u64,
+    /// RemoteSend retransmissions put off by a timeout because the server's
+    /// host was answering older Sends (queued behind them, not lost).
+    pub retransmits_deferred: u64,
+    /// RemoteSend retransmissions found needless: the reply answered the
+    /// first copy (or a replyPending said the server held it).
+    pub retransmits_needless: u64,
     /// Notices from peers that datagrams from here failed authentication
     /// there (unauthenticated hints, only counted).
     pub auth_refused_by_peer: u64,

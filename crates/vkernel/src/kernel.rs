@@ -139,7 +139,7 @@ impl Default for KernelConfig {
             send_deadline: None,
             faults: FaultConfig::default(),
             socket_buffer: 8 << 20,
-            alien_pool: 256,
+            alien_pool: 1024,
             seed: None,
             multicast_port: None,
             group_policy: vkernel_proto::GroupPolicy::default(),

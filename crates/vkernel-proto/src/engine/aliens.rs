@@ -50,6 +50,10 @@ pub(super) struct Alien {
     /// The sender asks that reply data not be sent ahead.
     pub(super) no_ahead: bool,
     pub(super) state: AlienState,
+    /// The copy that made this alien was a retransmission: its reply is
+    /// flagged `RETRANSMIT` too, so the sender cannot take it for the
+    /// answer to its first copy (docs/PROTOCOL.md §3).
+    pub(super) retransmitted: bool,
     pub(super) last_heard: Micros,
     pub(super) addr: SocketAddr,
 }
@@ -121,7 +125,14 @@ pub(super) struct Aliens {
     /// the sweep) rather than churn.
     per_host: IdMap<HostId, usize>,
     per_host_limit: usize,
+    /// Bytes of slot buffers kept (their capacities), at most about
+    /// [`RETAINED_MAX`] once freed.
+    retained: usize,
 }
+
+/// Slot buffers kept across uses, in bytes: a large pool whose requests
+/// all came with large segments gives the excess back as they are freed.
+const RETAINED_MAX: usize = 16 << 20;
 
 impl Aliens {
     /// A pool of `pool` slots, at most `per_host` of them per host.
@@ -140,6 +151,7 @@ impl Aliens {
             saved_limit: 4 * pool.max(1),
             per_host: new_map(seed),
             per_host_limit: per_host,
+            retained: 0,
         }
     }
 
@@ -234,7 +246,11 @@ impl Aliens {
         };
         if let Some(sv) = s.saved.as_mut().filter(|sv| sv.header.seq == seq) {
             sv.at = now;
-            let answer = (sv.header.ptype, wire::encode(&sv.header, &sv.msg, &sv.data));
+            // Flagged as a copy: the sender learns its retransmission was
+            // not needless (the first answer was lost).
+            let mut h = sv.header;
+            h.flags |= wire::F_RETRANSMIT;
+            let answer = (h.ptype, wire::encode(&h, &sv.msg, &sv.data));
             stats.duplicates += 1;
             stats.saved_replies_resent += 1;
             self.note_saved(src, now);
@@ -277,8 +293,10 @@ impl Aliens {
         snd.last = Some((a.seq, now));
         snd.alien = Some(i);
         let slot = &mut self.slots[i];
+        let kept = slot.data.capacity();
         slot.data.clear();
         slot.data.extend_from_slice(data);
+        self.retained += slot.data.capacity() - kept;
         slot.alien = Some(a);
         Some(i)
     }
@@ -290,7 +308,9 @@ impl Aliens {
             return;
         };
         let Some(a) = slot.alien.take() else { return };
-        if slot.data.capacity() > MAX_APPEND {
+        let cap = slot.data.capacity();
+        if cap > MAX_APPEND || self.retained > RETAINED_MAX {
+            self.retained -= cap;
             slot.data = Vec::new();
         }
         // (Unless the sender's newer request holds another slot.)
@@ -424,6 +444,7 @@ mod tests {
             seg_total: 0,
             idempotent: false,
             no_ahead: false,
+            retransmitted: false,
             state: AlienState::Queued,
             last_heard: now,
             addr: SocketAddr::from(([127, 0, 0, 1], 1)),
@@ -511,6 +532,31 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn freed_buffers_are_kept_only_up_to_the_budget() {
+        let mut st = Stats::default();
+        let n = 2 * RETAINED_MAX / MAX_APPEND;
+        let mut a = Aliens::new(n, n, 1);
+        let big = vec![7u8; MAX_APPEND];
+        let slots: Vec<usize> = (0..n)
+            .map(|k| {
+                a.admit(alien(pid(2, k as u16 + 2), 1, 0), &big, 0, &mut st)
+                    .unwrap()
+            })
+            .collect();
+        assert!(a.retained >= n * MAX_APPEND, "all in use: {}", a.retained);
+        for i in slots {
+            a.free(i, &mut st);
+        }
+        assert!(a.retained <= RETAINED_MAX + MAX_APPEND, "{}", a.retained);
+        let kept: usize = a.slots.iter().map(|s| s.data.capacity()).sum();
+        assert_eq!(kept, a.retained, "the count is the buffers' capacity");
+        // A small request reuses a kept buffer without growing it.
+        let i = a.admit(alien(pid(3, 2), 1, 0), b"xy", 0, &mut st).unwrap();
+        assert_eq!(a.data(i), b"xy");
+        assert_eq!(kept, a.retained);
     }
 
     #[test]

@@ -585,6 +585,7 @@ impl Engine {
         a.check(Need::Write, off as usize, n)
             .map_err(|e| e.error(to))?;
         let (src, seq, addr, on_behalf) = (a.src, a.seq, a.addr, a.addressed);
+        let retx = if a.retransmitted { F_RETRANSMIT } else { 0 };
         // Chunks queued earlier name `reply_src` too: out with them first.
         if self.out.has_chunks() {
             self.encode_chunks();
@@ -622,7 +623,7 @@ impl Engine {
         h.src = replier;
         h.dst = src;
         h.forwarder = replier;
-        h.flags = F_REPLY_DATA;
+        h.flags = F_REPLY_DATA | retx;
         h.local_addr = lead as u32;
         h.remote_addr = off.wrapping_add(lead as u32);
         h.total_length = (n - lead) as u32;

@@ -530,7 +530,7 @@ impl Engine {
         msg: Message,
         seg: Option<(u32, &[u8])>,
     ) -> Result<(), IpcError> {
-        let (src, seq, addr, idem) = {
+        let (src, seq, addr, idem, retx) = {
             let Some(a) = self.aliens.get(i) else {
                 return Err(IpcError::NotAwaitingReply(to));
             };
@@ -538,9 +538,10 @@ impl Engine {
                 a.check(Need::Write, off as usize, d.len())
                     .map_err(|e| e.error(to))?;
             }
-            (a.src, a.seq, a.addr, a.idempotent)
+            (a.src, a.seq, a.addr, a.idempotent, a.retransmitted)
         };
         let mut h = Header::new(PacketType::RemoteReply);
+        h.flags = if retx { F_RETRANSMIT } else { 0 };
         h.seq = seq;
         h.src = replier;
         h.dst = src;

@@ -558,6 +558,7 @@ impl Engine {
         let mut retx = Vec::new();
         let mut dead = Vec::new();
         let mut late = Vec::new();
+        let mut wait = Vec::new();
         let host = self.host_id();
         let mut ended = Vec::new();
         for &l in &self.sending {
@@ -577,6 +578,8 @@ impl Engine {
                 if let Some(r) = &o.remote {
                     if now >= r.deadline {
                         dead.push((Pid::new(h, l), o.dst));
+                    } else if now >= r.next && self.queued_behind(now, o.dst, r) {
+                        wait.push(Pid::new(h, l));
                     } else if now >= r.next {
                         retx.push(Pid::new(h, l));
                     } else if !r.self_timed {
@@ -597,6 +600,15 @@ impl Engine {
         for (pid, dst) in late {
             self.stats.deadlines += 1;
             self.complete(pid, Completion::Send(Err(IpcError::Deadline(dst))));
+        }
+        for pid in wait {
+            self.stats.retransmits_deferred += 1;
+            if let Some(r) = self.outgoing_mut(pid).and_then(|o| o.remote.as_mut()) {
+                r.next = now + r.rto;
+                if !r.self_timed {
+                    next = next.min(r.next).min(r.deadline);
+                }
+            }
         }
         for pid in retx {
             self.transmit_send(now, pid, true);
@@ -621,6 +633,22 @@ impl Engine {
         self.timers.set(next);
     }
 
+    /// Should the retransmission of a Send to `dst` that is due wait one
+    /// more timeout? Only its first copy is out, the server's host is
+    /// answering, and only older Sends ([`Rtt::older_served`]): a busy
+    /// server, not a loss. Not past the longest timeout after the first
+    /// copy, so a host that stops answering is polled as before (its
+    /// replyPending keeps the exchange alive).
+    fn queued_behind(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
+        !r.retransmitted
+            && !dst.is_group()
+            && now < r.sent_at + self.max_rto()
+            && self
+                .rtt
+                .get(&dst.host())
+                .is_some_and(|t| t.older_served(now, r.sent_at, r.rto))
+    }
+
     /// When `pid`'s remote Send needs its own thread to run
     /// [`Engine::handle_timeout`] (retransmission or host timeout), if
     /// that thread times it: a Send whose first copy asked for its answers
@@ -642,10 +670,9 @@ impl Engine {
         let Some(h) = self.host_id() else { return };
         for &l in &self.sending {
             if let Some(PState::Sending(o)) = self.procs.get(&l).map(|p| &p.state) {
-                if o.remote
-                    .as_ref()
-                    .is_some_and(|r| now >= r.next && now < r.deadline)
-                {
+                if o.remote.as_ref().is_some_and(|r| {
+                    now >= r.next && now < r.deadline && !self.queued_behind(now, o.dst, r)
+                }) {
                     out.push(Pid::new(h, l));
                 }
             }

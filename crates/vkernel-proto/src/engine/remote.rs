@@ -274,6 +274,7 @@ impl Engine {
             idempotent: pkt.msg.idempotent(),
             no_ahead: h.flags & wire::F_REPLY_DATA != 0,
             state: AlienState::Queued,
+            retransmitted: h.flags & F_RETRANSMIT != 0,
             last_heard: now,
             addr: from,
         };
@@ -345,17 +346,35 @@ impl Engine {
                 Err(_) => violation = true,
             }
         }
+        // A reply not flagged RETRANSMIT answers the first copy: if the
+        // exchange was retransmitted (and no replyPending said so yet),
+        // that was needless, and the peer is slower than T_r allowed.
+        let needless = o
+            .remote
+            .as_ref()
+            .is_some_and(|r| r.retransmitted && !r.pending_seen && h.flags & F_RETRANSMIT == 0);
         let sample = o
             .remote
             .as_ref()
-            .filter(|r| !r.retransmitted || r.pending_seen)
+            .filter(|r| !r.retransmitted || r.pending_seen || needless)
             .map(|r| now.saturating_sub(r.sent_at));
-        let whole = o.remote.as_ref().map(|r| now.saturating_sub(r.sent_at));
+        let sent_at = o.remote.as_ref().map(|r| r.sent_at);
+        let whole = sent_at.map(|t| now.saturating_sub(t));
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
-        if let Some(s) = sample {
-            self.rtt.entry(h.src.host()).or_default().sample(s);
+        if let Some(t) = sent_at {
+            let rtt = self.rtt.entry(h.src.host()).or_default();
+            rtt.answered(now, t);
+            if let Some(s) = sample {
+                if needless {
+                    rtt.held(s);
+                }
+                rtt.sample(s);
+            }
+        }
+        if needless {
+            self.stats.retransmits_needless += 1;
         }
         self.stats.remote_exchanges += 1;
         if let (Some(l), true) = (whole, self.cfg.metrics) {
@@ -435,6 +454,7 @@ impl Engine {
                 // The first replyPending of an exchange: its retransmission
                 // was needless (the peer held the request).
                 let first = !r.pending_seen;
+                let needless = first && r.retransmitted;
                 let waited = now.saturating_sub(r.sent_at);
                 r.pending_seen = true;
                 r.deadline = now + host_timeout;
@@ -446,6 +466,9 @@ impl Engine {
                 }
                 if first {
                     self.rtt.entry(host).or_default().held(waited);
+                }
+                if needless {
+                    self.stats.retransmits_needless += 1;
                 }
             }
             return;

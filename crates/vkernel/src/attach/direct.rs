@@ -248,8 +248,12 @@ impl DirectPath {
                 let now = clock.now();
                 match d.on_datagram(now, &self.rx[..n]) {
                     Outcome::Replied(info) => {
+                        let rtt = self.rtt.entry(d.dst().host()).or_default();
+                        if let Some(w) = d.needless() {
+                            rtt.held(w);
+                        }
                         if let Some(s) = d.rtt_sample(now) {
-                            self.rtt.entry(d.dst().host()).or_default().sample(s);
+                            rtt.sample(s);
                         }
                         break Went::Done(Ok(info));
                     }

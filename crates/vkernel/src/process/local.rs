@@ -269,7 +269,12 @@ impl LocalProcess {
             }
             // This thread times its own exchange (no other thread wakes for
             // it): retransmit, or learn the next deadline.
-            if answer.is_some() && sh.now() >= due {
+            if let Some(a) = answer.filter(|_| sh.now() >= due) {
+                // The reply may have come while this thread waited for a
+                // CPU after its wait timed out: not a loss.
+                if let Some(c) = sh.poll_answer(self.pid, a) {
+                    return Ok(c);
+                }
                 let (d, c) = sh.with_engine_as(Some(self.pid), |e, now| {
                     e.handle_timeout(now);
                     e.own_deadline(self.pid)

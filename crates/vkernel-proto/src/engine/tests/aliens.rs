@@ -27,7 +27,8 @@ fn duplicates_get_reply_pending_or_the_saved_reply() {
         assert_eq!(n.e[0].stats().aliens_in_use, 1);
     }
     assert_eq!(n.e[0].stats().duplicates, 2);
-    // The reply is lost; a retransmission gets the saved reply, byte for byte.
+    // The reply is lost; a retransmission gets the saved reply, byte for
+    // byte but for the flag that marks it a copy.
     n.drop_next = 1;
     n.e[0]
         .reply(n.now, s, c, Message::with_code(5), None)
@@ -38,7 +39,9 @@ fn duplicates_get_reply_pending_or_the_saved_reply() {
     let m = n.sent.len();
     n.inject(0, 1, &request);
     n.run();
-    assert_eq!(n.sent[m].data, reply);
+    let mut copy = reply.clone();
+    copy[3] |= wire::F_RETRANSMIT;
+    assert_eq!(n.sent[m].data, copy);
     assert_eq!(n.e[0].stats().saved_replies_resent, 1);
     assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 5);
     assert_eq!(

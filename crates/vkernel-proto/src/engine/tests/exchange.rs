@@ -1059,3 +1059,185 @@ fn a_send_that_asked_for_answers_at_its_source_is_timed_by_its_own_thread() {
     assert!(n.e[1].own_deadline(c).expect("still its own") > due);
     assert!(n.e[1].poll_timeout() > due);
 }
+
+/// Host 0 serves `s`, host 1 sends from `cs`; twenty quick exchanges from
+/// the first client bring the timeout to its 2 ms floor.
+fn warmed_up(clients: usize) -> (Net, Pid, Vec<Pid>) {
+    let mut n = Net::new(2);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let cs: Vec<Pid> = (0..clients)
+        .map(|_| n.e[1].create_process().unwrap())
+        .collect();
+    for _ in 0..20 {
+        n.e[1]
+            .send(n.now, cs[0], s, Message::with_code(1), None)
+            .unwrap();
+        n.run();
+        n.advance(100);
+        assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_some());
+        n.e[0]
+            .reply(n.now, s, cs[0], Message::with_code(2), None)
+            .unwrap();
+        n.run();
+        reply_of(&mut n.e[1], cs[0]);
+    }
+    (n, s, cs)
+}
+
+/// The server at host 0 takes its next request and replies to it.
+fn serve_one(n: &mut Net, s: Pid) -> Pid {
+    let from = n.e[0].receive(n.now, s, None, None).unwrap().unwrap().from;
+    n.e[0]
+        .reply(n.now, s, from, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    from
+}
+
+/// Is `d` a RemoteSend flagged as a retransmission?
+fn is_resend(d: &[u8]) -> bool {
+    decode(d).is_ok_and(|p| {
+        p.header.ptype == PacketType::RemoteSend && p.header.flags & wire::F_RETRANSMIT != 0
+    })
+}
+
+#[test]
+fn a_reply_to_the_first_copy_shows_its_retransmission_was_needless() {
+    let (mut n, s, cs) = warmed_up(1);
+    let c = cs[0];
+    // The request waits at the server past the timeout; the copy is lost,
+    // so the reply that comes is the first copy's (not flagged).
+    n.filter = Some(Box::new(|_, _, d: &[u8]| !is_resend(d)));
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(3_000);
+    assert_eq!(n.e[1].stats().retransmits, 1);
+    serve_one(&mut n, s);
+    reply_of(&mut n.e[1], c);
+    assert_eq!(n.e[1].stats().retransmits_needless, 1);
+    // The peer is slow: the next requests may wait as long without a copy.
+    for _ in 0..5 {
+        n.e[1]
+            .send(n.now, c, s, Message::with_code(1), None)
+            .unwrap();
+        n.run();
+        n.advance(3_000);
+        serve_one(&mut n, s);
+        reply_of(&mut n.e[1], c);
+    }
+    assert_eq!(n.e[1].stats().retransmits, 1, "no copy after it");
+}
+
+#[test]
+fn a_reply_to_a_copy_is_flagged_and_does_not_raise_the_timeout() {
+    for idempotent in [true, false] {
+        let (mut n, s, cs) = warmed_up(1);
+        let c = cs[0];
+        let mut m = Message::with_code(1);
+        m.set_flag(crate::message::IDEMPOTENT, idempotent);
+        // First: the first copy is lost. Then: the reply is lost, and the
+        // copy gets the saved reply (or the request runs again).
+        for lose in [PacketType::RemoteSend, PacketType::RemoteReply] {
+            let mut dropped = false;
+            n.filter = Some(Box::new(move |_, _, d: &[u8]| {
+                let first = decode(d).is_ok_and(|p| p.header.ptype == lose);
+                let keep = dropped || !first;
+                dropped |= first;
+                keep
+            }));
+            n.e[1].send(n.now, c, s, m, None).unwrap();
+            n.run();
+            if lose == PacketType::RemoteReply {
+                serve_one(&mut n, s);
+            }
+            n.advance(2_500);
+            if n.e[0].receive(n.now, s, None, None).unwrap().is_some() {
+                n.e[0]
+                    .reply(n.now, s, c, Message::with_code(2), None)
+                    .unwrap();
+            }
+            n.run();
+            let r = n.last_of(PacketType::RemoteReply).unwrap();
+            let h = decode(&r.data).unwrap().header;
+            assert_ne!(h.flags & wire::F_RETRANSMIT, 0, "{lose:?} lost");
+            reply_of(&mut n.e[1], c);
+            assert_eq!(n.e[1].stats().retransmits_needless, 0, "{lose:?} lost");
+        }
+        assert_eq!(n.e[1].stats().retransmits, 2);
+        // The timeout stayed at its floor: a 3 ms wait is retransmitted.
+        n.filter = None;
+        n.e[1].send(n.now, c, s, m, None).unwrap();
+        n.run();
+        n.advance(3_000);
+        assert_eq!(n.e[1].stats().retransmits, 3, "idempotent: {idempotent}");
+    }
+}
+
+#[test]
+fn a_request_queued_behind_older_ones_is_not_retransmitted() {
+    let (mut n, s, cs) = warmed_up(3);
+    // c0 sends, then c1 500 µs later. The server answers c0 at 1.9 ms and
+    // c1 at 3 ms: when c1's 2 ms timeout passes (2.5 ms) the server is
+    // answering only Sends older than c1's, so c1 is queued, not lost.
+    let t0 = n.now;
+    n.e[1]
+        .send(n.now, cs[0], s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(500);
+    n.e[1]
+        .send(n.now, cs[1], s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(t0 + 1_900 - n.now);
+    assert_eq!(serve_one(&mut n, s), cs[0]);
+    reply_of(&mut n.e[1], cs[0]);
+    n.advance(t0 + 3_000 - n.now);
+    assert_eq!(n.e[1].stats().retransmits, 0);
+    assert_eq!(n.e[1].stats().retransmits_deferred, 1);
+    assert_eq!(serve_one(&mut n, s), cs[1]);
+    reply_of(&mut n.e[1], cs[1]);
+
+    // The same, but c1's request is lost and c2 sends after it: c2's
+    // answer shows the server is past c1's, so c1 retransmits at once.
+    let t0 = n.now;
+    n.e[1]
+        .send(n.now, cs[0], s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(500);
+    n.drop_next = 1;
+    n.e[1]
+        .send(n.now, cs[1], s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(100);
+    n.e[1]
+        .send(n.now, cs[2], s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.advance(t0 + 1_900 - n.now);
+    assert_eq!(serve_one(&mut n, s), cs[0]);
+    assert_eq!(serve_one(&mut n, s), cs[2]);
+    reply_of(&mut n.e[1], cs[0]);
+    reply_of(&mut n.e[1], cs[2]);
+    // At c1's first timeout, not one later.
+    let due = n.e[1]
+        .outgoing(cs[1])
+        .unwrap()
+        .remote
+        .as_ref()
+        .unwrap()
+        .next;
+    let deferred = n.e[1].stats().retransmits_deferred;
+    let mark = n.sent.len();
+    n.advance(due - n.now);
+    assert_eq!(n.e[1].stats().retransmits, 1);
+    assert_eq!(n.e[1].stats().retransmits_deferred, deferred);
+    assert!(n.sent[mark..].iter().any(|d| is_resend(&d.data)));
+    assert_eq!(serve_one(&mut n, s), cs[1]);
+    reply_of(&mut n.e[1], cs[1]);
+}
