@@ -38,6 +38,10 @@ pub struct Row {
     pub raw: Summary,
     /// Retransmissions by the clients' host during the vkernel run.
     pub retransmits: u64,
+    /// Of those, the ones found needless: the server had the first copy
+    /// (all of them, on a clean loopback, unless a datagram overflowed a
+    /// socket buffer).
+    pub needless: u64,
 }
 
 impl Row {
@@ -48,7 +52,7 @@ impl Row {
         dur: Duration,
         mut vk: Vec<Duration>,
         mut raw: Vec<Duration>,
-        retransmits: u64,
+        (retransmits, needless): (u64, u64),
     ) -> Row {
         let secs = dur.as_secs_f64();
         Row {
@@ -59,6 +63,7 @@ impl Row {
             vk: Summary::of(&mut vk),
             raw: Summary::of(&mut raw),
             retransmits,
+            needless,
         }
     }
 }
@@ -269,8 +274,16 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         dur.as_millis()
     );
     println!(
-        "  {:<6} {:>4} {:>11} {:>11} {:>7} {:>16} {:>16} {:>7}",
-        "wait", "k", "vk exch/s", "raw exch/s", "vk/raw", "vk med/p99 µs", "raw med/p99 µs", "retx"
+        "  {:<6} {:>4} {:>11} {:>11} {:>7} {:>16} {:>16} {:>7} {:>8}",
+        "wait",
+        "k",
+        "vk exch/s",
+        "raw exch/s",
+        "vk/raw",
+        "vk med/p99 µs",
+        "raw med/p99 µs",
+        "retx",
+        "needless"
     );
     let mut rows = Vec::new();
     let mut program_rows = Vec::new();
@@ -280,7 +293,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let (ka, kb) = vkbench::host_pair(mode, FaultConfig::default())?;
         let (server, sh) = vkbench::start_server(&ka, mode)?;
         for &k in ks {
-            let retx0 = kb.stats().retransmits;
+            let s0 = kb.stats();
             let vs = drive(k, dur, || {
                 let p = kb.create_process().map_err(|e| e.to_string())?;
                 Ok(move || {
@@ -290,7 +303,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                     Ok(t.elapsed())
                 })
             })?;
-            let retransmits = kb.stats().retransmits - retx0;
+            let s1 = kb.stats();
+            let retransmits = (
+                s1.retransmits - s0.retransmits,
+                s1.retransmits_needless - s0.retransmits_needless,
+            );
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (raddr, rh) = raw_server(mode.wait, stop.clone())?;
             let rs = drive(k, dur, || raw_client(raddr, mode.wait));
@@ -349,7 +366,7 @@ fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
     let k = row.clients;
     let ratio = row.vk_per_s / row.raw_per_s.max(1e-9);
     println!(
-        "  {:<6} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7}",
+        "  {:<6} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7} {:>8}",
         name,
         k,
         row.vk_per_s,
@@ -359,7 +376,8 @@ fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
         row.vk.p99_us,
         row.raw.median_us,
         row.raw.p99_us,
-        row.retransmits
+        row.retransmits,
+        row.needless
     );
     goals.push(Goal::at_least(
         &format!("{name}, k = {k}: vkernel / raw UDP exchanges per second"),

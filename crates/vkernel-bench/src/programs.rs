@@ -38,7 +38,8 @@ fn unix_ms() -> u64 {
 }
 
 /// Runs one client program: waits for the start time, exchanges until
-/// the end, prints `exchanges retransmits latency_us…` on one line.
+/// the end, prints `exchanges retransmits needless latency_us…` on one
+/// line.
 pub fn client_main(a: &ClientArgs) -> Result<(), String> {
     let mode = if a.spin { Mode::SPIN } else { Mode::BLOCK };
     let kernel;
@@ -76,8 +77,11 @@ pub fn client_main(a: &ClientArgs) -> Result<(), String> {
     while Instant::now() < end {
         lat.push(one()?);
     }
-    let retx = kernel.as_ref().map_or(0, |k| k.stats().retransmits);
-    let mut line = format!("{} {retx}", lat.len());
+    let (retx, needless) = kernel.as_ref().map_or((0, 0), |k| {
+        let s = k.stats();
+        (s.retransmits, s.retransmits_needless)
+    });
+    let mut line = format!("{} {retx} {needless}", lat.len());
     for d in lat {
         line.push(' ');
         line.push_str(&format!("{:.1}", d.as_secs_f64() * 1e6));
@@ -129,7 +133,7 @@ pub(crate) fn client_program() -> Option<std::path::PathBuf> {
 
 /// Runs `k` client programs together for `dur` against `server` (a raw
 /// UDP address, or a vkernel host address with `pid`): every latency, and
-/// the programs' retransmissions. Host ids `first_id..first_id + k`.
+/// the programs' retransmissions (all, and those found needless). Host ids `first_id..first_id + k`.
 pub(crate) fn run_programs(
     exe: &std::path::Path,
     k: usize,
@@ -138,7 +142,7 @@ pub(crate) fn run_programs(
     pid: Option<Pid>,
     spin: bool,
     first_id: u16,
-) -> Result<(Vec<Duration>, u64), String> {
+) -> Result<(Vec<Duration>, (u64, u64)), String> {
     // Time for k programs to start (and each host to bind) before the run.
     let start_at = unix_ms() + 300 + 10 * k as u64;
     let mut children = Vec::new();
@@ -164,7 +168,7 @@ pub(crate) fn run_programs(
         children.push(c.spawn().map_err(|e| format!("client program: {e}"))?);
     }
     let mut lat = Vec::new();
-    let mut retx = 0;
+    let mut retx = (0, 0);
     for ch in children {
         let o = ch.wait_with_output().map_err(|e| e.to_string())?;
         let out = String::from_utf8_lossy(&o.stdout);
@@ -176,7 +180,9 @@ pub(crate) fn run_programs(
         }
         let mut it = out.split_whitespace();
         let _n = it.next();
-        retx += it.next().and_then(|r| r.parse::<u64>().ok()).unwrap_or(0);
+        let mut count = || it.next().and_then(|r| r.parse::<u64>().ok()).unwrap_or(0);
+        retx.0 += count();
+        retx.1 += count();
         lat.extend(
             it.filter_map(|x| x.parse::<f64>().ok())
                 .map(|us| Duration::from_secs_f64(us / 1e6)),

@@ -15,6 +15,12 @@ pub struct Rtt {
     /// transmission among the Sends it has answered ([`Rtt::older_served`]).
     answered_at: Micros,
     answered_newest: Micros,
+    /// When a Send to the peer was last retransmitted, when the peer last
+    /// answered anything (a reply or replyPending), and when it last
+    /// showed a retransmission needless ([`Rtt::probing`]).
+    probe_at: Micros,
+    heard_at: Micros,
+    needless_at: Micros,
 }
 
 impl Default for Rtt {
@@ -32,7 +38,40 @@ impl Rtt {
             held: 0,
             answered_at: 0,
             answered_newest: 0,
+            probe_at: 0,
+            heard_at: 0,
+            needless_at: 0,
         }
+    }
+
+    /// A Send to the peer was retransmitted at `now`.
+    pub fn probed(&mut self, now: Micros) {
+        self.probe_at = now;
+    }
+
+    /// The peer answered a Send (a reply or replyPending) at `now`;
+    /// `needless` if that showed a retransmission needless.
+    pub fn heard(&mut self, now: Micros, needless: bool) {
+        self.heard_at = self.heard_at.max(now);
+        if needless {
+            self.needless_at = self.needless_at.max(now);
+        }
+    }
+
+    /// Should another Send's due retransmission to the peer wait? One
+    /// retransmission went out less than `window` µs ago and the peer has
+    /// not answered since, or within `window` it showed a retransmission
+    /// needless (it is slow, not losing datagrams). When a stall — the
+    /// server's thread or the whole machine off the CPU — makes every
+    /// exchange in flight to a host late at once, one copy probes the
+    /// host instead of all of them (as TCP's timeout resends one segment,
+    /// not the window).
+    pub fn probing(&self, now: Micros, window: Micros) -> bool {
+        let probe_out = self.probe_at > 0
+            && now.saturating_sub(self.probe_at) < window
+            && self.heard_at <= self.probe_at;
+        let slow = self.needless_at > 0 && now.saturating_sub(self.needless_at) < window;
+        probe_out || slow
     }
 
     /// The peer replied, at `now`, to a Send first transmitted at `sent_at`.
@@ -43,15 +82,18 @@ impl Rtt {
 
     /// Is the peer busy serving requests older than one first sent at
     /// `sent_at`? It answered within the last `window` µs, and only Sends
-    /// sent before that one. A server takes its queue in order, so the
-    /// request is most likely queued behind them, not lost: if it were
-    /// lost, the Sends that follow it would be answered first (the idea of
-    /// RACK, RFC 8985, for requests). A retransmission now would be
-    /// needless, so the sender waits another timeout instead.
+    /// sent before that one, or less than a smoothed round trip after it
+    /// (the reordering allowance: a sender's datagram leaves after its
+    /// encoding, later if its thread loses the CPU in between). A server
+    /// takes its queue in order, so the request is most likely queued
+    /// behind them, not lost: if it were lost, the Sends that follow it
+    /// would be answered first (the idea of RACK, RFC 8985, for requests).
+    /// A retransmission now would be needless, so the sender waits
+    /// another timeout instead.
     pub fn older_served(&self, now: Micros, sent_at: Micros, window: Micros) -> bool {
         self.answered_at > sent_at
             && now.saturating_sub(self.answered_at) < window
-            && self.answered_newest < sent_at
+            && self.answered_newest < sent_at + self.srtt.unwrap_or(0)
     }
 
     /// Feeds one sample (only from exchanges that were not retransmitted).
@@ -156,6 +198,27 @@ mod tests {
         r.answered(3_100, 1_200);
         assert!(!r.older_served(3_200, 1_000, 2_000));
         assert!(r.older_served(3_200, 1_300, 2_000));
+        // Unless it was made less than a round trip after ours.
+        r.sample(300);
+        assert!(r.older_served(3_200, 1_000, 2_000));
+        assert!(!r.older_served(3_200, 800, 2_000));
+    }
+
+    #[test]
+    fn one_copy_probes_a_silent_peer_for_the_rest() {
+        let mut r = Rtt::new();
+        assert!(!r.probing(1_000, 2_000), "nothing sent again yet");
+        r.probed(1_000);
+        assert!(r.probing(1_500, 2_000), "its answer is awaited");
+        assert!(!r.probing(3_000, 2_000), "unanswered for a window");
+        // Answered as lost (a flagged reply): the others may go.
+        r.heard(1_800, false);
+        assert!(!r.probing(1_900, 2_000));
+        // Answered as needless: the peer is slow; wait a window.
+        r.probed(4_000);
+        r.heard(4_300, true);
+        assert!(r.probing(5_000, 2_000));
+        assert!(!r.probing(6_400, 2_000));
     }
 
     #[test]

@@ -177,6 +177,9 @@ impl Engine {
         };
         if retransmission {
             self.stats.retransmits += 1;
+            if !dst.is_group() {
+                self.rtt.entry(dst.host()).or_default().probed(now);
+            }
         }
         if shared {
             self.arm(next);

@@ -634,9 +634,10 @@ impl Engine {
     }
 
     /// Should the retransmission of a Send to `dst` that is due wait one
-    /// more timeout? Only its first copy is out, the server's host is
-    /// answering, and only older Sends ([`Rtt::older_served`]): a busy
-    /// server, not a loss. Not past the longest timeout after the first
+    /// more timeout? Only its first copy is out, and either the server's
+    /// host is answering only older Sends ([`Rtt::older_served`]: a busy
+    /// server, not a loss) or another Send's copy is probing that host
+    /// ([`Rtt::probing`]). Not past the longest timeout after the first
     /// copy, so a host that stops answering is polled as before (its
     /// replyPending keeps the exchange alive).
     fn queued_behind(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
@@ -646,7 +647,7 @@ impl Engine {
             && self
                 .rtt
                 .get(&dst.host())
-                .is_some_and(|t| t.older_served(now, r.sent_at, r.rto))
+                .is_some_and(|t| t.older_served(now, r.sent_at, r.rto) || t.probing(now, r.rto))
     }
 
     /// When `pid`'s remote Send needs its own thread to run

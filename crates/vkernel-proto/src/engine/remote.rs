@@ -366,6 +366,7 @@ impl Engine {
         if let Some(t) = sent_at {
             let rtt = self.rtt.entry(h.src.host()).or_default();
             rtt.answered(now, t);
+            rtt.heard(now, needless);
             if let Some(s) = sample {
                 if needless {
                     rtt.held(s);
@@ -464,9 +465,11 @@ impl Engine {
                 if shared {
                     self.arm(next);
                 }
+                let rtt = self.rtt.entry(host).or_default();
                 if first {
-                    self.rtt.entry(host).or_default().held(waited);
+                    rtt.held(waited);
                 }
+                rtt.heard(now, needless);
                 if needless {
                     self.stats.retransmits_needless += 1;
                 }

@@ -1201,20 +1201,21 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     assert_eq!(serve_one(&mut n, s), cs[1]);
     reply_of(&mut n.e[1], cs[1]);
 
-    // The same, but c1's request is lost and c2 sends after it: c2's
-    // answer shows the server is past c1's, so c1 retransmits at once.
+    // The same, but c1's request is lost and c2 sends after it (by more
+    // than a round trip): c2's answer shows the server is past c1's, so
+    // c1 retransmits at once.
     let t0 = n.now;
     n.e[1]
         .send(n.now, cs[0], s, Message::with_code(1), None)
         .unwrap();
     n.run();
-    n.advance(500);
+    n.advance(200);
     n.drop_next = 1;
     n.e[1]
         .send(n.now, cs[1], s, Message::with_code(1), None)
         .unwrap();
     n.run();
-    n.advance(100);
+    n.advance(1_500);
     n.e[1]
         .send(n.now, cs[2], s, Message::with_code(1), None)
         .unwrap();
@@ -1224,6 +1225,11 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     assert_eq!(serve_one(&mut n, s), cs[2]);
     reply_of(&mut n.e[1], cs[0]);
     reply_of(&mut n.e[1], cs[2]);
+    let srtt = n.e[1].srtt(HostId(1)).unwrap();
+    assert!(
+        srtt < 1_400,
+        "c2 went more than a round trip after c1: {srtt}"
+    );
     // At c1's first timeout, not one later.
     let due = n.e[1]
         .outgoing(cs[1])
@@ -1240,4 +1246,29 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     assert!(n.sent[mark..].iter().any(|d| is_resend(&d.data)));
     assert_eq!(serve_one(&mut n, s), cs[1]);
     reply_of(&mut n.e[1], cs[1]);
+}
+
+#[test]
+fn when_a_stalled_server_makes_every_exchange_late_one_copy_probes() {
+    let (mut n, s, cs) = warmed_up(3);
+    // Three requests 100 µs apart; the server stalls (its replies come
+    // only at 4 ms). The first to expire is sent again; the others wait
+    // for that copy's answer, and then for the needless one's window.
+    for &c in &cs {
+        n.e[1]
+            .send(n.now, c, s, Message::with_code(1), None)
+            .unwrap();
+        n.run();
+        n.advance(100);
+    }
+    n.advance(3_000);
+    assert_eq!(n.e[1].stats().retransmits, 1, "one probe");
+    assert!(n.e[1].stats().retransmits_deferred >= 2);
+    for &c in &cs {
+        assert_eq!(serve_one(&mut n, s), c);
+        reply_of(&mut n.e[1], c);
+    }
+    assert_eq!(n.e[1].stats().retransmits, 1);
+    // The probe's answer came: the server had the first copy.
+    assert_eq!(n.e[1].stats().retransmits_needless, 1);
 }
