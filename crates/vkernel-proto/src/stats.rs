@@ -155,8 +155,8 @@ pub struct Stats {
     /// RemoteSend retransmissions put off by a timeout because the server's
     /// host was answering older Sends (queued behind them, not lost).
     pub retransmits_deferred: u64,
-    /// RemoteSend retransmissions found needless: the reply answered the
-    /// first copy (or a replyPending said the server held it).
+    /// RemoteSend retransmissions found needless: their exchange's reply
+    /// answered its first copy (so the server had it all along).
     pub retransmits_needless: u64,
     /// Notices from peers that datagrams from here failed authentication
     /// there (unauthenticated hints, only counted).

@@ -259,7 +259,7 @@ pub fn to_prometheus(s: &Stats, g: &Gauges) -> String {
         ),
         (
             "vkernel_retransmits_needless_total",
-            "RemoteSend retransmissions found needless: the server had the first copy.",
+            "RemoteSend retransmissions found needless: the reply answered the first copy.",
             s.retransmits_needless,
         ),
         (

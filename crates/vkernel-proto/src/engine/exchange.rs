@@ -158,6 +158,7 @@ impl Engine {
         let (next, shared) = match &mut o.remote {
             Some(r) if retransmission => {
                 r.retransmitted = true;
+                r.copies += 1;
                 r.rto = (r.rto * 2).min(max_rto);
                 r.next = now + r.rto;
                 (r.next, !r.self_timed)
@@ -169,6 +170,7 @@ impl Engine {
                     rto,
                     deadline: now + host_timeout,
                     retransmitted: false,
+                    copies: 0,
                     pending_seen: false,
                     self_timed,
                 });

@@ -12,6 +12,8 @@ pub(super) struct Retx {
     pub(super) rto: Micros,
     pub(super) deadline: Micros,
     pub(super) retransmitted: bool,
+    /// Copies sent after the first.
+    pub(super) copies: u32,
     /// The server's host answered a copy with replyPending: it had the
     /// request, so the time from the first copy to the reply is a true
     /// sample even though copies were sent (Karn's ambiguity resolved).

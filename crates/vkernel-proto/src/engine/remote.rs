@@ -358,6 +358,12 @@ impl Engine {
             .as_ref()
             .filter(|r| !r.retransmitted || r.pending_seen || needless)
             .map(|r| now.saturating_sub(r.sent_at));
+        // Every copy was needless if the reply answers the first.
+        let needless_copies = o
+            .remote
+            .as_ref()
+            .filter(|_| h.flags & F_RETRANSMIT == 0)
+            .map_or(0, |r| u64::from(r.copies));
         let sent_at = o.remote.as_ref().map(|r| r.sent_at);
         let whole = sent_at.map(|t| now.saturating_sub(t));
         if violation {
@@ -374,9 +380,7 @@ impl Engine {
                 rtt.sample(s);
             }
         }
-        if needless {
-            self.stats.retransmits_needless += 1;
-        }
+        self.stats.retransmits_needless += needless_copies;
         self.stats.remote_exchanges += 1;
         if let (Some(l), true) = (whole, self.cfg.metrics) {
             self.stats.remote_latency_us.record(l);
@@ -470,9 +474,6 @@ impl Engine {
                     rtt.held(waited);
                 }
                 rtt.heard(now, needless);
-                if needless {
-                    self.stats.retransmits_needless += 1;
-                }
             }
             return;
         }
