@@ -578,7 +578,7 @@ impl Engine {
                 if let Some(r) = &o.remote {
                     if now >= r.deadline {
                         dead.push((Pid::new(h, l), o.dst));
-                    } else if now >= r.next && self.queued_behind(now, o.dst, r) {
+                    } else if now >= r.next && self.retransmission_waits(now, o.dst, r) {
                         wait.push(Pid::new(h, l));
                     } else if now >= r.next {
                         retx.push(Pid::new(h, l));
@@ -640,7 +640,7 @@ impl Engine {
     /// ([`Rtt::probing`]). Not past the longest timeout after the first
     /// copy, so a host that stops answering is polled as before (its
     /// replyPending keeps the exchange alive).
-    fn queued_behind(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
+    fn retransmission_waits(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
         !r.retransmitted
             && !dst.is_group()
             && now < r.sent_at + self.max_rto()
@@ -672,7 +672,7 @@ impl Engine {
         for &l in &self.sending {
             if let Some(PState::Sending(o)) = self.procs.get(&l).map(|p| &p.state) {
                 if o.remote.as_ref().is_some_and(|r| {
-                    now >= r.next && now < r.deadline && !self.queued_behind(now, o.dst, r)
+                    now >= r.next && now < r.deadline && !self.retransmission_waits(now, o.dst, r)
                 }) {
                     out.push(Pid::new(h, l));
                 }

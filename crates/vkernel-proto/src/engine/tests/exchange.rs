@@ -1070,10 +1070,7 @@ fn warmed_up(clients: usize) -> (Net, Pid, Vec<Pid>) {
         .map(|_| n.e[1].create_process().unwrap())
         .collect();
     for _ in 0..20 {
-        n.e[1]
-            .send(n.now, cs[0], s, Message::with_code(1), None)
-            .unwrap();
-        n.run();
+        send_one(&mut n, cs[0], s);
         n.advance(100);
         assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_some());
         n.e[0]
@@ -1083,6 +1080,14 @@ fn warmed_up(clients: usize) -> (Net, Pid, Vec<Pid>) {
         reply_of(&mut n.e[1], cs[0]);
     }
     (n, s, cs)
+}
+
+/// Host 1's `c` sends code 1 to `s`, and the network runs.
+fn send_one(n: &mut Net, c: Pid, s: Pid) {
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
 }
 
 /// The server at host 0 takes its next request and replies to it.
@@ -1109,10 +1114,7 @@ fn a_reply_to_the_first_copy_shows_its_retransmission_was_needless() {
     // The request waits at the server past the timeout; the copy is lost,
     // so the reply that comes is the first copy's (not flagged).
     n.filter = Some(Box::new(|_, _, d: &[u8]| !is_resend(d)));
-    n.e[1]
-        .send(n.now, c, s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, c, s);
     n.advance(3_000);
     assert_eq!(n.e[1].stats().retransmits, 1);
     serve_one(&mut n, s);
@@ -1120,10 +1122,7 @@ fn a_reply_to_the_first_copy_shows_its_retransmission_was_needless() {
     assert_eq!(n.e[1].stats().retransmits_needless, 1);
     // The peer is slow: the next requests may wait as long without a copy.
     for _ in 0..5 {
-        n.e[1]
-            .send(n.now, c, s, Message::with_code(1), None)
-            .unwrap();
-        n.run();
+        send_one(&mut n, c, s);
         n.advance(3_000);
         serve_one(&mut n, s);
         reply_of(&mut n.e[1], c);
@@ -1183,15 +1182,9 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     // c1 at 3 ms: when c1's 2 ms timeout passes (2.5 ms) the server is
     // answering only Sends older than c1's, so c1 is queued, not lost.
     let t0 = n.now;
-    n.e[1]
-        .send(n.now, cs[0], s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, cs[0], s);
     n.advance(500);
-    n.e[1]
-        .send(n.now, cs[1], s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, cs[1], s);
     n.advance(t0 + 1_900 - n.now);
     assert_eq!(serve_one(&mut n, s), cs[0]);
     reply_of(&mut n.e[1], cs[0]);
@@ -1205,21 +1198,12 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     // than a round trip): c2's answer shows the server is past c1's, so
     // c1 retransmits at once.
     let t0 = n.now;
-    n.e[1]
-        .send(n.now, cs[0], s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, cs[0], s);
     n.advance(200);
     n.drop_next = 1;
-    n.e[1]
-        .send(n.now, cs[1], s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, cs[1], s);
     n.advance(1_500);
-    n.e[1]
-        .send(n.now, cs[2], s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
+    send_one(&mut n, cs[2], s);
     n.advance(t0 + 1_900 - n.now);
     assert_eq!(serve_one(&mut n, s), cs[0]);
     assert_eq!(serve_one(&mut n, s), cs[2]);
@@ -1255,10 +1239,7 @@ fn when_a_stalled_server_makes_every_exchange_late_one_copy_probes() {
     // only at 4 ms). The first to expire is sent again; the others wait
     // for that copy's answer, and then for the needless one's window.
     for &c in &cs {
-        n.e[1]
-            .send(n.now, c, s, Message::with_code(1), None)
-            .unwrap();
-        n.run();
+        send_one(&mut n, c, s);
         n.advance(100);
     }
     n.advance(3_000);
