@@ -42,6 +42,23 @@ pub struct Row {
     /// (all of them, on a clean loopback, unless a datagram overflowed a
     /// socket buffer).
     pub needless: u64,
+    /// CPU time per exchange, where measured (client threads in this
+    /// program; not the separate-program rows).
+    pub cpu: Option<CpuSplit>,
+}
+
+/// CPU time per exchange, µs, of the server thread and of the client
+/// threads (all together), for each system: where the time goes.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct CpuSplit {
+    /// vkernel server process's thread.
+    pub vk_server_us: f64,
+    /// vkernel client threads.
+    pub vk_clients_us: f64,
+    /// Raw UDP echo server thread.
+    pub raw_server_us: f64,
+    /// Raw UDP client threads.
+    pub raw_clients_us: f64,
 }
 
 impl Row {
@@ -64,6 +81,7 @@ impl Row {
             raw: Summary::of(&mut raw),
             retransmits,
             needless,
+            cpu: None,
         }
     }
 }
@@ -151,7 +169,7 @@ fn worker_rows(quick: bool, dur: Duration, goals: &mut Vec<Goal>) -> Result<Vec<
         };
         let pool = WorkerPool::start(&ka, cfg, Arc::new(Work(work))).map_err(|e| e.to_string())?;
         let to = pool.pid();
-        let mut lat = drive(k, dur, || {
+        let (mut lat, _) = drive(k, dur, || {
             let p = kb.create_process().map_err(|e| e.to_string())?;
             Ok(move || {
                 let mut m = Message::with_code(1);
@@ -193,12 +211,13 @@ fn worker_rows(quick: bool, dur: Duration, goals: &mut Vec<Goal>) -> Result<Vec<
 }
 
 /// Runs `k` threads of `one` (which does one exchange and returns its
-/// latency, or an error) until `dur` passes; all latencies.
+/// latency, or an error) until `dur` passes; all latencies, and the CPU
+/// time the threads used.
 fn drive<F>(
     k: usize,
     dur: Duration,
     make: impl Fn() -> Result<F, String>,
-) -> Result<Vec<Duration>, String>
+) -> Result<(Vec<Duration>, Duration), String>
 where
     F: FnMut() -> Result<Duration, String> + Send,
 {
@@ -208,33 +227,36 @@ where
         let hs: Vec<_> = clients
             .into_iter()
             .map(|mut one| {
-                sc.spawn(move || -> Result<Vec<Duration>, String> {
+                sc.spawn(move || -> Result<(Vec<Duration>, Duration), String> {
+                    let cpu = vkernel::host::thread_cpu_time();
                     let mut v = Vec::new();
                     while Instant::now() < deadline {
                         v.push(one()?);
                     }
-                    Ok(v)
+                    Ok((v, vkernel::host::thread_cpu_time().saturating_sub(cpu)))
                 })
             })
             .collect();
         let mut all = Vec::new();
+        let mut cpu = Duration::ZERO;
         for h in hs {
-            all.extend(
-                h.join()
-                    .map_err(|_| "client thread panicked".to_string())??,
-            );
+            let (v, c) = h
+                .join()
+                .map_err(|_| "client thread panicked".to_string())??;
+            all.extend(v);
+            cpu += c;
         }
-        Ok(all)
+        Ok((all, cpu))
     })
 }
 
 /// A raw UDP echo server thread (32-byte datagrams) waiting as `wait`
 /// says; stops when `stop` is set (checked between datagrams, and every
-/// 10 ms when blocking).
+/// 10 ms when blocking), and returns the CPU time it used.
 fn raw_server(
     wait: Wait,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<()>), String> {
+) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<Duration>), String> {
     let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let a = s.local_addr().map_err(|e| e.to_string())?;
     match wait {
@@ -251,6 +273,7 @@ fn raw_server(
                 std::hint::spin_loop();
             }
         }
+        vkernel::host::thread_cpu_time()
     });
     Ok((a, h))
 }
@@ -292,9 +315,11 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let name = if mode.spins() { "spin" } else { "block" };
         let (ka, kb) = vkbench::host_pair(mode, FaultConfig::default())?;
         let (server, sh) = vkbench::start_server(&ka, mode)?;
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
         for &k in ks {
             let s0 = kb.stats();
-            let vs = drive(k, dur, || {
+            let c0 = vkbench::server_cpu(&probe, server)?;
+            let (vs, vk_clients) = drive(k, dur, || {
                 let p = kb.create_process().map_err(|e| e.to_string())?;
                 Ok(move || {
                     let mut m = Message::with_code(1);
@@ -304,6 +329,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 })
             })?;
             let s1 = kb.stats();
+            let vk_server = vkbench::server_cpu(&probe, server)?.saturating_sub(c0);
             let retransmits = (
                 s1.retransmits - s0.retransmits,
                 s1.retransmits_needless - s0.retransmits_needless,
@@ -312,15 +338,23 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             let (raddr, rh) = raw_server(mode.wait, stop.clone())?;
             let rs = drive(k, dur, || raw_client(raddr, mode.wait));
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let _ = rh.join();
-            let row = Row::new(name, k, dur, vs, rs?, retransmits);
+            let raw_server = rh.join().unwrap_or_default();
+            let (rs, raw_clients) = rs?;
+            let per = |t: Duration, n: usize| t.as_secs_f64() * 1e6 / n.max(1) as f64;
+            let cpu = CpuSplit {
+                vk_server_us: per(vk_server, vs.len()),
+                vk_clients_us: per(vk_clients, vs.len()),
+                raw_server_us: per(raw_server, rs.len()),
+                raw_clients_us: per(raw_clients, rs.len()),
+            };
+            let mut row = Row::new(name, k, dur, vs, rs, retransmits);
+            row.cpu = Some(cpu);
             report_row(&row, name, &mut goals);
             rows.push(row);
         }
         if !mode.spins() {
             program_rows = program_section(c.quick, dur, &ka, server, &mut goals)?;
         }
-        let probe = kb.create_process().map_err(|e| e.to_string())?;
         vkbench::stop_server(&probe, server, sh);
     }
     let workers = worker_rows(c.quick, dur, &mut goals)?;
@@ -379,6 +413,12 @@ fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
         row.retransmits,
         row.needless
     );
+    if let Some(c) = &row.cpu {
+        println!(
+            "  {:<11} CPU µs per exchange: server vk {:.1} raw {:.1}, clients vk {:.1} raw {:.1}",
+            "", c.vk_server_us, c.raw_server_us, c.vk_clients_us, c.raw_clients_us
+        );
+    }
     goals.push(Goal::at_least(
         &format!("{name}, k = {k}: vkernel / raw UDP exchanges per second"),
         ratio,

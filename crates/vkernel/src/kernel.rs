@@ -389,8 +389,12 @@ impl Shared {
                 sent.push(b);
             }
         }
-        for w in wakes.drain(..) {
-            w.signal();
+        if !wakes.is_empty() {
+            let n = wakes.len() as u64;
+            self.net.counters.handoffs.fetch_add(n, Ordering::Relaxed);
+            for w in wakes.drain(..) {
+                w.signal();
+            }
         }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
@@ -822,7 +826,9 @@ impl Shared {
                 r[1] && mfd.is_some()
             };
             if self.readers() == 0 || mcast_ready {
-                self.poll_socket(256);
+                let n = self.poll_socket(256);
+                let c = &self.net.counters.background_reads;
+                c.fetch_add(n as u64, Ordering::Relaxed);
             }
             self.run_timers_if_due();
             self.net.flush_due();

@@ -222,6 +222,13 @@ pub struct NetCounters {
     /// timers from the answer socket of another, blocked thread (its reply
     /// had come but it had not run yet): each one a retransmission saved.
     pub answers_for_others: AtomicU64,
+    /// Datagrams read by the host's background thread (no process was
+    /// reading the socket): each one that completes a process's wait is a
+    /// hand-over to another thread.
+    pub background_reads: AtomicU64,
+    /// Completions handed to a process blocked in the kernel by another
+    /// thread (an eventfd or answer-socket signal: one wake-up each).
+    pub handoffs: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.

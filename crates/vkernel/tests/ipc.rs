@@ -614,3 +614,52 @@ fn a_sender_waiting_in_its_answer_socket_retransmits_by_itself() {
     let _ = c.send(&mut m, server);
     h.join().unwrap();
 }
+
+#[test]
+fn hand_offs_and_background_reads_are_counted() {
+    // A local Send to a process blocked in the kernel (no spinning) wakes
+    // it by signal: a hand-off, and so does its Reply to the blocked
+    // sender.
+    let (a, b) = two_hosts();
+    let (server, h) = a.spawn("server", serve).unwrap();
+    let c = a.create_process().unwrap();
+    c.set_spin(std::time::Duration::ZERO);
+    let before = a.net_counters().handoffs.load(Relaxed);
+    // The server may not have blocked yet when a round starts (then the
+    // Send is queued for it and nobody is signalled): a few rounds.
+    for _ in 0..50 {
+        thread::sleep(std::time::Duration::from_millis(10));
+        let mut m = Message::with_code(ECHO);
+        c.send(&mut m, server).unwrap();
+        if a.net_counters().handoffs.load(Relaxed) > before {
+            break;
+        }
+    }
+    assert!(a.net_counters().handoffs.load(Relaxed) > before);
+    let mut m = Message::with_code(STOP);
+    let _ = c.send(&mut m, server);
+    h.join().unwrap();
+    // A request for a process that is not receiving, on a host where no
+    // process reads the socket (the server is gone), is read by the
+    // host's background thread.
+    let idle = a.create_process().unwrap();
+    let to = idle.pid();
+    let reads = a.net_counters().background_reads.load(Relaxed);
+    let s = b.create_process().unwrap();
+    // (Bounded, should the assertions below fail.)
+    s.set_send_deadline(Some(std::time::Duration::from_secs(10)));
+    thread::scope(|sc| {
+        let w = sc.spawn(move || {
+            let mut m = Message::with_code(7);
+            s.send(&mut m, to).map(|_| m.code())
+        });
+        common::wait_for(std::time::Duration::from_secs(5), "background read", || {
+            (a.net_counters().background_reads.load(Relaxed) > reads).then_some(())
+        });
+        let mut m = Message::zero();
+        let i = idle.receive(&mut m).unwrap();
+        assert_eq!(m.code(), 7);
+        idle.reply(&Message::with_code(8), i.from).unwrap();
+        assert_eq!(w.join().unwrap(), Ok(8));
+    });
+}

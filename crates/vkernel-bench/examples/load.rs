@@ -1,0 +1,148 @@
+//! One server, k client threads, for a profiler: section 18's blocking or
+//! busy-polling load on vkernel or on a raw UDP echo server, for a fixed
+//! time, then exchanges per second and the clients' host counters.
+//!
+//! `cargo run --release -p vkernel-bench --example load -- K SECS [raw] [spin]`
+//! (`spin`: the vkernel processes busy-poll; the raw server always blocks)
+//! (e.g. under `perf record -g` or `strace -c -f`).
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vkernel::{FaultConfig, Message};
+use vkernel_bench::{vkbench, Mode};
+
+fn main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: load K SECS [raw] [spin]";
+    let k: usize = args.first().and_then(|a| a.parse().ok()).ok_or(usage)?;
+    let secs: f64 = args.get(1).and_then(|a| a.parse().ok()).ok_or(usage)?;
+    let raw = args.iter().any(|a| a == "raw");
+    let mode = if args.iter().any(|a| a == "spin") {
+        Mode::SPIN
+    } else {
+        Mode::BLOCK
+    };
+    let dur = Duration::from_secs_f64(secs.clamp(0.1, 60.0));
+    let done = Arc::new(AtomicU64::new(0));
+    let client_cpu = AtomicU64::new(0);
+    if raw {
+        let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let a = s.local_addr().map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_millis(10)))
+            .map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let h = std::thread::Builder::new()
+            .name("raw-server".into())
+            .spawn(move || {
+                let mut b = [0u8; 64];
+                while !st.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = s.recv_from(&mut b) {
+                        let _ = s.send_to(&b[..n], from);
+                    }
+                }
+                vkernel::host::thread_cpu_time()
+            })
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + dur;
+        std::thread::scope(|sc| {
+            for _ in 0..k {
+                let done = done.clone();
+                let client_cpu = &client_cpu;
+                sc.spawn(move || {
+                    let Ok(c) = UdpSocket::bind("127.0.0.1:0") else {
+                        return;
+                    };
+                    if c.connect(a).is_err()
+                        || c.set_read_timeout(Some(Duration::from_millis(200)))
+                            .is_err()
+                    {
+                        return;
+                    }
+                    let mut b = [0u8; 64];
+                    while Instant::now() < deadline {
+                        if c.send(&[7u8; 32]).is_ok() && c.recv(&mut b).is_ok() {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    client_cpu.fetch_add(
+                        vkernel::host::thread_cpu_time().as_nanos() as u64,
+                        Ordering::Relaxed,
+                    );
+                });
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        let cpu = h.join().unwrap_or_default();
+        server_cpu(cpu, done.load(Ordering::Relaxed));
+    } else {
+        let (ka, kb) = vkbench::host_pair(mode, FaultConfig::default())?;
+        let (server, sh) = vkbench::start_server(&ka, mode)?;
+        let s0 = kb.stats();
+        let probe = kb.create_process().map_err(|e| e.to_string())?;
+        let c0 = vkbench::server_cpu(&probe, server)?;
+        let deadline = Instant::now() + dur;
+        std::thread::scope(|sc| -> Result<(), String> {
+            for _ in 0..k {
+                let p = kb.create_process().map_err(|e| e.to_string())?;
+                let done = done.clone();
+                let client_cpu = &client_cpu;
+                sc.spawn(move || {
+                    while Instant::now() < deadline {
+                        let mut m = Message::with_code(1);
+                        if p.send(&mut m, server).is_ok() {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    client_cpu.fetch_add(
+                        vkernel::host::thread_cpu_time().as_nanos() as u64,
+                        Ordering::Relaxed,
+                    );
+                });
+            }
+            Ok(())
+        })?;
+        let s1 = kb.stats();
+        let c1 = vkbench::server_cpu(&probe, server)?;
+        server_cpu(c1.saturating_sub(c0), done.load(Ordering::Relaxed));
+        println!(
+            "retransmits {} (needless {})",
+            s1.retransmits - s0.retransmits,
+            s1.retransmits_needless - s0.retransmits_needless
+        );
+        for (name, h) in [("server host", &ka), ("client host", &kb)] {
+            let c = h.net_counters();
+            println!(
+                "{name}: background reads {}, hand-offs {}, idle wakes {}, answers {}",
+                c.background_reads.load(Ordering::Relaxed),
+                c.handoffs.load(Ordering::Relaxed),
+                c.idle_wakes.load(Ordering::Relaxed),
+                c.answers.load(Ordering::Relaxed)
+            );
+        }
+        vkbench::stop_server(&probe, server, sh);
+    }
+    let n = done.load(Ordering::Relaxed);
+    println!(
+        "client threads CPU: {:.2} µs per exchange",
+        client_cpu.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64
+    );
+    println!(
+        "{} k={k}: {:.0} exchanges/s",
+        if raw { "raw" } else { "vkernel" },
+        n as f64 / dur.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Prints the server thread's CPU time per exchange.
+fn server_cpu(cpu: Duration, n: u64) {
+    println!(
+        "server thread CPU: {:.2} s, {:.2} µs per exchange",
+        cpu.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / n.max(1) as f64
+    );
+}
