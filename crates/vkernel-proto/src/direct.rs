@@ -264,7 +264,10 @@ impl DirectSend {
                 _ => IpcError::NoSuchProcess(h.src),
             }),
             PacketType::ReplyPending => {
-                self.learn_needless(now);
+                // (Busy: dropped for lack of buffers, not held.)
+                if h.status != Status::Busy {
+                    self.learn_needless(now);
+                }
                 self.deadline = now + self.timing.host_timeout;
                 self.rto = self.rto.max(self.timing.rto);
                 self.next = now + self.rto;

@@ -160,7 +160,9 @@ impl PacketType {
     ];
 }
 
-/// Status codes carried in the header's `status` byte (nAck and bulk replies).
+/// Status codes carried in the header's `status` byte (nAck, bulk replies,
+/// and replyPending: `Busy` when the request was dropped for lack of
+/// buffers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Status {

@@ -182,10 +182,24 @@ impl Engine {
     }
 
     pub(super) fn reply_pending(&mut self, to: SocketAddr, src: Pid, dst: Pid, seq: u32) {
+        self.reply_pending_status(to, src, dst, seq, Status::Ok);
+    }
+
+    /// A replyPending with `status`: `Busy` says the request was dropped
+    /// for lack of buffers (send it again later), not held.
+    fn reply_pending_status(
+        &mut self,
+        to: SocketAddr,
+        src: Pid,
+        dst: Pid,
+        seq: u32,
+        status: Status,
+    ) {
         let mut h = Header::new(PacketType::ReplyPending);
         h.seq = seq;
         h.src = dst;
         h.dst = src;
+        h.status = status;
         self.emit(Dest::Addr(to), &h, &Message::zero(), &[]);
     }
 
@@ -280,7 +294,7 @@ impl Engine {
         };
         let Some(i) = self.aliens.admit(alien, pkt.data, now, &mut self.stats) else {
             self.stats.drop(DropReason::NoBuffers);
-            self.reply_pending(from, h.src, h.dst, h.seq);
+            self.reply_pending_status(from, h.src, h.dst, h.seq, Status::Busy);
             return;
         };
         self.arm(now + self.cfg.alien_timeout);
@@ -456,6 +470,18 @@ impl Engine {
         let rto = self.send_rto_for(host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
+                // Dropped for lack of buffers: the peer is alive but did
+                // not hold the request, so it says nothing of the round
+                // trip, no copy was needless, and a probe stays out.
+                if h.status == Status::Busy {
+                    r.deadline = now + host_timeout;
+                    r.next = now + r.rto;
+                    let (next, shared) = (r.next, !r.self_timed);
+                    if shared {
+                        self.arm(next);
+                    }
+                    return;
+                }
                 // The first replyPending of an exchange: its retransmission
                 // was needless (the peer held the request).
                 let first = !r.pending_seen;

@@ -189,6 +189,64 @@ fn full_alien_pool_answers_reply_pending_without_growing() {
 }
 
 #[test]
+fn a_copy_refused_for_lack_of_buffers_teaches_nothing() {
+    // One alien slot, held by host 2's request. Host 3's first copy is
+    // lost; its retransmission finds the pool full and is answered
+    // replyPending marked Busy: the server never held the request, so the
+    // copy was not needless and the server is not slow (no timeout floor).
+    let mut n = Net::with(3, |_, c| {
+        c.alien_pool = 1;
+        c.alien_per_host = 1;
+        // (Short, so that a floor from the refused copy would show.)
+        c.initial_rto = 2_000;
+    });
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let a = n.e[1].create_process().unwrap();
+    let b = n.e[2].create_process().unwrap();
+    n.e[1]
+        .send(n.now, a, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    assert_eq!(n.e[0].stats().aliens_in_use, 1);
+    let server = HostId(1);
+    let rto = n.e[2].send_rto_for(server);
+    n.drop_next = 1;
+    n.e[2]
+        .send(n.now, b, s, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    let mark = n.sent.len();
+    // (Host 2's own copies get plain replyPendings: its request is held.)
+    let to_b = |n: &Net| {
+        n.sent[mark..]
+            .iter()
+            .filter(|t| t.to == 2 && t.ptype() == PacketType::ReplyPending)
+            .map(|t| decode(&t.data).unwrap().header.status)
+            .next()
+    };
+    let refused = n.advance_until(1_000_000, |n| to_b(n).is_some());
+    assert!(refused);
+    assert_eq!(to_b(&n), Some(Status::Busy));
+    assert_eq!(n.e[0].stats().drops_of(DropReason::NoBuffers), 1);
+    assert_eq!(n.e[2].send_rto_for(server), rto, "no timeout floor");
+    // Both are served: host 3's request gets in once the slot is free.
+    let mut served = BTreeSet::new();
+    let done = n.advance_until(3_000_000, |n| {
+        while let Ok(Some(r)) = n.e[0].receive(n.now, s, None, None) {
+            n.e[0].reply(n.now, s, r.from, r.msg, None).unwrap();
+            served.insert(r.from);
+        }
+        n.e[0].cancel_receive(s);
+        served.len() == 2
+    });
+    assert!(done, "served {}", served.len());
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], a).msg.code(), 1);
+    assert_eq!(reply_of(&mut n.e[2], b).msg.code(), 2);
+}
+
+#[test]
 fn a_saved_reply_re_sent_is_evicted_after_the_unused_ones() {
     // Four saved answers fit (one alien slot). Client 0's is re-sent, so
     // the fifth client's answer evicts client 1's, the oldest unused.
