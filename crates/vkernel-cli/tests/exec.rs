@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Proc, BIN};
+use common::{listening_addr, Proc, BIN};
 
 struct Scratch(PathBuf);
 impl Drop for Scratch {
@@ -18,16 +18,13 @@ impl Drop for Scratch {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn start(args: &[&str]) -> Proc {
+/// Starts a service bound to a port the kernel picks (`--bind
+/// 127.0.0.1:0`, so no other test can take it between choice and bind);
+/// returns it and the address its banner names.
+fn start(args: &[&str]) -> (Proc, String) {
     let mut c = Command::new(BIN)
         .args(args)
+        .args(["--bind", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -37,7 +34,7 @@ fn start(args: &[&str]) -> Proc {
         .read_line(&mut line)
         .expect("banner");
     assert!(line.contains("listening"), "{line}");
-    Proc(c)
+    (Proc(c), listening_addr(&line))
 }
 
 #[test]
@@ -54,23 +51,10 @@ fn run_executes_a_stored_program_on_a_team_server_and_cleans_up() {
         "#!/bin/sh\necho \"hello $1\"\ntr a-z A-Z\necho warn >&2\nexit 7\n",
     );
     put("pid.sh", "#!/bin/sh\necho $$\nexec sleep 60\n");
-    let (fp, tp) = (free_port(), free_port());
-    let fs_addr = format!("127.0.0.1:{fp}");
-    let ts_addr = format!("127.0.0.1:{tp}");
     let root = dir.0.to_string_lossy().into_owned();
-    let _fs = start(&[
-        "fileserver",
-        "--bind",
-        &fs_addr,
-        "--root",
-        &root,
-        "--exit-after",
-        "60s",
-    ]);
-    let _ts = start(&[
+    let (_fs, fs_addr) = start(&["fileserver", "--root", &root, "--exit-after", "60s"]);
+    let (_ts, ts_addr) = start(&[
         "teamserver",
-        "--bind",
-        &ts_addr,
         "--peer",
         &fs_addr,
         "--host-timeout",
@@ -153,33 +137,11 @@ fn run_reports_signals_refusals_and_missing_team_servers() {
     let p = dir.0.join("term.sh");
     std::fs::write(&p, "#!/bin/sh\necho before\nkill -TERM $$\necho after\n").unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (fp, tp, rp) = (free_port(), free_port(), free_port());
-    let fs_addr = format!("127.0.0.1:{fp}");
-    let ts_addr = format!("127.0.0.1:{tp}");
-    let strict_addr = format!("127.0.0.1:{rp}");
     let root = dir.0.to_string_lossy().into_owned();
-    let _fs = start(&[
-        "fileserver",
-        "--bind",
-        &fs_addr,
-        "--root",
-        &root,
-        "--exit-after",
-        "60s",
-    ]);
-    let _ts = start(&[
+    let (_fs, fs_addr) = start(&["fileserver", "--root", &root, "--exit-after", "60s"]);
+    let (_ts, ts_addr) = start(&["teamserver", "--peer", &fs_addr, "--exit-after", "60s"]);
+    let (_strict, strict_addr) = start(&[
         "teamserver",
-        "--bind",
-        &ts_addr,
-        "--peer",
-        &fs_addr,
-        "--exit-after",
-        "60s",
-    ]);
-    let _strict = start(&[
-        "teamserver",
-        "--bind",
-        &strict_addr,
         "--peer",
         &fs_addr,
         "--refuse-remote",

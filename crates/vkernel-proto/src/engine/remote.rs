@@ -470,30 +470,27 @@ impl Engine {
         let rto = self.send_rto_for(host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
-                // Dropped for lack of buffers: the peer is alive but did
-                // not hold the request, so it says nothing of the round
-                // trip, no copy was needless, and a probe stays out.
-                if h.status == Status::Busy {
-                    r.deadline = now + host_timeout;
-                    r.next = now + r.rto;
-                    let (next, shared) = (r.next, !r.self_timed);
-                    if shared {
-                        self.arm(next);
-                    }
-                    return;
-                }
+                // Dropped for lack of buffers (busy): the peer is alive but
+                // did not hold the request, so it says nothing of the
+                // round trip, no copy was needless, and a probe stays out.
+                let busy = h.status == Status::Busy;
                 // The first replyPending of an exchange: its retransmission
                 // was needless (the peer held the request).
-                let first = !r.pending_seen;
+                let first = !busy && !r.pending_seen;
                 let needless = first && r.retransmitted;
                 let waited = now.saturating_sub(r.sent_at);
-                r.pending_seen = true;
                 r.deadline = now + host_timeout;
-                r.rto = rto.max(r.rto);
+                if !busy {
+                    r.pending_seen = true;
+                    r.rto = rto.max(r.rto);
+                }
                 r.next = now + r.rto;
                 let (next, shared) = (r.next, !r.self_timed);
                 if shared {
                     self.arm(next);
+                }
+                if busy {
+                    return;
                 }
                 let rtt = self.rtt.entry(host).or_default();
                 if first {
