@@ -4,6 +4,7 @@
 //!
 //! The message words of bulk packets are [`BulkMsg`] (`wire::bulk_field`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::aliens::AlienState;
@@ -106,6 +107,9 @@ impl MoveOp {
 /// and acknowledged while the mover goes on.
 pub(crate) struct Behind {
     mover: Pid,
+    /// Order of starting among the engine's write-behind MoveTos (older
+    /// first): only a mover's oldest transfer to a host keeps a timer.
+    order: u64,
     op: MoveOp,
 }
 
@@ -304,7 +308,9 @@ impl Engine {
             }
             op.last_tx = vec![0; op.done.len()];
             let x = op.xfer;
-            self.behind.insert(x, Behind { mover, op });
+            self.behind_order += 1;
+            let order = self.behind_order;
+            self.behind.insert(x, Behind { mover, order, op });
             self.stats.bulk_write_behind += 1;
             self.pump_move_to(now, MoveRef::Behind(x));
             return Ok(Some(n));
@@ -722,6 +728,7 @@ impl Engine {
                 let Some(b) = self.behind.remove(&x) else {
                     return;
                 };
+                self.restart_next_timer(now, b.mover, b.op.peer.host());
                 let ex = (b.mover, b.op.peer, b.op.xseq);
                 if !self.behind_busy(ex.0, ex.1, ex.2) {
                     self.behind_drained(now, ex, None);
@@ -1330,6 +1337,39 @@ impl Engine {
         false
     }
 
+    /// For each (mover, peer host) with write-behind MoveTos in flight:
+    /// the oldest one's order and deadline.
+    fn oldest_behind(&self) -> HashMap<(Pid, super::HostId), (u64, Micros)> {
+        let mut m: HashMap<(Pid, super::HostId), (u64, Micros)> = HashMap::new();
+        for b in self.behind.values() {
+            let e = m
+                .entry((b.mover, b.op.peer.host()))
+                .or_insert((b.order, b.op.deadline));
+            if b.order < e.0 {
+                *e = (b.order, b.op.deadline);
+            }
+        }
+        m
+    }
+
+    /// `mover`'s oldest write-behind MoveTo to `host` ended: the transfer
+    /// next in line (the next oldest, else the one the mover is blocked
+    /// in) starts its probe delay now, not from when it was sent.
+    fn restart_next_timer(&mut self, now: Micros, mover: Pid, host: super::HostId) {
+        let next = self
+            .behind
+            .iter()
+            .filter(|(_, b)| b.mover == mover && b.op.peer.host() == host)
+            .min_by_key(|(_, b)| b.order)
+            .map(|(&x, _)| MoveRef::Behind(x));
+        let r = next.unwrap_or(MoveRef::Proc(mover));
+        if let Some(op) = self.op_mut(r) {
+            if op.peer.host() == host && op.dir == Dir::To && op.next_new > 0 {
+                op.timer = op.timer.max(op.next_timer(now));
+            }
+        }
+    }
+
     pub(super) fn bulk_timers(&mut self, now: Micros, next: &mut Micros) {
         let Some(host) = self.host_id() else { return };
         let procs = &self.procs;
@@ -1345,8 +1385,31 @@ impl Engine {
             .chain(self.behind.keys().map(|&x| MoveRef::Behind(x)))
             .collect();
         let max_rto = self.max_rto();
+        let oldest = self.oldest_behind();
         for m in movers {
+            let ahead = match m {
+                MoveRef::Proc(p) => self.move_op(p).and_then(|op| {
+                    let o = oldest.get(&(p, op.peer.host()))?;
+                    (op.dir == Dir::To).then_some(o.1)
+                }),
+                MoveRef::Behind(x) => self.behind.get(&x).and_then(|b| {
+                    let o = oldest.get(&(b.mover, b.op.peer.host()))?;
+                    (o.0 < b.order).then_some(o.1)
+                }),
+            };
             let Some(op) = self.op_mut(m) else { continue };
+            // An older write-behind MoveTo of the same mover to the same
+            // host is unacknowledged: this one's data is queued behind it
+            // at the peer, so its silence says nothing yet. It neither
+            // probes nor times out while the older one lives.
+            if let Some(older_deadline) = ahead {
+                op.deadline = op.deadline.max(older_deadline);
+                if now >= op.timer {
+                    op.timer = op.next_timer(now);
+                }
+                *next = (*next).min(op.timer).min(op.deadline);
+                continue;
+            }
             if now >= op.deadline {
                 let peer = op.peer;
                 self.stats.timeouts += 1;

@@ -216,6 +216,8 @@ pub struct Engine {
     moving: std::collections::BTreeSet<u16>,
     /// Write-behind MoveTos in flight, by transfer id (`bulk.rs`).
     behind: std::collections::HashMap<u32, bulk::Behind>,
+    /// Write-behind MoveTos started so far (their order, `bulk.rs`).
+    behind_order: u64,
     /// Replies and Forwards held for write-behind MoveTos, oldest first.
     held: Vec<bulk::Held>,
     next_local: u16,
@@ -285,6 +287,7 @@ impl Engine {
             sending: std::collections::BTreeSet::new(),
             moving: std::collections::BTreeSet::new(),
             behind: std::collections::HashMap::new(),
+            behind_order: 0,
             held: Vec::new(),
             rtt: new_map(hs),
             cwnds: new_map(hs),

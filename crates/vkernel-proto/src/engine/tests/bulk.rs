@@ -755,3 +755,84 @@ fn a_failed_write_behind_move_never_lets_the_sender_resume() {
     );
     assert!(n.e[0].behind.is_empty() && n.e[0].held.is_empty());
 }
+
+/// Several write-behind MoveTos queued at a slow peer: only the oldest
+/// probes while its acknowledgement is late (the younger ones' data waits
+/// behind it at the peer, so their silence says nothing), and all of them
+/// complete once the peer catches up.
+#[test]
+fn write_behind_moves_queued_at_a_slow_peer_probe_one_at_a_time() {
+    let (mut n, s, c, seg) = behind_exchange(8 * CHUNK, 8 * CHUNK, SegAccess::WRITE);
+    // A round-trip sample first, so the transfers get a tail-loss probe
+    // (two round trips, at least 200 µs) shorter than their timeout.
+    let (p0, p1) = (
+        n.e[0].create_process().unwrap(),
+        n.e[1].create_process().unwrap(),
+    );
+    n.e[0]
+        .send(n.now, p0, p1, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.e[1].receive(n.now, p1, None, None).unwrap().unwrap();
+    n.e[1]
+        .reply(n.now, p1, p0, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    reply_of(&mut n.e[0], p0);
+    assert!(n.e[0].srtt(HostId(2)).is_some());
+    // The peer takes in nothing of the transfers for 1.5 ms (less than
+    // the 2 ms timeout, several probe delays).
+    n.filter = Some(Box::new(|from, _, d| {
+        from != 0 || decode(d).expect("valid").header.ptype != PacketType::MoveToRequest
+    }));
+    let mark = n.sent.len();
+    let units: Vec<Vec<u8>> = (0..4).map(|i| pattern(i + 1, 2 * CHUNK)).collect();
+    for (i, u) in units.iter().enumerate() {
+        let at = (i * 2 * CHUNK) as u32;
+        assert_eq!(
+            n.e[0].move_to(n.now, s, c, at, SharedBuf::new(u.clone()).lend()),
+            Ok(Some(2 * CHUNK)),
+            "unit {i} goes write-behind"
+        );
+    }
+    n.run();
+    let r0 = n.e[0].stats().bulk_retransmits;
+    n.advance(1_500);
+    assert_eq!(
+        n.e[0].stats().bulk_retransmits - r0,
+        1,
+        "only the oldest transfer probes"
+    );
+    // The peer catches up with the first unit: the next in line starts
+    // its probe delay now, not from when its data went out.
+    let held: Vec<Vec<u8>> = n.sent[mark..]
+        .iter()
+        .filter(|t| t.to == 1 && t.ptype() == PacketType::MoveToRequest)
+        .map(|t| t.data.clone())
+        .collect();
+    let first_unit =
+        |d: &Vec<u8>| (decode(d).expect("valid").header.remote_addr as usize) < 2 * CHUNK;
+    for d in held.iter().filter(|d| first_unit(d)) {
+        n.inject(1, 0, d);
+    }
+    n.run();
+    assert_eq!(n.e[0].behind.len(), 3, "the oldest unit is acknowledged");
+    let r1 = n.e[0].stats().bulk_retransmits;
+    n.advance(150);
+    assert_eq!(
+        n.e[0].stats().bulk_retransmits,
+        r1,
+        "no probe sooner than 200 µs after becoming the oldest"
+    );
+    // Then with the rest, in order.
+    n.filter = None;
+    for d in held.iter().filter(|d| !first_unit(d)) {
+        n.inject(1, 0, d);
+    }
+    assert!(n.advance_until(100_000, |n| n.e[0].behind.is_empty()));
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(7), None)
+        .unwrap();
+    assert!(n.advance_until(100_000, |n| completed(&n.e[1], c)));
+    same_bytes(&seg.snapshot(), &units.concat(), "segment");
+}
