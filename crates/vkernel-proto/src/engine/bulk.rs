@@ -216,9 +216,14 @@ impl Engine {
         buf: Seg,
         (xseq, addr, on_behalf): (u32, SocketAddr, Pid),
     ) -> MoveOp {
-        let chunk = self.cfg.chunk_bytes();
+        // As many chunks as the largest datagram needs, of equal size: a
+        // 64 KiB unit goes as two halves, not as a full datagram and a
+        // 133-byte tail (which costs a send and a receive of its own, and
+        // is too small for the owner to receive in place).
+        let max = self.cfg.chunk_bytes();
         let total = buf.len();
-        let nc = nchunks(total, chunk);
+        let nc = nchunks(total, max);
+        let chunk = if nc > 1 { total.div_ceil(nc) } else { max };
         let cwnd = match self.cwnds.get(&peer.host()) {
             Some(c) => c.carried(),
             None => Cwnd::new(self.window_chunks(chunk)),

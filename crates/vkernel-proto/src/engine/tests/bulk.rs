@@ -114,16 +114,29 @@ fn moves_stream_many_chunks_exactly(gather: bool) {
         n.run();
         n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
         let before = n.e[0].stats().tx_of(PacketType::MoveToRequest);
+        let mark = n.sent.len();
         assert_eq!(
             n.e[0].move_to(n.now, s, c, off, SharedBuf::new(data.clone()).lend()),
             Ok(None)
         );
         n.run();
         assert_eq!(moved(&mut n.e[0], s), Ok(len), "MoveTo of {len}");
+        let nc = len.div_ceil(CHUNK);
         assert_eq!(
             n.e[0].stats().tx_of(PacketType::MoveToRequest) - before,
-            len.div_ceil(CHUNK) as u64,
+            nc as u64,
             "one datagram per chunk on a clean network"
+        );
+        // As few chunks as fit, of one size: no short tail.
+        let sizes: Vec<usize> = n.sent[mark..]
+            .iter()
+            .filter(|t| t.ptype() == PacketType::MoveToRequest)
+            .map(|t| decode(&t.data).expect("valid").data.len())
+            .collect();
+        let (lo, hi) = (sizes.iter().min(), sizes.iter().max());
+        assert!(
+            hi.zip(lo).is_some_and(|(h, l)| h - l < nc),
+            "chunk sizes {lo:?}..{hi:?} for {len} bytes in {nc} chunks"
         );
         n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
         n.run();
