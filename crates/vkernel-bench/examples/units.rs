@@ -2,8 +2,9 @@
 //! units of `unit` bytes, a number of times, then MB/s (median) and the
 //! mover host's bulk counters.
 //!
-//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb]`
-//! (`block`: blocking waits, else busy-polling; `nowb`: write-behind off)
+//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB]`
+//! (`block`: blocking waits, else busy-polling; `nowb`: write-behind off;
+//! `wb=KIB`: the write-behind bound)
 
 use vkernel::FaultConfig;
 use vkernel_bench::vkbench::{self, Op};
@@ -11,7 +12,7 @@ use vkernel_bench::Mode;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb]";
+    let usage = "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB]";
     let num = |i: usize| -> Result<usize, String> {
         args.get(i)
             .and_then(|a| a.parse().ok())
@@ -24,9 +25,15 @@ fn main() -> Result<(), String> {
         Mode::SPIN
     };
     let nowb = args.iter().any(|a| a == "nowb");
+    let bound: Option<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("wb=").and_then(|v| v.parse::<usize>().ok()));
     let (a, b) = vkbench::host_pair_with(pl, FaultConfig::default(), |_, k| {
         if nowb {
             k.write_behind = 0;
+        }
+        if let Some(kib) = bound {
+            k.write_behind = kib << 10;
         }
     })?;
     let (pid, h) = vkbench::start_server(&a, pl)?;
