@@ -564,6 +564,11 @@ impl Engine {
         let mut wait = Vec::new();
         let host = self.host_id();
         let mut ended = Vec::new();
+        // Hosts a first copy goes to in this pass: the probe
+        // (`Rtt::probing`) is recorded only when it is sent, after the
+        // loop, so without this every Send a stall made late at once
+        // would go again in the same pass.
+        let mut probing_now: Vec<HostId> = Vec::new();
         for &l in &self.sending {
             let Some(h) = host else { break };
             let Some(p) = self.procs.get(&l) else {
@@ -581,9 +586,15 @@ impl Engine {
                 if let Some(r) = &o.remote {
                     if now >= r.deadline {
                         dead.push((Pid::new(h, l), o.dst));
-                    } else if now >= r.next && self.retransmission_waits(now, o.dst, r) {
+                    } else if now >= r.next
+                        && (self.retransmission_waits(now, o.dst, r)
+                            || self.probe_taken(now, o.dst, r, &probing_now))
+                    {
                         wait.push(Pid::new(h, l));
                     } else if now >= r.next {
+                        if !r.retransmitted && !o.dst.is_group() {
+                            probing_now.push(o.dst.host());
+                        }
                         retx.push(Pid::new(h, l));
                     } else if !r.self_timed {
                         next = next.min(r.next).min(r.deadline);
@@ -651,6 +662,16 @@ impl Engine {
                 .rtt
                 .get(&dst.host())
                 .is_some_and(|t| t.older_served(now, r.sent_at, r.rto) || t.probing(now, r.rto))
+    }
+
+    /// Would this first copy go to a host another Send's first copy
+    /// probes in the same timer pass (`probing`)? Then it waits, as
+    /// [`Engine::retransmission_waits`] makes it wait in later passes.
+    fn probe_taken(&self, now: Micros, dst: Pid, r: &Retx, probing: &[HostId]) -> bool {
+        !r.retransmitted
+            && !dst.is_group()
+            && now < r.sent_at + self.max_rto()
+            && probing.contains(&dst.host())
     }
 
     /// When `pid`'s remote Send needs its own thread to run

@@ -1232,6 +1232,28 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
     reply_of(&mut n.e[1], cs[1]);
 }
 
+/// The same when the late exchanges fall due in one timer pass (sent at
+/// once, as many blocked threads' Sends are under load): the probe is
+/// recorded only when it goes out, so the pass itself must hold the
+/// others back.
+#[test]
+fn exchanges_late_in_the_same_timer_pass_send_one_probe() {
+    let (mut n, s, cs) = warmed_up(4);
+    let now = n.now;
+    for &c in &cs {
+        n.e[1].send(now, c, s, Message::with_code(1), None).unwrap();
+    }
+    n.run();
+    n.advance(3_000);
+    assert_eq!(n.e[1].stats().retransmits, 1, "one probe");
+    assert!(n.e[1].stats().retransmits_deferred >= 3);
+    for _ in &cs {
+        let c = serve_one(&mut n, s);
+        reply_of(&mut n.e[1], c);
+    }
+    assert_eq!(n.e[1].stats().retransmits, 1);
+}
+
 #[test]
 fn when_a_stalled_server_makes_every_exchange_late_one_copy_probes() {
     let (mut n, s, cs) = warmed_up(3);
