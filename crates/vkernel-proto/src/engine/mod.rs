@@ -588,7 +588,8 @@ impl Engine {
                         dead.push((Pid::new(h, l), o.dst));
                     } else if now >= r.next
                         && (self.retransmission_waits(now, o.dst, r)
-                            || self.probe_taken(now, o.dst, r, &probing_now))
+                            || (self.may_defer(now, o.dst, r)
+                                && probing_now.contains(&o.dst.host())))
                     {
                         wait.push(Pid::new(h, l));
                     } else if now >= r.next {
@@ -655,23 +656,19 @@ impl Engine {
     /// copy, so a host that stops answering is polled as before (its
     /// replyPending keeps the exchange alive).
     fn retransmission_waits(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
-        !r.retransmitted
-            && !dst.is_group()
-            && now < r.sent_at + self.max_rto()
+        self.may_defer(now, dst, r)
             && self
                 .rtt
                 .get(&dst.host())
                 .is_some_and(|t| t.older_served(now, r.sent_at, r.rto) || t.probing(now, r.rto))
     }
 
-    /// Would this first copy go to a host another Send's first copy
-    /// probes in the same timer pass (`probing`)? Then it waits, as
-    /// [`Engine::retransmission_waits`] makes it wait in later passes.
-    fn probe_taken(&self, now: Micros, dst: Pid, r: &Retx, probing: &[HostId]) -> bool {
-        !r.retransmitted
-            && !dst.is_group()
-            && now < r.sent_at + self.max_rto()
-            && probing.contains(&dst.host())
+    /// May this due retransmission wait at all? Only a first copy to one
+    /// process, and not past the longest timeout after it (see
+    /// [`Engine::retransmission_waits`]; also in one timer pass, behind
+    /// another Send's probe to the same host).
+    fn may_defer(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
+        !r.retransmitted && !dst.is_group() && now < r.sent_at + self.max_rto()
     }
 
     /// When `pid`'s remote Send needs its own thread to run
