@@ -11,7 +11,7 @@ use vkernel_disk::dvd::Dvd;
 use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
 use vkernel_disk::server::{DiskServer, ServerConfig};
 
-use crate::hostopts::{auth_hint, counter, logical_id, wait_exit, HostOpts};
+use crate::hostopts::{auth_hint, counter, exit_summary, logical_id, wait_exit, HostOpts};
 
 /// Arguments of `vkernel disk`.
 ///
@@ -155,7 +155,7 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         g.stop();
     }
     let s = srv.stats();
-    println!(
+    exit_summary(format_args!(
         "vkernel disk: exiting after {:.1} s; {} commands ({} CHECK CONDITION, {} refused), {} bytes read, {} written, {} syncs",
         start.elapsed().as_secs_f64(),
         counter(&s.commands),
@@ -164,7 +164,7 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         counter(&s.bytes_read),
         counter(&s.bytes_written),
         counter(&s.syncs)
-    );
+    ));
     Ok(())
 }
 

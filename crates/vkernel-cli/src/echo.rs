@@ -5,7 +5,7 @@ use std::time::Duration;
 use vkernel::Scope;
 use vkernel_bench::echo::serve;
 
-use crate::hostopts::{logical_id, service_group, wait_exit, HostOpts};
+use crate::hostopts::{exit_summary, logical_id, service_group, wait_exit, HostOpts};
 
 /// Arguments of `vkernel echo`.
 #[derive(clap::Args, Debug)]
@@ -70,12 +70,12 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
     let start = wait_exit(a.exit_after);
     let s = k.stats();
     let auth: u64 = s.auth_rejects.iter().sum();
-    println!(
+    exit_summary(format_args!(
         "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped ({} of them failed authentication)",
         start.elapsed().as_secs_f64(),
         s.rx_of(vkernel_proto::wire::PacketType::RemoteSend),
         s.malformed() + auth,
         auth
-    );
+    ));
     Ok(())
 }

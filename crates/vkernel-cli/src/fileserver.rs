@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use vkernel_fs::server::{Access, AccessPolicy, FileServer, Owners, ServerConfig};
 
-use crate::hostopts::{counter, logical_id, wait_exit, HostOpts};
+use crate::hostopts::{counter, exit_summary, logical_id, wait_exit, HostOpts};
 
 /// Arguments of `vkernel fileserver`.
 ///
@@ -116,7 +116,7 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
     );
     let start = wait_exit(a.exit_after);
     let s = srv.stats();
-    println!(
+    exit_summary(format_args!(
         "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",
         start.elapsed().as_secs_f64(),
         counter(&s.requests),
@@ -125,6 +125,6 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
         counter(&s.read_ahead_hits),
         counter(&s.bytes_written),
         counter(&s.syncs)
-    );
+    ));
     Ok(())
 }

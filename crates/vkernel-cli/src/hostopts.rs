@@ -336,6 +336,14 @@ pub fn wait_exit(exit_after: Option<Duration>) -> Instant {
     }
 }
 
+/// Prints a service's exit summary. Its reader may have gone by then (a
+/// script that read the banner and closed the pipe), which is no reason
+/// to fail the exit: the write error is dropped.
+pub fn exit_summary(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 /// The value of a statistics counter.
 pub fn counter(x: &AtomicU64) -> u64 {
     x.load(Ordering::Relaxed)

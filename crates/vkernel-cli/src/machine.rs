@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::hostopts::{wait_exit, HostOpts};
+use crate::hostopts::{exit_summary, wait_exit, HostOpts};
 
 /// The long help of `vkernel host`.
 pub const LONG_ABOUT: &str = "\
@@ -85,7 +85,7 @@ pub fn run(a: HostArgs) -> Result<(), String> {
         a.socket_mode
     );
     let start = wait_exit(a.exit_after);
-    println!(
+    exit_summary(format_args!(
         "vkernel host: exiting after {:.1} s; {} programs attached, {} processes",
         start.elapsed().as_secs_f64(),
         srv.attached(),
@@ -94,6 +94,6 @@ pub fn run(a: HostArgs) -> Result<(), String> {
             .nth(1)
             .and_then(|r| r.split(',').next())
             .unwrap_or("?")
-    );
+    ));
     Ok(())
 }

@@ -7,7 +7,7 @@ use vkernel_disk::client::Rediscover;
 use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
 use crate::disk::{connect, parse_key};
-use crate::hostopts::{counter, wait_exit, HostOpts};
+use crate::hostopts::{counter, exit_summary, wait_exit, HostOpts};
 
 /// Arguments of `vkernel nbd`.
 ///
@@ -117,7 +117,7 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
     );
     let start = wait_exit(a.exit_after);
     let s = gw.stats();
-    println!(
+    exit_summary(format_args!(
         "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",
         start.elapsed().as_secs_f64(),
         counter(&s.connections),
@@ -126,7 +126,7 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         counter(&s.handshake_timeouts),
         counter(&s.memory_peak),
         counter(&s.memory_waits)
-    );
+    ));
     gw.stop();
     Ok(())
 }
