@@ -511,6 +511,12 @@ fn a_file_held_whole_opens_without_the_server_until_another_client_changes_it() 
     let (a, b) = (&t.a, &t.b);
     let body = |i: u8| vec![b'a' + i % 26; 5000];
     std::fs::write(a.p("f"), body(0)).unwrap();
+    // A's handle is closed at the server a little after the write returns
+    // (the kernel's release is asynchronous); until then the file may
+    // still change, so a copy B took now could be invalidated in the
+    // middle of the count below (a CI run saw 2 exchanges more: B's
+    // next open and close after the callback).
+    a.settled_exchanges();
     // B reads it once whole (its open brings it), then opens it again and
     // again without an exchange.
     assert_eq!(std::fs::read(b.p("f")).unwrap(), body(0));
