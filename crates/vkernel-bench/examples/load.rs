@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use vkernel::{FaultConfig, Message};
 use vkernel_bench::{vkbench, Mode};
+use vkernel_peers::Wait;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,24 +30,8 @@ fn main() -> Result<(), String> {
     let done = Arc::new(AtomicU64::new(0));
     let client_cpu = AtomicU64::new(0);
     if raw {
-        let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let a = s.local_addr().map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_millis(10)))
-            .map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let h = std::thread::Builder::new()
-            .name("raw-server".into())
-            .spawn(move || {
-                let mut b = [0u8; 64];
-                while !st.load(Ordering::Relaxed) {
-                    if let Ok((n, from)) = s.recv_from(&mut b) {
-                        let _ = s.send_to(&b[..n], from);
-                    }
-                }
-                vkernel::host::thread_cpu_time()
-            })
-            .map_err(|e| e.to_string())?;
+        let (a, h) = vkernel_bench::baseline::udp_echo_server(Wait::Block, stop.clone())?;
         let deadline = Instant::now() + dur;
         std::thread::scope(|sc| {
             for _ in 0..k {

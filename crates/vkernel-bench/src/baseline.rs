@@ -93,3 +93,35 @@ pub fn udp_blast(total: usize, dgram: usize, pl: Mode, runs: usize) -> Result<Bl
     v.sort_by(|a, b| a.mbps.total_cmp(&b.mbps));
     Ok(v[v.len() / 2])
 }
+
+/// A raw UDP echo server thread (`raw-server`, 32-byte datagrams) on a
+/// free loopback port, waiting as `wait` says; stops when `stop` is set
+/// (checked between datagrams, and every 10 ms when blocking), and
+/// returns the CPU time it used. Section 18's baseline.
+pub fn udp_echo_server(
+    wait: raw::Wait,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<Duration>), String> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let a = s.local_addr().map_err(|e| e.to_string())?;
+    match wait {
+        raw::Wait::Spin => s.set_nonblocking(true),
+        raw::Wait::Block => s.set_read_timeout(Some(Duration::from_millis(10))),
+    }
+    .map_err(|e| e.to_string())?;
+    let h = std::thread::Builder::new()
+        .name("raw-server".into())
+        .spawn(move || {
+            let mut b = [0u8; 64];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((n, from)) = s.recv_from(&mut b) {
+                    let _ = s.send_to(&b[..n], from);
+                } else if wait == raw::Wait::Spin {
+                    std::hint::spin_loop();
+                }
+            }
+            vkernel::host::thread_cpu_time()
+        })
+        .map_err(|e| e.to_string())?;
+    Ok((a, h))
+}

@@ -5,7 +5,6 @@
 //! blocking. Exchanges per second, latency median and p99, and the
 //! clients' retransmissions (a clean loopback should see none).
 
-use std::net::UdpSocket;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -250,34 +249,6 @@ where
     })
 }
 
-/// A raw UDP echo server thread (32-byte datagrams) waiting as `wait`
-/// says; stops when `stop` is set (checked between datagrams, and every
-/// 10 ms when blocking), and returns the CPU time it used.
-fn raw_server(
-    wait: Wait,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<Duration>), String> {
-    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let a = s.local_addr().map_err(|e| e.to_string())?;
-    match wait {
-        Wait::Spin => s.set_nonblocking(true),
-        Wait::Block => s.set_read_timeout(Some(Duration::from_millis(10))),
-    }
-    .map_err(|e| e.to_string())?;
-    let h = std::thread::spawn(move || {
-        let mut b = [0u8; 64];
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok((n, from)) = s.recv_from(&mut b) {
-                let _ = s.send_to(&b[..n], from);
-            } else if wait == Wait::Spin {
-                std::hint::spin_loop();
-            }
-        }
-        vkernel::host::thread_cpu_time()
-    });
-    Ok((a, h))
-}
-
 pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     Section::Clients
         .heading("(one echo server, k client threads; vkernel beside raw UDP, same run)");
@@ -335,7 +306,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 s1.retransmits_needless - s0.retransmits_needless,
             );
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (raddr, rh) = raw_server(mode.wait, stop.clone())?;
+            let (raddr, rh) = crate::baseline::udp_echo_server(mode.wait, stop.clone())?;
             let rs = drive(k, dur, || raw_client(raddr, mode.wait));
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let raw_server = rh.join().unwrap_or_default();
@@ -468,7 +439,7 @@ fn program_section(
         let (vs, retransmits) =
             programs::run_programs(&exe, k, dur, ka.local_addr(), Some(server), false, first_id)?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (raddr, rh) = raw_server(Wait::Block, stop.clone())?;
+        let (raddr, rh) = crate::baseline::udp_echo_server(Wait::Block, stop.clone())?;
         let rs = programs::run_programs(&exe, k, dur, raddr, None, false, first_id);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = rh.join();
