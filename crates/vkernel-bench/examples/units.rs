@@ -32,6 +32,12 @@ fn main() -> Result<(), String> {
         if nowb {
             k.write_behind = 0;
         }
+        if let Some(d) = args
+            .iter()
+            .find_map(|a| a.strip_prefix("dg=").and_then(|v| v.parse::<usize>().ok()))
+        {
+            k.datagram_size = Some(d);
+        }
         if let Some(kib) = bound {
             k.write_behind = kib << 10;
         }

@@ -22,6 +22,17 @@ pub fn host_pair(pl: Mode, faults: FaultConfig) -> Result<(Kernel, Kernel), Stri
     host_pair_with(pl, faults, |_, _| {})
 }
 
+/// Two logical hosts like [`host_pair`], but waiting as a host does with
+/// no setting (`KernelConfig::default()`: what the README's commands
+/// get), threads unpinned.
+pub fn host_pair_default(faults: FaultConfig) -> Result<(Kernel, Kernel), String> {
+    let d = KernelConfig::default();
+    host_pair_with(Mode::BLOCK, faults, |_, c| {
+        c.spin = d.spin;
+        c.adaptive_spin = d.adaptive_spin;
+    })
+}
+
 /// Like [`host_pair`]; `adjust(i, cfg)` changes host i's (0 or 1) settings.
 pub fn host_pair_with(
     pl: Mode,
@@ -73,11 +84,14 @@ const PIN: u32 = 0x4b;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
-fn server(p: Process, pl: Mode) {
-    pl.pin(1);
+/// `pl: None`: unpinned, waiting as its host's processes do.
+fn server(p: Process, pl: Option<Mode>) {
+    if let Some(pl) = pl {
+        pl.pin(1);
+        // The mode, not the host's default, decides how this server waits.
+        p.set_spin(pl.spin_budget());
+    }
     let home = vkernel_peers::placement::current_affinity();
-    // The mode, not the host's default, decides how this server waits.
-    p.set_spin(pl.spin_budget());
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];
     let mut bulk: Vec<u8> = Vec::new();
@@ -183,7 +197,14 @@ fn server(p: Process, pl: Mode) {
 
 /// A server process on `k` (spawned thread) and its pid.
 pub fn start_server(k: &Kernel, pl: Mode) -> Result<(Pid, thread::JoinHandle<()>), String> {
-    k.spawn("bench-server", move |p| server(p, pl))
+    k.spawn("bench-server", move |p| server(p, Some(pl)))
+        .map_err(|e| e.to_string())
+}
+
+/// Starts the benchmark server on `k`, unpinned and waiting as `k`'s
+/// processes do by default (see [`host_pair_default`]).
+pub fn start_default_server(k: &Kernel) -> Result<(Pid, thread::JoinHandle<()>), String> {
+    k.spawn("bench-server", move |p| server(p, None))
         .map_err(|e| e.to_string())
 }
 
