@@ -2,8 +2,9 @@
 //! busy-polling load on vkernel or on a raw UDP echo server, for a fixed
 //! time, then exchanges per second and the clients' host counters.
 //!
-//! `cargo run --release -p vkernel-bench --example load -- K SECS [raw] [spin]`
-//! (`spin`: the vkernel processes busy-poll; the raw server always blocks)
+//! `cargo run --release -p vkernel-bench --example load -- K SECS [raw] [spin|default]`
+//! (`spin`: the vkernel processes busy-poll; `default`: they wait as with
+//! no setting; the raw server always blocks)
 //! (e.g. under `perf record -g` or `strace -c -f`).
 
 use std::net::UdpSocket;
@@ -17,7 +18,7 @@ use vkernel_peers::Wait;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: load K SECS [raw] [spin]";
+    let usage = "usage: load K SECS [raw] [spin|default]";
     let k: usize = args.first().and_then(|a| a.parse().ok()).ok_or(usage)?;
     let secs: f64 = args.get(1).and_then(|a| a.parse().ok()).ok_or(usage)?;
     let raw = args.iter().any(|a| a == "raw");
@@ -64,8 +65,17 @@ fn main() -> Result<(), String> {
         let cpu = h.join().unwrap_or_default();
         server_cpu(cpu, done.load(Ordering::Relaxed));
     } else {
-        let (ka, kb) = vkbench::host_pair(mode, FaultConfig::default())?;
-        let (server, sh) = vkbench::start_server(&ka, mode)?;
+        let default = args.iter().any(|a| a == "default");
+        let (ka, kb) = if default {
+            vkbench::host_pair_default(FaultConfig::default())?
+        } else {
+            vkbench::host_pair(mode, FaultConfig::default())?
+        };
+        let (server, sh) = if default {
+            vkbench::start_default_server(&ka)?
+        } else {
+            vkbench::start_server(&ka, mode)?
+        };
         let s0 = kb.stats();
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         let c0 = vkbench::server_cpu(&probe, server)?;

@@ -81,6 +81,8 @@ const ECHO_SEG: u32 = 0x49;
 const SPIN: u32 = 0x4a;
 /// Pin the server thread to CPU w1 − 1 (w1 = 0: back to where it started).
 const PIN: u32 = 0x4b;
+/// Set the server's adaptive spin cap to w1 µs (`--spin auto`).
+const SPIN_AUTO: u32 = 0x4c;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
@@ -172,6 +174,10 @@ fn server(p: Process, pl: Option<Mode>) {
             }
             SPIN => {
                 p.set_spin(Duration::from_micros(u64::from(m.0[1])));
+                p.reply(&m, i.from)
+            }
+            SPIN_AUTO => {
+                p.set_spin_auto(Duration::from_micros(u64::from(m.0[1])));
                 p.reply(&m, i.from)
             }
             PIN => {
@@ -282,6 +288,30 @@ fn set_server_spin(c: &Process, server: Pid, d: Duration) -> Result<(), String> 
         SPIN,
         u32::try_from(d.as_micros()).unwrap_or(u32::MAX),
     )
+}
+
+/// Makes the server block at once when idle, so that it takes no CPU
+/// from a baseline measured while it waits (a spinning server keeps
+/// spinning for its budget after the last request).
+pub fn pause_server(c: &Process, server: Pid) -> Result<(), String> {
+    set_server_spin(c, server, Duration::ZERO)
+}
+
+/// Gives the server back the waiting of `pl` (None: its host's default,
+/// as [`start_default_server`] left it).
+pub fn resume_server(c: &Process, server: Pid, pl: Option<Mode>) -> Result<(), String> {
+    match pl {
+        Some(pl) => set_server_spin(c, server, pl.spin_budget()),
+        None => {
+            let d = KernelConfig::default();
+            if d.adaptive_spin {
+                let us = u32::try_from(d.spin.as_micros()).unwrap_or(u32::MAX);
+                server_call(c, server, SPIN_AUTO, us)
+            } else {
+                set_server_spin(c, server, d.spin)
+            }
+        }
+    }
 }
 
 /// Pins the server to `cpu`, or (None) returns it to where it started.
