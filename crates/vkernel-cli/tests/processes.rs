@@ -315,9 +315,20 @@ fn demo_and_bench_run_and_report() {
         "{s}"
     );
     assert!(r.iter().all(|x| pos(&x["first_send"]["median_us"])), "{s}");
-    // Section 18: both waiting modes at k = 1, 8, 64, vkernel and raw UDP.
+    // Section 18: three waitings (block, spin, the default) at k = 1, 8,
+    // 64, vkernel and raw UDP.
     let r = s["section18"]["rows"].as_array().expect("section 18");
-    assert_eq!(r.len(), 6, "{s}");
+    assert_eq!(r.len(), 9, "{s}");
+    for w in ["block", "spin", "default"] {
+        assert_eq!(r.iter().filter(|x| x["wait"] == w).count(), 3, "{w}: {s}");
+    }
+    // The default rows name the raw waiting they were compared with.
+    assert!(
+        r.iter()
+            .filter(|x| x["wait"] == "default")
+            .all(|x| x["raw_wait"] == "spin" || x["raw_wait"] == "block"),
+        "{s}"
+    );
     // …and blocking with each client a separate program (k = 1, 8).
     let p = s["section18"]["program_rows"]
         .as_array()
