@@ -51,6 +51,10 @@ fn main() -> Result<(), String> {
         "drops: mover host {:?}, receiving host {:?}",
         s1.drops, d1.drops
     );
+    println!(
+        "datagrams: mover sent {:?}, receiving host got {:?}",
+        s1.tx, d1.rx
+    );
     let mut s: Vec<f64> = r.samples.iter().map(|d| d.as_secs_f64()).collect();
     s.sort_by(f64::total_cmp);
     let med = s[s.len() / 2];

@@ -299,7 +299,13 @@ type Scratch = (
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
+    /// For [`Shared::read_unread_main`], which may run inside a
+    /// [`Shared::poll_socket_as`] that holds `RECV_BUF`.
+    static DUE_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
 }
+
+/// The most datagrams [`Shared::read_unread_main`] takes before timeouts.
+const UNREAD_MAX: usize = 64;
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -357,6 +363,7 @@ impl Shared {
                 if self.answers.is_some() {
                     self.read_unread_answers(st, now);
                 }
+                self.read_unread_main(st, now);
                 st.engine.handle_timeout(now);
             }
             let mine = if me.is_some() {
@@ -441,6 +448,30 @@ impl Shared {
                 st.engine.handle_datagram(now, from, &buf[..len]);
             }
         }
+    }
+
+    /// Before timeouts fire: takes what waits in the main socket, so that
+    /// an answer that came in time is seen as such. A process moving data
+    /// write-behind does not wait, so nothing of it reads the transfers'
+    /// acknowledgements; when its next call found a probe due, the
+    /// acknowledgement was often queued unread, and the probe (or, later,
+    /// a timeout and a window cut) needless.
+    fn read_unread_main(&self, st: &mut State, now: Micros) {
+        DUE_BUF.with(|b| {
+            let Ok(mut buf) = b.try_borrow_mut() else {
+                return;
+            };
+            for _ in 0..UNREAD_MAX {
+                let Some((len, from)) = self.net.try_recv(&mut buf) else {
+                    break;
+                };
+                let data = &buf[..len];
+                if let Some(tr) = &self.tracer {
+                    tr.datagram(false, data);
+                }
+                st.engine.handle_datagram(now, from, data);
+            }
+        });
     }
 
     /// Takes what the engine produced under the lock: bulk chunks are sent
