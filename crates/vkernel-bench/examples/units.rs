@@ -2,9 +2,10 @@
 //! units of `unit` bytes, a number of times, then MB/s (median) and the
 //! mover host's bulk counters.
 //!
-//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB]`
+//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [shared]`
 //! (`block`: blocking waits, else busy-polling; `nowb`: write-behind off;
-//! `wb=KIB`: the write-behind bound)
+//! `wb=KIB`: the write-behind bound; `dg=BYTES`: the hosts' datagram
+//! size; `shared`: the server moves from a shared buffer, without a copy)
 
 use vkernel::FaultConfig;
 use vkernel_bench::vkbench::{self, Op};
@@ -12,7 +13,7 @@ use vkernel_bench::Mode;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB]";
+    let usage = "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [shared]";
     let num = |i: usize| -> Result<usize, String> {
         args.get(i)
             .and_then(|a| a.parse().ok())
@@ -44,7 +45,12 @@ fn main() -> Result<(), String> {
     })?;
     let (pid, h) = vkbench::start_server(&a, pl)?;
     let s0 = a.stats();
-    let r = vkbench::timed(&b, pid, Op::Load { total, unit }, n, 1, pl)?;
+    let op = if args.iter().any(|a| a == "shared") {
+        Op::LoadShared { total, unit }
+    } else {
+        Op::Load { total, unit }
+    };
+    let r = vkbench::timed(&b, pid, op, n, 1, pl)?;
     let s1 = a.stats();
     let d1 = b.stats();
     println!(

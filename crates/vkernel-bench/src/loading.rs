@@ -118,6 +118,31 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
         );
         mbps
     };
+    // The same units from a buffer the server shares and cannot change:
+    // write-behind then keeps the buffer instead of copying it.
+    let shared_units = {
+        let total = big[big.len() - 1];
+        let op = Op::LoadShared {
+            total,
+            unit: 64 << 10,
+        };
+        let r = c.timed(false, op, if c.quick { 2 } else { 5 })?;
+        let mut s = r.samples.clone();
+        let mbps = total as f64 / Summary::of(&mut s).median_us.max(1e-9);
+        let of = |unit: usize| {
+            images
+                .iter()
+                .find(|i| i.bytes == total && i.unit == unit)
+                .map_or(0.0, |i| i.mbps)
+        };
+        println!(
+            "  image {:>3} MiB by 64 KiB MoveTo from a shared buffer (move_to_shared) {mbps:8.1} MB/s: {:.2}× the copying units, {:.2}× one MoveTo",
+            total >> 20,
+            mbps / of(64 << 10).max(1e-9),
+            mbps / of(total).max(1e-9)
+        );
+        mbps
+    };
     // The same 64 MiB-class transfer on a bad network.
     let (la, lb) = vkbench::host_pair(c.pl, lossy.clone())?;
     let (lpid, lh) = vkbench::start_server(&la, c.pl)?;
@@ -160,6 +185,15 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             0.9,
             "×",
         ));
+        goals.push(Goal::at_least(
+            &format!(
+                "{} MiB in 64 KiB MoveTo units from a shared buffer / one MoveTo",
+                total >> 20
+            ),
+            shared_units / one.max(1e-9),
+            0.9,
+            "×",
+        ));
     }
     let (bulk, bulk_goals, bulk_chart) = transfers::rows(c)?;
     goals.extend(bulk_goals);
@@ -178,6 +212,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
                 intact: true,
             },
             units_without_write_behind_mbps: no_wb,
+            units_shared_mbps: shared_units,
             bulk,
         }),
         goals,

@@ -212,6 +212,9 @@ pub struct Loading {
     /// MoveTo waiting for its acknowledgement), MB/s, for comparison with
     /// the default in `images`.
     pub units_without_write_behind_mbps: f64,
+    /// The largest image in 64 KiB units from a buffer the server shares
+    /// (`Process::move_to_shared`: write-behind without a copy), MB/s.
+    pub units_shared_mbps: f64,
     /// Cost against bytes, loss, segmentation offload.
     pub bulk: BulkRows,
 }

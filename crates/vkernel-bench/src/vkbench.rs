@@ -83,6 +83,8 @@ const SPIN: u32 = 0x4a;
 const PIN: u32 = 0x4b;
 /// Set the server's adaptive spin cap to w1 µs (`--spin auto`).
 const SPIN_AUTO: u32 = 0x4c;
+/// As LOAD, from a shared buffer (`Process::move_to_shared`).
+const LOAD_SHARED: u32 = 0x4d;
 
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
@@ -97,6 +99,8 @@ fn server(p: Process, pl: Option<Mode>) {
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];
     let mut bulk: Vec<u8> = Vec::new();
+    // LOAD_SHARED's image: immutable, so MoveTos need not copy it.
+    let mut image: std::sync::Arc<[u8]> = std::sync::Arc::from(Vec::new());
     loop {
         let i = match p.receive_with_segment(&mut m, &mut page) {
             Ok(i) => i,
@@ -165,6 +169,24 @@ fn server(p: Process, pl: Option<Mode>) {
                         r
                     }
                 };
+                m.0[1] = u32::from(r.is_err());
+                p.reply(&m, i.from)
+            }
+            LOAD_SHARED => {
+                let total = m.seg_len() as usize;
+                if image.len() != total {
+                    image = std::sync::Arc::from(vec![0x5au8; total]);
+                }
+                let unit = (m.0[1] as usize).max(1);
+                let mut off = 0;
+                let mut r = Ok(());
+                while off < total && r.is_ok() {
+                    let k = unit.min(total - off);
+                    r = p
+                        .move_to_shared(i.from, off as u32, &image, off..off + k)
+                        .map(|_| ());
+                    off += k;
+                }
                 m.0[1] = u32::from(r.is_err());
                 p.reply(&m, i.from)
             }
@@ -239,6 +261,14 @@ pub enum Op {
     MoveTo(usize),
     /// Program load of `total` bytes by MoveTo in units of `unit` bytes.
     Load {
+        /// Image bytes.
+        total: usize,
+        /// Bytes per MoveTo.
+        unit: usize,
+    },
+    /// [`Op::Load`] from a buffer the server shares and cannot change
+    /// (`Process::move_to_shared`: write-behind without a copy).
+    LoadShared {
         /// Image bytes.
         total: usize,
         /// Bytes per MoveTo.
@@ -411,7 +441,7 @@ fn run_ops(
     warmup: usize,
 ) -> Result<(Vec<Duration>, Duration), String> {
     let size = match op {
-        Op::Load { total, .. } => total,
+        Op::Load { total, .. } | Op::LoadShared { total, .. } => total,
         _ => 65_000,
     };
     let mut buf = vec![0x5au8; size];
@@ -426,6 +456,7 @@ fn run_ops(
         Op::Echo(n) => (ECHO_SEG, 0, 0, Some(Lend::ReadWrite), n),
         Op::MoveTo(n) => (PUSH_N, n as u32, 0, Some(Lend::Write), n),
         Op::Load { total, unit } => (LOAD, unit as u32, 0, Some(Lend::Write), total),
+        Op::LoadShared { total, unit } => (LOAD_SHARED, unit as u32, 0, Some(Lend::Write), total),
     };
     let mut request = Message::with_code(code);
     request.0[1] = w1;

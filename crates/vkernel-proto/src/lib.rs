@@ -29,5 +29,5 @@ pub use engine::{Completion, Engine, Event, Received, ReplyInfo, Scope, Transmit
 pub use error::IpcError;
 pub use message::{GroupMode, Message, SegAccess};
 pub use pid::{HostId, Pid};
-pub use segment::{Seg, SegMem, SharedBuf};
+pub use segment::{Seg, SegMem, SharedBuf, SharedSeg};
 pub use stats::{DropReason, Stats};

@@ -19,6 +19,43 @@ pub trait SegMem: Send {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// True if the bytes stay as they are for as long as the engine holds
+    /// the handle, even after the lender's operation returned (an owned,
+    /// immutable buffer such as [`SharedSeg`]): a write-behind MoveTo then
+    /// keeps the handle instead of copying the bytes.
+    fn is_stable(&self) -> bool {
+        false
+    }
+}
+
+/// A MoveTo source that the caller shares and cannot change: a range of
+/// an `Arc<[u8]>`. The engine may keep it past the MoveTo (write-behind)
+/// without a copy. It is never written: [`SegMem::bytes_mut`] gives an
+/// empty slice.
+#[derive(Clone, Debug)]
+pub struct SharedSeg {
+    buf: std::sync::Arc<[u8]>,
+    range: std::ops::Range<usize>,
+}
+
+impl SharedSeg {
+    /// `buf[range]`; `None` if the range is not within `buf`.
+    pub fn new(buf: std::sync::Arc<[u8]>, range: std::ops::Range<usize>) -> Option<SharedSeg> {
+        buf.get(range.clone())?;
+        Some(SharedSeg { buf, range })
+    }
+}
+
+impl SegMem for SharedSeg {
+    fn bytes(&self) -> &[u8] {
+        self.buf.get(self.range.clone()).unwrap_or_default()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut []
+    }
+    fn is_stable(&self) -> bool {
+        true
+    }
 }
 
 /// A boxed lent buffer.

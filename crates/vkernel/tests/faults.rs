@@ -241,11 +241,27 @@ fn units_server(p: Process) {
             return;
         }
         let (len, unit) = (m.seg_len() as usize, m.0[1] as usize);
-        let data = pattern(len, m.0[2] as u8);
-        for off in (0..len).step_by(unit) {
-            let end = (off + unit).min(len);
-            p.move_to(i.from, off as u32, &data[off..end])
-                .expect("move_to");
+        // Word 3 = 1: from a shared buffer, dropped here before the
+        // write-behind moves are acknowledged (they hold their own
+        // references to it).
+        if m.0[3] == 1 {
+            let data: std::sync::Arc<[u8]> = pattern(len, m.0[2] as u8).into();
+            for off in (0..len).step_by(unit) {
+                let end = (off + unit).min(len);
+                p.move_to_shared(i.from, off as u32, &data, off..end)
+                    .expect("move_to_shared");
+            }
+            assert_eq!(
+                p.move_to_shared(i.from, 0, &data, len..len + 1),
+                Err(IpcError::OutOfBounds(p.pid()))
+            );
+        } else {
+            let data = pattern(len, m.0[2] as u8);
+            for off in (0..len).step_by(unit) {
+                let end = (off + unit).min(len);
+                p.move_to(i.from, off as u32, &data[off..end])
+                    .expect("move_to");
+            }
         }
         p.move_to(i.from, (unit / 2) as u32, &vec![0x77; unit])
             .expect("overlapping move_to");
@@ -261,6 +277,18 @@ fn units_server(p: Process) {
 /// `recv_in_place` now peeks again under the engine lock.)
 #[test]
 fn write_behind_units_are_exact_under_loss_dup_and_reordering() {
+    units_under_faults(false);
+}
+
+/// The same from a buffer the server shares (`Process::move_to_shared`):
+/// the transfers keep references to it instead of copies, and every
+/// retransmission still sends the right bytes.
+#[test]
+fn write_behind_units_from_a_shared_buffer_are_exact_under_faults() {
+    units_under_faults(true);
+}
+
+fn units_under_faults(shared: bool) {
     let faults = FaultConfig {
         loss: 0.03,
         duplicate: 0.03,
@@ -277,6 +305,7 @@ fn write_behind_units_are_exact_under_loss_dup_and_reordering() {
         let mut m = Message::with_code(UNITS);
         m.0[1] = unit as u32;
         m.0[2] = r as u32;
+        m.0[3] = u32::from(shared);
         c.send_with_segment(&mut m, spid, Segment::Write(&mut seg))
             .unwrap_or_else(|e| panic!("round {r}: {e}"));
         let mut want = pattern(len, r);

@@ -258,9 +258,10 @@ impl Engine {
     /// MoveTo: copies `src` into `target`'s write-granted segment at
     /// `dest_off`. `target` must be awaiting reply from `mover`. Returns the
     /// byte count at once for a local target, or for a remote one sent
-    /// write-behind ([`crate::Config::write_behind`]: the data copied, the
-    /// mover's Reply held until it is acknowledged); else `None` (blocked
-    /// until a [`Completion::Move`]).
+    /// write-behind ([`crate::Config::write_behind`]: the data copied, or
+    /// kept if `src` is stable ([`crate::SegMem::is_stable`]), the mover's Reply
+    /// held until it is acknowledged); else `None` (blocked until a
+    /// [`Completion::Move`]).
     pub fn move_to(
         &mut self,
         now: Micros,
@@ -305,8 +306,13 @@ impl Engine {
         let ex = (xseq, addr, on_behalf);
         let overlaps = self.behind_overlaps(mover, target, xseq, off, n);
         if !overlaps && self.behind_room(mover, n) {
-            let own: Seg = Box::new(OwnedSeg(src.bytes().to_vec()));
-            drop(src);
+            // The data must outlive this call unchanged: kept if the
+            // caller cannot change it, else copied.
+            let own: Seg = if src.is_stable() {
+                src
+            } else {
+                Box::new(OwnedSeg(src.bytes().to_vec()))
+            };
             let mut op = self.new_move(now, Dir::To, target, dest_off, own, ex);
             while self.behind.contains_key(&op.xfer) {
                 op.xfer = self.random_u32();

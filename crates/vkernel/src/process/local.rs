@@ -1000,6 +1000,23 @@ impl LocalProcess {
         r
     }
 
+    /// MoveTo of `data[range]`, kept rather than copied if it goes
+    /// write-behind (see `Process::move_to_shared`).
+    pub(crate) fn move_to_shared(
+        &self,
+        to: Pid,
+        offset: u32,
+        data: &Arc<[u8]>,
+        range: std::ops::Range<usize>,
+    ) -> Result<usize, IpcError> {
+        let src = vkernel_proto::SharedSeg::new(data.clone(), range)
+            .ok_or(IpcError::OutOfBounds(self.pid))?;
+        let r = self
+            .shared
+            .with_engine(|e, now| e.move_to(now, self.pid, to, offset, Box::new(src)));
+        self.finish_move(r, to)
+    }
+
     /// MoveFrom: copies from `from`'s read-granted segment at `offset` into `dest`.
     pub(crate) fn move_from(
         &self,

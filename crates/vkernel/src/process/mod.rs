@@ -307,6 +307,29 @@ impl Process {
         either!(self, p => p.move_to(to, offset, src))
     }
 
+    /// MoveTo from a buffer the caller shares and cannot change:
+    /// `data[range]` into `to`'s write-granted segment at `offset`. The
+    /// same as [`Process::move_to`], except that a write-behind MoveTo
+    /// (one that returns before its data is acknowledged) keeps a
+    /// reference to `data` instead of copying it: a server moving a large
+    /// reply in units out of its cache copies nothing on its side. A range
+    /// outside `data` is [`IpcError::OutOfBounds`] (naming this process).
+    pub fn move_to_shared(
+        &self,
+        to: Pid,
+        offset: u32,
+        data: &std::sync::Arc<[u8]>,
+        range: std::ops::Range<usize>,
+    ) -> Result<usize, IpcError> {
+        match &self.imp {
+            Imp::Local(p) => p.move_to_shared(to, offset, data, range),
+            Imp::Attached(p) => {
+                let src = data.get(range).ok_or(IpcError::OutOfBounds(self.pid()))?;
+                p.move_to(to, offset, src)
+            }
+        }
+    }
+
     /// MoveFrom: copies from `from`'s read-granted segment at `offset` into `dest`.
     pub fn move_from(&self, from: Pid, offset: u32, dest: &mut [u8]) -> Result<usize, IpcError> {
         either!(self, p => p.move_from(from, offset, dest))

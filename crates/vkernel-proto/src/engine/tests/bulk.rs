@@ -692,6 +692,40 @@ fn a_write_behind_move_returns_at_once_and_the_reply_waits_for_its_data() {
 }
 
 #[test]
+fn a_write_behind_move_from_a_shared_buffer_keeps_it_instead_of_a_copy() {
+    let (mut n, s, c, seg) = behind_exchange(4 * CHUNK, 4 * CHUNK, SegAccess::WRITE);
+    let data: std::sync::Arc<[u8]> = pattern(5, 4 * CHUNK).into();
+    let unit = |k: usize| {
+        let r = k * 2 * CHUNK..(k + 1) * 2 * CHUNK;
+        Box::new(crate::SharedSeg::new(data.clone(), r).unwrap())
+    };
+    let now = n.now;
+    assert_eq!(n.e[0].move_to(now, s, c, 0, unit(0)), Ok(Some(2 * CHUNK)));
+    assert_eq!(
+        std::sync::Arc::strong_count(&data),
+        2,
+        "the engine holds the caller's buffer, not a copy of it"
+    );
+    // A lent (changeable) buffer is copied: nothing of it is held.
+    let lent = SharedBuf::new(data[2 * CHUNK..].to_vec());
+    assert_eq!(
+        n.e[0].move_to(now, s, c, 2 * CHUNK as u32, lent.lend()),
+        Ok(Some(2 * CHUNK))
+    );
+    assert_eq!(std::sync::Arc::strong_count(&lent.0), 1);
+    n.run();
+    assert!(n.e[0].behind.is_empty(), "both acknowledged");
+    assert_eq!(std::sync::Arc::strong_count(&data), 1, "and let go");
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(7), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 7);
+    same_bytes(&seg.snapshot(), &data, "segment");
+    assert_eq!(n.e[0].stats().bulk_write_behind, 2);
+}
+
+#[test]
 fn a_move_overlapping_unacknowledged_write_behind_data_waits_for_it() {
     let (mut n, s, c, seg) = behind_exchange(4 * CHUNK, 6 * CHUNK, SegAccess::READ_WRITE);
     // The first copy of the write-behind unit's last chunk is lost, so
