@@ -362,6 +362,12 @@ fn demo_and_bench_run_and_report() {
     assert_eq!(s["section4"]["rows"].as_array().unwrap().len(), 5);
     assert_eq!(s["section5"]["faulty"]["intact"], true);
     assert!(pos(&s["section5"]["images"][0]["raw_blast_mbps"]));
+    // The units again: write-behind off, and from a shared buffer.
+    assert!(
+        pos(&s["section5"]["units_without_write_behind_mbps"]),
+        "{s}"
+    );
+    assert!(pos(&s["section5"]["units_shared_mbps"]), "{s}");
     // Section 5's bulk rows: cost by size, clean and lossy pairs, and
     // 1,472-byte datagrams with and without segmentation offload.
     let b = &s["section5"]["bulk"];
