@@ -299,13 +299,11 @@ type Scratch = (
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
-    /// For [`Shared::read_unread_main`], which may run inside a
-    /// [`Shared::poll_socket_as`] that holds `RECV_BUF`.
-    static DUE_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
 }
 
-/// The most datagrams [`Shared::read_unread_main`] takes before timeouts.
-const UNREAD_MAX: usize = 64;
+/// The most `recvmmsg` calls [`Shared::read_unread_main`] makes before
+/// timeouts.
+const UNREAD_BATCHES: usize = 2;
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -457,21 +455,25 @@ impl Shared {
     /// acknowledgement was often queued unread, and the probe (or, later,
     /// a timeout and a window cut) needless.
     fn read_unread_main(&self, st: &mut State, now: Micros) {
-        DUE_BUF.with(|b| {
-            let Ok(mut buf) = b.try_borrow_mut() else {
-                return;
-            };
-            for _ in 0..UNREAD_MAX {
-                let Some((len, from)) = self.net.try_recv(&mut buf) else {
-                    break;
-                };
-                let data = &buf[..len];
+        // In the batch slots, unless another thread holds them: that one is
+        // reading the socket now. (Taken after the engine lock here, before
+        // it in `recv_batch_from`: so only tried, never waited for.)
+        let Ok(mut slot) = self.rx_batch.try_lock() else {
+            return;
+        };
+        let b = slot.get_or_insert_with(Box::default);
+        for _ in 0..UNREAD_BATCHES {
+            let k = self.net.recv_batch(b);
+            for (data, from) in b.datagrams() {
                 if let Some(tr) = &self.tracer {
                     tr.datagram(false, data);
                 }
                 st.engine.handle_datagram(now, from, data);
             }
-        });
+            if k < crate::net::RECV_BATCH {
+                break;
+            }
+        }
     }
 
     /// Takes what the engine produced under the lock: bulk chunks are sent
@@ -611,6 +613,24 @@ impl Shared {
                         _ => {}
                     }
                 }
+                // Small datagrams, when the caller takes several: all that
+                // are queued by one recvmmsg, under one engine lock (a
+                // loaded server's Sends; and a lone one costs one call,
+                // not a second empty recv).
+                if max > 1 && self.tracer.is_none() && !self.bulk_rx.load(Ordering::Relaxed) {
+                    if let Some((k, c)) = self.recv_batch_from(me) {
+                        n += k;
+                        if c.is_some() {
+                            mine = c;
+                        }
+                        if k == crate::net::RECV_BATCH {
+                            continue;
+                        }
+                        if !self.net.has_multicast_socket() {
+                            break;
+                        }
+                    }
+                }
                 let Some((len, from)) = self.net.try_recv(&mut buf) else {
                     break;
                 };
@@ -714,19 +734,29 @@ impl Shared {
     /// one engine lock: how many, and `me`'s completion if one of them
     /// produced it. None taken if another thread holds the slots.
     fn recv_batch(&self, me: Option<Pid>) -> (usize, Option<Completion>) {
-        let Ok(mut slot) = self.rx_batch.try_lock() else {
-            return (0, None);
-        };
+        self.recv_batch_from(me).unwrap_or((0, None))
+    }
+
+    /// [`Shared::recv_batch`], but `None` if another thread holds the
+    /// slots (nothing was read).
+    fn recv_batch_from(&self, me: Option<Pid>) -> Option<(usize, Option<Completion>)> {
+        let mut slot = self.rx_batch.try_lock().ok()?;
         let b = slot.get_or_insert_with(Box::default);
         if self.net.recv_batch(b) == 0 {
-            return (0, None);
+            return Some((0, None));
+        }
+        // As one datagram at a time would: a bulk stream's next chunks are
+        // received in place.
+        let bulk = b.datagrams().last().is_some_and(|(d, _)| is_bulk(d));
+        if bulk != self.bulk_rx.load(Ordering::Relaxed) {
+            self.bulk_rx.store(bulk, Ordering::Relaxed);
         }
         let (_, mine) = self.with_engine_as(me, |e, now| {
             for (data, from) in b.datagrams() {
                 e.handle_datagram(now, from, data);
             }
         });
-        (b.len(), mine)
+        Some((b.len(), mine))
     }
 
     /// Threads that will read the socket promptly (spinning or blocked on

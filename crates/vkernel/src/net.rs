@@ -127,10 +127,13 @@ pub struct RecvBatch {
     buf: Vec<u8>,
     /// (length, sender) of each datagram taken, in order.
     got: Vec<(usize, SocketAddr)>,
+    /// Where the kernel writes each sender: kept, so a call need not
+    /// allocate and zero 4 KiB of them.
+    names: Vec<libc::sockaddr_storage>,
 }
 
 /// Datagrams per [`Net::recv_batch`] call.
-const RECV_BATCH: usize = 32;
+pub(crate) const RECV_BATCH: usize = 32;
 /// Bytes per slot: more than any UDP payload, so nothing is truncated.
 const RECV_SLOT: usize = 1 << 16;
 
@@ -139,6 +142,9 @@ impl Default for RecvBatch {
         RecvBatch {
             buf: vec![0; RECV_BATCH * RECV_SLOT],
             got: Vec::with_capacity(RECV_BATCH),
+            // SAFETY: sockaddr_storage is plain data; all zeroes is a
+            // valid value.
+            names: vec![unsafe { std::mem::zeroed() }; RECV_BATCH],
         }
     }
 }
@@ -548,36 +554,28 @@ impl Net {
     /// place) cost more than the copy they save.
     pub fn recv_batch(&self, b: &mut RecvBatch) -> usize {
         b.got.clear();
-        let mut iov: Vec<libc::iovec> = b
-            .buf
-            .chunks_exact_mut(RECV_SLOT)
-            .map(|slot| libc::iovec {
-                iov_base: slot.as_mut_ptr().cast(),
-                iov_len: slot.len(),
-            })
-            .collect();
-        // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
-        let mut names: Vec<libc::sockaddr_storage> = (0..RECV_BATCH)
-            .map(|_| unsafe { std::mem::zeroed() })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = iov
-            .iter_mut()
-            .zip(names.iter_mut())
-            .map(|(v, name)| {
-                // SAFETY: mmsghdr is plain data (pointers, lengths, flags);
-                // all zeroes is a valid value, filled in below.
-                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                h.msg_hdr.msg_name = (name as *mut libc::sockaddr_storage).cast();
-                h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
-                h.msg_hdr.msg_iov = v;
-                h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
+        let RecvBatch { buf, got, names } = b;
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; RECV_BATCH];
+        for (v, slot) in iov.iter_mut().zip(buf.chunks_exact_mut(RECV_SLOT)) {
+            v.iov_base = slot.as_mut_ptr().cast();
+            v.iov_len = slot.len();
+        }
+        // SAFETY: mmsghdr is plain data (pointers, lengths, flags); all
+        // zeroes is a valid value, filled in below.
+        let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        for ((h, v), name) in hdrs.iter_mut().zip(iov.iter_mut()).zip(names.iter_mut()) {
+            h.msg_hdr.msg_name = (name as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+            h.msg_hdr.msg_iov = v;
+            h.msg_hdr.msg_iovlen = 1;
+        }
         let n = loop {
             // SAFETY: `hdrs` holds RECV_BATCH headers, each naming one
             // live `names` entry and one live `iov` entry, which points
-            // into `b.buf` (RECV_SLOT bytes each); all outlive the call,
+            // into `buf` (RECV_SLOT bytes each); all outlive the call,
             // and nothing else touches them meanwhile. Non-blocking, no
             // timeout.
             let r = unsafe {
@@ -594,7 +592,7 @@ impl Net {
             }
             break r;
         };
-        for (h, name) in hdrs.iter().zip(&names).take(n.max(0) as usize) {
+        for (h, name) in hdrs.iter().zip(names.iter()).take(n.max(0) as usize) {
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes (at most the storage's size) into `name`.
             let addr = unsafe { socket2::SockAddr::new(*name, h.msg_hdr.msg_namelen) };
@@ -603,9 +601,9 @@ impl Net {
             let from = addr
                 .as_socket()
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-            b.got.push((h.msg_len as usize, from));
+            got.push((h.msg_len as usize, from));
         }
-        b.got.len()
+        got.len()
     }
 
     /// Takes the next datagram on the main socket, scattered over `head`,
