@@ -1392,7 +1392,7 @@ impl Engine {
         let movers: Vec<MoveRef> = self
             .moving
             .iter()
-            .map(|&l| MoveRef::Proc(Pid::new(host, l)))
+            .map(|l| MoveRef::Proc(Pid::new(host, l)))
             .chain(self.behind.keys().map(|&x| MoveRef::Behind(x)))
             .collect();
         let max_rto = self.max_rto();

@@ -61,6 +61,7 @@ mod congestion;
 mod exchange;
 mod group;
 mod idmap;
+mod idset;
 mod location;
 mod naming;
 mod output;
@@ -210,10 +211,10 @@ pub struct Engine {
     /// Local ids of the processes blocked in a Send (a superset: entries
     /// whose Send ended are dropped when next looked at). Timers and
     /// destruction look only at these, so idle processes cost nothing.
-    sending: std::collections::BTreeSet<u16>,
+    sending: idset::IdSet,
     /// Local ids of the processes blocked in a remote MoveTo/MoveFrom (a
     /// superset, as `sending`): bulk timers look only at these.
-    moving: std::collections::BTreeSet<u16>,
+    moving: idset::IdSet,
     /// Write-behind MoveTos in flight, by transfer id (`bulk.rs`).
     behind: std::collections::HashMap<u32, bulk::Behind>,
     /// Write-behind MoveTos started so far (their order, `bulk.rs`).
@@ -284,8 +285,8 @@ impl Engine {
             host,
             rng,
             procs: new_map(hs),
-            sending: std::collections::BTreeSet::new(),
-            moving: std::collections::BTreeSet::new(),
+            sending: idset::IdSet::default(),
+            moving: idset::IdSet::default(),
             behind: std::collections::HashMap::new(),
             behind_order: 0,
             held: Vec::new(),
@@ -569,7 +570,7 @@ impl Engine {
         // loop, so without this every Send a stall made late at once
         // would go again in the same pass.
         let mut probing_now: Vec<HostId> = Vec::new();
-        for &l in &self.sending {
+        for l in self.sending.iter() {
             let Some(h) = host else { break };
             let Some(p) = self.procs.get(&l) else {
                 ended.push(l);
@@ -690,7 +691,7 @@ impl Engine {
     /// for a loss.
     pub fn due_retransmissions(&self, now: Micros, out: &mut Vec<Pid>) {
         let Some(h) = self.host_id() else { return };
-        for &l in &self.sending {
+        for l in self.sending.iter() {
             if let Some(PState::Sending(o)) = self.procs.get(&l).map(|p| &p.state) {
                 if o.remote.as_ref().is_some_and(|r| {
                     now >= r.next && now < r.deadline && !self.retransmission_waits(now, o.dst, r)

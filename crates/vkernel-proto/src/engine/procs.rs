@@ -192,9 +192,9 @@ impl Engine {
         let waiting: Vec<Pid> = self
             .sending
             .iter()
-            .filter_map(|l| match &self.procs.get(l)?.state {
+            .filter_map(|l| match &self.procs.get(&l)?.state {
                 PState::Sending(o) if o.dst == pid && o.remote.is_none() => {
-                    Some(Pid::new(pid.host(), *l))
+                    Some(Pid::new(pid.host(), l))
                 }
                 _ => None,
             })
