@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vkernel::{FaultConfig, Message};
+use vkernel::Message;
 use vkernel_bench::{vkbench, Mode};
 use vkernel_peers::Wait;
 
@@ -66,16 +66,7 @@ fn main() -> Result<(), String> {
         server_cpu(cpu, done.load(Ordering::Relaxed));
     } else {
         let default = args.iter().any(|a| a == "default");
-        let (ka, kb) = if default {
-            vkbench::host_pair_default(FaultConfig::default())?
-        } else {
-            vkbench::host_pair(mode, FaultConfig::default())?
-        };
-        let (server, sh) = if default {
-            vkbench::start_default_server(&ka)?
-        } else {
-            vkbench::start_server(&ka, mode)?
-        };
+        let (ka, kb, server, sh) = vkbench::server_pair((!default).then_some(mode))?;
         let s0 = kb.stats();
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         let c0 = vkbench::server_cpu(&probe, server)?;

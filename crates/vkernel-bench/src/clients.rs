@@ -317,14 +317,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             Some(_) => "block",
             None => "default",
         };
-        let (ka, kb) = match mode {
-            Some(m) => vkbench::host_pair(m, FaultConfig::default())?,
-            None => vkbench::host_pair_default(FaultConfig::default())?,
-        };
-        let (server, sh) = match mode {
-            Some(m) => vkbench::start_server(&ka, m)?,
-            None => vkbench::start_default_server(&ka)?,
-        };
+        let (ka, kb, server, sh) = vkbench::server_pair(mode)?;
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         if mode.is_none() {
             println!(

@@ -86,6 +86,19 @@ const SPIN_AUTO: u32 = 0x4c;
 /// As LOAD, from a shared buffer (`Process::move_to_shared`).
 const LOAD_SHARED: u32 = 0x4d;
 
+/// Calls `each` on `0..total` in consecutive ranges of `unit` bytes (at
+/// least 1; the last may be shorter) until one fails.
+fn in_units<E>(
+    total: usize,
+    unit: usize,
+    mut each: impl FnMut(std::ops::Range<usize>) -> Result<(), E>,
+) -> Result<(), E> {
+    let unit = unit.max(1);
+    (0..total)
+        .step_by(unit)
+        .try_for_each(|off| each(off..(off + unit).min(total)))
+}
+
 /// Server for the exchange benchmarks. MoveTo/MoveFrom requests time the
 /// move itself and return the nanoseconds in words 2..3.
 /// `pl: None`: unpinned, waiting as its host's processes do.
@@ -156,17 +169,9 @@ fn server(p: Process, pl: Option<Mode>) {
                         if bulk.len() < total {
                             bulk.resize(total, 0x5a);
                         }
-                        let unit = n.max(1);
-                        let mut off = 0;
-                        let mut r = Ok(());
-                        while off < total && r.is_ok() {
-                            let k = unit.min(total - off);
-                            r = p
-                                .move_to(i.from, off as u32, &bulk[off..off + k])
-                                .map(|_| ());
-                            off += k;
-                        }
-                        r
+                        in_units(total, n, |at| {
+                            p.move_to(i.from, at.start as u32, &bulk[at]).map(|_| ())
+                        })
                     }
                 };
                 m.0[1] = u32::from(r.is_err());
@@ -177,16 +182,10 @@ fn server(p: Process, pl: Option<Mode>) {
                 if image.len() != total {
                     image = std::sync::Arc::from(vec![0x5au8; total]);
                 }
-                let unit = (m.0[1] as usize).max(1);
-                let mut off = 0;
-                let mut r = Ok(());
-                while off < total && r.is_ok() {
-                    let k = unit.min(total - off);
-                    r = p
-                        .move_to_shared(i.from, off as u32, &image, off..off + k)
-                        .map(|_| ());
-                    off += k;
-                }
+                let r = in_units(total, m.0[1] as usize, |at| {
+                    p.move_to_shared(i.from, at.start as u32, &image, at)
+                        .map(|_| ())
+                });
                 m.0[1] = u32::from(r.is_err());
                 p.reply(&m, i.from)
             }
@@ -234,6 +233,24 @@ pub fn start_server(k: &Kernel, pl: Mode) -> Result<(Pid, thread::JoinHandle<()>
 pub fn start_default_server(k: &Kernel) -> Result<(Pid, thread::JoinHandle<()>), String> {
     k.spawn("bench-server", move |p| server(p, None))
         .map_err(|e| e.to_string())
+}
+
+/// Two hosts ([`host_pair`]) and a benchmark server on the first, all
+/// waiting as `mode` says, or with `None` as with no setting
+/// ([`host_pair_default`], [`start_default_server`]): the hosts, the
+/// server's pid and its thread.
+pub fn server_pair(
+    mode: Option<Mode>,
+) -> Result<(Kernel, Kernel, Pid, thread::JoinHandle<()>), String> {
+    let (ka, kb) = match mode {
+        Some(m) => host_pair(m, FaultConfig::default())?,
+        None => host_pair_default(FaultConfig::default())?,
+    };
+    let (server, sh) = match mode {
+        Some(m) => start_server(&ka, m)?,
+        None => start_default_server(&ka)?,
+    };
+    Ok((ka, kb, server, sh))
 }
 
 /// Stops a server started with [`start_server`].
