@@ -2,8 +2,8 @@
 //! made: a two-level bitmap, 8 KiB and 128 bytes. Inserting and removing
 //! are a few instructions each, and iterating visits only the words that
 //! hold members, in ascending order (the engine stays deterministic). It
-//! replaces a `BTreeSet`, which allocated a node for the first member and
-//! freed it with the last: once per Send on a host with one sender.
+//! replaces a `BTreeSet`, whose cost per Send grew with the number of
+//! senders.
 
 /// Local ids, `0..=u16::MAX`.
 #[derive(Clone, Debug)]
