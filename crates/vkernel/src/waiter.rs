@@ -152,18 +152,15 @@ impl Waiter {
                 }
             }
         }
-        let mut events = Vec::with_capacity(2);
-        match epoll::wait(
-            &fds.epoll,
-            rustix::buffer::spare_capacity(&mut events),
-            Some(&ts),
-        ) {
-            Ok(_) => {}
+        // On the stack: a wait is on every blocking exchange's path.
+        let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 2];
+        let events = match epoll::wait(&fds.epoll, &mut buf, Some(&ts)) {
+            Ok((got, _)) => got,
             // Interrupted or failed: the caller's loop looks again.
             Err(_) => return (false, false),
-        }
+        };
         let mut r = (false, false);
-        for e in &events {
+        for e in events.iter() {
             match e.data.u64() {
                 0 => r.1 = true,
                 _ => r.0 = true,
