@@ -299,6 +299,9 @@ type Scratch = (
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM + 1]);
+    /// This thread holds the batch slots and is handling what it read
+    /// there (see [`Shared::read_unread_main`]).
+    static IN_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The most `recvmmsg` calls [`Shared::read_unread_main`] makes before
@@ -361,8 +364,13 @@ impl Shared {
                 if self.answers.is_some() {
                     self.read_unread_answers(st, now);
                 }
-                self.read_unread_main(st, now);
-                st.engine.handle_timeout(now);
+                // Another thread holding datagrams it read but has not
+                // handled yet (waiting for this lock) runs the timers
+                // itself once it has: an acknowledgement among them is
+                // then not taken for a loss.
+                if self.read_unread_main(st, now) {
+                    st.engine.handle_timeout(now);
+                }
             }
             let mine = if me.is_some() {
                 let c = st.engine.take_own();
@@ -454,12 +462,15 @@ impl Shared {
     /// acknowledgements; when its next call found a probe due, the
     /// acknowledgement was often queued unread, and the probe (or, later,
     /// a timeout and a window cut) needless.
-    fn read_unread_main(&self, st: &mut State, now: Micros) {
-        // In the batch slots, unless another thread holds them: that one is
-        // reading the socket now. (Taken after the engine lock here, before
-        // it in `recv_batch_from`: so only tried, never waited for.)
+    ///
+    /// False if another thread holds the batch slots: it is reading, or
+    /// holds datagrams it has not handled yet. (The slots are taken after
+    /// the engine lock here, before it in `recv_batch_from`: so only
+    /// tried, never waited for.)
+    fn read_unread_main(&self, st: &mut State, now: Micros) -> bool {
         let Ok(mut slot) = self.rx_batch.try_lock() else {
-            return;
+            // This thread's own batch has been handled by now.
+            return IN_BATCH.with(|b| b.get());
         };
         let b = slot.get_or_insert_with(Box::default);
         for _ in 0..UNREAD_BATCHES {
@@ -474,6 +485,7 @@ impl Shared {
                 break;
             }
         }
+        true
     }
 
     /// Takes what the engine produced under the lock: bulk chunks are sent
@@ -751,11 +763,13 @@ impl Shared {
         if bulk != self.bulk_rx.load(Ordering::Relaxed) {
             self.bulk_rx.store(bulk, Ordering::Relaxed);
         }
+        IN_BATCH.with(|x| x.set(true));
         let (_, mine) = self.with_engine_as(me, |e, now| {
             for (data, from) in b.datagrams() {
                 e.handle_datagram(now, from, data);
             }
         });
+        IN_BATCH.with(|x| x.set(false));
         Some((b.len(), mine))
     }
 
