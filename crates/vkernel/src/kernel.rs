@@ -263,7 +263,7 @@ enum InPlace {
     /// Took nothing: read the next datagram as usual.
     No,
     /// Took nothing: the next datagram is a small bulk chunk, best taken
-    /// with the ones behind it ([`Shared::recv_batch`]).
+    /// with the ones behind it ([`Shared::recv_batch_from`]).
     Small,
 }
 
@@ -613,7 +613,7 @@ impl Shared {
                         }
                         InPlace::Empty if !self.net.has_multicast_socket() => break,
                         InPlace::Small => {
-                            let (k, c) = self.recv_batch(me);
+                            let (k, c) = self.recv_batch_from(me).unwrap_or((0, None));
                             n += k;
                             if c.is_some() {
                                 mine = c;
@@ -744,13 +744,8 @@ impl Shared {
 
     /// Takes up to 32 queued datagrams in one call and handles them under
     /// one engine lock: how many, and `me`'s completion if one of them
-    /// produced it. None taken if another thread holds the slots.
-    fn recv_batch(&self, me: Option<Pid>) -> (usize, Option<Completion>) {
-        self.recv_batch_from(me).unwrap_or((0, None))
-    }
-
-    /// [`Shared::recv_batch`], but `None` if another thread holds the
-    /// slots (nothing was read).
+    /// produced it; `None` if another thread holds the slots (nothing was
+    /// read).
     fn recv_batch_from(&self, me: Option<Pid>) -> Option<(usize, Option<Completion>)> {
         let mut slot = self.rx_batch.try_lock().ok()?;
         let b = slot.get_or_insert_with(Box::default);

@@ -69,11 +69,28 @@ impl IdSet {
         })
     }
 
-    /// Keeps only the members for which `keep` is true.
+    /// Keeps only the members for which `keep` is true (in place, in
+    /// ascending order).
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&u16) -> bool) {
-        let gone: Vec<u16> = self.iter().filter(|id| !keep(id)).collect();
-        for id in gone {
-            self.remove(&id);
+        for s in 0..self.summary.len() {
+            let mut used = self.summary[s];
+            while used != 0 {
+                let w = s * 64 + used.trailing_zeros() as usize;
+                used &= used - 1;
+                let mut left = self.words[w];
+                let mut bits = left;
+                while bits != 0 {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    if !keep(&((w * 64) as u16 + b as u16)) {
+                        left &= !(1 << b);
+                    }
+                }
+                self.words[w] = left;
+                if left == 0 {
+                    self.summary[s] &= !(1 << (w % 64));
+                }
+            }
         }
     }
 }
