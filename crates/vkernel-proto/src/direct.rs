@@ -211,6 +211,47 @@ impl DirectSend {
         Timer::Retransmit
     }
 
+    /// [`DirectSend::on_timer`] with what this host knows of the peer
+    /// from every exchange with it (`peer`, shared by the senders): a due
+    /// first copy waits another timeout while the peer is answering only
+    /// older Sends or another Send's copy is probing it, as the engine's
+    /// sender does (`Rtt::older_served`, `Rtt::probing`); a first
+    /// retransmission marks `peer` as probed.
+    pub fn on_timer_seen(&mut self, now: Micros, peer: &mut Rtt) -> Timer {
+        if now >= self.next
+            && now < self.deadline
+            && !self.retransmitted
+            && now < self.sent_at + self.timing.max_rto
+            && (peer.older_served(now, self.sent_at, self.rto) || peer.probing(now, self.rto))
+        {
+            self.next = now + self.rto;
+            return Timer::Idle;
+        }
+        let first = !self.retransmitted;
+        let t = self.on_timer(now);
+        if first && t == Timer::Retransmit {
+            peer.probed(now);
+        }
+        t
+    }
+
+    /// Tells `peer` (see [`DirectSend::on_timer_seen`]) what the answer
+    /// just taken at `now` showed: the peer is alive, and, for a reply,
+    /// that it has served this exchange; with the round-trip sample.
+    pub fn note_answer(&self, now: Micros, peer: &mut Rtt, replied: bool) {
+        let needless = self.needless.is_some();
+        peer.heard(now, needless);
+        if replied {
+            peer.answered(now, self.sent_at);
+            if let Some(w) = self.needless {
+                peer.held(w);
+            }
+            if let Some(s) = self.rtt_sample(now) {
+                peer.sample(s);
+            }
+        }
+    }
+
     /// A round-trip sample, if the exchange replied was never
     /// retransmitted (Karn's rule), or its retransmission was needless
     /// (the answer is to the first copy).
@@ -400,6 +441,48 @@ mod tests {
             "no sample after a retransmission"
         );
         assert_eq!(d.needless(), None, "the reply was lost: a needed copy");
+    }
+
+    #[test]
+    fn a_due_first_copy_waits_while_the_peer_serves_older_sends() {
+        // Two senders of one host share what they know of the server.
+        let mut peer = Rtt::new();
+        let (src, dst) = (Pid::new(HostId(1), 5), Pid::new(HostId(2), 9));
+        let start = |at, seq| {
+            DirectSend::start(
+                at,
+                src,
+                dst,
+                Message::with_code(1),
+                seq,
+                0,
+                src,
+                7000,
+                timing(),
+            )
+        };
+        let older = start(0, 1);
+        let mut d = start(500, 2);
+        let t = d.next_timer();
+        // The server answered the older Send just before `d` fell due.
+        older.note_answer(t - 100, &mut peer, true);
+        assert_eq!(
+            d.on_timer_seen(t, &mut peer),
+            Timer::Idle,
+            "queued, not lost"
+        );
+        assert!(d.next_timer() > t, "waits one more timeout");
+        // Nothing answered since: the next turn retransmits, and marks
+        // the peer probed, so a third sender's due copy waits.
+        let t2 = d.next_timer();
+        assert_eq!(d.on_timer_seen(t2, &mut peer), Timer::Retransmit);
+        let mut third = start(t2 - timing().rto + 1, 3);
+        let t3 = third.next_timer();
+        assert_eq!(third.on_timer_seen(t3, &mut peer), Timer::Idle, "one probe");
+        // With no answers known a due copy goes at once.
+        let mut lone = start(0, 4);
+        let tl = lone.next_timer();
+        assert_eq!(lone.on_timer_seen(tl, &mut Rtt::new()), Timer::Retransmit);
     }
 
     #[test]

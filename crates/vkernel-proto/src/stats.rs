@@ -86,6 +86,15 @@ pub struct PeerTraffic {
 }
 
 impl PeerTraffic {
+    fn merge_from(&mut self, o: &PeerTraffic) {
+        self.tx_datagrams += o.tx_datagrams;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_datagrams += o.rx_datagrams;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_messages += o.tx_messages;
+        self.rx_messages += o.rx_messages;
+    }
+
     fn add(&mut self, tx: bool, bytes: usize, message: bool) {
         let (d, b, m) = if tx {
             (
@@ -258,6 +267,88 @@ impl Stats {
         }
     }
 
+    /// Counts a datagram sent (`tx`) or received by an exchange run
+    /// outside the engine (`direct.rs`), as the engine counts its own: by
+    /// type, and with `detailed` (`Config::metrics`) per peer and size.
+    pub fn count_datagram(
+        &mut self,
+        tx: bool,
+        peer: u16,
+        ptype: PacketType,
+        bytes: usize,
+        detailed: bool,
+    ) {
+        if tx {
+            self.tx_type(ptype, bytes);
+        } else {
+            self.rx_type(ptype, bytes);
+        }
+        if detailed {
+            self.datagram(tx, peer, ptype, bytes, 0);
+        }
+    }
+
+    /// Adds every counter of `o` to these (gauges too: `aliens_in_use`).
+    pub fn merge_from(&mut self, o: &Stats) {
+        fn sum<const N: usize>(a: &mut [u64; N], b: &[u64; N]) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
+        sum(&mut self.rx, &o.rx);
+        sum(&mut self.tx, &o.tx);
+        sum(&mut self.decode_errors, &o.decode_errors);
+        sum(&mut self.drops, &o.drops);
+        sum(&mut self.auth_rejects, &o.auth_rejects);
+        for (x, y) in [
+            (&mut self.rx_bytes, o.rx_bytes),
+            (&mut self.tx_bytes, o.tx_bytes),
+            (&mut self.retransmits, o.retransmits),
+            (&mut self.retransmits_deferred, o.retransmits_deferred),
+            (&mut self.retransmits_needless, o.retransmits_needless),
+            (&mut self.auth_refused_by_peer, o.auth_refused_by_peer),
+            (&mut self.bulk_retransmits, o.bulk_retransmits),
+            (&mut self.bulk_cwnd_cuts, o.bulk_cwnd_cuts),
+            (&mut self.bulk_write_behind, o.bulk_write_behind),
+            (&mut self.duplicates, o.duplicates),
+            (&mut self.saved_replies_resent, o.saved_replies_resent),
+            (&mut self.saved_replies_evicted, o.saved_replies_evicted),
+            (&mut self.timeouts, o.timeouts),
+            (&mut self.deadlines, o.deadlines),
+            (&mut self.local_exchanges, o.local_exchanges),
+            (&mut self.remote_exchanges, o.remote_exchanges),
+            (&mut self.aliens_in_use, o.aliens_in_use),
+            (&mut self.bulk_bytes, o.bulk_bytes),
+            (&mut self.group_sends, o.group_sends),
+            (&mut self.group_deliveries, o.group_deliveries),
+            (&mut self.group_copies_exhausted, o.group_copies_exhausted),
+            (&mut self.group_replies, o.group_replies),
+            (&mut self.bulk_moves, o.bulk_moves),
+        ] {
+            *x += y;
+        }
+        for (h, oh) in [
+            (&mut self.message_sizes, &o.message_sizes),
+            (&mut self.segment_sizes, &o.segment_sizes),
+            (&mut self.local_latency_us, &o.local_latency_us),
+            (&mut self.remote_latency_us, &o.remote_latency_us),
+        ] {
+            sum(&mut h.counts, &oh.counts);
+            sum(&mut h.sums, &oh.sums);
+        }
+        for (peer, t) in &o.peers {
+            let n = self.peers.len();
+            match self.peers.get_mut(peer) {
+                Some(p) => p.merge_from(t),
+                None if n < MAX_PEERS => {
+                    self.peers.insert(*peer, *t);
+                }
+                None => self.other_peers.merge_from(t),
+            }
+        }
+        self.other_peers.merge_from(&o.other_peers);
+    }
+
     pub(crate) fn decode_error(&mut self, e: DecodeError) {
         let i = match e {
             DecodeError::Truncated => 0,
@@ -298,5 +389,57 @@ impl Stats {
     /// All decode failures.
     pub fn malformed(&self) -> u64 {
         self.decode_errors.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stats with every kind of counter set, distinct values.
+    fn busy() -> Stats {
+        let mut s = Stats::default();
+        s.count_datagram(true, 7, PacketType::RemoteSend, 76, true);
+        s.count_datagram(false, 7, PacketType::RemoteReply, 80, true);
+        s.count_datagram(false, 9, PacketType::NAck, 76, false);
+        s.decode_errors[2] = 3;
+        s.drops[4] = 5;
+        s.auth_rejects[1] = 6;
+        s.retransmits = 7;
+        s.remote_exchanges = 8;
+        s.group_replies = 9;
+        s.bulk_moves = 10;
+        s.remote_latency_us.record(40);
+        s.local_latency_us.record(3);
+        s.segment_sizes.record(1000);
+        s.other_peers.rx_bytes = 11;
+        s
+    }
+
+    #[test]
+    fn merging_adds_every_counter() {
+        let b = busy();
+        let mut m = Stats::default();
+        m.merge_from(&b);
+        assert_eq!(format!("{m:?}"), format!("{b:?}"), "into nothing: a copy");
+        m.merge_from(&b);
+        assert_eq!(m.tx_of(PacketType::RemoteSend), 2);
+        assert_eq!(m.rx_of(PacketType::NAck), 2);
+        assert_eq!((m.rx_bytes, m.tx_bytes), (2 * 156, 2 * 76));
+        assert_eq!(
+            (m.decode_errors[2], m.drops[4], m.auth_rejects[1]),
+            (6, 10, 12)
+        );
+        assert_eq!((m.retransmits, m.remote_exchanges), (14, 16));
+        assert_eq!((m.group_replies, m.bulk_moves), (18, 20));
+        assert_eq!(m.remote_latency_us.count(), 2);
+        assert_eq!(m.remote_latency_us.sum(), 80);
+        assert_eq!(m.local_latency_us.count(), 2);
+        assert_eq!(m.segment_sizes.sum(), 2000);
+        assert_eq!(m.message_sizes.count(), 4, "one sent, one received, twice");
+        let p = m.peers[&7];
+        assert_eq!((p.tx_messages, p.rx_messages, p.rx_bytes), (2, 2, 160));
+        assert!(!m.peers.contains_key(&9), "not detailed");
+        assert_eq!(m.other_peers.rx_bytes, 22);
     }
 }

@@ -116,6 +116,12 @@ pub struct KernelConfig {
     /// `side_sockets`; not with fault injection or tracing, which see every
     /// datagram at the main socket.
     pub answer_sockets: bool,
+    /// Such a Send (see `answer_sockets`) runs on the sending thread
+    /// outside the engine: no engine lock for the exchange, sequence
+    /// numbers reserved in blocks (docs/PROTOCOL.md §8g). Not with a
+    /// cluster key or exported spans; `VKERNEL_DIRECT_SENDS=off` in the
+    /// environment turns it off.
+    pub direct_sends: bool,
     /// Export a span per exchange through the global OpenTelemetry tracer
     /// provider (see `otel.rs`); feature `otel`.
     #[cfg(feature = "otel")]
@@ -152,6 +158,7 @@ impl Default for KernelConfig {
             side_sockets: true,
             gso: true,
             answer_sockets: true,
+            direct_sends: true,
             #[cfg(feature = "otel")]
             otel: false,
         }
@@ -217,6 +224,13 @@ pub(crate) struct Shared {
     /// Remote Sends ask for their answers at the sending thread's answer
     /// socket (`KernelConfig::answer_sockets`), bound to this address.
     pub(crate) answers: Option<std::net::IpAddr>,
+    /// Remote Sends without a segment may run outside the engine
+    /// (`KernelConfig::direct_sends`; needs `answers`).
+    pub(crate) direct: bool,
+    /// What those exchanges counted, for the host's counters.
+    pub(crate) direct_tally: crate::process::direct::Tally,
+    /// What those exchanges learned of peer hosts, shared among them.
+    pub(crate) direct_peers: crate::process::direct::Peers,
     /// Slots for taking a stream of small bulk chunks 32 at a time
     /// (allocated on first use: 2 MiB).
     rx_batch: Mutex<Option<Box<crate::net::RecvBatch>>>,
@@ -802,8 +816,10 @@ impl Shared {
     /// The counters and gauges, copied under the lock.
     pub(crate) fn snapshot(&self) -> (Stats, crate::metrics::Gauges) {
         self.with_engine(|e, now| {
+            let mut s = e.stats().clone();
+            self.direct_tally.fold_into(&mut s);
             (
-                e.stats().clone(),
+                s,
                 crate::metrics::Gauges {
                     host: e.host_id().map_or(0, |h| h.0),
                     processes: e.process_count() as u64,
@@ -1055,11 +1071,23 @@ impl Kernel {
         let gathers = net.gathers();
         let answers = (cfg.answer_sockets && side && !net.has_faults() && cfg.trace.is_none())
             .then_some(me.ip());
+        #[cfg(feature = "otel")]
+        let spans = cfg.otel;
+        #[cfg(not(feature = "otel"))]
+        let spans = false;
+        let direct = cfg.direct_sends
+            && answers.is_some()
+            && cfg.keys.is_empty()
+            && !spans
+            && std::env::var_os("VKERNEL_DIRECT_SENDS").is_none_or(|v| v != "off");
         let mut shared = Shared {
             state: Mutex::new(state),
             net,
             gathers,
             answers,
+            direct,
+            direct_tally: Default::default(),
+            direct_peers: Default::default(),
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),
@@ -1279,7 +1307,9 @@ impl Kernel {
         match &self.imp {
             Imp::Embedded(e) => {
                 let pid = e.shared.with_engine(|e, _| e.create_process())?;
-                Ok(LocalProcess::new(e.shared.clone(), pid)?.into())
+                Ok(LocalProcess::new(e.shared.clone(), pid)?
+                    .allow_direct()
+                    .into())
             }
             Imp::Attached(a) => Ok(a.create_process()?.into()),
         }
@@ -1325,7 +1355,7 @@ impl Kernel {
     /// (Attached: the machine host's, read from its JSON document.)
     pub fn stats(&self) -> Stats {
         match &self.imp {
-            Imp::Embedded(e) => e.shared.with_engine(|e, _| e.stats().clone()),
+            Imp::Embedded(e) => e.shared.snapshot().0,
             Imp::Attached(a) => crate::metrics::stats_from_json(
                 &a.document(crate::attach::control::ask::STATS_JSON),
             ),

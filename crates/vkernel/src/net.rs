@@ -235,6 +235,10 @@ pub struct NetCounters {
     /// Completions handed to a process blocked in the kernel by another
     /// thread (an eventfd or answer-socket signal: one wake-up each).
     pub handoffs: AtomicU64,
+    /// Remote Sends run by their own threads outside the engine
+    /// (`KernelConfig::direct_sends`), counted as each ends (later, under
+    /// contention, by a few: see `process/direct.rs`).
+    pub direct_sends: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.

@@ -374,7 +374,7 @@ thread_local! {
 
 /// Sets `sock`'s receive timeout to `d` rounded up to whole milliseconds
 /// (1 to [`ANSWER_WAIT`]), unless it is set so already.
-fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
+pub(crate) fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
     let max = ANSWER_WAIT.as_millis() as u64;
     let ms = (d.as_micros() as u64).div_ceil(1000).clamp(1, max);
     let key = (sock.as_raw_fd(), ms);

@@ -501,6 +501,11 @@ impl Engine {
             .max(self.cfg.min_rto)
     }
 
+    /// The round-trip state of `host` (a fresh one if never measured).
+    pub fn rtt_of(&self, host: HostId) -> crate::rtt::Rtt {
+        self.rtt.get(&host).copied().unwrap_or_default()
+    }
+
     /// The smoothed round-trip time to `host`, if measured.
     pub fn srtt(&self, host: HostId) -> Option<Micros> {
         self.rtt.get(&host).and_then(|r| r.srtt())

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use vkernel_proto::direct::{DirectSend, Outcome, Timer, Timing};
 use vkernel_proto::rtt::Rtt;
-use vkernel_proto::{Config, HostId, IpcError, Message, Pid, ReplyInfo};
+use vkernel_proto::{Config, HostId, IpcError, Message, Pid};
 
 use crate::process::WaitCounts;
 use crate::spin::SpinPolicy;
@@ -32,18 +32,8 @@ const UNKNOWN_FOR: u64 = 50_000;
 /// The longest a blocked wait lasts before the host's presence is checked.
 const SLICE_MS: u64 = 512;
 
-/// How a Send on the direct path ended.
-pub(crate) enum Went {
-    /// Replied to, or failed.
-    Done(Result<ReplyInfo, IpcError>),
-    /// Forwarded where this path cannot follow: send `msg` to `to` through
-    /// the host, as forwarded by `forwarder`.
-    Forwarded {
-        to: Pid,
-        forwarder: Pid,
-        msg: Message,
-    },
-}
+use crate::process::direct::Seqs;
+pub(crate) use crate::process::direct::Went;
 
 /// What a process's wait on the direct path may use and must report.
 pub(crate) struct Waiting<'a> {
@@ -62,8 +52,7 @@ pub(crate) struct DirectPath {
     /// The host's main socket port (`reply_port` of every datagram).
     reply_port: u16,
     read_timeout_ms: u64,
-    next_seq: u32,
-    left: u32,
+    seqs: Seqs,
     /// Where hosts are (None: the host did not know, as of then).
     locs: HashMap<HostId, (Option<SocketAddr>, u64)>,
     rtt: HashMap<HostId, Rtt>,
@@ -82,8 +71,7 @@ impl DirectPath {
             sock,
             reply_port: host_addr.port(),
             read_timeout_ms: 0,
-            next_seq: 0,
-            left: 0,
+            seqs: Seqs::default(),
             locs: HashMap::new(),
             rtt: HashMap::new(),
             cfg: Config::default(),
@@ -97,7 +85,7 @@ impl DirectPath {
     /// location is not known, or no sequence numbers are left), and how
     /// many numbers to ask for.
     pub(crate) fn must_ask(&self, host: HostId, now: u64) -> Option<u32> {
-        let n = if self.left == 0 { LEASE } else { 0 };
+        let n = if self.seqs.any() { 0 } else { LEASE };
         match self.locs.get(&host) {
             // Recently unknown: through the host, which finds it.
             Some((None, at)) if now.saturating_sub(*at) < UNKNOWN_FOR => None,
@@ -108,7 +96,7 @@ impl DirectPath {
 
     /// Whether a Send to `host` goes the direct way now.
     pub(crate) fn can_send(&self, host: HostId) -> bool {
-        self.left > 0 && self.location(host).is_some()
+        self.seqs.any() && self.location(host).is_some()
     }
 
     /// What the host said: where `host` is, and `n` sequence numbers from
@@ -123,14 +111,14 @@ impl DirectPath {
     ) {
         self.locs.insert(host, (at, now));
         if n > 0 {
-            (self.next_seq, self.left) = (first, n);
+            self.seqs = Seqs::new(first, n);
         }
     }
 
     /// The host is about to send for this process: the reserved numbers
     /// would now be older than its.
     pub(crate) fn end_lease(&mut self) {
-        self.left = 0;
+        self.seqs.end();
     }
 
     fn location(&self, host: HostId) -> Option<SocketAddr> {
@@ -138,13 +126,7 @@ impl DirectPath {
     }
 
     fn take_seq(&mut self) -> Option<u32> {
-        if self.left == 0 {
-            return None;
-        }
-        let s = self.next_seq;
-        self.next_seq = s.wrapping_add(1);
-        self.left -= 1;
-        Some(s)
+        self.seqs.take()
     }
 
     fn timing(&mut self, host: HostId) -> Timing {

@@ -68,6 +68,13 @@ pub(crate) struct LocalProcess {
     socket_reader: std::cell::Cell<bool>,
     /// The last message received came from another host.
     last_from_remote: std::cell::Cell<bool>,
+    /// Remote Sends without a segment may run outside the engine (a
+    /// program's own process; not a machine host's proxy, whose program
+    /// holds sequence numbers of its own).
+    direct_ok: std::cell::Cell<bool>,
+    /// Its sequence numbers and destination for those (made by the first).
+    /// (Taken out while a direct Send runs.)
+    lease: std::cell::Cell<Option<Box<super::direct::Lease>>>,
     /// Exchange spans in progress (OpenTelemetry); boxed, so that a
     /// process is no larger for it.
     #[cfg(feature = "otel")]
@@ -117,10 +124,20 @@ impl LocalProcess {
             send_deadline,
             socket_reader: std::cell::Cell::new(true),
             last_from_remote: std::cell::Cell::new(true),
+            direct_ok: std::cell::Cell::new(false),
+            lease: std::cell::Cell::new(None),
             #[cfg(feature = "otel")]
             otel: std::cell::RefCell::default(),
             _not_sync: PhantomData,
         }
+    }
+
+    /// Lets this process's remote Sends without a segment run on its
+    /// thread, outside the engine, where the host allows it
+    /// (`KernelConfig::direct_sends`).
+    pub(crate) fn allow_direct(self) -> LocalProcess {
+        self.direct_ok.set(self.shared.direct);
+        self
     }
 
     pub(crate) fn shared(&self) -> &Shared {
@@ -194,7 +211,7 @@ impl LocalProcess {
     ) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let start = sh.now();
-        let mut policy = self.spin.get();
+        let policy = self.spin.get();
         let (spin_us, crowded) = if policy.wants_to_spin() {
             let spinners = sh.spinning();
             let busy = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
@@ -205,6 +222,13 @@ impl LocalProcess {
         };
         let mut blocked = false;
         let r = self.wait_spin_then_block(expect, answer, due, start, spin_us, &mut blocked);
+        self.waited(policy, start, blocked, crowded);
+        r
+    }
+
+    /// Counts a wait begun at `start` that blocked or not, and teaches an
+    /// adaptive `policy` (the process's) how long it took.
+    fn waited(&self, mut policy: SpinPolicy, start: u64, blocked: bool, crowded: bool) {
         let mut n = self.waits.get();
         if blocked {
             n.blocked += 1;
@@ -214,10 +238,9 @@ impl LocalProcess {
         }
         self.waits.set(n);
         if policy.is_adaptive() {
-            policy.record(sh.now().saturating_sub(start));
+            policy.record(self.shared.now().saturating_sub(start));
             self.spin.set(policy);
         }
-        r
     }
 
     fn wait_spin_then_block(
@@ -478,6 +501,12 @@ impl LocalProcess {
         forwarder: Pid,
     ) -> Result<Reply, IpcError> {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
+        if forwarder == self.pid {
+            if let Some(r) = self.try_direct(msg, to, deadline) {
+                return r;
+            }
+        }
+        self.engine_sends_for_me(to);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
         let sh = &self.shared;
@@ -504,6 +533,110 @@ impl LocalProcess {
             .0?;
         let answer = answer.filter(|_| due.is_some());
         self.finish_send_via(msg, to, answer.as_ref(), due.unwrap_or(Micros::MAX))
+    }
+
+    /// The engine is about to send to `to` for this process: a RemoteSend
+    /// (to another host or a group) would carry a number newer than any
+    /// reserved for direct Sends, so those must not be used after it.
+    fn engine_sends_for_me(&self, to: Pid) {
+        if to.is_process() && to.host() == self.shared.host {
+            return;
+        }
+        if let Some(mut l) = self.lease.take() {
+            l.end();
+            self.lease.set(Some(l));
+        }
+    }
+
+    /// A remote Send without a segment on this thread's answer socket,
+    /// outside the engine (`process/direct.rs`), if it may go that way:
+    /// None sends it through the engine.
+    fn try_direct(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        deadline: Option<Duration>,
+    ) -> Option<Result<Reply, IpcError>> {
+        use super::direct::{self, Went};
+        let sh = &self.shared;
+        if !self.direct_ok.get() || !to.is_process() || to.host() == sh.host || sh.net.has_faults()
+        {
+            return None;
+        }
+        let ip = sh.answers?;
+        let mut slot = self.lease.take();
+        if !slot.as_ref().is_some_and(|l| l.ready_for(to.host())) {
+            let ok = sh.with_engine(|e, _| {
+                !e.is_keyed()
+                    && slot
+                        .get_or_insert_with(|| Box::new(direct::Lease::new(e, self.pid)))
+                        .renew(e, to.host())
+            });
+            if !ok {
+                self.lease.set(slot);
+                return None;
+            }
+        }
+        let Some(sock) = crate::waiter::answer_socket(sh.net.serial(), ip) else {
+            self.lease.set(slot);
+            return None;
+        };
+        let mut lease = slot?;
+        let start = sh.now();
+        let policy = self.spin.get();
+        let spin_us = if policy.wants_to_spin() {
+            let busy = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
+            policy.budget_us(sh.spinning(), sh.cpus, busy)
+        } else {
+            0
+        };
+        let due = deadline.map(|d| start.saturating_add(micros(d)));
+        let mut io = ThreadIo {
+            sh,
+            sock: &sock,
+            w: &self.waiter,
+        };
+        let call = direct::Call {
+            me: self.pid,
+            to,
+            msg: *msg,
+            deadline: due,
+            spin_us,
+        };
+        let (went, blocked) = ANSWER_BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            let host = direct::Host {
+                peers: &sh.direct_peers,
+                tally: &sh.direct_tally,
+                sends: &sh.net.counters.direct_sends,
+            };
+            direct::send(&mut lease, &host, &mut io, &mut b[..], &call)
+        });
+        self.waited(policy, start, blocked, false);
+        lease.flush(&sh.direct_tally, &sh.net.counters.direct_sends, false);
+        if matches!(went, Went::Forwarded { .. }) {
+            lease.end();
+        }
+        self.lease.set(Some(lease));
+        match went {
+            Went::Done(Ok(r)) => {
+                *msg = r.msg;
+                Some(Ok(Reply {
+                    from: r.from,
+                    seg_bytes: r.seg_bytes,
+                }))
+            }
+            Went::Done(Err(e)) => Some(Err(e)),
+            Went::Forwarded {
+                to,
+                forwarder,
+                msg: m,
+            } => {
+                *msg = m;
+                let left = due.map(|d| Duration::from_micros(d.saturating_sub(sh.now())));
+                Some(self.send_within_as(msg, to, left, forwarder))
+            }
+        }
     }
 
     /// Send with a segment the receiver may access while this process awaits
@@ -557,6 +690,7 @@ impl LocalProcess {
             }
         };
         msg.set_segment(access, vkernel_proto::SegMem::len(&*lent) as u32);
+        self.engine_sends_for_me(to);
         let m = *msg;
         self.trace(Phase::Send, self.pid, to, true);
         let r = self.shared.with_engine(|e, now| {
@@ -1233,6 +1367,13 @@ impl LocalProcess {
 impl Drop for LocalProcess {
     fn drop(&mut self) {
         let pid = self.pid;
+        if let Some(l) = self.lease.get_mut().as_mut() {
+            l.flush(
+                &self.shared.direct_tally,
+                &self.shared.net.counters.direct_sends,
+                true,
+            );
+        }
         if !self.waiter.destroyed.load(Ordering::Acquire) {
             let _ = self
                 .shared
@@ -1247,6 +1388,52 @@ thread_local! {
     /// a small datagram; a larger one is truncated and dropped as such).
     static ANSWER_BUF: std::cell::RefCell<Vec<u8>> =
         std::cell::RefCell::new(vec![0u8; vkernel_proto::wire::MAX_DATAGRAM]);
+}
+
+/// A thread's side of a direct Send (`process/direct.rs`): its answer
+/// socket, the host's clock, the process's flags.
+struct ThreadIo<'a> {
+    sh: &'a Shared,
+    sock: &'a std::net::UdpSocket,
+    w: &'a Waiter,
+}
+
+impl super::direct::Io for ThreadIo<'_> {
+    fn now(&self) -> u64 {
+        self.sh.now()
+    }
+
+    fn send(&mut self, to: std::net::SocketAddr, data: &[u8]) {
+        self.sh.net.send_from(self.sock, to, data);
+    }
+
+    fn recv(&mut self, buf: &mut [u8], wait_us: u64) -> Option<usize> {
+        if wait_us == 0 {
+            return self.sh.net.recv_answer(self.sock, buf).map(|(n, _)| n);
+        }
+        crate::waiter::set_answer_timeout(self.sock, Duration::from_micros(wait_us));
+        loop {
+            match rustix::net::recv(self.sock, &mut *buf, rustix::net::RecvFlags::empty()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                // (Empty: a wake-up meant for an earlier wait.)
+                Ok((n, _)) if n > 0 => {
+                    self.sh.net.count_answer();
+                    return Some(n);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn gone(&self) -> Option<IpcError> {
+        if self.w.destroyed.load(Ordering::Acquire) {
+            Some(IpcError::Destroyed)
+        } else if self.sh.stopping() {
+            Some(IpcError::Shutdown)
+        } else {
+            None
+        }
+    }
 }
 
 /// `d` in engine time (µs), saturating.

@@ -4,6 +4,7 @@
 //! program ([`local`]) or one of a machine host this program attached to
 //! (`crate::attach`): the methods and their meaning are the same.
 
+pub(crate) mod direct;
 pub(crate) mod local;
 
 use std::time::Duration;

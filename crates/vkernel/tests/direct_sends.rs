@@ -1,0 +1,193 @@
+//! Remote Sends without a segment run by the sending thread outside the
+//! engine (`KernelConfig::direct_sends`, docs/PROTOCOL.md §8g): the same
+//! guarantees as through the engine — exactly-once execution under loss,
+//! one order with the engine's own Sends for the process, counted in the
+//! host's statistics.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use vkernel::{FaultConfig, IpcError, Kernel, KernelConfig, Message, Pid, Process, Segment};
+
+const STOP: u32 = 0xdead;
+
+/// A server that answers word 1 + 1 and counts each request id (word 2)
+/// it executed, until STOP.
+fn counting_server(p: Process) -> HashMap<u32, u32> {
+    let mut seen = HashMap::new();
+    let mut m = Message::zero();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let Ok(i) = p.receive_with_segment(&mut m, &mut buf) else {
+            return seen;
+        };
+        if m.code() == STOP {
+            let _ = p.reply(&m, i.from);
+            return seen;
+        }
+        *seen.entry(m.word(2)).or_insert(0) += 1;
+        m.set_word(1, m.word(1) + 1);
+        m.set_word(3, i.seg_bytes as u32);
+        let _ = p.reply(&m, i.from);
+    }
+}
+
+/// A server host `a` (with `faults`) and a client host `b` (none, so its
+/// Sends may go directly unless `direct` is off).
+fn hosts(faults: FaultConfig, direct: bool) -> (Kernel, Kernel) {
+    let a = Kernel::start(KernelConfig {
+        faults,
+        host_timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        host_timeout: Duration::from_secs(2),
+        direct_sends: direct,
+        ..Default::default()
+    })
+    .unwrap();
+    a.add_peer(b.local_addr());
+    (a, b)
+}
+
+/// The counting server as a process of `k` on a thread of its own.
+fn serve(k: &Kernel) -> (Pid, std::thread::JoinHandle<HashMap<u32, u32>>) {
+    let p = k.create_process().unwrap();
+    (p.pid(), std::thread::spawn(move || counting_server(p)))
+}
+
+fn echo(c: &Process, to: Pid, id: u32) -> Result<(), IpcError> {
+    let mut m = Message::with_code(1);
+    m.set_word(1, id);
+    m.set_word(2, id);
+    c.send(&mut m, to)?;
+    assert_eq!(m.word(1), id + 1, "the reply to request {id}");
+    Ok(())
+}
+
+/// One exchange from a process of its own, so that `b` knows where the
+/// server's host is (a Send to a host whose location the engine does not
+/// know yet goes through the engine, which finds it).
+fn warm_up(b: &Kernel, to: Pid) {
+    let p = b.create_process().unwrap();
+    echo(&p, to, 1_000_000).unwrap();
+    drop(p);
+    b.net_counters().direct_sends.store(0, Relaxed);
+}
+
+fn stop(c: &Process, to: Pid) {
+    let mut m = Message::with_code(STOP);
+    let _ = c.send(&mut m, to);
+}
+
+#[test]
+fn remote_sends_go_directly_and_are_counted_by_the_host() {
+    for direct in [true, false] {
+        let (a, b) = hosts(FaultConfig::default(), direct);
+        let (server, h) = serve(&a);
+        warm_up(&b, server);
+        let s0 = b.stats();
+        let c = b.create_process().unwrap();
+        for id in 0..100 {
+            echo(&c, server, id).unwrap();
+        }
+        // Counted as each Send ends, as the engine counts its own.
+        let s1 = b.stats();
+        drop(c);
+        let direct_sends = b.net_counters().direct_sends.load(Relaxed);
+        if direct {
+            assert_eq!(direct_sends, 100, "every Send went directly");
+        } else {
+            assert_eq!(direct_sends, 0, "direct_sends: false");
+        }
+        // RemoteSend datagrams, and exchanges completed, either way.
+        assert!(s1.tx[2] - s0.tx[2] >= 100, "direct {direct}");
+        assert_eq!(s1.remote_exchanges - s0.remote_exchanges, 100);
+        assert_eq!(s1.rx[3] - s0.rx[3], 100, "RemoteReplies");
+        assert_eq!(
+            s1.remote_latency_us.count() - s0.remote_latency_us.count(),
+            100
+        );
+        let peer = |s: &vkernel::Stats| s.peers.get(&a.host_id().0).map_or(0, |p| p.tx_messages);
+        assert!(peer(&s1) - peer(&s0) >= 100, "per-peer traffic");
+        let p = b.create_process().unwrap();
+        stop(&p, server);
+        let seen = h.join().unwrap();
+        assert_eq!(seen.len(), 101);
+    }
+}
+
+#[test]
+fn direct_sends_and_the_engines_keep_one_order_per_sender() {
+    // Sends with a segment go through the engine, with a sequence number
+    // newer than any reserved for the direct ones: the process must not
+    // use its reserved numbers after one, or the server would drop its
+    // next direct Send as stale (and it would time out).
+    let (a, b) = hosts(FaultConfig::default(), true);
+    let (server, h) = serve(&a);
+    warm_up(&b, server);
+    let c = b.create_process().unwrap();
+    let page = vec![7u8; 1000];
+    for round in 0..20u32 {
+        echo(&c, server, 2 * round).unwrap();
+        let mut m = Message::with_code(1);
+        m.set_word(1, 0);
+        m.set_word(2, 2 * round + 1);
+        c.send_with_segment(&mut m, server, Segment::Read(&page))
+            .unwrap();
+        assert_eq!(m.word(3), 1000, "the page came with the message");
+    }
+    drop(c);
+    assert_eq!(b.net_counters().direct_sends.load(Relaxed), 20);
+    let p = b.create_process().unwrap();
+    stop(&p, server);
+    let seen = h.join().unwrap();
+    assert_eq!(seen.len(), 41);
+    assert!(seen.values().all(|&n| n == 1));
+}
+
+#[test]
+fn direct_sends_execute_exactly_once_under_loss_at_the_server() {
+    let faults = FaultConfig {
+        loss: 0.2,
+        duplicate: 0.1,
+        reorder: 0.1,
+        seed: 11,
+        ..FaultConfig::default()
+    };
+    let (a, b) = hosts(faults, true);
+    let (server, h) = serve(&a);
+    warm_up(&b, server);
+    let retx = b.stats().retransmits;
+    std::thread::scope(|sc| {
+        for t in 0..4u32 {
+            let c = b.create_process().unwrap();
+            sc.spawn(move || {
+                for i in 0..50 {
+                    echo(&c, server, t * 1000 + i).unwrap();
+                }
+            });
+        }
+    });
+    let p = b.create_process().unwrap();
+    stop(&p, server);
+    let seen = h.join().unwrap();
+    assert_eq!(seen.len(), 201, "every request executed");
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "each exactly once: {:?}",
+        seen.iter().filter(|(_, &n)| n != 1).collect::<Vec<_>>()
+    );
+    // (The STOP's process has not gone yet: its Send may not be counted.)
+    let n = b.net_counters().direct_sends.load(Relaxed);
+    assert!((200..=201).contains(&n), "{n} direct Sends");
+    assert!(
+        b.stats().retransmits > retx,
+        "losses were recovered by retransmission"
+    );
+}
