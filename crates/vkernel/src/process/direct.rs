@@ -359,6 +359,11 @@ pub(crate) trait Io {
     fn recv(&mut self, buf: &mut [u8], wait_us: u64) -> Option<usize>;
     /// Why to stop waiting (the process was destroyed, the host stops).
     fn gone(&self) -> Option<IpcError>;
+    /// After a spinning wait's `turn`-th empty look: whether to block
+    /// now, as other threads wait for the CPU (the server, say). (A
+    /// thread that yields is usually followed by another spinner, not by
+    /// the thread it waits for.)
+    fn crowded(&mut self, turn: u32) -> bool;
 }
 
 /// The host's side of direct Sends: what they share.
@@ -428,6 +433,7 @@ pub(crate) fn send(
     lease.datagram(true, dest.host, PacketType::RemoteSend, out.len());
     // Told not to spin: block at once (no empty read first).
     let mut blocked = c.spin_us == 0;
+    let mut turn: u32 = 0;
     let went = loop {
         let now = io.now();
         let due = now >= d.next_timer();
@@ -531,7 +537,10 @@ pub(crate) fn send(
         if !blocked && now.saturating_sub(start) >= c.spin_us {
             blocked = true;
         }
-        if blocked {
+        if !blocked {
+            turn = turn.wrapping_add(1);
+            blocked = io.crowded(turn);
+        } else {
             if let Some(e) = io.gone() {
                 break Went::Done(Err(e));
             }

@@ -1425,6 +1425,10 @@ impl super::direct::Io for ThreadIo<'_> {
         }
     }
 
+    fn crowded(&mut self, turn: u32) -> bool {
+        turn.is_multiple_of(8) && self.sh.run_queue.contended(self.sh.now(), self.sh.cpus)
+    }
+
     fn gone(&self) -> Option<IpcError> {
         if self.w.destroyed.load(Ordering::Acquire) {
             Some(IpcError::Destroyed)
