@@ -62,15 +62,6 @@ impl Peers {
         Self::run(&mut g, d, f)
     }
 
-    /// [`Peers::with`] unless another sender holds the slot (then the
-    /// news is left out: it only ever delays a retransmission).
-    fn try_with(&self, d: &Dest, f: impl FnOnce(&mut Rtt)) {
-        let slot = &self.0[usize::from(d.host.0) % PEER_SLOTS];
-        if let Ok(mut g) = slot.try_lock() {
-            Self::run(&mut g, d, f);
-        }
-    }
-
     fn run<R>(g: &mut Option<(HostId, Rtt)>, d: &Dest, f: impl FnOnce(&mut Rtt) -> R) -> R {
         match g {
             Some((h, rtt)) if *h == d.host => f(rtt),
@@ -474,13 +465,14 @@ pub(crate) fn send(
                         latency: now.saturating_sub(start),
                     });
                     if d.dst().host() == dest.host {
-                        let mut seen = None;
-                        host.peers.try_with(&dest, |r| {
+                        // (Waited for, not tried: a due Send decides by
+                        // how recently the peer answered others.)
+                        let seen = host.peers.with(&dest, |r| {
                             d.note_answer(now, r, true);
-                            seen = Some(*r);
+                            *r
                         });
-                        if let (Some(r), Some(dd)) = (seen, lease.dest.as_mut()) {
-                            dd.rtt = r;
+                        if let Some(dd) = lease.dest.as_mut() {
+                            dd.rtt = seen;
                         }
                     }
                     break Went::Done(Ok(info));
@@ -505,7 +497,7 @@ pub(crate) fn send(
                     lease.datagram(true, dest.host, PacketType::RemoteSend, out.len());
                 }
                 Outcome::Pending => {
-                    host.peers.try_with(&dest, |r| d.note_answer(now, r, false));
+                    host.peers.with(&dest, |r| d.note_answer(now, r, false));
                 }
                 Outcome::Ignored(_) => {}
             }
