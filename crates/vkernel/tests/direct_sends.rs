@@ -115,6 +115,15 @@ fn remote_sends_go_directly_and_are_counted_by_the_host() {
         );
         let peer = |s: &vkernel::Stats| s.peers.get(&a.host_id().0).map_or(0, |p| p.tx_messages);
         assert!(peer(&s1) - peer(&s0) >= 100, "per-peer traffic");
+        // A Send to no such process ends with the nAck, counted as one
+        // received, not as a timeout.
+        let c = b.create_process().unwrap();
+        let ghost = Pid::new(a.host_id(), 0x7777);
+        let mut m = Message::with_code(1);
+        assert_eq!(c.send(&mut m, ghost), Err(IpcError::NoSuchProcess(ghost)));
+        let s2 = b.stats();
+        assert_eq!(s2.rx[5] - s1.rx[5], 1, "one nAck");
+        assert_eq!(s2.timeouts, s1.timeouts);
         let p = b.create_process().unwrap();
         stop(&p, server);
         let seen = h.join().unwrap();

@@ -117,7 +117,8 @@ pub(crate) struct Lease {
     seqs: Seqs,
     principal: u32,
     reply_port: u16,
-    cfg: Timers,
+    /// The engine's settings (its timers).
+    cfg: Config,
     /// The last destination (one: a client mostly talks to one server).
     dest: Option<Dest>,
     /// Counted here, not yet in the host's counters.
@@ -126,36 +127,6 @@ pub(crate) struct Lease {
     metrics: bool,
     /// The datagram being sent.
     out: Vec<u8>,
-}
-
-/// The engine's retransmission settings, as [`Timing::new`] uses them.
-#[derive(Clone, Copy)]
-struct Timers {
-    initial_rto: u64,
-    min_rto: u64,
-    max_rto: u64,
-    host_timeout: u64,
-}
-
-impl Timers {
-    fn of(cfg: &Config) -> Timers {
-        Timers {
-            initial_rto: cfg.initial_rto,
-            min_rto: cfg.min_rto,
-            max_rto: cfg.max_rto,
-            host_timeout: cfg.host_timeout,
-        }
-    }
-
-    /// As `Timing::new` computes it.
-    fn timing(&self, rtt: &Rtt) -> Timing {
-        let max_rto = self.max_rto.min(self.host_timeout / 8).max(self.min_rto);
-        Timing {
-            rto: rtt.send_rto(self.initial_rto, self.min_rto, max_rto),
-            max_rto,
-            host_timeout: self.host_timeout,
-        }
-    }
 }
 
 /// What a direct Send did that the engine's counters show.
@@ -178,8 +149,8 @@ enum Ev {
     Ignored(DropReason),
     /// An exchange replied to, after `latency` µs.
     Exchange { latency: u64 },
-    /// A Send that failed with `Timeout` or `Deadline`.
-    Failed { deadline: bool },
+    /// A Send that failed with `Timeout` (the peer silent) or `Deadline`.
+    TimedOut { deadline: bool },
 }
 
 /// The counters of the host's direct Sends, as the engine keeps its own:
@@ -213,7 +184,7 @@ impl Tally {
                         s.remote_latency_us.record(latency);
                     }
                 }
-                Ev::Failed { deadline } => {
+                Ev::TimedOut { deadline } => {
                     if deadline {
                         s.deadlines += 1;
                     } else {
@@ -237,13 +208,13 @@ impl Lease {
     /// A process's first lease: `e` reserves the numbers, under the
     /// engine lock.
     pub(crate) fn new(e: &mut Engine, me: Pid) -> Lease {
-        let cfg = e.config();
-        let (cfg_t, reply_port, metrics) = (Timers::of(cfg), cfg.reply_port, cfg.metrics);
+        let cfg = e.config().clone();
+        let (reply_port, metrics) = (cfg.reply_port, cfg.metrics);
         Lease {
             seqs: Seqs::new(e.reserve_seqs(LEASE), LEASE),
             principal: e.principal_of(me),
             reply_port,
-            cfg: cfg_t,
+            cfg,
             dest: None,
             events: Vec::with_capacity(8),
             metrics,
@@ -405,7 +376,7 @@ pub(crate) fn send(
         );
     };
     let start = io.now();
-    let timing = lease.cfg.timing(&dest.rtt);
+    let timing = Timing::new(&lease.cfg, &dest.rtt);
     let mut d = DirectSend::start(
         start,
         me,
@@ -477,10 +448,7 @@ pub(crate) fn send(
                     }
                     break Went::Done(Ok(info));
                 }
-                Outcome::Failed(e) => {
-                    lease.count(Ev::Failed { deadline: false });
-                    break Went::Done(Err(e));
-                }
+                Outcome::Failed(e) => break Went::Done(Err(e)),
                 Outcome::Forwarded { to } => {
                     let (forwarder, msg) = (d.forwarder(), d.msg());
                     // Followed here only within the host it knows.
@@ -490,7 +458,7 @@ pub(crate) fn send(
                     let Some(seq) = seq else {
                         break Went::Forwarded { to, forwarder, msg };
                     };
-                    let timing = lease.cfg.timing(&dest.rtt);
+                    let timing = Timing::new(&lease.cfg, &dest.rtt);
                     d.restart(now, to, seq, timing);
                     d.encode(false, &mut out);
                     io.send(dest.at, &out);
@@ -505,7 +473,7 @@ pub(crate) fn send(
         }
         let now = io.now();
         if c.deadline.is_some_and(|dl| now >= dl) {
-            lease.count(Ev::Failed { deadline: true });
+            lease.count(Ev::TimedOut { deadline: true });
             break Went::Done(Err(IpcError::Deadline(d.dst())));
         }
         if now >= d.next_timer() {
@@ -520,7 +488,7 @@ pub(crate) fn send(
                 Timer::Dead(e) => {
                     // Perhaps it moved: ask the engine next time.
                     lease.dest = None;
-                    lease.count(Ev::Failed { deadline: false });
+                    lease.count(Ev::TimedOut { deadline: false });
                     break Went::Done(Err(e));
                 }
                 Timer::Idle => {}
