@@ -54,16 +54,8 @@ pub(crate) struct Peers([Mutex<Option<(HostId, Rtt)>>; PEER_SLOTS]);
 impl Peers {
     /// Runs `f` on what is known of `d`'s host.
     fn with<R>(&self, d: &Dest, f: impl FnOnce(&mut Rtt) -> R) -> R {
-        let slot = &self.0[usize::from(d.host.0) % PEER_SLOTS];
-        let mut g = match slot.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        Self::run(&mut g, d, f)
-    }
-
-    fn run<R>(g: &mut Option<(HostId, Rtt)>, d: &Dest, f: impl FnOnce(&mut Rtt) -> R) -> R {
-        match g {
+        let mut g = lock(&self.0[usize::from(d.host.0) % PEER_SLOTS]);
+        match &mut *g {
             Some((h, rtt)) if *h == d.host => f(rtt),
             other => {
                 let (_, rtt) = other.insert((d.host, d.rtt));
