@@ -372,11 +372,14 @@ thread_local! {
     static ANSWER_TIMEOUT: std::cell::Cell<(RawFd, u64)> = const { std::cell::Cell::new((-1, 0)) };
 }
 
-/// Sets `sock`'s receive timeout to `d` rounded up to whole milliseconds
-/// (1 to [`ANSWER_WAIT`]), unless it is set so already.
+/// Sets `sock`'s receive timeout to about `d`, unless it is set so
+/// already: whole milliseconds, rounded up (1 to [`ANSWER_WAIT`]), and
+/// above 2 ms down to a power of two. The time left to a retransmission timer changes
+/// with every exchange; the steps keep the timeout, and so the syscall,
+/// the same across them. Waking early is harmless (the callers look at
+/// their timers and wait again), waking late is not.
 pub(crate) fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
-    let max = ANSWER_WAIT.as_millis() as u64;
-    let ms = (d.as_micros() as u64).div_ceil(1000).clamp(1, max);
+    let ms = answer_timeout_ms(d);
     let key = (sock.as_raw_fd(), ms);
     if ANSWER_TIMEOUT.with(|c| c.get()) != key
         && sock
@@ -387,12 +390,24 @@ pub(crate) fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
     }
 }
 
+/// [`set_answer_timeout`]'s step for `d`.
+fn answer_timeout_ms(d: Duration) -> u64 {
+    let max = ANSWER_WAIT.as_millis() as u64;
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    match us.div_ceil(1000) {
+        up if up <= 2 => up.max(1),
+        _ if us >= max * 1000 => max,
+        _ => 1 << (us / 1000).ilog2(),
+    }
+}
+
 /// Answer sockets a thread keeps (one per host it sends from; the least
 /// recently used goes first).
 const ANSWER_SOCKETS: usize = 4;
 
 /// The calling thread's answer socket for the host `serial`, bound to
-/// `ip` (any port) and added to the thread's epoll set on first use: a
+/// `ip` (any port) on first use; the thread waits in it alone (not in its
+/// epoll set, see [`WaitFds::recv_blocking`]): a
 /// remote Send made on this thread asks for its answers there
 /// (`F_ANSWER_SOURCE`), so the thread waiting for the reply is the one the
 /// reply wakes, not whichever of the host's blocked threads the main
@@ -442,5 +457,33 @@ impl WaitFds {
             answers: Mutex::new(Vec::new()),
             in_recv: Mutex::new(None),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_timeouts_come_in_few_steps_and_never_later_than_asked_above_2_ms() {
+        let ms = |us| answer_timeout_ms(Duration::from_micros(us));
+        assert_eq!(ms(0), 1);
+        assert_eq!(ms(999), 1);
+        assert_eq!(ms(1_001), 2);
+        assert_eq!(ms(2_500), 2);
+        assert_eq!(ms(3_999), 2);
+        assert_eq!(ms(4_000), 4);
+        assert_eq!(ms(7_900), 4);
+        assert_eq!(ms(40_000), 32);
+        assert_eq!(ms(50_000), 50);
+        assert_eq!(ms(u64::MAX), 50);
+        let steps: std::collections::BTreeSet<u64> = (0..60_000).step_by(7).map(ms).collect();
+        assert_eq!(
+            steps.into_iter().collect::<Vec<_>>(),
+            [1, 2, 4, 8, 16, 32, 50]
+        );
+        for us in (2_001..60_000).step_by(13) {
+            assert!(ms(us) * 1000 <= us.max(2_000), "{us} µs -> {} ms", ms(us));
+        }
     }
 }
