@@ -239,6 +239,10 @@ pub struct NetCounters {
     /// (`KernelConfig::direct_sends`), counted as each ends (later, under
     /// contention, by a few: see `process/direct.rs`).
     pub direct_sends: AtomicU64,
+    /// Times the background thread was kept off the socket because a
+    /// process took a request with a deep queue behind it (it reads the
+    /// socket itself once the queue is drained; `Shared::note_busy`).
+    pub busy_holds: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
@@ -290,6 +294,9 @@ type SideEntry = (SocketAddr, Option<UdpSocket>);
 /// main socket.
 const SIDE_SOCKETS: usize = 64;
 
+/// Slots looked at for one address (from where its hash points).
+const SIDE_PROBES: usize = 8;
+
 impl SideSockets {
     fn new(main: SocketAddr, sndbuf: libc::c_int) -> SideSockets {
         SideSockets {
@@ -317,16 +324,19 @@ impl SideSockets {
         (h >> 32) as usize % SIDE_SOCKETS
     }
 
-    /// The entry for `to`, if one was made.
-    fn find(&self, to: &SocketAddr) -> Option<&SideEntry> {
+    /// The entry for `to`, if one was made (`Err`: none, and no free slot
+    /// where one could be).
+    fn find(&self, to: &SocketAddr) -> Result<Option<&SideEntry>, ()> {
         let s = Self::start(to);
-        for k in 0..SIDE_SOCKETS {
-            let e = self.slots[(s + k) % SIDE_SOCKETS].get()?;
+        for k in 0..SIDE_PROBES {
+            let Some(e) = self.slots[(s + k) % SIDE_SOCKETS].get() else {
+                return Ok(None);
+            };
             if e.0 == *to {
-                return Some(e);
+                return Ok(Some(e));
             }
         }
-        None
+        Err(())
     }
 
     /// The side socket for `to`, opened on first use; `None`: use the main
@@ -335,18 +345,21 @@ impl SideSockets {
         if to.ip().is_multicast() {
             return None;
         }
-        if let Some(e) = self.find(&to) {
+        // (A miss with the probe window full, as for every reply to a
+        // host's many senders' answer sockets past the first few dozen,
+        // costs a few comparisons and no lock.)
+        if let Some(e) = self.find(&to).ok()? {
             return e.1.as_ref();
         }
         let _g = match self.open.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if let Some(e) = self.find(&to) {
+        if let Some(e) = self.find(&to).ok()? {
             return e.1.as_ref();
         }
         let s = Self::start(&to);
-        let slot = (0..SIDE_SOCKETS)
+        let slot = (0..SIDE_PROBES)
             .map(|k| &self.slots[(s + k) % SIDE_SOCKETS])
             .find(|e| e.get().is_none())?;
         let sock = open_side(self.main, self.sndbuf, to).ok();
@@ -903,7 +916,7 @@ mod tests {
         let side = net
             .side
             .as_ref()
-            .and_then(|t| t.find(&to))
+            .and_then(|t| t.find(&to).ok().flatten())
             .and_then(|e| e.1.as_ref());
         let snd = |fd| crate::sys::getsockopt_int(fd, libc::SO_SNDBUF).unwrap();
         assert_eq!(
@@ -915,6 +928,48 @@ mod tests {
         net.send(to, dgram(0));
         let (_, from) = peer.recv_from(&mut b).unwrap();
         assert_eq!(from, main);
+        assert_eq!(net.counters.send_errors.load(Ordering::Relaxed), 0);
+    }
+
+    /// More peers than side sockets (a host's many senders' answer
+    /// sockets): every datagram still arrives whole, those past the table
+    /// from the main socket, and the table stays bounded.
+    #[test]
+    fn peers_past_the_side_socket_table_are_sent_to_from_the_main_socket() {
+        let mut net = Net::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            FaultConfig::default(),
+            1 << 20,
+        )
+        .unwrap();
+        assert!(net.use_side_sockets().unwrap());
+        let main = net.local_addr().unwrap();
+        let mut d = vec![0x56, vkernel_proto::wire::VERSION, 3, 0, 0, 0];
+        d.extend_from_slice(&main.port().to_be_bytes());
+        d.extend_from_slice(&[5u8; 40]);
+        let peers: Vec<UdpSocket> = (0..3 * SIDE_SOCKETS)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let mut sources = std::collections::HashSet::new();
+        let mut from_main = 0;
+        let mut b = [0u8; 256];
+        for round in 0..2 {
+            for p in &peers {
+                p.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                net.send(p.local_addr().unwrap(), d.clone());
+                let (n, from) = p.recv_from(&mut b).unwrap();
+                assert_eq!(b[..n], d[..]);
+                if from == main {
+                    from_main += 1;
+                } else if round == 0 {
+                    assert!(sources.insert(from), "one side socket per peer");
+                } else {
+                    assert!(sources.contains(&from), "the same side socket again");
+                }
+            }
+        }
+        assert!(!sources.is_empty() && sources.len() <= SIDE_SOCKETS);
+        assert_eq!(from_main, 2 * (peers.len() - sources.len()));
         assert_eq!(net.counters.send_errors.load(Ordering::Relaxed), 0);
     }
 
