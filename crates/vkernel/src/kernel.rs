@@ -205,6 +205,12 @@ pub(crate) struct Shared {
     pub(crate) spinners: CacheLine<AtomicU64>,
     /// Processes blocked in epoll on the socket.
     pub(crate) blocked_readers: CacheLine<AtomicU64>,
+    /// Until when (host clock, µs) the background thread does not wake for
+    /// each arrival on the main socket although no process reads it, but
+    /// reads it every [`BUSY_POLL_US`]: a process just took a request with
+    /// a deep queue behind it and will be back for more (then, if the
+    /// queue ran dry, reading the socket itself).
+    pub(crate) busy_until: CacheLine<AtomicU64>,
     /// Async processes re-polling their own tasks for a local answer (at
     /// most one per CPU).
     pub(crate) async_spinners: AtomicU64,
@@ -799,6 +805,28 @@ impl Shared {
         self.spinners.load(Ordering::Acquire) & SPINNING
     }
 
+    /// A process took a request with `queued` more behind it: with a deep
+    /// queue, the background thread reads the socket every
+    /// [`BUSY_POLL_US`] for a moment rather than waking for each arrival
+    /// (a wake-up per few requests; the process reads the socket itself
+    /// once its queue is drained).
+    pub(crate) fn note_busy(&self, queued: usize) {
+        if queued < BUSY_QUEUE {
+            return;
+        }
+        let now = self.now();
+        let was = self.busy_until.load(Ordering::Relaxed);
+        // Store only a real change: the background thread reads this line.
+        if now + BUSY_WINDOW_US > was + BUSY_WINDOW_US / 4 {
+            self.busy_until
+                .store(now + BUSY_WINDOW_US, Ordering::Relaxed);
+            if was <= now {
+                let c = &self.net.counters.busy_holds;
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Runs engine timers if one is due.
     pub(crate) fn run_timers_if_due(&self) {
         if self.now() >= self.next_timer.load(Ordering::Acquire) {
@@ -869,7 +897,12 @@ impl Shared {
             let async_asleep = self.async_asleep.swap(false, Ordering::AcqRel);
             let spinning = spin & SPINNING != 0 || (spin != last_spin && !async_asleep);
             last_spin = spin;
-            let idle_readers = !spinning && self.blocked_readers.load(Ordering::Acquire) == 0;
+            let left_to_busy = self
+                .busy_until
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.now());
+            let idle_readers =
+                !spinning && self.blocked_readers.load(Ordering::Acquire) == 0 && left_to_busy == 0;
             // An async task that got its answer stopped reading the socket
             // without waking this thread (it will likely read again in a
             // moment): look again soon rather than in 25 ms.
@@ -890,11 +923,19 @@ impl Shared {
             // deadline of an exchange answered long ago). A process that
             // stops spinning and blocks as a socket reader wakes for due
             // timers itself; otherwise one waits at most `cap` (25 ms).
-            let timeout = if spinning && !self.net.has_faults() {
+            let mut timeout = if spinning && !self.net.has_faults() {
                 cap
             } else {
                 self.time_to_timer(cap)
             };
+            // Held off the socket by a busy process: not woken by each
+            // arrival, but still reading what waits every millisecond
+            // (a slow server's queue may stay deep for long; the others'
+            // datagrams, and a full pool's replyPending, must not wait
+            // for it).
+            if left_to_busy > 0 {
+                timeout = timeout.min(Duration::from_micros(left_to_busy.min(BUSY_POLL_US)));
+            }
             // Group messages by multicast arrive on their own socket, which
             // only this thread watches.
             let mfd = self.net.mcast_fd();
@@ -924,6 +965,23 @@ impl Shared {
         }
     }
 }
+
+/// Messages queued behind the one a process takes from which the
+/// background thread leaves the socket to it ([`Shared::note_busy`]).
+/// Below, the hold costs more than it saves: with a few clients the
+/// background thread's reads are rare, and in this VM the hold made every
+/// exchange dearer (BENCHMARKS.md, 2026-11-28 late and 2026-11-29).
+const BUSY_QUEUE: usize = 16;
+
+/// How long (µs) one such request holds the background thread off; each
+/// later one renews it. Datagrams wait unread at most [`BUSY_POLL_US`]
+/// meanwhile.
+const BUSY_WINDOW_US: u64 = 5_000;
+
+/// While held off, the background thread still reads the socket this
+/// often (µs): one wake-up per millisecond instead of one per few
+/// requests.
+const BUSY_POLL_US: u64 = 1_000;
 
 /// One logical host: a kernel instance with its own UDP port, run by this
 /// program ([`Kernel::start`]) or by a machine host this program attached
@@ -1092,6 +1150,7 @@ impl Kernel {
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),
             blocked_readers: CacheLine(AtomicU64::new(0)),
+            busy_until: CacheLine(AtomicU64::new(0)),
             async_spinners: AtomicU64::new(0),
             async_left: AtomicBool::new(false),
             async_asleep: AtomicBool::new(false),

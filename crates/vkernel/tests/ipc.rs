@@ -663,3 +663,54 @@ fn hand_offs_and_background_reads_are_counted() {
         assert_eq!(w.join().unwrap(), Ok(8));
     });
 }
+
+#[test]
+fn a_server_with_a_deep_queue_keeps_the_background_thread_off_the_socket() {
+    // Requests for a process that is not receiving queue up (read by the
+    // background thread). Taking one with 16 or more behind it holds the
+    // background thread off the socket for a moment (the server will read
+    // it itself once its queue is drained); taking one with a few behind
+    // does not.
+    let (a, b) = two_hosts();
+    let server = a.create_process().unwrap();
+    let to = server.pid();
+    let holds = || a.net_counters().busy_holds.load(Relaxed);
+    let reads = || a.net_counters().background_reads.load(Relaxed);
+    let serve = |n: usize, clients: usize| {
+        let r0 = reads();
+        thread::scope(|sc| {
+            let ws: Vec<_> = (0..clients)
+                .map(|i| {
+                    let s = b.create_process().unwrap();
+                    s.set_send_deadline(Some(std::time::Duration::from_secs(10)));
+                    sc.spawn(move || {
+                        let mut m = Message::with_code(100 + i as u32);
+                        s.send(&mut m, to).map(|_| m.code())
+                    })
+                })
+                .collect();
+            common::wait_for(std::time::Duration::from_secs(5), "requests queued", || {
+                (reads() >= r0 + clients as u64).then_some(())
+            });
+            let h0 = holds();
+            let mut m = Message::zero();
+            let i = server.receive(&mut m).unwrap();
+            let after_first = holds() - h0;
+            server
+                .reply(&Message::with_code(m.code() + 1), i.from)
+                .unwrap();
+            for _ in 1..n {
+                let i = server.receive(&mut m).unwrap();
+                server
+                    .reply(&Message::with_code(m.code() + 1), i.from)
+                    .unwrap();
+            }
+            for (i, w) in ws.into_iter().enumerate() {
+                assert_eq!(w.join().unwrap(), Ok(101 + i as u32));
+            }
+            after_first
+        })
+    };
+    assert_eq!(serve(20, 20), 1, "19 behind the first: a hold");
+    assert_eq!(serve(3, 3), 0, "2 behind: none");
+}

@@ -258,6 +258,12 @@ impl Engine {
         self.proc_ref(pid).is_some_and(|p| !p.queue.is_empty())
     }
 
+    /// How many messages wait in `pid`'s queue (stale entries, of senders
+    /// gone since, included): a hint of how busy it is.
+    pub fn queue_len(&self, pid: Pid) -> usize {
+        self.proc_ref(pid).map_or(0, |p| p.queue.len())
+    }
+
     /// Asks for [`Event::Queued`] whenever a message is queued for `pid`
     /// and left waiting.
     pub fn watch_queue(&mut self, pid: Pid, on: bool) {
@@ -292,8 +298,27 @@ impl Engine {
             return false;
         };
         let from = *from;
+        let Some(pend) = self.take_queued(pid, from) else {
+            return false;
+        };
+        let Some(p) = self.proc_mut(pid) else {
+            return false;
+        };
+        let PState::Receiving { mut buf, upto, .. } =
+            std::mem::replace(&mut p.state, PState::Ready)
+        else {
+            return false;
+        };
+        let r = self.deliver(pid, pend, buf.as_mut().map(|b| b.bytes_mut()), upto);
+        self.complete(pid, Completion::Receive(Ok(r)));
+        true
+    }
+
+    /// Takes the first message queued for `pid` (from `from`, if given),
+    /// dropping stale entries on the way.
+    fn take_queued(&mut self, pid: Pid, from: Option<Pid>) -> Option<Pending> {
         // Scan the queue without allocating: take it out, look, put it back.
-        let mut queue = std::mem::take(&mut p.queue);
+        let mut queue = std::mem::take(&mut self.proc_mut(pid)?.queue);
         let mut chosen = None;
         let mut i = 0;
         while i < queue.len() {
@@ -309,20 +334,10 @@ impl Engine {
                 Some(_) => i += 1,
             }
         }
-        let Some(p) = self.proc_mut(pid) else {
-            return false;
-        };
-        p.queue = queue;
-        let Some(pend) = chosen else {
-            return false;
-        };
-        let PState::Receiving { buf, upto, .. } = std::mem::replace(&mut p.state, PState::Ready)
-        else {
-            return false;
-        };
-        let r = self.deliver(pid, pend, buf, upto);
-        self.complete(pid, Completion::Receive(Ok(r)));
-        true
+        if let Some(p) = self.proc_mut(pid) {
+            p.queue = queue;
+        }
+        chosen
     }
 
     /// Hands a queued message to `receiver`, copying the segment's first
@@ -331,7 +346,7 @@ impl Engine {
         &mut self,
         receiver: Pid,
         pend: Pending,
-        mut buf: Option<Seg>,
+        mut buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Received {
         match pend {
@@ -345,7 +360,7 @@ impl Engine {
                 let seg = o.seg.as_ref().filter(|s| s.len() <= upto);
                 if let (Some(b), Some(seg), true) = (buf.as_mut(), seg, append) {
                     n = b.len().min(seg.len()).min(o.append);
-                    b.bytes_mut()[..n].copy_from_slice(&seg.bytes()[..n]);
+                    b[..n].copy_from_slice(&seg.bytes()[..n]);
                 }
                 let _ = receiver;
                 Received {
@@ -363,7 +378,7 @@ impl Engine {
                 let mut n = 0;
                 if let Some(b) = buf.as_mut() {
                     n = b.len().min(data.len());
-                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
+                    b[..n].copy_from_slice(&data[..n]);
                 }
                 Received {
                     from: src,
@@ -381,7 +396,7 @@ impl Engine {
                 let mut n = 0;
                 if let Some(b) = buf.as_mut().filter(|_| a.seg_total as usize <= upto) {
                     n = b.len().min(data.len());
-                    b.bytes_mut()[..n].copy_from_slice(&data[..n]);
+                    b[..n].copy_from_slice(&data[..n]);
                 }
                 Received {
                     from: a.src,
@@ -419,12 +434,7 @@ impl Engine {
         buf: Option<Seg>,
         upto: usize,
     ) -> Result<Option<Received>, IpcError> {
-        self.check_ready_caller(pid)?;
-        if let Some(f) = from {
-            if !f.is_process() || (self.is_local(f) && !self.process_exists(f)) {
-                return Err(IpcError::NoSuchProcess(f));
-            }
-        }
+        self.check_receive(pid, from)?;
         self.set_state(pid, PState::Receiving { from, buf, upto });
         if self.try_deliver(now, pid) {
             if let Some(Completion::Receive(r)) = self.take_completion(pid) {
@@ -434,6 +444,36 @@ impl Engine {
             }
         }
         Ok(None)
+    }
+
+    /// [`Engine::receive_upto`] of a message already queued, into `buf`
+    /// (nothing lent to the engine): `Ok(None)`, with nothing changed, if
+    /// none is queued (then call `receive_upto`).
+    pub fn receive_queued(
+        &mut self,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<&mut [u8]>,
+        upto: usize,
+    ) -> Result<Option<Received>, IpcError> {
+        self.check_receive(pid, from)?;
+        let Some(pend) = self.take_queued(pid, from) else {
+            return Ok(None);
+        };
+        // (As `receive_upto` would leave it: ready, no old completion.)
+        self.set_state(pid, PState::Ready);
+        Ok(Some(self.deliver(pid, pend, buf, upto)))
+    }
+
+    /// Whether `pid` may Receive (from `from`).
+    fn check_receive(&self, pid: Pid, from: Option<Pid>) -> Result<(), IpcError> {
+        self.check_ready_caller(pid)?;
+        match from {
+            Some(f) if !f.is_process() || (self.is_local(f) && !self.process_exists(f)) => {
+                Err(IpcError::NoSuchProcess(f))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Replies to `to`, which must be awaiting reply from `replier`. With

@@ -1023,16 +1023,28 @@ impl LocalProcess {
         buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Result<Incoming, IpcError> {
-        let (lease, lent) = match buf {
-            Some(b) => {
-                let (l, s) = Lease::exclusive(b);
-                (Some(l), Some(s as vkernel_proto::Seg))
+        let mut buf = buf;
+        let mut lease = None;
+        let sh = &*self.shared;
+        let r = sh.with_engine(|e, now| {
+            // A queued message is copied into `buf` at once; only a
+            // Receive that must wait lends it to the engine.
+            let r = match e.receive_queued(self.pid, from, buf.as_deref_mut(), upto) {
+                Ok(None) => {
+                    let lent = buf.take().map(|b| {
+                        let (l, s) = Lease::exclusive(b);
+                        lease = Some(l);
+                        s as vkernel_proto::Seg
+                    });
+                    e.receive_upto(now, self.pid, from, lent, upto)
+                }
+                r => r,
+            };
+            if let Ok(Some(_)) = &r {
+                sh.note_busy(e.queue_len(self.pid));
             }
-            None => (None, None),
-        };
-        let r = self
-            .shared
-            .with_engine(|e, now| e.receive_upto(now, self.pid, from, lent, upto));
+            r
+        });
         let r = match r {
             Ok(Some(rcv)) => Ok(rcv),
             Ok(None) => match self.wait(Expect::Receive) {

@@ -795,7 +795,11 @@ fn receive_upto_copies_only_from_segments_within_the_limit() {
     let s = n.e[0].create_process().unwrap();
     let local = n.e[0].create_process().unwrap();
     let remote = n.e[1].create_process().unwrap();
-    for (len, upto, copied) in [(1000usize, 999usize, false), (1000, 1000, true)] {
+    let cases = [(1000usize, 999usize, false), (1000, 1000, true)];
+    // Each twice: into a lent buffer, and (`receive_queued`, the message
+    // being queued) into a plain slice.
+    for (k, (len, upto, copied)) in cases.into_iter().chain(cases).enumerate() {
+        let plain = k >= cases.len();
         let data = pattern(len as u32, len);
         n.e[0]
             .send(
@@ -818,13 +822,18 @@ fn receive_upto_copies_only_from_segments_within_the_limit() {
         n.run();
         for from in [local, remote] {
             let buf = SharedBuf::new(vec![0; 2000]);
-            let r = n.e[0]
-                .receive_upto(n.now, s, Some(from), Some(buf.lend()), upto)
-                .unwrap()
-                .unwrap();
+            let mut slice = vec![0; 2000];
+            let r = if plain {
+                n.e[0].receive_queued(s, Some(from), Some(&mut slice), upto)
+            } else {
+                n.e[0].receive_upto(n.now, s, Some(from), Some(buf.lend()), upto)
+            };
+            let r = r.unwrap().unwrap();
+            let got = if plain { slice } else { buf.snapshot() };
             let want = if copied { len } else { 0 };
             assert_eq!(r.seg_bytes, want, "{from}, segment {len}, upto {upto}");
-            same_bytes(&buf.snapshot()[..want], &data[..want], "copied part");
+            assert_eq!(r.from, from);
+            same_bytes(&got[..want], &data[..want], "copied part");
             // The whole segment is still there to MoveFrom.
             let back = SharedBuf::new(vec![0; len]);
             let got = n.e[0].move_from(n.now, s, from, 0, back.lend()).unwrap();
@@ -839,6 +848,39 @@ fn receive_upto_copies_only_from_segments_within_the_limit() {
         reply_of(&mut n.e[0], local);
         reply_of(&mut n.e[1], remote);
     }
+}
+
+#[test]
+fn receive_queued_changes_nothing_when_nothing_is_queued() {
+    let mut n = Net::new(1);
+    let e = &mut n.e[0];
+    let s = e.create_process().unwrap();
+    let c = e.create_process().unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(
+        e.receive_queued(s, None, Some(&mut b), usize::MAX),
+        Ok(None)
+    );
+    assert_eq!(e.receive_queued(s, Some(c), None, usize::MAX), Ok(None));
+    let gone = Pid::new(e.host_id().unwrap(), 999);
+    assert_eq!(
+        e.receive_queued(s, Some(gone), None, usize::MAX),
+        Err(IpcError::NoSuchProcess(gone))
+    );
+    // Still ready: a Send queues, and the next one takes it.
+    assert_eq!(e.send(0, c, s, Message::with_code(4), None), Ok(()));
+    let r = e
+        .receive_queued(s, Some(c), None, usize::MAX)
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.from, r.msg.code()), (c, 4));
+    assert_eq!(e.receive_queued(s, None, None, usize::MAX), Ok(None));
+    e.reply(0, s, c, Message::with_code(5), None).unwrap();
+    assert_eq!(
+        e.take_completion(c)
+            .map(|c| matches!(c, Completion::Send(Ok(_)))),
+        Some(true)
+    );
 }
 
 #[test]
