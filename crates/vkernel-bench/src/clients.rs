@@ -103,6 +103,68 @@ pub struct Clients {
     /// Requests that cost CPU time at the server, served by worker pools
     /// of 1 … CPUs workers.
     pub workers: Vec<WorkRow>,
+    /// How often this machine stalled a busy thread, measured before the
+    /// rows: the context of their retransmission counts.
+    pub stalls: Stalls,
+}
+
+/// Gaps in the progress of busy threads (one per CPU, reading the clock
+/// in a loop): time the machine ran something else, or nothing (a VM's
+/// vCPU descheduled by its host). A Send whose server stalls longer than
+/// the minimum retransmission timeout is sent again however idle the
+/// network, so these bound what "no retransmission" can mean here.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stalls {
+    /// How long the probe ran, s.
+    pub seconds: f64,
+    /// Busy threads (the CPUs).
+    pub threads: usize,
+    /// The minimum retransmission timeout the gaps are held against, µs.
+    pub min_rto_us: u64,
+    /// Gaps longer than that, per second, all threads together.
+    pub over_min_rto_per_s: f64,
+    /// The longest gap, µs.
+    pub longest_us: f64,
+}
+
+/// Runs busy threads, one per CPU, for `dur`: their gaps (see [`Stalls`]).
+fn stall_probe(dur: Duration) -> Stalls {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let min_rto = Duration::from_micros(vkernel_proto::Config::default().min_rto);
+    let per: Vec<(u64, Duration)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(move || {
+                    let start = Instant::now();
+                    let (mut prev, mut over, mut longest) = (start, 0u64, Duration::ZERO);
+                    while prev.duration_since(start) < dur {
+                        let now = Instant::now();
+                        let gap = now.duration_since(prev);
+                        if gap > min_rto {
+                            over += 1;
+                        }
+                        longest = longest.max(gap);
+                        prev = now;
+                    }
+                    (over, longest)
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    Stalls {
+        seconds: dur.as_secs_f64(),
+        threads,
+        min_rto_us: min_rto.as_micros() as u64,
+        over_min_rto_per_s: per.iter().map(|p| p.0).sum::<u64>() as f64 / dur.as_secs_f64(),
+        longest_us: per
+            .iter()
+            .map(|p| p.1)
+            .max()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e6,
+    }
 }
 
 /// A worker pool serving requests that each cost CPU time.
@@ -305,6 +367,21 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "retx",
         "needless"
     );
+    let stalls = stall_probe(if c.quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_millis(500)
+    });
+    println!(
+        "  stalls: {} busy threads for {} ms saw {:.1} gaps a second longer than the minimum \
+         retransmission timeout ({} ms), the longest {:.1} ms (a Send whose server stalls that \
+         long is sent again)",
+        stalls.threads,
+        (stalls.seconds * 1e3).round(),
+        stalls.over_min_rto_per_s,
+        stalls.min_rto_us as f64 / 1e3,
+        stalls.longest_us / 1e3
+    );
     let mut rows: Vec<Row> = Vec::new();
     let mut program_rows = Vec::new();
     let mut goals = Vec::new();
@@ -426,6 +503,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             rows,
             program_rows,
             workers,
+            stalls,
         }),
         goals,
         charts,

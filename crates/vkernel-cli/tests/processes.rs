@@ -339,6 +339,15 @@ fn demo_and_bench_run_and_report() {
             .all(|x| pos(&x["vk_per_s"]) && pos(&x["raw_per_s"])),
         "{s}"
     );
+    // The stall probe ran (its counts may be anything, zero included).
+    let st = &s["section18"]["stalls"];
+    assert!(pos(&st["seconds"]) && pos(&st["longest_us"]), "{st}");
+    assert!(st["threads"].as_u64().is_some_and(|t| t >= 1), "{st}");
+    assert_eq!(st["min_rto_us"], 2000, "{st}");
+    assert!(
+        st["over_min_rto_per_s"].as_f64().is_some_and(|x| x >= 0.0),
+        "{st}"
+    );
     // A worker pool of 1 and of one worker per CPU served the same load.
     let w = s["section18"]["workers"].as_array().expect("section 18");
     assert_eq!(w.len(), 2, "{s}");
