@@ -883,8 +883,8 @@ mod tests {
         assert!(parse_duration("5 parsecs").is_err());
     }
 
-    #[test]
-    fn datagrams_naming_the_main_port_leave_from_a_side_socket() {
+    /// A loopback host socket with side sockets, and its address.
+    fn side_net() -> (Net, SocketAddr) {
         let mut net = Net::bind(
             "127.0.0.1:0".parse().unwrap(),
             FaultConfig::default(),
@@ -893,15 +893,25 @@ mod tests {
         .unwrap();
         assert!(net.use_side_sockets().unwrap());
         let main = net.local_addr().unwrap();
+        (net, main)
+    }
+
+    /// A datagram naming `port` for answers (`REPLY_PORT`), `n` bytes of
+    /// `fill` after the head.
+    fn naming_port(port: u16, fill: u8, n: usize) -> Vec<u8> {
+        let mut d = vec![0x56, vkernel_proto::wire::VERSION, 3, 0, 0, 0];
+        d.extend_from_slice(&port.to_be_bytes());
+        d.extend(std::iter::repeat_n(fill, n));
+        d
+    }
+
+    #[test]
+    fn datagrams_naming_the_main_port_leave_from_a_side_socket() {
+        let (net, main) = side_net();
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let to = peer.local_addr().unwrap();
-        let dgram = |port: u16| {
-            let mut d = vec![0x56, vkernel_proto::wire::VERSION, 3, 0, 0, 0];
-            d.extend_from_slice(&port.to_be_bytes());
-            d.extend_from_slice(&[9u8; 80]);
-            d
-        };
+        let dgram = |port: u16| naming_port(port, 9, 80);
         let mut b = [0u8; 256];
         let mut sources = Vec::new();
         for _ in 0..2 {
@@ -936,17 +946,8 @@ mod tests {
     /// from the main socket, and the table stays bounded.
     #[test]
     fn peers_past_the_side_socket_table_are_sent_to_from_the_main_socket() {
-        let mut net = Net::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            FaultConfig::default(),
-            1 << 20,
-        )
-        .unwrap();
-        assert!(net.use_side_sockets().unwrap());
-        let main = net.local_addr().unwrap();
-        let mut d = vec![0x56, vkernel_proto::wire::VERSION, 3, 0, 0, 0];
-        d.extend_from_slice(&main.port().to_be_bytes());
-        d.extend_from_slice(&[5u8; 40]);
+        let (net, main) = side_net();
+        let d = naming_port(main.port(), 5, 40);
         let peers: Vec<UdpSocket> = (0..3 * SIDE_SOCKETS)
             .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
             .collect();
