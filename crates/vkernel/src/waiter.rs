@@ -374,10 +374,10 @@ thread_local! {
 
 /// Sets `sock`'s receive timeout to about `d`, unless it is set so
 /// already: whole milliseconds, rounded up (1 to [`ANSWER_WAIT`]), and
-/// above 2 ms down to a power of two. The time left to a retransmission timer changes
-/// with every exchange; the steps keep the timeout, and so the syscall,
-/// the same across them. Waking early is harmless (the callers look at
-/// their timers and wait again), waking late is not.
+/// above 2 ms down to a power of two. The time left to a retransmission
+/// timer changes with every exchange; the steps keep the timeout, and so
+/// the syscall, the same across them. Waking early is harmless (the
+/// callers look at their timers and wait again), waking late is not.
 pub(crate) fn set_answer_timeout(sock: &std::net::UdpSocket, d: Duration) {
     let ms = answer_timeout_ms(d);
     let key = (sock.as_raw_fd(), ms);
