@@ -26,6 +26,11 @@ pub trait SegMem: Send {
     fn is_stable(&self) -> bool {
         false
     }
+    /// This buffer as a [`SharedSeg`], if it is one: a write-behind MoveTo
+    /// from the next range of the same shared buffer may then join it.
+    fn as_shared(&self) -> Option<&SharedSeg> {
+        None
+    }
 }
 
 /// A MoveTo source that the caller shares and cannot change: a range of
@@ -44,6 +49,26 @@ impl SharedSeg {
         buf.get(range.clone())?;
         Some(SharedSeg { buf, range })
     }
+
+    /// True if `next` is the range of the same buffer that follows this
+    /// one.
+    pub(crate) fn is_followed_by(&self, next: &SharedSeg) -> bool {
+        std::sync::Arc::ptr_eq(&self.buf, &next.buf) && next.range.start == self.range.end
+    }
+
+    /// Takes in the first `k` bytes of what follows this range.
+    pub(crate) fn grow(&mut self, k: usize) {
+        self.range.end = (self.range.end + k).min(self.buf.len());
+    }
+
+    /// This range without its first `k` bytes.
+    pub(crate) fn skip(&self, k: usize) -> SharedSeg {
+        let start = (self.range.start + k).min(self.range.end);
+        SharedSeg {
+            buf: self.buf.clone(),
+            range: start..self.range.end,
+        }
+    }
 }
 
 impl SegMem for SharedSeg {
@@ -55,6 +80,9 @@ impl SegMem for SharedSeg {
     }
     fn is_stable(&self) -> bool {
         true
+    }
+    fn as_shared(&self) -> Option<&SharedSeg> {
+        Some(self)
     }
 }
 

@@ -35,6 +35,14 @@ impl BitSet {
         self.n
     }
 
+    /// Makes the set `n` bits long, the new bits clear (never shrinks).
+    pub(crate) fn grow(&mut self, n: usize) {
+        if n > self.n {
+            self.words.resize(n.div_ceil(64), 0);
+            self.n = n;
+        }
+    }
+
     pub(crate) fn ones(&self) -> usize {
         self.ones
     }
@@ -101,5 +109,12 @@ mod tests {
         }
         assert!(b.full());
         assert_eq!(b.first_clear_from(0), 130);
+        b.grow(200);
+        assert!(!b.full());
+        assert_eq!((b.len(), b.ones()), (200, 130));
+        assert_eq!(b.first_clear_from(0), 130);
+        assert!(b.set(199) && b.get(129) && !b.get(150));
+        b.grow(10);
+        assert_eq!(b.len(), 200, "never shrinks");
     }
 }

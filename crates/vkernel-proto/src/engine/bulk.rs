@@ -16,7 +16,7 @@ use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::Message;
 use crate::pid::Pid;
-use crate::segment::{Seg, SegMem};
+use crate::segment::{Seg, SegMem, SharedSeg};
 use crate::stats::DropReason;
 use crate::wire::{
     BulkMsg, Header, Packet, PacketType, Status, F_ACK_NOW, F_REPLY_DATA, F_RETRANSMIT,
@@ -47,7 +47,7 @@ pub(crate) struct MoveOp {
     base: u32,
     total: usize,
     chunk: usize,
-    buf: Seg,
+    buf: MoveBuf,
     /// MoveTo: acknowledged chunks. MoveFrom: received chunks.
     done: BitSet,
     /// MoveTo: next never-sent chunk. MoveFrom: end of the requested range.
@@ -82,6 +82,41 @@ pub(crate) struct MoveOp {
     /// Not started: it waits for the mover's write-behind MoveTos to the
     /// same process to be acknowledged first (its range overlaps one).
     waiting: bool,
+    /// A write-behind stream that may still grow: the mover's next MoveTo,
+    /// if it continues where this one ends, is appended to it (see
+    /// `Engine::extend_stream`). Its last chunk, while partial, is not
+    /// sent: a later MoveTo may fill it.
+    open: bool,
+}
+
+/// The data a remote move sends or fills.
+enum MoveBuf {
+    /// The caller's lent buffer, or a write-behind MoveTo's stable source.
+    Lent(Seg),
+    /// A write-behind MoveTo's own copy, which later contiguous MoveTos
+    /// may extend.
+    Owned(Vec<u8>),
+    /// A write-behind MoveTo's shared source, kept: later MoveTos from
+    /// the range that follows may extend it.
+    Shared(SharedSeg),
+}
+
+impl MoveBuf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            MoveBuf::Lent(s) => s.bytes(),
+            MoveBuf::Owned(v) => v,
+            MoveBuf::Shared(s) => s.bytes(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            MoveBuf::Lent(s) => s.bytes_mut(),
+            MoveBuf::Owned(v) => v,
+            MoveBuf::Shared(_) => &mut [],
+        }
+    }
 }
 
 impl MoveOp {
@@ -98,8 +133,19 @@ impl MoveOp {
 
 impl MoveOp {
     /// The mover's buffer, if this transfer is of exchange `xseq`.
-    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
-        (self.xseq == xseq).then_some(&self.buf)
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&[u8]> {
+        (self.xseq == xseq).then(|| self.buf.bytes())
+    }
+
+    /// Chunks that may be sent now: all but an open stream's partial last
+    /// one.
+    fn sendable(&self) -> usize {
+        let nc = self.done.len();
+        if self.open && !self.total.is_multiple_of(self.chunk) {
+            nc.saturating_sub(1)
+        } else {
+            nc
+        }
     }
 }
 
@@ -119,7 +165,7 @@ impl Behind {
     }
 
     /// The copy being sent, if this transfer is of exchange `xseq`.
-    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&Seg> {
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&[u8]> {
         self.op.buffer_of(xseq)
     }
 }
@@ -146,18 +192,6 @@ pub(super) enum HeldOp {
     },
 }
 
-/// A write-behind MoveTo's own copy of the data.
-struct OwnedSeg(Vec<u8>);
-
-impl SegMem for OwnedSeg {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.0
-    }
-}
-
 /// Which transfer: the one a process is blocked in, or a write-behind
 /// MoveTo (by transfer id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +201,7 @@ enum MoveRef {
 }
 
 /// A MoveTo arriving into a local process's segment (owner side).
+#[derive(Clone)]
 pub(crate) struct InBulk {
     pub(super) mover: Pid,
     xfer: u32,
@@ -175,9 +210,52 @@ pub(crate) struct InBulk {
     /// Data of a reply that follows ([`F_REPLY_DATA`]): never
     /// acknowledged; the reply checks it is whole.
     pub(super) ahead: bool,
-    /// Where the transfer starts in the segment, and its length.
+    /// Where the transfer starts in the segment, and its length (the
+    /// largest any of its chunks named: a write-behind stream grows).
     pub(super) base: usize,
     pub(super) total: usize,
+    chunk: usize,
+}
+
+impl InBulk {
+    /// Transfer `xfer` of `mover`: `total` bytes at `base`, in `chunk`-byte
+    /// chunks, none received yet.
+    pub(super) fn new(
+        (mover, xfer): (Pid, u32),
+        ahead: bool,
+        base: usize,
+        total: usize,
+        chunk: usize,
+    ) -> InBulk {
+        InBulk {
+            mover,
+            xfer,
+            got: BitSet::new(nchunks(total, chunk)),
+            highest: 0,
+            ahead,
+            base,
+            total,
+            chunk,
+        }
+    }
+
+    /// May chunk `idx` (`want` bytes) of a transfer said to be `total`
+    /// bytes in `chunk`-byte chunks belong to this one? A stream's mover
+    /// sends every chunk whole but the last, so earlier chunks name
+    /// smaller totals, and a larger total is a stream that grew: its old
+    /// last chunk must not have come partial.
+    pub(super) fn admits(&self, total: usize, chunk: usize, want: usize) -> bool {
+        if chunk != self.chunk {
+            return false;
+        }
+        match total.cmp(&self.total) {
+            std::cmp::Ordering::Equal => true,
+            std::cmp::Ordering::Less => want == chunk,
+            std::cmp::Ordering::Greater => {
+                self.total.is_multiple_of(chunk) || !self.got.get(self.total / chunk)
+            }
+        }
+    }
 }
 
 fn status_error(s: Status, peer: Pid) -> IpcError {
@@ -213,17 +291,23 @@ impl Engine {
         dir: Dir,
         peer: Pid,
         base: u32,
-        buf: Seg,
+        (buf, open): (MoveBuf, bool),
         (xseq, addr, on_behalf): (u32, SocketAddr, Pid),
     ) -> MoveOp {
         // As many chunks as the largest datagram needs, of equal size: a
         // 64 KiB unit goes as two halves, not as a full datagram and a
         // 133-byte tail (which costs a send and a receive of its own, and
-        // is too small for the owner to receive in place).
+        // is too small for the owner to receive in place). A stream that
+        // may grow has chunks of the largest size: a later MoveTo fills
+        // its tail.
         let max = self.cfg.chunk_bytes();
-        let total = buf.len();
+        let total = buf.bytes().len();
         let nc = nchunks(total, max);
-        let chunk = if nc > 1 { total.div_ceil(nc) } else { max };
+        let chunk = if nc > 1 && !open {
+            total.div_ceil(nc)
+        } else {
+            max
+        };
         let cwnd = match self.cwnds.get(&peer.host()) {
             Some(c) => c.carried(),
             None => Cwnd::new(self.window_chunks(chunk)),
@@ -252,6 +336,7 @@ impl Engine {
             tlp: self.tlp_for(peer.host()),
             probed: false,
             waiting: false,
+            open,
         }
     }
 
@@ -306,27 +391,65 @@ impl Engine {
         let ex = (xseq, addr, on_behalf);
         let overlaps = self.behind_overlaps(mover, target, xseq, off, n);
         if !overlaps && self.behind_room(mover, n) {
-            // The data must outlive this call unchanged: kept if the
-            // caller cannot change it, else copied.
-            let own: Seg = if src.is_stable() {
-                src
-            } else {
-                Box::new(OwnedSeg(src.bytes().to_vec()))
+            // Copied data continuing the mover's open stream is appended
+            // to it: its chunks then span MoveTos.
+            let taken = match self.open_stream(mover, target, xseq, off) {
+                Some(x) => self.extend_stream(now, x, &*src),
+                None => 0,
             };
-            let mut op = self.new_move(now, Dir::To, target, dest_off, own, ex);
+            self.stats.bulk_write_behind += 1;
+            if taken == n {
+                return Ok(Some(n));
+            }
+            self.seal_streams(now, mover);
+            // The data must outlive this call unchanged: kept if the
+            // caller cannot change it, else copied. Less than a chunk
+            // starts a stream that later MoveTos may join; a chunk or more
+            // goes out whole at once (holding back its last piece would
+            // delay a Reply that follows).
+            let rest = n - taken;
+            let open = rest < self.cfg.chunk_bytes();
+            let buf = match src.as_shared() {
+                Some(sh) => (MoveBuf::Shared(sh.skip(taken)), open),
+                // (Nothing of it was taken: only shared and copied data
+                // join streams.)
+                None if src.is_stable() => (MoveBuf::Lent(src), false),
+                None => {
+                    let room = if open {
+                        self.stream_cap() + self.cfg.chunk_bytes()
+                    } else {
+                        rest
+                    };
+                    let mut v = Vec::with_capacity(room);
+                    v.extend_from_slice(&src.bytes()[taken..]);
+                    (MoveBuf::Owned(v), open)
+                }
+            };
+            let at = dest_off.wrapping_add(taken as u32);
+            let mut op = self.new_move(now, Dir::To, target, at, buf, ex);
             while self.behind.contains_key(&op.xfer) {
                 op.xfer = self.random_u32();
             }
             op.last_tx = vec![0; op.done.len()];
+            // (An open stream with nothing to send yet still needs its
+            // timer: it closes the stream if no MoveTo follows.)
+            op.timer = op.next_timer(now);
             let x = op.xfer;
             self.behind_order += 1;
             let order = self.behind_order;
             self.behind.insert(x, Behind { mover, order, op });
-            self.stats.bulk_write_behind += 1;
             self.pump_move_to(now, MoveRef::Behind(x));
             return Ok(Some(n));
         }
-        let mut op = self.new_move(now, Dir::To, target, dest_off, src, ex);
+        self.seal_streams(now, mover);
+        let mut op = self.new_move(
+            now,
+            Dir::To,
+            target,
+            dest_off,
+            (MoveBuf::Lent(src), false),
+            ex,
+        );
         op.last_tx = vec![0; op.done.len()];
         op.waiting = overlaps;
         if overlaps {
@@ -355,6 +478,73 @@ impl Engine {
         held + n <= cap
     }
 
+    /// Longest write-behind stream: a quarter of the write-behind bound,
+    /// so that the mover goes on with the next while earlier ones are
+    /// acknowledged.
+    fn stream_cap(&self) -> usize {
+        self.cfg.write_behind / 4
+    }
+
+    /// `mover`'s open stream to `target`'s segment in exchange `xseq` that
+    /// ends at `off`, if any.
+    fn open_stream(&self, mover: Pid, target: Pid, xseq: u32, off: usize) -> Option<u32> {
+        self.behind
+            .iter()
+            .find(|(_, b)| {
+                b.op.open && b.is_for(mover, target, xseq) && b.op.base as usize + b.op.total == off
+            })
+            .map(|(&x, _)| x)
+    }
+
+    /// Appends what fits of `data` to open stream `x` and sends the chunks
+    /// it completes; returns how many bytes it took. Past the stream's cap
+    /// it takes only what fills its partial last chunk, and closes: a
+    /// stream ends on a chunk boundary unless something closes it early.
+    fn extend_stream(&mut self, now: Micros, x: u32, src: &dyn SegMem) -> usize {
+        let cap = self.stream_cap();
+        let Some(op) = self.behind.get_mut(&x).map(|b| &mut b.op) else {
+            return 0;
+        };
+        let n = src.len();
+        let fill = (op.chunk - op.total % op.chunk) % op.chunk;
+        let take = if op.total + n <= cap { n } else { fill.min(n) };
+        // Copies join copies; a shared range joins the range it follows.
+        match (&mut op.buf, src.as_shared()) {
+            (MoveBuf::Owned(v), None) if !src.is_stable() => {
+                v.extend_from_slice(&src.bytes()[..take]);
+            }
+            (MoveBuf::Shared(s), Some(next)) if s.is_followed_by(next) => s.grow(take),
+            _ => return 0,
+        }
+        op.total += take;
+        let nc = nchunks(op.total, op.chunk);
+        op.done.grow(nc);
+        op.last_tx.resize(nc, 0);
+        if take < n || (op.total >= cap && op.total.is_multiple_of(op.chunk)) {
+            op.open = false;
+        }
+        self.pump_move_to(now, MoveRef::Behind(x));
+        take
+    }
+
+    /// Closes `mover`'s open streams, sending their last chunks: before any
+    /// other move of the mover's, and before its Reply or Forward is held
+    /// for them.
+    pub(super) fn seal_streams(&mut self, now: Micros, mover: Pid) {
+        let open: Vec<u32> = self
+            .behind
+            .iter()
+            .filter(|(_, b)| b.mover == mover && b.op.open)
+            .map(|(&x, _)| x)
+            .collect();
+        for x in open {
+            if let Some(b) = self.behind.get_mut(&x) {
+                b.op.open = false;
+            }
+            self.pump_move_to(now, MoveRef::Behind(x));
+        }
+    }
+
     /// Does `[off, off + n)` of `target`'s segment in exchange `xseq`
     /// overlap a write-behind MoveTo of `mover`'s still in flight? (Then a
     /// lost chunk of the earlier one, retransmitted, could land after the
@@ -375,7 +565,8 @@ impl Engine {
 
     /// Holds `by`'s Reply or Forward of alien `i` (from `sender`) until its
     /// write-behind MoveTos to `sender` are acknowledged.
-    pub(super) fn hold(&mut self, i: usize, by: Pid, sender: Pid, op: HeldOp) {
+    pub(super) fn hold(&mut self, now: Micros, i: usize, by: Pid, sender: Pid, op: HeldOp) {
+        self.seal_streams(now, by);
         let Some(a) = self.aliens.get_mut(i) else {
             return;
         };
@@ -527,12 +718,13 @@ impl Engine {
             self.count_move(n);
             return Ok(Some(n));
         }
+        self.seal_streams(now, mover);
         let mut op = self.new_move(
             now,
             Dir::From,
             source,
             src_off,
-            dest,
+            (MoveBuf::Lent(dest), false),
             (xseq, addr, on_behalf),
         );
         if self.behind_overlaps(mover, source, xseq, off, n) {
@@ -758,11 +950,12 @@ impl Engine {
                 return;
             };
             let nc = op.done.len();
+            let sendable = op.sendable();
             let cum = op.done.first_clear_from(0);
             let limit = op.cwnd.limit(win);
             let half = (limit / 2).max(1).min(half);
             let mut inflight = (cum..op.next_new).filter(|&i| !op.done.get(i)).count();
-            while op.next_new < nc && op.next_new < cum + win && inflight < limit {
+            while op.next_new < sendable && op.next_new < cum + win && inflight < limit {
                 let idx = op.next_new;
                 op.next_new += 1;
                 inflight += 1;
@@ -988,21 +1181,18 @@ impl Engine {
                 if o.inbound.len() >= MAX_INBOUND {
                     o.inbound.remove(0);
                 }
-                o.inbound.push(InBulk {
-                    mover: h.src,
-                    xfer,
-                    got: BitSet::new(nc),
-                    highest: 0,
-                    ahead,
-                    base,
-                    total,
-                });
+                o.inbound
+                    .push(InBulk::new((h.src, xfer), ahead, base, total, chunk));
                 o.inbound.len() - 1
             }
         };
-        let b = &o.inbound[pos];
-        if b.got.len() != nc || b.ahead != ahead || b.base != base || b.total != total {
+        let b = &mut o.inbound[pos];
+        if b.ahead != ahead || b.base != base || !b.admits(total, chunk, want) {
             return bad(self);
+        }
+        if total > b.total {
+            b.total = total;
+            b.got.grow(nc);
         }
         let fresh = o.inbound[pos].got.set(idx);
         if fresh && !placed {
@@ -1068,7 +1258,7 @@ impl Engine {
                     .inbound
                     .iter()
                     .find(|b| b.mover == h.src && b.xfer == xfer)
-                    .is_some_and(|b| b.got.len() != nc || b.got.get(idx));
+                    .is_some_and(|b| !b.admits(total, chunk, len) || b.got.get(idx));
                 if have {
                     return None;
                 }
@@ -1419,6 +1609,16 @@ impl Engine {
                     op.timer = op.next_timer(now);
                 }
                 *next = (*next).min(op.timer).min(op.deadline);
+                continue;
+            }
+            if now >= op.timer && op.open {
+                // No MoveTo continued the stream in time: it ends here.
+                op.open = false;
+                op.timer = op.next_timer(now);
+                self.pump_move_to(now, m);
+                if let Some(op) = self.op_mut(m) {
+                    *next = (*next).min(op.timer).min(op.deadline);
+                }
                 continue;
             }
             if now >= op.deadline {

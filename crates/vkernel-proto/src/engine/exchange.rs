@@ -558,7 +558,7 @@ impl Engine {
                 }
             }
             let seg = seg.map(|(o, d)| (o, d.to_vec()));
-            self.hold(i, replier, to, HeldOp::Reply { msg, seg });
+            self.hold(now, i, replier, to, HeldOp::Reply { msg, seg });
             return Ok(());
         }
         self.reply_alien(now, replier, to, i, msg, seg)
@@ -684,7 +684,7 @@ impl Engine {
             .is_some_and(|a| self.behind_busy(forwarder, from, a.seq))
         {
             self.forward_check(i, to)?;
-            self.hold(i, forwarder, from, HeldOp::Forward { to, msg });
+            self.hold(now, i, forwarder, from, HeldOp::Forward { to, msg });
             return Ok(());
         }
         self.forward_alien(now, forwarder, from, i, to, msg)

@@ -79,16 +79,21 @@ impl Engine {
 
     /// The bytes a queued chunk carries, if their buffer is still lent.
     pub(super) fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
-        let seg = match c.from {
+        let bytes = match c.from {
             ChunkSrc::Moving(p) => match &self.procs.get(&p.local())?.state {
                 PState::Moving(op) => op.buffer_of(c.header.seq)?,
                 _ => return None,
             },
             ChunkSrc::Behind(x) => self.behind.get(&x)?.buffer_of(c.header.seq)?,
-            ChunkSrc::Lent(p, seq) => self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
-            ChunkSrc::Reply => self.reply_src.as_ref()?,
+            ChunkSrc::Lent(p, seq) => self
+                .outgoing(p)
+                .filter(|o| o.seq == seq)?
+                .seg
+                .as_ref()?
+                .bytes(),
+            ChunkSrc::Reply => self.reply_src.as_ref()?.bytes(),
         };
-        seg.bytes().get(c.start..c.end)
+        bytes.get(c.start..c.end)
     }
 
     /// Encodes the queued chunks into ordinary datagrams (a copy each).

@@ -883,3 +883,98 @@ fn write_behind_moves_queued_at_a_slow_peer_probe_one_at_a_time() {
     assert!(n.advance_until(100_000, |n| completed(&n.e[1], c)));
     same_bytes(&seg.snapshot(), &units.concat(), "segment");
 }
+
+/// Units of `unit` bytes moved write-behind to `UNITS * unit` bytes of a
+/// sender's segment, each from its own buffer (copied) or from one shared
+/// buffer, the network run after each; then a Reply. Checks the segment
+/// and returns the MoveTo datagrams the mover sent.
+fn move_in_units(unit: usize, shared: bool) -> u64 {
+    const UNITS: usize = 40;
+    let (mut n, s, c, seg) = behind_exchange(32 * CHUNK, UNITS * unit, SegAccess::WRITE);
+    let data: std::sync::Arc<[u8]> = pattern(3, UNITS * unit).into();
+    let sent0 = n.e[0].stats().tx_of(PacketType::MoveToRequest);
+    for k in 0..UNITS {
+        let now = n.now;
+        let r = k * unit..(k + 1) * unit;
+        let src: crate::Seg = if shared {
+            Box::new(crate::SharedSeg::new(data.clone(), r.clone()).unwrap())
+        } else {
+            SharedBuf::new(data[r.clone()].to_vec()).lend()
+        };
+        assert_eq!(
+            n.e[0].move_to(now, s, c, r.start as u32, src),
+            Ok(Some(unit)),
+            "unit {k} goes write-behind"
+        );
+        n.run();
+    }
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(9), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 9);
+    same_bytes(&seg.snapshot(), &data, "segment");
+    assert!(n.e[0].behind.is_empty());
+    if shared {
+        assert_eq!(std::sync::Arc::strong_count(&data), 1, "let go");
+    }
+    n.e[0].stats().tx_of(PacketType::MoveToRequest) - sent0
+}
+
+#[test]
+fn small_contiguous_write_behind_moves_share_chunks() {
+    // 40 units of a quarter chunk and a bit: alone, a datagram each.
+    let unit = CHUNK / 4 + 3;
+    let whole = (40 * unit).div_ceil(CHUNK) as u64;
+    for shared in [false, true] {
+        let sent = move_in_units(unit, shared);
+        assert!(
+            sent <= whole + 1,
+            "shared {shared}: {sent} chunks for 40 units; {whole} would carry them"
+        );
+    }
+    // A unit of a chunk or more goes out at once, as before.
+    assert_eq!(move_in_units(CHUNK + 7, false), 80);
+}
+
+#[test]
+fn an_open_stream_goes_out_when_no_move_follows() {
+    let (mut n, s, c, seg) = behind_exchange(32 * CHUNK, 4 * CHUNK, SegAccess::WRITE);
+    let a = pattern(5, 100);
+    let now = n.now;
+    assert_eq!(
+        n.e[0].move_to(now, s, c, 0, SharedBuf::new(a.clone()).lend()),
+        Ok(Some(100))
+    );
+    n.run();
+    assert_eq!(
+        n.e[0].stats().tx_of(PacketType::MoveToRequest),
+        0,
+        "held for a MoveTo that may follow"
+    );
+    // No Reply and no other move: the stream's timer sends it.
+    assert!(n.advance_until(1_000_000, |n| n.e[0].behind.is_empty()));
+    assert_eq!(n.e[0].stats().tx_of(PacketType::MoveToRequest), 1);
+    assert_eq!(n.e[0].stats().bulk_retransmits, 0, "sent, not probed");
+    // Acknowledged already: the Reply goes at once.
+    n.e[0].reply(n.now, s, c, Message::zero(), None).unwrap();
+    n.run();
+    reply_of(&mut n.e[1], c);
+    same_bytes(&seg.snapshot()[..100], &a, "the data");
+}
+
+#[test]
+fn a_grown_stream_is_refused_where_its_old_last_chunk_came_partial() {
+    let b = InBulk::new((Pid(1), 1), false, 0, 1500, 1000);
+    let mut partial = b.clone();
+    partial.got.set(1);
+    // Same total; an earlier (smaller) total for a whole chunk only.
+    assert!(b.admits(1500, 1000, 500));
+    assert!(b.admits(1000, 1000, 1000));
+    assert!(!b.admits(900, 1000, 900));
+    // Growth: fine unless the old partial last chunk was taken.
+    assert!(b.admits(2500, 1000, 500));
+    assert!(!partial.admits(2500, 1000, 500));
+    // Another chunk size is another transfer.
+    assert!(!b.admits(1500, 500, 500));
+}
