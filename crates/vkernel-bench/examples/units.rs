@@ -2,10 +2,10 @@
 //! units of `unit` bytes, a number of times, then MB/s (median) and the
 //! mover host's bulk counters.
 //!
-//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [shared]`
+//! `cargo run --release -p vkernel-bench --example units -- TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [win=KIB] [shared]`
 //! (`block`: blocking waits, else busy-polling; `nowb`: write-behind off;
 //! `wb=KIB`: the write-behind bound; `dg=BYTES`: the hosts' datagram
-//! size; `shared`: the server moves from a shared buffer, without a copy)
+//! size; `win=KIB`: the bulk window; `shared`: the server moves from a shared buffer, without a copy)
 
 use vkernel::FaultConfig;
 use vkernel_bench::vkbench::{self, Op};
@@ -13,7 +13,8 @@ use vkernel_bench::Mode;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [shared]";
+    let usage =
+        "usage: units TOTAL_KIB UNIT_KIB N [block] [nowb] [wb=KIB] [dg=BYTES] [win=KIB] [shared]";
     let num = |i: usize| -> Result<usize, String> {
         args.get(i)
             .and_then(|a| a.parse().ok())
@@ -41,6 +42,12 @@ fn main() -> Result<(), String> {
         }
         if let Some(kib) = bound {
             k.write_behind = kib << 10;
+        }
+        if let Some(kib) = args
+            .iter()
+            .find_map(|a| a.strip_prefix("win=").and_then(|v| v.parse::<usize>().ok()))
+        {
+            k.window = kib << 10;
         }
     })?;
     let (pid, h) = vkbench::start_server(&a, pl)?;
