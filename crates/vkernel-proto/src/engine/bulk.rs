@@ -391,8 +391,8 @@ impl Engine {
         let ex = (xseq, addr, on_behalf);
         let overlaps = self.behind_overlaps(mover, target, xseq, off, n);
         if !overlaps && self.behind_room(mover, n) {
-            // Copied data continuing the mover's open stream is appended
-            // to it: its chunks then span MoveTos.
+            // Data continuing the mover's open stream is appended to it:
+            // its chunks then span MoveTos.
             let taken = match self.open_stream(mover, target, xseq, off) {
                 Some(x) => self.extend_stream(now, x, &*src),
                 None => 0,
@@ -415,8 +415,11 @@ impl Engine {
                 // join streams.)
                 None if src.is_stable() => (MoveBuf::Lent(src), false),
                 None => {
+                    // (Room for a few chunks: a stream under a large
+                    // write-behind bound grows as a Vec does.)
+                    let chunk = self.cfg.chunk_bytes();
                     let room = if open {
-                        self.stream_cap() + self.cfg.chunk_bytes()
+                        self.stream_cap().min(4 * chunk) + chunk
                     } else {
                         rest
                     };
