@@ -107,7 +107,13 @@ impl Waiter {
     /// `host_serial` is readable, or `timeout` passes. Returns (socket
     /// readable, eventfd readable).
     ///
-    /// The socket joins the thread's epoll set when it first blocks and
+    /// `alone`: no other thread is blocked reading the socket (a host's
+    /// single server, say). It then waits in a plain `ppoll`, whose entry
+    /// on the socket's wait queue lasts only while it waits. (A reader that
+    /// blocks while it waits is woken with it by the next datagram, once;
+    /// the next wait of either is no longer alone.)
+    ///
+    /// Otherwise the socket joins the thread's epoll set when it first blocks and
     /// leaves it when the thread next spins ([`Waiter::spinning`]) or
     /// blocks on another host's socket: every entry on a socket's wait
     /// queue costs a callback under a lock with interrupts off for each
@@ -121,8 +127,17 @@ impl Waiter {
         sock: &std::net::UdpSocket,
         host_serial: u64,
         timeout: Duration,
+        alone: bool,
     ) -> (bool, bool) {
         use rustix::event::{epoll, Timespec};
+        if alone {
+            // The only reader blocked: a plain poll, and no entry left on
+            // the socket's wait queue between waits (an exchange's two
+            // datagrams would each pay its callback).
+            fds.unregister(&mut lock(&fds.sock));
+            let (e, s) = crate::sys::poll2(fds.efd.fd(), Some(sock.as_raw_fd()), timeout);
+            return (s, e);
+        }
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
@@ -133,13 +148,7 @@ impl Waiter {
             if *cur != Some(want) {
                 // Another host's socket (or one since closed, whose
                 // number may now name this one): out first.
-                if let Some((fd, _)) = cur.take() {
-                    // SAFETY: only the number is used, to name the
-                    // registration to delete; a closed descriptor's is
-                    // already gone and the call then fails harmlessly.
-                    let old = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                    let _ = epoll::delete(&fds.epoll, old);
-                }
+                fds.unregister(&mut cur);
                 if epoll::add(
                     &fds.epoll,
                     sock,
@@ -320,6 +329,18 @@ pub(crate) struct WaitFds {
 }
 
 impl WaitFds {
+    /// Takes the socket registered in the thread's epoll set (`cur`, its
+    /// `sock` entry) out of it, if one is.
+    fn unregister(&self, cur: &mut Option<(std::os::fd::RawFd, u64)>) {
+        if let Some((fd, _)) = cur.take() {
+            // SAFETY: only the number is used, to name the registration
+            // to delete; a closed descriptor's is already gone and the
+            // call then fails harmlessly.
+            let old = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let _ = rustix::event::epoll::delete(&self.epoll, old);
+        }
+    }
+
     /// Wakes the thread: an empty datagram to the answer socket it is
     /// blocked in, else the eventfd.
     pub(crate) fn signal(&self) {

@@ -200,3 +200,55 @@ fn direct_sends_execute_exactly_once_under_loss_at_the_server() {
         "losses were recovered by retransmission"
     );
 }
+
+/// Several servers of one host blocked in Receive at once: the first to
+/// block waits on the socket alone (a plain poll), the others share it
+/// through epoll; each request reaches its own server exactly once, and
+/// none is stranded when the polling one wakes for another's datagram.
+#[test]
+fn several_blocked_servers_of_one_host_each_get_their_own_requests() {
+    // Servers that never spin: each wait blocks.
+    let a = Kernel::start(KernelConfig {
+        spin: Duration::ZERO,
+        adaptive_spin: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        ..Default::default()
+    })
+    .unwrap();
+    a.add_peer(b.local_addr());
+    let servers: Vec<_> = (0..3).map(|_| serve(&a)).collect();
+    for (s, _) in &servers {
+        warm_up(&b, *s);
+    }
+    std::thread::scope(|sc| {
+        for (i, (s, _)) in servers.iter().enumerate() {
+            let b = &b;
+            sc.spawn(move || {
+                let c = b.create_process().unwrap();
+                c.set_send_deadline(Some(Duration::from_secs(5)));
+                for n in 0..200 {
+                    let id = (i as u32) << 16 | n;
+                    echo(&c, *s, id).unwrap();
+                    // Now and then all three block at once.
+                    if n % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+        }
+    });
+    let c = b.create_process().unwrap();
+    for (i, (s, h)) in servers.into_iter().enumerate() {
+        stop(&c, s);
+        let seen = h.join().unwrap();
+        // Its 200 requests once each, and the warm-up's.
+        assert_eq!(seen.len(), 201, "server {i}");
+        assert!(seen
+            .iter()
+            .all(|(id, n)| *n == 1 && (*id == 1_000_000 || id >> 16 == i as u32)));
+    }
+}

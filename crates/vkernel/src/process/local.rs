@@ -29,12 +29,17 @@ use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 /// Counts a thread in one role (spinning, or blocked reading the socket)
 /// while it lives: adds `add` on entry and takes 1 away on exit (see
 /// `Shared::spinners` for why those differ).
-struct Counted<'a>(&'a AtomicU64);
+struct Counted<'a>(&'a AtomicU64, u64);
 
 impl<'a> Counted<'a> {
     fn enter(role: &'a AtomicU64, add: u64) -> Counted<'a> {
-        role.fetch_add(add, Ordering::AcqRel);
-        Counted(role)
+        let before = role.fetch_add(add, Ordering::AcqRel);
+        Counted(role, before)
+    }
+
+    /// No other thread was counted when this one entered.
+    fn alone(&self) -> bool {
+        self.1 == 0
     }
 }
 
@@ -399,12 +404,13 @@ impl LocalProcess {
                 });
                 false
             } else if let (true, Some(f)) = (reads, &fds) {
-                let _r = Counted::enter(&sh.blocked_readers, 1);
+                let r = Counted::enter(&sh.blocked_readers, 1);
                 let (s, e) = Waiter::block_on_both(
                     f,
                     sh.net.socket(),
                     sh.net.serial(),
                     sh.time_to_timer(Duration::from_millis(50)),
+                    r.alone(),
                 );
                 sock_ready = s;
                 e
