@@ -288,7 +288,12 @@ struct SideSockets {
 }
 
 /// A peer's address and its side socket (`None`: use the main socket).
-type SideEntry = (SocketAddr, Option<UdpSocket>);
+struct SideEntry {
+    /// [`SideSockets::key`] of `at`.
+    key: u64,
+    at: SocketAddr,
+    sock: Option<UdpSocket>,
+}
 
 /// Peers with a side socket at most; datagrams to others leave from the
 /// main socket.
@@ -309,8 +314,10 @@ impl SideSockets {
         }
     }
 
-    /// Where `to`'s probe sequence starts.
-    fn start(to: &SocketAddr) -> usize {
+    /// `to` folded into a word: exact for IPv4 (address and port), a hash
+    /// for IPv6 (an entry's full address is compared too). Where its probe
+    /// sequence starts follows from it.
+    fn key(to: &SocketAddr) -> u64 {
         let ip = match to.ip() {
             std::net::IpAddr::V4(a) => u64::from(u32::from(a)),
             std::net::IpAddr::V6(a) => {
@@ -320,19 +327,24 @@ impl SideSockets {
                 w(hi) ^ w(lo)
             }
         };
-        let h = (ip ^ u64::from(to.port()) << 40).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (h >> 32) as usize % SIDE_SOCKETS
+        ip ^ u64::from(to.port()) << 40
     }
 
-    /// The entry for `to`, if one was made (`Err`: none, and no free slot
-    /// where one could be).
-    fn find(&self, to: &SocketAddr) -> Result<Option<&SideEntry>, ()> {
-        let s = Self::start(to);
+    /// Where the probe sequence of the address with `key` starts.
+    fn start(key: u64) -> usize {
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SIDE_SOCKETS
+    }
+
+    /// The entry for `to` (whose [`SideSockets::key`] is `key`), if one
+    /// was made (`Err`: none, and no free slot where one could be).
+    fn find(&self, key: u64, to: &SocketAddr) -> Result<Option<&SideEntry>, ()> {
+        let s = Self::start(key);
         for k in 0..SIDE_PROBES {
             let Some(e) = self.slots[(s + k) % SIDE_SOCKETS].get() else {
                 return Ok(None);
             };
-            if e.0 == *to {
+            // (The word first: one compare per slot looked at.)
+            if e.key == key && e.at == *to {
                 return Ok(Some(e));
             }
         }
@@ -345,26 +357,27 @@ impl SideSockets {
         if to.ip().is_multicast() {
             return None;
         }
+        let key = Self::key(&to);
         // (A miss with the probe window full, as for every reply to a
         // host's many senders' answer sockets past the first few dozen,
         // costs a few comparisons and no lock.)
-        if let Some(e) = self.find(&to).ok()? {
-            return e.1.as_ref();
+        if let Some(e) = self.find(key, &to).ok()? {
+            return e.sock.as_ref();
         }
         let _g = match self.open.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if let Some(e) = self.find(&to).ok()? {
-            return e.1.as_ref();
+        if let Some(e) = self.find(key, &to).ok()? {
+            return e.sock.as_ref();
         }
-        let s = Self::start(&to);
+        let s = Self::start(key);
         let slot = (0..SIDE_PROBES)
             .map(|k| &self.slots[(s + k) % SIDE_SOCKETS])
             .find(|e| e.get().is_none())?;
         let sock = open_side(self.main, self.sndbuf, to).ok();
-        slot.set((to, sock)).ok()?;
-        slot.get()?.1.as_ref()
+        slot.set(SideEntry { key, at: to, sock }).ok()?;
+        slot.get()?.sock.as_ref()
     }
 }
 
@@ -926,8 +939,8 @@ mod tests {
         let side = net
             .side
             .as_ref()
-            .and_then(|t| t.find(&to).ok().flatten())
-            .and_then(|e| e.1.as_ref());
+            .and_then(|t| t.find(SideSockets::key(&to), &to).ok().flatten())
+            .and_then(|e| e.sock.as_ref());
         let snd = |fd| crate::sys::getsockopt_int(fd, libc::SO_SNDBUF).unwrap();
         assert_eq!(
             snd(side.expect("side socket").as_raw_fd()),
@@ -939,6 +952,30 @@ mod tests {
         let (_, from) = peer.recv_from(&mut b).unwrap();
         assert_eq!(from, main);
         assert_eq!(net.counters.send_errors.load(Ordering::Relaxed), 0);
+    }
+
+    /// Two IPv6 peers whose addresses fold to one key are told apart:
+    /// the entry made for one is not the other's.
+    #[test]
+    fn side_entries_with_one_key_are_told_apart_by_address() {
+        let t = SideSockets::new("127.0.0.1:1".parse().unwrap(), 1 << 16);
+        let a: SocketAddr = "[::1]:7000".parse().unwrap();
+        let b: SocketAddr = "[0:0:0:1::]:7000".parse().unwrap();
+        let key = SideSockets::key(&a);
+        assert_eq!(key, SideSockets::key(&b), "a colliding pair");
+        let slot = &t.slots[SideSockets::start(key)];
+        assert!(slot
+            .set(SideEntry {
+                key,
+                at: a,
+                sock: None
+            })
+            .is_ok());
+        assert!(matches!(t.find(key, &a), Ok(Some(e)) if e.at == a));
+        assert!(matches!(t.find(key, &b), Ok(None)), "b has no entry");
+        let v4: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let v4b: SocketAddr = "127.0.0.2:7000".parse().unwrap();
+        assert_ne!(SideSockets::key(&v4), SideSockets::key(&v4b));
     }
 
     /// More peers than side sockets (a host's many senders' answer
