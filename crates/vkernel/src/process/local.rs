@@ -1286,8 +1286,11 @@ impl LocalProcess {
         for _ in 0..4 {
             let mut buf = vec![0u8; size];
             let mut m = Message::with_code(ks::STATS | IDEMPOTENT);
-            let r = self.send_with_segment(&mut m, ks, Segment::Write(&mut buf))?;
-            let n = (m.word(ks::field::STATS_LEN) as usize).min(r.seg_bytes);
+            self.send_with_segment(&mut m, ks, Segment::Write(&mut buf))?;
+            // The length the kernel server wrote: as reply data, or (when
+            // that could not go ahead of the reply) moved into the buffer
+            // before the reply, which then counts no segment bytes.
+            let n = (m.word(ks::field::STATS_LEN) as usize).min(buf.len());
             if n > 0 {
                 buf.truncate(n);
                 return String::from_utf8(buf).map_err(|_| IpcError::Refused(ks));
