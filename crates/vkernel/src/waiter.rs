@@ -114,8 +114,8 @@ impl Waiter {
     /// the next wait of either is no longer alone.)
     ///
     /// Otherwise the socket joins the thread's epoll set when it first blocks and
-    /// leaves it when the thread next spins ([`Waiter::spinning`]) or
-    /// blocks on another host's socket: every entry on a socket's wait
+    /// leaves it when the thread next spins ([`Waiter::spinning`]), blocks
+    /// alone, or blocks on another host's socket: every entry on a socket's wait
     /// queue costs a callback under a lock with interrupts off for each
     /// datagram sent or received on it, so a thread busy-polling the
     /// socket must not have one, while one that always blocks keeps its
