@@ -33,12 +33,12 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The engine's timing for a peer whose round trips `rtt` measured,
-    /// under `cfg` (the same clamps as `Engine::max_rto`).
-    pub fn new(cfg: &Config, rtt: &Rtt) -> Timing {
+    /// The engine's timing at `now` for a peer whose round trips `rtt`
+    /// measured, under `cfg` (the same clamps as `Engine::max_rto`).
+    pub fn new(cfg: &Config, rtt: &Rtt, now: Micros) -> Timing {
         let max_rto = cfg.max_rto.min(cfg.host_timeout / 8).max(cfg.min_rto);
         Timing {
-            rto: rtt.send_rto(cfg.initial_rto, cfg.min_rto, max_rto),
+            rto: rtt.send_rto(now, cfg.initial_rto, cfg.min_rto, max_rto),
             max_rto,
             host_timeout: cfg.host_timeout,
         }
@@ -243,8 +243,10 @@ impl DirectSend {
         peer.heard(now, needless);
         if replied {
             peer.answered(now, self.sent_at);
-            if let Some(w) = self.needless {
-                peer.held(w);
+            match self.needless {
+                Some(w) => peer.held(now, w),
+                None if self.retransmitted => peer.lost(now),
+                None => {}
             }
             if let Some(s) = self.rtt_sample(now) {
                 peer.sample(s);
@@ -360,7 +362,7 @@ mod tests {
     }
 
     fn timing() -> Timing {
-        Timing::new(&Config::default(), &Rtt::new())
+        Timing::new(&Config::default(), &Rtt::new(), 0)
     }
 
     /// The receiving engine (host 2) with a process in Receive, and a
@@ -441,6 +443,13 @@ mod tests {
             "no sample after a retransmission"
         );
         assert_eq!(d.needless(), None, "the reply was lost: a needed copy");
+        // A needed copy halves the floor a busy peer had earned.
+        let mut peer = Rtt::new();
+        peer.held(t + 5, 4_000);
+        let rto = |p: &Rtt| p.send_rto(t + 5, 1_000, 1_000, 100_000);
+        assert_eq!(rto(&peer), 8_000);
+        d.note_answer(t + 5, &mut peer, true);
+        assert_eq!(rto(&peer), 4_000);
     }
 
     #[test]

@@ -7,10 +7,12 @@ use crate::config::Micros;
 pub struct Rtt {
     srtt: Option<Micros>,
     rttvar: Micros,
-    /// A floor under the timeout after the peer answered a retransmission
-    /// with replyPending (it held the request: the retransmission was
-    /// needless), in 1/`HELD_FADE` µs; fades as samples come.
+    /// A floor under a request's timeout, raised when a retransmission
+    /// proved needless (the peer held the request), and when it was last
+    /// raised or lowered: it halves over each [`HELD_HALF_LIFE`] since,
+    /// and at each retransmission that proved needed ([`Rtt::lost`]).
     held: Micros,
+    held_at: Micros,
     /// When the peer last answered a Send of ours, and the newest first
     /// transmission among the Sends it has answered ([`Rtt::older_served`]).
     answered_at: Micros,
@@ -36,6 +38,7 @@ impl Rtt {
             srtt: None,
             rttvar: 0,
             held: 0,
+            held_at: 0,
             answered_at: 0,
             answered_newest: 0,
             probe_at: 0,
@@ -109,20 +112,42 @@ impl Rtt {
                 self.srtt = Some((7 * srtt + s) / 8);
             }
         }
-        self.held -= self.held / HELD_FADE;
     }
 
-    /// The peer answered a retransmission with replyPending after the
-    /// exchange had waited `waited` µs: it is busy (its queue, or its
-    /// threads waiting for a CPU) and held the request all along, so until
-    /// samples say otherwise the timeout is at least twice that.
+    /// At `now`, a retransmission proved needless after the exchange had
+    /// waited `waited` µs (the peer answered it with replyPending, or
+    /// replied to the first copy): the peer is busy (its queue, or its
+    /// threads waiting for a CPU) and held the request all along, so the
+    /// timeout is at least twice that for a while.
     ///
-    /// At most [`HELD_MAX`]: a server that holds requests on purpose (a
-    /// pipe's reader, a delayed reply) would otherwise double it with every
-    /// exchange, and a lost datagram to that host would wait as long.
-    pub fn held(&mut self, waited: Micros) {
+    /// The floor fades with time, not samples: what holds a server up (a
+    /// machine whose CPUs busy-polling clients take, a deep queue) lasts
+    /// seconds, while a busy client takes a hundred thousand samples in
+    /// one. At most [`HELD_MAX`]: a server that holds requests on purpose
+    /// (a pipe's reader, a delayed reply) would otherwise double it with
+    /// every exchange, and a lost datagram to that host would wait as long.
+    pub fn held(&mut self, now: Micros, waited: Micros) {
         let floor = waited.saturating_mul(2).min(HELD_MAX);
-        self.held = self.held.max(floor * HELD_FADE);
+        self.held = self.floor(now).max(floor);
+        self.held_at = now;
+    }
+
+    /// At `now`, a retransmission proved needed (the reply answered the
+    /// copy: the first, or its reply, was lost): the floor halves, so a
+    /// lossy path does not keep waiting for a busy peer's worst.
+    pub fn lost(&mut self, now: Micros) {
+        self.held = self.floor(now) / 2;
+        self.held_at = now;
+    }
+
+    /// The floor [`Rtt::held`] left, faded to `now`: halved after one
+    /// [`HELD_HALF_LIFE`], a third after two, and so on.
+    fn floor(&self, now: Micros) -> Micros {
+        let age = now.saturating_sub(self.held_at);
+        self.held
+            .saturating_mul(HELD_HALF_LIFE)
+            .checked_div(HELD_HALF_LIFE + age)
+            .unwrap_or(0)
     }
 
     /// The smoothed RTT, if any sample was taken.
@@ -138,19 +163,19 @@ impl Rtt {
         }
     }
 
-    /// [`Rtt::rto`] of a request (a RemoteSend): at least the floor
-    /// [`Rtt::held`] set, since a busy peer holds requests, while bulk
-    /// data is answered at once.
-    pub fn send_rto(&self, initial: Micros, min: Micros, max: Micros) -> Micros {
+    /// [`Rtt::rto`] of a request (a RemoteSend) at `now`: at least the
+    /// floor [`Rtt::held`] set, since a busy peer holds requests, while
+    /// bulk data is answered at once.
+    pub fn send_rto(&self, now: Micros, initial: Micros, min: Micros, max: Micros) -> Micros {
         self.rto(initial, min, max)
-            .max((self.held / HELD_FADE).clamp(min, max))
+            .max(self.floor(now).clamp(min, max))
     }
 }
 
-/// Samples over which the replyPending floor fades to 1/e (`Rtt::held`):
-/// ~0.3 s at 50,000 exchanges a second, longer when quieter (the floor is
-/// at most `HELD_MAX`).
-const HELD_FADE: Micros = 16384;
+/// How long (µs) the needless-copy floor takes to halve (`Rtt::held`):
+/// longer than the gaps between the stalls that busy-polling clients
+/// cause a server on their machine (a few a second, 2–8 ms each).
+pub const HELD_HALF_LIFE: Micros = 2_000_000;
 
 /// The highest replyPending floor (`Rtt::held`): above the queueing delays
 /// of a busy server (a few ms at 256 clients here), below the holds of one
@@ -162,27 +187,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_held_request_raises_the_timeout_until_samples_wear_it_down() {
+    fn a_held_request_raises_the_timeout_for_seconds() {
         let mut r = Rtt::new();
         for _ in 0..50 {
             r.sample(100);
         }
+        let rto = |r: &Rtt, now| r.send_rto(now, 100_000, 1_000, 1_000_000);
         assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000);
-        r.held(3_000);
-        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), 6_000);
+        assert_eq!(rto(&r, 0), 1_000, "no floor yet");
+        let t = 10_000_000;
+        r.held(t, 3_000);
+        assert_eq!(rto(&r, t), 6_000);
         assert_eq!(r.rto(100_000, 1_000, 1_000_000), 1_000, "bulk data's own");
-        for _ in 0..HELD_FADE {
+        // Samples do not wear it down (a busy client takes many a second).
+        for _ in 0..1_000_000 {
             r.sample(100);
         }
-        let rto = r.send_rto(100_000, 1_000, 1_000_000);
-        assert!((2_000..2_500).contains(&rto), "{rto}");
-        for _ in 0..4 * HELD_FADE {
-            r.sample(100);
-        }
-        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), 1_000);
+        assert_eq!(rto(&r, t + 1_000), 5_997);
+        // Time does: half after a half-life, a third after two.
+        assert_eq!(rto(&r, t + HELD_HALF_LIFE), 3_000);
+        assert_eq!(rto(&r, t + 2 * HELD_HALF_LIFE), 2_000);
+        assert_eq!(rto(&r, t + 100 * HELD_HALF_LIFE), 1_000);
+        // A needless copy after a shorter wait keeps what is left.
+        r.held(t + HELD_HALF_LIFE, 1_000);
+        assert_eq!(rto(&r, t + HELD_HALF_LIFE), 3_000);
+        // A needed copy (a real loss) halves it.
+        r.lost(t + HELD_HALF_LIFE);
+        assert_eq!(rto(&r, t + HELD_HALF_LIFE), 1_500);
         // A long hold raises it only so far.
-        r.held(10_000_000);
-        assert_eq!(r.send_rto(100_000, 1_000, 1_000_000), HELD_MAX);
+        r.held(t, 10_000_000);
+        assert_eq!(rto(&r, t), HELD_MAX);
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl Engine {
         } else {
             self.emit_send(dst, bytes);
         }
-        let rto = self.send_rto_for(dst.host());
+        let rto = self.send_rto_for(now, dst.host());
         let host_timeout = self.cfg.host_timeout;
         let max_rto = self.max_rto();
         // The first copy asked for its answers at the sending thread's own

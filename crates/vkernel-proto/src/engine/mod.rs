@@ -481,10 +481,11 @@ impl Engine {
         )
     }
 
-    /// The retransmission timeout of a RemoteSend to `host`: also at least
-    /// the floor a busy `host` earned (`Rtt::held`).
-    fn send_rto_for(&self, host: HostId) -> Micros {
+    /// The retransmission timeout at `now` of a RemoteSend to `host`: also
+    /// at least the floor a busy `host` earned (`Rtt::held`).
+    fn send_rto_for(&self, now: Micros, host: HostId) -> Micros {
         self.rtt.get(&host).copied().unwrap_or_default().send_rto(
+            now,
             self.cfg.initial_rto,
             self.cfg.min_rto,
             self.max_rto(),

@@ -367,6 +367,12 @@ impl Engine {
             .remote
             .as_ref()
             .is_some_and(|r| r.retransmitted && !r.pending_seen && h.flags & F_RETRANSMIT == 0);
+        // Flagged, with no replyPending before: a copy was needed (the
+        // request or its reply was lost).
+        let needed = o
+            .remote
+            .as_ref()
+            .is_some_and(|r| r.retransmitted && !r.pending_seen && h.flags & F_RETRANSMIT != 0);
         let sample = o
             .remote
             .as_ref()
@@ -387,9 +393,12 @@ impl Engine {
             let rtt = self.rtt.entry(h.src.host()).or_default();
             rtt.answered(now, t);
             rtt.heard(now, needless);
+            if needed {
+                rtt.lost(now);
+            }
             if let Some(s) = sample {
                 if needless {
-                    rtt.held(s);
+                    rtt.held(now, s);
                 }
                 rtt.sample(s);
             }
@@ -467,7 +476,7 @@ impl Engine {
         let h = pkt.header;
         let host_timeout = self.cfg.host_timeout;
         let host = h.src.host();
-        let rto = self.send_rto_for(host);
+        let rto = self.send_rto_for(now, host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
                 // Dropped for lack of buffers (busy): the peer is alive but
@@ -494,7 +503,7 @@ impl Engine {
                 }
                 let rtt = self.rtt.entry(host).or_default();
                 if first {
-                    rtt.held(waited);
+                    rtt.held(now, waited);
                 }
                 rtt.heard(now, needless);
             }

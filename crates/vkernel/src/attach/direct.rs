@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use vkernel_proto::direct::{DirectSend, Outcome, Timer, Timing};
 use vkernel_proto::rtt::Rtt;
-use vkernel_proto::{Config, HostId, IpcError, Message, Pid};
+use vkernel_proto::{Config, HostId, IpcError, Message, Micros, Pid};
 
 use crate::process::WaitCounts;
 use crate::spin::SpinPolicy;
@@ -129,8 +129,8 @@ impl DirectPath {
         self.seqs.take()
     }
 
-    fn timing(&mut self, host: HostId) -> Timing {
-        Timing::new(&self.cfg, self.rtt.entry(host).or_default())
+    fn timing(&mut self, host: HostId, now: Micros) -> Timing {
+        Timing::new(&self.cfg, self.rtt.entry(host).or_default(), now)
     }
 
     fn transmit(&mut self, d: &DirectSend, retransmission: bool) {
@@ -192,7 +192,7 @@ impl DirectPath {
             };
         };
         let start = clock.now();
-        let timing = self.timing(to.host());
+        let timing = self.timing(to.host(), start);
         let mut d = DirectSend::start(
             start,
             src,
@@ -231,12 +231,7 @@ impl DirectPath {
                 match d.on_datagram(now, &self.rx[..n]) {
                     Outcome::Replied(info) => {
                         let rtt = self.rtt.entry(d.dst().host()).or_default();
-                        if let Some(w) = d.needless() {
-                            rtt.held(w);
-                        }
-                        if let Some(s) = d.rtt_sample(now) {
-                            rtt.sample(s);
-                        }
+                        d.note_answer(now, rtt, true);
                         break Went::Done(Ok(info));
                     }
                     Outcome::Failed(e) => break Went::Done(Err(e)),
@@ -248,7 +243,7 @@ impl DirectPath {
                         let Some(seq) = self.take_seq() else {
                             break Went::Forwarded { to, forwarder, msg };
                         };
-                        let timing = self.timing(host);
+                        let timing = self.timing(host, now);
                         d.restart(now, to, seq, timing);
                         self.transmit(&d, false);
                     }

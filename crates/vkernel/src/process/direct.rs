@@ -368,7 +368,7 @@ pub(crate) fn send(
         );
     };
     let start = io.now();
-    let timing = Timing::new(&lease.cfg, &dest.rtt);
+    let timing = Timing::new(&lease.cfg, &dest.rtt, start);
     let mut d = DirectSend::start(
         start,
         me,
@@ -450,7 +450,7 @@ pub(crate) fn send(
                     let Some(seq) = seq else {
                         break Went::Forwarded { to, forwarder, msg };
                     };
-                    let timing = Timing::new(&lease.cfg, &dest.rtt);
+                    let timing = Timing::new(&lease.cfg, &dest.rtt, now);
                     d.restart(now, to, seq, timing);
                     d.encode(false, &mut out);
                     io.send(dest.at, &out);

@@ -210,7 +210,7 @@ fn a_copy_refused_for_lack_of_buffers_teaches_nothing() {
     n.run();
     assert_eq!(n.e[0].stats().aliens_in_use, 1);
     let server = HostId(1);
-    let rto = n.e[2].send_rto_for(server);
+    let rto = n.e[2].send_rto_for(n.now, server);
     n.drop_next = 1;
     n.e[2]
         .send(n.now, b, s, Message::with_code(2), None)
@@ -229,7 +229,7 @@ fn a_copy_refused_for_lack_of_buffers_teaches_nothing() {
     assert!(refused);
     assert_eq!(to_b(&n), Some(Status::Busy));
     assert_eq!(n.e[0].stats().drops_of(DropReason::NoBuffers), 1);
-    assert_eq!(n.e[2].send_rto_for(server), rto, "no timeout floor");
+    assert_eq!(n.e[2].send_rto_for(n.now, server), rto, "no timeout floor");
     // Both are served: host 3's request gets in once the slot is free.
     let mut served = BTreeSet::new();
     let done = n.advance_until(3_000_000, |n| {

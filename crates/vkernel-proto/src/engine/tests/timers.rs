@@ -197,3 +197,53 @@ fn a_busy_server_stops_drawing_needless_copies() {
     }
     assert!(held_exchange(&mut n, c, s, 10_000) >= 1);
 }
+
+#[test]
+fn a_needless_copy_keeps_the_timeout_up_for_seconds_and_a_loss_halves_it() {
+    // The server's machine stalls now and then (busy-polling clients take
+    // its CPUs): between stalls a busy client makes tens of thousands of
+    // quick exchanges a second. Those do not wear down the floor that the
+    // first stall's needless copy raised, so the next stall draws none.
+    let (mut n, c, s) = taught_a_short_timeout();
+    let host = s.host();
+    let base = n.e[1].send_rto_for(n.now, host);
+    assert!(held_exchange(&mut n, c, s, 10_000) >= 1);
+    let t0 = n.now;
+    for _ in 0..20_000 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    assert!(n.now - t0 < 1_000_000, "quick: {} µs", n.now - t0);
+    let kept = n.e[1].send_rto_for(n.now, host);
+    assert!(kept > base + base / 2, "{kept} µs against {base}");
+    assert_eq!(held_exchange(&mut n, c, s, kept - 200), 0);
+    // A lost request: the copy is answered as a retransmission (needed),
+    // and the floor halves.
+    // (Quick exchanges first, so that the held one's sample is not what
+    // sets the timeout.)
+    for _ in 0..200 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    let before = n.e[1].send_rto_for(n.now, host);
+    assert!(before > base + base / 2, "{before} µs against {base}");
+    n.drop_next = 1;
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_none());
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    assert_eq!(received(&mut n.e[0], s).msg.code(), 1);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    let after = n.e[1].send_rto_for(n.now, host);
+    assert!(
+        after <= (before / 2 + 100).max(base),
+        "{after} µs after a loss, {before} before"
+    );
+    // And time brings it down to the round trip's own.
+    n.advance(60_000_000);
+    assert_eq!(n.e[1].send_rto_for(n.now, host), base);
+}
