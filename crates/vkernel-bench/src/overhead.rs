@@ -50,7 +50,8 @@ impl Setups {
 
     /// Remote null exchanges (and, with `bulk`, one MoveTo of that many
     /// bytes) on each pair in turn, four rounds, so a slow spell of the
-    /// machine falls on all of them; summaries and median MB/s per pair.
+    /// machine falls on all of them, each turn once the other pairs'
+    /// threads went idle; summaries and median MB/s per pair.
     fn alternate(&self, c: &Ctx, bulk: Option<usize>) -> Result<(Vec<Summary>, Vec<f64>), String> {
         let rounds = 4;
         let per = (c.n / rounds).max(50);
@@ -60,6 +61,10 @@ impl Setups {
         for _ in 0..rounds {
             for (i, (name, (_, kb))) in self.pairs.iter().enumerate() {
                 let s = self.servers[i].0;
+                // The last pair's server spins out its budget after its
+                // last request; a third runnable thread would make this
+                // pair's spinners yield to it (`spin::RunQueue`).
+                settle(c);
                 samples[i].extend(vkbench::exchanges(kb, s, Op::Null, per, c.warm / 4, c.pl)?);
                 if let Some(bytes) = bulk {
                     settle(c);
