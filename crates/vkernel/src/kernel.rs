@@ -113,8 +113,8 @@ pub struct KernelConfig {
     /// A remote Send without a segment asks for its answers at the
     /// sending thread's own socket (one per thread and host), so the reply
     /// wakes the thread that waits for it (`waiter::answer_socket`). Needs
-    /// `side_sockets`; not with fault injection or tracing, which see every
-    /// datagram at the main socket.
+    /// `side_sockets`; not with fault injection, which sees every datagram
+    /// at the main socket (a tracer records those of answer sockets too).
     pub answer_sockets: bool,
     /// Such a Send (see `answer_sockets`) runs on the sending thread
     /// outside the engine: no engine lock for the exchange, sequence
@@ -471,6 +471,9 @@ impl Shared {
                     .counters
                     .answers_for_others
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(tr) = &self.tracer {
+                    tr.datagram(false, &buf[..len]);
+                }
                 st.engine.handle_datagram(now, from, &buf[..len]);
             }
         }
@@ -598,6 +601,9 @@ impl Shared {
         from: SocketAddr,
         data: &[u8],
     ) -> Option<Completion> {
+        if let Some(tr) = &self.tracer {
+            tr.datagram(false, data);
+        }
         self.with_engine_as(Some(me), |e, now| e.handle_datagram(now, from, data))
             .1
     }
@@ -1127,8 +1133,7 @@ impl Kernel {
             conflict: None,
         };
         let gathers = net.gathers();
-        let answers = (cfg.answer_sockets && side && !net.has_faults() && cfg.trace.is_none())
-            .then_some(me.ip());
+        let answers = (cfg.answer_sockets && side && !net.has_faults()).then_some(me.ip());
         #[cfg(feature = "otel")]
         let spans = cfg.otel;
         #[cfg(not(feature = "otel"))]

@@ -512,9 +512,21 @@ impl LocalProcess {
                 return r;
             }
         }
+        self.trace(Phase::Send, self.pid, to, true);
+        self.send_through_engine(msg, to, deadline, forwarder)
+    }
+
+    /// [`LocalProcess::send_within_as`] through the engine, its Send phase
+    /// traced already.
+    fn send_through_engine(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        deadline: Option<Duration>,
+        forwarder: Pid,
+    ) -> Result<Reply, IpcError> {
         self.engine_sends_for_me(to);
         let m = *msg;
-        self.trace(Phase::Send, self.pid, to, true);
         let sh = &self.shared;
         // To another host: the reply comes to this thread's answer socket.
         let answer = match sh.answers {
@@ -609,6 +621,7 @@ impl LocalProcess {
             deadline: due,
             spin_us,
         };
+        self.trace(Phase::Send, self.pid, to, true);
         let (went, blocked) = ANSWER_BUF.with(|b| {
             let mut b = b.borrow_mut();
             let host = direct::Host {
@@ -626,13 +639,17 @@ impl LocalProcess {
         self.lease.set(Some(lease));
         match went {
             Went::Done(Ok(r)) => {
+                self.trace(Phase::Complete, self.pid, r.from, true);
                 *msg = r.msg;
                 Some(Ok(Reply {
                     from: r.from,
                     seg_bytes: r.seg_bytes,
                 }))
             }
-            Went::Done(Err(e)) => Some(Err(e)),
+            Went::Done(Err(e)) => {
+                self.trace(Phase::Complete, self.pid, to, false);
+                Some(Err(e))
+            }
             Went::Forwarded {
                 to,
                 forwarder,
@@ -640,7 +657,7 @@ impl LocalProcess {
             } => {
                 *msg = m;
                 let left = due.map(|d| Duration::from_micros(d.saturating_sub(sh.now())));
-                Some(self.send_within_as(msg, to, left, forwarder))
+                Some(self.send_through_engine(msg, to, left, forwarder))
             }
         }
     }
@@ -1425,25 +1442,33 @@ impl super::direct::Io for ThreadIo<'_> {
     }
 
     fn send(&mut self, to: std::net::SocketAddr, data: &[u8]) {
+        if let Some(t) = &self.sh.tracer {
+            t.datagram(true, data);
+        }
         self.sh.net.send_from(self.sock, to, data);
     }
 
     fn recv(&mut self, buf: &mut [u8], wait_us: u64) -> Option<usize> {
-        if wait_us == 0 {
-            return self.sh.net.recv_answer(self.sock, buf).map(|(n, _)| n);
-        }
-        crate::waiter::set_answer_timeout(self.sock, Duration::from_micros(wait_us));
-        loop {
-            match rustix::net::recv(self.sock, &mut *buf, rustix::net::RecvFlags::empty()) {
-                Err(rustix::io::Errno::INTR) => continue,
-                // (Empty: a wake-up meant for an earlier wait.)
-                Ok((n, _)) if n > 0 => {
-                    self.sh.net.count_answer();
-                    return Some(n);
+        let n = if wait_us == 0 {
+            self.sh.net.recv_answer(self.sock, buf).map(|(n, _)| n)
+        } else {
+            crate::waiter::set_answer_timeout(self.sock, Duration::from_micros(wait_us));
+            loop {
+                match rustix::net::recv(self.sock, &mut *buf, rustix::net::RecvFlags::empty()) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    // (Empty: a wake-up meant for an earlier wait.)
+                    Ok((n, _)) if n > 0 => {
+                        self.sh.net.count_answer();
+                        break Some(n);
+                    }
+                    _ => break None,
                 }
-                _ => return None,
             }
+        };
+        if let (Some(t), Some(n)) = (&self.sh.tracer, n) {
+            t.datagram(false, buf.get(..n).unwrap_or_default());
         }
+        n
     }
 
     fn crowded(&mut self, turn: u32) -> bool {
