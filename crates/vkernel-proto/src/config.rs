@@ -40,6 +40,13 @@ pub struct Config {
     pub min_rto: Micros,
     /// Ceiling of the adaptive retransmission timeout (after backoff).
     pub max_rto: Micros,
+    /// The floor under a RemoteSend's timeout that a peer at a loopback
+    /// address starts with (`Rtt::primed`): it shares this machine's
+    /// CPUs, so a scheduler's delay of a few ms is normal for it and a
+    /// copy sent sooner is needless. It fades like the floor a needless
+    /// copy raises (halving over 10 s, and at each copy that proves
+    /// needed). 0: none.
+    pub local_send_floor: Micros,
     /// A Send/MoveTo/MoveFrom fails when the peer host is silent this long.
     pub host_timeout: Micros,
     /// An alien not heard from for this long is freed (saved replies too).
@@ -115,6 +122,7 @@ impl Default for Config {
             initial_rto: 100_000,
             min_rto: 2_000,
             max_rto: 1_000_000,
+            local_send_floor: 10_000,
             host_timeout: 3_000_000,
             alien_timeout: 8_000_000,
             getpid_timeout: 500_000,

@@ -47,6 +47,26 @@ impl Rtt {
         }
     }
 
+    /// No samples yet, and a needless-copy floor of `floor` µs as of `now`
+    /// (as if a copy had proved needless then; see
+    /// `Config::local_send_floor`).
+    pub const fn primed(now: Micros, floor: Micros) -> Rtt {
+        let mut r = Rtt::new();
+        r.held = floor;
+        r.held_at = now;
+        r
+    }
+
+    /// What is known at `now` of a peer never measured, found at `at`:
+    /// nothing, unless `at` is a loopback address (the peer shares this
+    /// machine's CPUs), which starts with a floor of `local_floor`.
+    pub fn for_peer(now: Micros, at: Option<std::net::SocketAddr>, local_floor: Micros) -> Rtt {
+        match at {
+            Some(a) if a.ip().is_loopback() && local_floor > 0 => Rtt::primed(now, local_floor),
+            _ => Rtt::new(),
+        }
+    }
+
     /// A Send to the peer was retransmitted at `now`.
     pub fn probed(&mut self, now: Micros) {
         self.probe_at = now;
@@ -219,6 +239,33 @@ mod tests {
         // A long hold raises it only so far.
         r.held(t, 10_000_000);
         assert_eq!(rto(&r, t), HELD_MAX);
+    }
+
+    #[test]
+    fn only_a_peer_on_this_machine_starts_with_a_floor() {
+        let rto = |r: Rtt| r.send_rto(5_000, 100_000, 1_000, 1_000_000);
+        let local: std::net::SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let local6: std::net::SocketAddr = "[::1]:5000".parse().unwrap();
+        let lan: std::net::SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        for at in [local, local6] {
+            let mut r = Rtt::for_peer(5_000, Some(at), 10_000);
+            assert_eq!(rto(r), 100_000, "no sample yet: the initial timeout");
+            for _ in 0..50 {
+                r.sample(100);
+            }
+            assert_eq!(rto(r), 10_000, "{at}");
+        }
+        let mut r = Rtt::for_peer(5_000, Some(lan), 10_000);
+        for _ in 0..50 {
+            r.sample(100);
+        }
+        assert_eq!(rto(r), 1_000, "another machine");
+        assert_eq!(rto(Rtt::for_peer(5_000, None, 10_000)), 100_000);
+        let mut r = Rtt::for_peer(5_000, Some(local), 0);
+        for _ in 0..50 {
+            r.sample(100);
+        }
+        assert_eq!(rto(r), 1_000, "turned off");
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Engine {
         if retransmission {
             self.stats.retransmits += 1;
             if !dst.is_group() {
-                self.rtt.entry(dst.host()).or_default().probed(now);
+                self.rtt_mut(now, dst.host()).probed(now);
             }
         }
         if shared {

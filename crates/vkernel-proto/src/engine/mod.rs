@@ -484,12 +484,8 @@ impl Engine {
     /// The retransmission timeout at `now` of a RemoteSend to `host`: also
     /// at least the floor a busy `host` earned (`Rtt::held`).
     fn send_rto_for(&self, now: Micros, host: HostId) -> Micros {
-        self.rtt.get(&host).copied().unwrap_or_default().send_rto(
-            now,
-            self.cfg.initial_rto,
-            self.cfg.min_rto,
-            self.max_rto(),
-        )
+        self.rtt_of(now, host)
+            .send_rto(now, self.cfg.initial_rto, self.cfg.min_rto, self.max_rto())
     }
 
     /// Ceiling of the retransmission timeout: an eighth of the host timeout
@@ -502,9 +498,26 @@ impl Engine {
             .max(self.cfg.min_rto)
     }
 
-    /// The round-trip state of `host` (a fresh one if never measured).
-    pub fn rtt_of(&self, host: HostId) -> crate::rtt::Rtt {
-        self.rtt.get(&host).copied().unwrap_or_default()
+    /// The round-trip state of `host` at `now` (a fresh one if never
+    /// measured: [`Engine::fresh_rtt`]).
+    pub fn rtt_of(&self, now: Micros, host: HostId) -> crate::rtt::Rtt {
+        self.rtt
+            .get(&host)
+            .copied()
+            .unwrap_or_else(|| self.fresh_rtt(now, host))
+    }
+
+    /// `host`'s round-trip state, made at `now` if there is none yet.
+    pub(crate) fn rtt_mut(&mut self, now: Micros, host: HostId) -> &mut crate::rtt::Rtt {
+        let fresh = self.fresh_rtt(now, host);
+        self.rtt.entry(host).or_insert(fresh)
+    }
+
+    /// What is known of a host never measured: nothing, unless it is at a
+    /// loopback address (on this machine), which starts with the floor
+    /// `Config::local_send_floor`.
+    fn fresh_rtt(&self, now: Micros, host: HostId) -> crate::rtt::Rtt {
+        crate::rtt::Rtt::for_peer(now, self.location_of(host), self.cfg.local_send_floor)
     }
 
     /// The smoothed round-trip time to `host`, if measured.

@@ -390,7 +390,7 @@ impl Engine {
             self.stats.drop(DropReason::SegmentViolation);
         }
         if let Some(t) = sent_at {
-            let rtt = self.rtt.entry(h.src.host()).or_default();
+            let rtt = self.rtt_mut(now, h.src.host());
             rtt.answered(now, t);
             rtt.heard(now, needless);
             if needed {
@@ -501,7 +501,7 @@ impl Engine {
                 if busy {
                     return;
                 }
-                let rtt = self.rtt.entry(host).or_default();
+                let rtt = self.rtt_mut(now, host);
                 if first {
                     rtt.held(now, waited);
                 }

@@ -130,7 +130,17 @@ impl DirectPath {
     }
 
     fn timing(&mut self, host: HostId, now: Micros) -> Timing {
-        Timing::new(&self.cfg, self.rtt.entry(host).or_default(), now)
+        let rtt = *self.rtt_mut(host, now);
+        Timing::new(&self.cfg, &rtt, now)
+    }
+
+    /// What is known of `host`'s round trips (`Rtt::for_peer` at first).
+    fn rtt_mut(&mut self, host: HostId, now: Micros) -> &mut Rtt {
+        let at = self.location(host);
+        let floor = self.cfg.local_send_floor;
+        self.rtt
+            .entry(host)
+            .or_insert_with(|| Rtt::for_peer(now, at, floor))
     }
 
     fn transmit(&mut self, d: &DirectSend, retransmission: bool) {
@@ -230,7 +240,7 @@ impl DirectPath {
                 let now = clock.now();
                 match d.on_datagram(now, &self.rx[..n]) {
                     Outcome::Replied(info) => {
-                        let rtt = self.rtt.entry(d.dst().host()).or_default();
+                        let rtt = self.rtt_mut(d.dst().host(), now);
                         d.note_answer(now, rtt, true);
                         break Went::Done(Ok(info));
                     }

@@ -223,7 +223,7 @@ impl Lease {
     /// Under the engine lock: new numbers if none are left, and where
     /// `host` is (false: the engine does not know; the Send goes through
     /// it, which finds the host).
-    pub(crate) fn renew(&mut self, e: &mut Engine, host: HostId) -> bool {
+    pub(crate) fn renew(&mut self, e: &mut Engine, now: u64, host: HostId) -> bool {
         if !self.seqs.any() {
             self.seqs = Seqs::new(e.reserve_seqs(LEASE), LEASE);
         }
@@ -235,7 +235,7 @@ impl Lease {
                 self.dest = Some(Dest {
                     host,
                     at,
-                    rtt: e.rtt_of(host),
+                    rtt: e.rtt_of(now, host),
                 });
                 true
             }

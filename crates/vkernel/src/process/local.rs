@@ -584,11 +584,11 @@ impl LocalProcess {
         let ip = sh.answers?;
         let mut slot = self.lease.take();
         if !slot.as_ref().is_some_and(|l| l.ready_for(to.host())) {
-            let ok = sh.with_engine(|e, _| {
+            let ok = sh.with_engine(|e, now| {
                 !e.is_keyed()
                     && slot
                         .get_or_insert_with(|| Box::new(direct::Lease::new(e, self.pid)))
-                        .renew(e, to.host())
+                        .renew(e, now, to.host())
             });
             if !ok {
                 self.lease.set(slot);

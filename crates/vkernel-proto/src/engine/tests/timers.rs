@@ -247,3 +247,52 @@ fn a_needless_copy_keeps_the_timeout_up_for_seconds_and_a_loss_halves_it() {
     n.advance(60_000_000);
     assert_eq!(n.e[1].send_rto_for(n.now, host), base);
 }
+
+#[test]
+fn a_peer_on_this_machine_starts_with_a_floor_that_a_loss_halves() {
+    // Two hosts at loopback addresses, as hosts of one machine are: a
+    // server held up a few ms (a scheduler's delay) draws no copy, even
+    // from a client that has taught itself a short timeout.
+    let mut n = Net::with(2, |_, c| {
+        c.host_timeout = 10_000_000;
+        c.local_send_floor = 10_000;
+    });
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let host = s.host();
+    for _ in 0..20 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    let rto = n.e[1].send_rto_for(n.now, host);
+    assert!((9_900..=10_000).contains(&rto), "{rto} µs");
+    assert_eq!(held_exchange(&mut n, c, s, 5_000), 0, "no needless copy");
+    // A lost request: the copy that got through halves the floor.
+    for _ in 0..200 {
+        held_exchange(&mut n, c, s, 0);
+    }
+    n.drop_next = 1;
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_none());
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    received(&mut n.e[0], s);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    let after = n.e[1].send_rto_for(n.now, host);
+    assert!((4_000..=5_000).contains(&after), "{after} µs after a loss");
+    // Without the setting, the same hold draws a copy.
+    let mut m = Net::new(2);
+    m.introduce();
+    let s = m.e[0].create_process().unwrap();
+    let c = m.e[1].create_process().unwrap();
+    for _ in 0..20 {
+        held_exchange(&mut m, c, s, 0);
+    }
+    assert!(held_exchange(&mut m, c, s, 5_000) >= 1);
+}
