@@ -164,6 +164,24 @@ fn held_exchange(n: &mut Net, c: Pid, s: Pid, hold: Micros) -> u64 {
     n.e[1].stats().retransmits - before
 }
 
+/// One exchange from `c` (host 2) to `s` (host 1) whose first request
+/// is lost: the retransmission gets through and is answered.
+fn lost_request_exchange(n: &mut Net, c: Pid, s: Pid) {
+    n.drop_next = 1;
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_none());
+    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
+    assert_eq!(received(&mut n.e[0], s).msg.code(), 1);
+    n.e[0]
+        .reply(n.now, s, c, Message::with_code(2), None)
+        .unwrap();
+    n.run();
+    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+}
+
 /// Two hosts (host timeout 10 s), a server `s` on host 1 and a client
 /// `c` on host 2 that made 20 quick exchanges: its timeout is the
 /// minimum. Returns (net, client, server).
@@ -225,19 +243,7 @@ fn a_needless_copy_keeps_the_timeout_up_for_seconds_and_a_loss_halves_it() {
     }
     let before = n.e[1].send_rto_for(n.now, host);
     assert!(before > base + base / 2, "{before} µs against {base}");
-    n.drop_next = 1;
-    n.e[1]
-        .send(n.now, c, s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
-    assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_none());
-    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
-    assert_eq!(received(&mut n.e[0], s).msg.code(), 1);
-    n.e[0]
-        .reply(n.now, s, c, Message::with_code(2), None)
-        .unwrap();
-    n.run();
-    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    lost_request_exchange(&mut n, c, s);
     let after = n.e[1].send_rto_for(n.now, host);
     assert!(
         after <= (before / 2 + 100).max(base),
@@ -271,19 +277,7 @@ fn a_peer_on_this_machine_starts_with_a_floor_that_a_loss_halves() {
     for _ in 0..200 {
         held_exchange(&mut n, c, s, 0);
     }
-    n.drop_next = 1;
-    n.e[1]
-        .send(n.now, c, s, Message::with_code(1), None)
-        .unwrap();
-    n.run();
-    assert!(n.e[0].receive(n.now, s, None, None).unwrap().is_none());
-    assert!(n.advance_until(1_000_000, |n| completed(&n.e[0], s)));
-    received(&mut n.e[0], s);
-    n.e[0]
-        .reply(n.now, s, c, Message::with_code(2), None)
-        .unwrap();
-    n.run();
-    assert_eq!(reply_of(&mut n.e[1], c).msg.code(), 2);
+    lost_request_exchange(&mut n, c, s);
     let after = n.e[1].send_rto_for(n.now, host);
     assert!((4_000..=5_000).contains(&after), "{after} µs after a loss");
     // Without the setting, the same hold draws a copy.
