@@ -656,6 +656,7 @@ impl LocalProcess {
                 msg: m,
             } => {
                 *msg = m;
+                msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
                 let left = due.map(|d| Duration::from_micros(d.saturating_sub(sh.now())));
                 Some(self.send_through_engine(msg, to, left, forwarder))
             }
