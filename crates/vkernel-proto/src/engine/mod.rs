@@ -509,8 +509,11 @@ impl Engine {
 
     /// `host`'s round-trip state, made at `now` if there is none yet.
     pub(crate) fn rtt_mut(&mut self, now: Micros, host: HostId) -> &mut crate::rtt::Rtt {
-        let fresh = self.fresh_rtt(now, host);
-        self.rtt.entry(host).or_insert(fresh)
+        // Disjoint fields, so the location lookup runs only for a new host.
+        let (location, floor) = (&self.location, self.cfg.local_send_floor);
+        self.rtt
+            .entry(host)
+            .or_insert_with(|| crate::rtt::Rtt::for_peer(now, location.get(host), floor))
     }
 
     /// What is known of a host never measured: nothing, unless it is at a
