@@ -863,6 +863,8 @@ mod tests {
     use super::*;
 
     fn ok(c: c_int) {
+        // SAFETY: vk_last_error returns a NUL-terminated string that lives
+        // until this thread's next failing call; it is copied at once.
         assert_eq!(c, 0, "{:?}", unsafe { CStr::from_ptr(vk_last_error()) });
     }
 
