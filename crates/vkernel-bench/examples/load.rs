@@ -102,11 +102,14 @@ fn main() -> Result<(), String> {
         for (name, h) in [("server host", &ka), ("client host", &kb)] {
             let c = h.net_counters();
             println!(
-                "{name}: background reads {}, hand-offs {}, idle wakes {}, answers {}",
+                "{name}: background reads {}, hand-offs {}, idle wakes {}, answers {}, \
+                 held replies {} in {} sends",
                 c.background_reads.load(Ordering::Relaxed),
                 c.handoffs.load(Ordering::Relaxed),
                 c.idle_wakes.load(Ordering::Relaxed),
-                c.answers.load(Ordering::Relaxed)
+                c.answers.load(Ordering::Relaxed),
+                c.held_datagrams.load(Ordering::Relaxed),
+                c.held_sends.load(Ordering::Relaxed)
             );
         }
         vkbench::stop_server(&probe, server, sh);

@@ -356,6 +356,10 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         slice.as_millis()
     );
     println!(
+        "  the vkernel server batches its replies (Process::set_reply_batching: held while more \
+         requests are queued, sent by one sendmmsg); the raw server answers each with sendto"
+    );
+    println!(
         "  {:<8} {:>4} {:>11} {:>11} {:>7} {:>16} {:>16} {:>7} {:>8}",
         "wait",
         "k",

@@ -108,6 +108,9 @@ fn server(p: Process, pl: Option<Mode>) {
         // The mode, not the host's default, decides how this server waits.
         p.set_spin(pl.spin_budget());
     }
+    // Replies to other hosts wait while more requests are queued, and
+    // leave together (every request here is served at once).
+    p.set_reply_batching(true);
     let home = vkernel_peers::placement::current_affinity();
     let mut m = Message::zero();
     let mut page = vec![0u8; vkernel_proto::MAX_APPEND];

@@ -172,34 +172,47 @@ impl Batcher {
     /// `sendmmsg` of `msgs`; returns how many were sent (the caller sends
     /// the rest one by one).
     fn send_many(&self, sock: &UdpSocket, msgs: &[Gathered<'_>]) -> usize {
-        use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
-        let addrs: Vec<SocketAddrAny> = msgs.iter().map(|g| SocketAddrAny::from(g.to)).collect();
         let iovs: Vec<[IoSlice<'_>; 2]> = msgs
             .iter()
             .map(|g| [IoSlice::new(g.head), IoSlice::new(g.data)])
             .collect();
-        let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = msgs
-            .iter()
-            .map(|_| SendAncillaryBuffer::default())
-            .collect();
-        let mut hdrs: Vec<MMsgHdr<'_>> = addrs
-            .iter()
-            .zip(&iovs)
-            .zip(controls.iter_mut())
-            .map(|((a, iov), c)| MMsgHdr::new_with_addr(a, iov, c))
-            .collect();
-        let mut done = 0;
-        while done < hdrs.len() {
-            match rustix::net::sendmmsg(sock, &mut hdrs[done..], SendFlags::empty()) {
-                Ok(0) => break,
-                Ok(k) => done += k,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => break,
-            }
-            self.mmsg_calls.fetch_add(1, Ordering::Relaxed);
-        }
+        let (done, calls) = sendmmsg(sock, msgs.iter().map(|g| g.to), &iovs);
+        self.mmsg_calls.fetch_add(calls, Ordering::Relaxed);
         done
     }
+}
+
+/// `sendmmsg` from `sock` of one datagram per element of `iovs` (its
+/// parts gathered) to the matching address of `to`, in as many calls as
+/// it takes: how many were sent (up to the first refusal) and the calls.
+pub(crate) fn sendmmsg<const N: usize>(
+    sock: &UdpSocket,
+    to: impl Iterator<Item = std::net::SocketAddr>,
+    iovs: &[[IoSlice<'_>; N]],
+) -> (usize, u64) {
+    use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
+    let addrs: Vec<SocketAddrAny> = to.map(SocketAddrAny::from).collect();
+    let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = iovs
+        .iter()
+        .map(|_| SendAncillaryBuffer::default())
+        .collect();
+    let mut hdrs: Vec<MMsgHdr<'_>> = addrs
+        .iter()
+        .zip(iovs)
+        .zip(controls.iter_mut())
+        .map(|((a, iov), c)| MMsgHdr::new_with_addr(a, iov, c))
+        .collect();
+    let (mut done, mut calls) = (0, 0);
+    while done < hdrs.len() {
+        match rustix::net::sendmmsg(sock, &mut hdrs[done..], SendFlags::empty()) {
+            Ok(0) => break,
+            Ok(k) => done += k,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+        calls += 1;
+    }
+    (done, calls)
 }
 
 #[cfg(test)]

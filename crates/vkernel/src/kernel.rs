@@ -367,6 +367,48 @@ impl Shared {
         via: Option<&std::net::UdpSocket>,
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
+        self.with_engine_out(me, via, None, f)
+    }
+
+    /// [`Shared::with_engine`] whose datagrams are appended to `hold`
+    /// instead of being sent (a process holding its replies:
+    /// [`Shared::send_held`] sends them); the processes it completed are
+    /// woken as usual.
+    pub(crate) fn with_engine_holding<R>(
+        &self,
+        hold: &mut Vec<vkernel_proto::engine::Transmit>,
+        f: impl FnOnce(&mut Engine, Micros) -> R,
+    ) -> R {
+        self.with_engine_out(None, None, Some(hold), f).0
+    }
+
+    /// Sends the datagrams `held` (emptying it) in as few calls as the
+    /// socket allows; their buffers go back to the engine with this
+    /// thread's next call.
+    pub(crate) fn send_held(&self, held: &mut Vec<vkernel_proto::engine::Transmit>) {
+        if held.is_empty() {
+            return;
+        }
+        // (`try_with`: a process may be dropped as its thread ends.)
+        let mut sent = SCRATCH
+            .try_with(|s| std::mem::take(&mut s.borrow_mut().2))
+            .unwrap_or_default();
+        self.net.send_many(held, &mut sent);
+        let _ = SCRATCH.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.2.is_empty() {
+                s.2 = sent;
+            }
+        });
+    }
+
+    fn with_engine_out<R>(
+        &self,
+        me: Option<Pid>,
+        via: Option<&std::net::UdpSocket>,
+        hold: Option<&mut Vec<vkernel_proto::engine::Transmit>>,
+        f: impl FnOnce(&mut Engine, Micros) -> R,
+    ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
         let (mut out, mut wakes, mut sent) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         let (r, mine) = {
@@ -413,6 +455,9 @@ impl Shared {
             for t in &out {
                 tr.datagram(true, &t.data);
             }
+        }
+        if let Some(h) = hold {
+            h.append(&mut out);
         }
         for t in out.drain(..) {
             if let Some(v) = via.filter(|_| asks_answer_at_source(&t.data)) {

@@ -243,6 +243,12 @@ pub struct NetCounters {
     /// process took a request with a deep queue behind it (it reads the
     /// socket itself once the queue is drained; `Shared::note_busy`).
     pub busy_holds: AtomicU64,
+    /// Times a process sent the replies it held
+    /// (`Process::set_reply_batching`): one `sendmmsg` call each, unless
+    /// it held one or the fault injector is on.
+    pub held_sends: AtomicU64,
+    /// Replies those sent.
+    pub held_datagrams: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
@@ -557,6 +563,49 @@ impl Net {
     /// Counts a datagram read from an answer socket.
     pub(crate) fn count_answer(&self) {
         self.counters.answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends `msgs` (a process's held replies) and empties it, handing
+    /// the sent buffers to `recycle`: all from the main socket in
+    /// `sendmmsg` calls, or one by one as [`Net::send`] does when the
+    /// fault injector is on or there is only one.
+    pub(crate) fn send_many(
+        &self,
+        msgs: &mut Vec<vkernel_proto::engine::Transmit>,
+        recycle: &mut Vec<Vec<u8>>,
+    ) {
+        if msgs.is_empty() {
+            return;
+        }
+        self.counters.held_sends.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .held_datagrams
+            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        if self.faults.is_some() || msgs.len() < 2 {
+            for t in msgs.drain(..) {
+                if let Some(b) = self.send(t.to, t.data) {
+                    recycle.push(b);
+                }
+            }
+            return;
+        }
+        self.sendmmsg_from_main(msgs);
+        for t in msgs.drain(..) {
+            recycle.push(t.data);
+        }
+    }
+
+    /// `sendmmsg` of `msgs` from the main socket; what a call refuses is
+    /// sent one by one (with the usual retry and error count).
+    fn sendmmsg_from_main(&self, msgs: &[vkernel_proto::engine::Transmit]) {
+        let iovs: Vec<[std::io::IoSlice<'_>; 1]> = msgs
+            .iter()
+            .map(|t| [std::io::IoSlice::new(&t.data)])
+            .collect();
+        let (done, _) = crate::batch::sendmmsg(&self.sock, msgs.iter().map(|t| t.to), &iovs);
+        for t in &msgs[done..] {
+            self.raw_send(t.to, &t.data);
+        }
     }
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {

@@ -714,3 +714,154 @@ fn a_server_with_a_deep_queue_keeps_the_background_thread_off_the_socket() {
     assert_eq!(serve(20, 20), 1, "19 behind the first: a hold");
     assert_eq!(serve(3, 3), 0, "2 behind: none");
 }
+
+/// Senders on `b` each Send `100 + i` to `to` from their own thread, one
+/// after another once the previous is queued at `a` (read by its
+/// background thread): their join handles, in queue order.
+fn queue_senders<'s>(
+    sc: &'s thread::Scope<'s, '_>,
+    a: &Kernel,
+    b: &'s Kernel,
+    to: Pid,
+    n: usize,
+) -> Vec<thread::ScopedJoinHandle<'s, Result<u32, IpcError>>> {
+    let reads = || a.net_counters().background_reads.load(Relaxed);
+    (0..n)
+        .map(|i| {
+            let r0 = reads();
+            let s = b.create_process().unwrap();
+            s.set_send_deadline(Some(std::time::Duration::from_secs(10)));
+            let h = sc.spawn(move || {
+                let mut m = Message::with_code(100 + i as u32);
+                s.send(&mut m, to).map(|_| m.code())
+            });
+            common::wait_for(std::time::Duration::from_secs(5), "request queued", || {
+                (reads() > r0).then_some(())
+            });
+            h
+        })
+        .collect()
+}
+
+#[test]
+fn batched_replies_leave_together_and_each_reaches_its_sender() {
+    // 20 requests queued: each reply but the last is held while more wait
+    // (at most 16 together), so the 20 leave in far fewer sends, and each
+    // reaches its own sender. Under injected loss they leave one by one
+    // through the injector, and retransmission still answers everyone.
+    for loss in [0.0, 0.2] {
+        let faults = vkernel::FaultConfig {
+            loss,
+            seed: 7,
+            ..Default::default()
+        };
+        let (a, b) = common::two_hosts_with(faults, std::time::Duration::from_secs(3));
+        let server = a.create_process().unwrap();
+        assert!(server.set_reply_batching(true));
+        let held = || {
+            let c = a.net_counters();
+            (c.held_sends.load(Relaxed), c.held_datagrams.load(Relaxed))
+        };
+        thread::scope(|sc| {
+            let ws = if loss == 0.0 {
+                queue_senders(sc, &a, &b, server.pid(), 20)
+            } else {
+                // (Under loss, not every request reaches the queue.)
+                (0..20)
+                    .map(|i| {
+                        let s = b.create_process().unwrap();
+                        let to = server.pid();
+                        sc.spawn(move || {
+                            let mut m = Message::with_code(100 + i as u32);
+                            s.send(&mut m, to).map(|_| m.code())
+                        })
+                    })
+                    .collect()
+            };
+            let mut m = Message::zero();
+            for _ in 0..20 {
+                let i = server.receive(&mut m).unwrap();
+                server
+                    .reply(&Message::with_code(m.code() + 1), i.from)
+                    .unwrap();
+            }
+            for (i, w) in ws.into_iter().enumerate() {
+                assert_eq!(w.join().unwrap(), Ok(101 + i as u32), "loss {loss}");
+            }
+        });
+        let (sends, datagrams) = held();
+        if loss == 0.0 {
+            assert_eq!(datagrams, 20, "every reply was held");
+            assert!(sends < 20, "{sends} sends for 20 held replies");
+        } else {
+            assert!(datagrams > 0 && sends <= datagrams);
+        }
+    }
+}
+
+#[test]
+fn held_replies_leave_before_the_server_waits_or_does_anything_else() {
+    let (a, b) = two_hosts();
+    let server = a.create_process().unwrap();
+    let to = server.pid();
+    server.set_reply_batching(true);
+    let held = || a.net_counters().held_datagrams.load(Relaxed);
+    // A sender on the server's own host: its reply is no datagram.
+    let late = a.create_process().unwrap();
+    let late_pid = late.pid();
+    thread::scope(|sc| {
+        let ws = queue_senders(sc, &a, &b, to, 5);
+        let s = sc.spawn(move || {
+            let mut m = Message::zero();
+            let answer = |i: vkernel::Incoming, m: &Message| {
+                server
+                    .reply(&Message::with_code(m.code() + 1), i.from)
+                    .unwrap();
+            };
+            // Held: four requests wait behind it.
+            let i = server.receive(&mut m).unwrap();
+            answer(i, &m);
+            assert_eq!(held(), 0, "held, not sent");
+            // Nothing from `late` is queued: the held reply leaves before
+            // the server waits.
+            let i = server.receive_specific(&mut m, late_pid).unwrap().unwrap();
+            assert_eq!(m.code(), 9);
+            server.reply(&m, i.from).unwrap();
+            // Held again, and sent before another operation.
+            let i = server.receive(&mut m).unwrap();
+            answer(i, &m);
+            assert_eq!(held(), 1);
+            let _ = server.get_time();
+            assert_eq!(held(), 2, "sent before GetTime");
+            // Held again, and sent by the next Receive once it is old.
+            let i = server.receive(&mut m).unwrap();
+            answer(i, &m);
+            thread::sleep(std::time::Duration::from_millis(1));
+            let i = server.receive(&mut m).unwrap();
+            assert_eq!(held(), 3, "sent by a Receive 1 ms later");
+            // Held again, and sent when batching is turned off.
+            answer(i, &m);
+            assert_eq!(held(), 3);
+            server.set_reply_batching(false);
+            assert_eq!(held(), 4, "sent when turned off");
+            let i = server.receive(&mut m).unwrap();
+            answer(i, &m);
+        });
+        let mut ws = ws.into_iter();
+        assert_eq!(ws.next().unwrap().join().unwrap(), Ok(101));
+        // (Checked once the server goes on, so that it never waits for
+        // `late` in vain.)
+        let after_wait = held();
+        let mut m = Message::with_code(9);
+        late.send(&mut m, to).unwrap();
+        assert_eq!(
+            after_wait, 1,
+            "sent by the server's wait, not a retransmission"
+        );
+        for (i, w) in ws.enumerate() {
+            assert_eq!(w.join().unwrap(), Ok(102 + i as u32));
+        }
+        s.join().unwrap();
+    });
+    assert_eq!(held(), 4, "the last reply was not held");
+}

@@ -80,6 +80,10 @@ pub(crate) struct LocalProcess {
     /// Its sequence numbers and destination for those (made by the first).
     /// (Taken out while a direct Send runs.)
     lease: std::cell::Cell<Option<Box<super::direct::Lease>>>,
+    /// The replies it holds while more requests wait for it, if it
+    /// batches them ([`super::Process::set_reply_batching`]); boxed, so
+    /// that a process is no larger for it.
+    held: std::cell::Cell<Option<Box<Held>>>,
     /// Exchange spans in progress (OpenTelemetry); boxed, so that a
     /// process is no larger for it.
     #[cfg(feature = "otel")]
@@ -94,6 +98,21 @@ impl std::fmt::Debug for LocalProcess {
             .finish()
     }
 }
+
+/// Replies held to leave together ([`LocalProcess::reply`]).
+#[derive(Default)]
+struct Held {
+    replies: Vec<vkernel_proto::engine::Transmit>,
+    /// When the first of them was made (the engine's clock).
+    since: Micros,
+}
+
+/// The most replies a process holds: one `sendmmsg` call's worth.
+const HELD_MAX: usize = 16;
+
+/// The longest a held reply waits for the replies after it (µs), checked
+/// whenever the process receives or replies.
+const HELD_US: Micros = 50;
 
 /// The largest STATS document [`super::Process::host_stats`] takes.
 const MAX_STATS: usize = 64 << 20;
@@ -131,6 +150,7 @@ impl LocalProcess {
             last_from_remote: std::cell::Cell::new(true),
             direct_ok: std::cell::Cell::new(false),
             lease: std::cell::Cell::new(None),
+            held: std::cell::Cell::new(None),
             #[cfg(feature = "otel")]
             otel: std::cell::RefCell::default(),
             _not_sync: PhantomData,
@@ -1069,6 +1089,12 @@ impl LocalProcess {
             }
             r
         });
+        // Held replies leave before this process waits, and when old.
+        if matches!(r, Ok(Some(_))) {
+            self.flush_old_replies();
+        } else {
+            self.flush_replies();
+        }
         let r = match r {
             Ok(Some(rcv)) => Ok(rcv),
             Ok(None) => match self.wait(Expect::Receive) {
@@ -1095,11 +1121,64 @@ impl LocalProcess {
     }
 
     /// Reply: `to` must be awaiting reply from this process. Does not block.
+    ///
+    /// A process that batches its replies holds a reply to another host
+    /// while more requests are queued for it, and sends what it holds in
+    /// one call once none is, or [`HELD_MAX`] are held, or the first has
+    /// waited [`HELD_US`]; before any other operation; and before it waits.
     pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
-        self.shared
-            .with_engine(|e, now| e.reply(now, self.pid, to, m, None))
+        let Some(mut h) = self.held.take() else {
+            return self
+                .shared
+                .with_engine(|e, now| e.reply(now, self.pid, to, m, None));
+        };
+        let had = h.replies.len();
+        let mut more = false;
+        let (r, now) = self.shared.with_engine_holding(&mut h.replies, |e, now| {
+            let r = e.reply(now, self.pid, to, m, None);
+            more = e.queue_len(self.pid) > 0;
+            (r, now)
+        });
+        if had == 0 {
+            h.since = now;
+        }
+        if !more || h.replies.len() >= HELD_MAX || now.saturating_sub(h.since) >= HELD_US {
+            self.shared.send_held(&mut h.replies);
+        }
+        self.held.set(Some(h));
+        r
+    }
+
+    /// Starts or stops holding replies (see [`LocalProcess::reply`]);
+    /// stopping sends what is held.
+    pub(crate) fn set_reply_batching(&self, on: bool) {
+        match (on, self.held.take()) {
+            (true, None) => self.held.set(Some(Box::default())),
+            (false, Some(mut h)) => self.shared.send_held(&mut h.replies),
+            (_, h) => self.held.set(h),
+        }
+    }
+
+    /// Sends the replies this process holds, if any: before an operation
+    /// other than Receive and Reply, and before it waits.
+    pub(crate) fn flush_replies(&self) {
+        if let Some(mut h) = self.held.take() {
+            self.shared.send_held(&mut h.replies);
+            self.held.set(Some(h));
+        }
+    }
+
+    /// [`LocalProcess::flush_replies`] if the first held reply has waited
+    /// [`HELD_US`] (a Receive that found a request queued).
+    fn flush_old_replies(&self) {
+        if let Some(mut h) = self.held.take() {
+            if !h.replies.is_empty() && self.shared.now().saturating_sub(h.since) >= HELD_US {
+                self.shared.send_held(&mut h.replies);
+            }
+            self.held.set(Some(h));
+        }
     }
 
     /// Reply-with-segment: also writes `data` at `offset` in `to`'s
@@ -1405,6 +1484,7 @@ impl LocalProcess {
 
 impl Drop for LocalProcess {
     fn drop(&mut self) {
+        self.flush_replies();
         let pid = self.pid;
         if let Some(l) = self.lease.get_mut().as_mut() {
             l.flush(
