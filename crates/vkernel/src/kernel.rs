@@ -308,6 +308,12 @@ fn asks_answer_at_source(d: &[u8]) -> bool {
             .is_some_and(|f| f & F_ANSWER_SOURCE != 0)
 }
 
+/// True if the datagram is a RemoteReply.
+fn is_reply(d: &[u8]) -> bool {
+    use vkernel_proto::wire::{field, PacketType};
+    d.get(field::PTYPE).copied() == Some(PacketType::RemoteReply as u8)
+}
+
 /// A thread's reused vectors: datagrams to send, waiters to signal, and
 /// sent datagrams' buffers to hand back to the engine.
 type Scratch = (
@@ -370,7 +376,7 @@ impl Shared {
         self.with_engine_out(me, via, None, f)
     }
 
-    /// [`Shared::with_engine`] whose datagrams are appended to `hold`
+    /// [`Shared::with_engine`] whose replies are appended to `hold`
     /// instead of being sent (a process holding its replies:
     /// [`Shared::send_held`] sends them); the processes it completed are
     /// woken as usual.
@@ -456,10 +462,14 @@ impl Shared {
                 tr.datagram(true, &t.data);
             }
         }
-        if let Some(h) = hold {
-            h.append(&mut out);
-        }
+        let mut hold = hold;
         for t in out.drain(..) {
+            // Only replies wait; anything else this call made (a timer's
+            // retransmission, say) leaves now.
+            if let Some(h) = hold.as_mut().filter(|_| is_reply(&t.data)) {
+                h.push(t);
+                continue;
+            }
             if let Some(v) = via.filter(|_| asks_answer_at_source(&t.data)) {
                 self.net.send_from(v, t.to, &t.data);
                 sent.push(t.data);
