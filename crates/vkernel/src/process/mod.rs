@@ -93,7 +93,6 @@ enum Imp {
     Attached(Box<AttachedProcess>),
 }
 
-/// Runs the same call on whichever kind of process this is.
 /// Runs `$e` on whichever kind of process this is. A local process first
 /// sends the replies it holds (`set_reply_batching`), unless the call is
 /// marked `keep` (Receive, Reply, and calls that neither send nor wait).
