@@ -6,6 +6,9 @@
 //! (`spin`: the vkernel processes busy-poll; `default`: they wait as with
 //! no setting; the raw server always blocks)
 //! (e.g. under `perf record -g` or `strace -c -f`).
+//! Under `taskset -c 0` every thread shares one CPU: no cross-CPU wake-ups,
+//! so `load 1 2` against `load 1 2 raw` gives the CPU an exchange costs,
+//! repeatable within ~1 % (BENCHMARKS.md, 2026-11-29 (last)).
 
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
