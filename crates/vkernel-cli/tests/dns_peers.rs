@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{Proc, BIN};
+use common::{wait_for_why, Proc, BIN};
 
 const PORT: &str = "7400";
 
@@ -192,21 +192,16 @@ fn peers_by_name_are_found_and_followed_as_the_name_changes() {
         ("127.0.0.3", "vkpeers"),
         ("127.0.0.4", "vklater"),
     ]);
-    // (A hang guard, not a speed check; the last answer goes into the
-    // failure message: which host is missing, or counted twice.)
-    let end = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (n, out) = ns.hosts_answer(&["--attach", sock]);
-        if n == 4 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < end,
-            "the machine host did not find the hosts added to the names in 30 s; \
-             `vkernel hosts --attach` last said:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // The last answer goes into the failure message: which host is
+    // missing, or counted twice.
+    wait_for_why(
+        Duration::from_secs(30),
+        "the machine host did not find the hosts added to the names",
+        || match ns.hosts_answer(&["--attach", sock]) {
+            (4, _) => Ok(()),
+            (_, out) => Err(format!("`vkernel hosts --attach` said:\n{out}")),
+        },
+    );
 }
 
 /// The configuration file's `peers` go through `--peer`'s own parser:

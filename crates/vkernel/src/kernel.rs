@@ -412,7 +412,7 @@ impl Shared {
         &self,
         me: Option<Pid>,
         via: Option<&std::net::UdpSocket>,
-        hold: Option<&mut Vec<vkernel_proto::engine::Transmit>>,
+        mut hold: Option<&mut Vec<vkernel_proto::engine::Transmit>>,
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
         // Reuse this thread's vectors: no allocation on the common path.
@@ -462,7 +462,6 @@ impl Shared {
                 tr.datagram(true, &t.data);
             }
         }
-        let mut hold = hold;
         for t in out.drain(..) {
             // Only replies wait; anything else this call made (a timer's
             // retransmission, say) leaves now.

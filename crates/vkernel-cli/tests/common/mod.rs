@@ -23,13 +23,27 @@ impl Drop for Proc {
 /// with `what` after `limit`. A hang guard, so that a broken build fails
 /// instead of holding CI; never a speed check (limits are generous).
 pub fn wait_for<T>(limit: Duration, what: &str, mut cond: impl FnMut() -> Option<T>) -> T {
+    wait_for_why(limit, what, || cond().ok_or_else(String::new))
+}
+
+/// [`wait_for`] whose condition says why it does not hold yet: the last
+/// reason goes into the panic message.
+pub fn wait_for_why<T>(
+    limit: Duration,
+    what: &str,
+    mut cond: impl FnMut() -> Result<T, String>,
+) -> T {
     let t = Instant::now();
     loop {
-        if let Some(v) = cond() {
-            return v;
-        }
+        let why = match cond() {
+            Ok(v) => return v,
+            Err(why) => why,
+        };
         if t.elapsed() > limit {
-            panic!("{what} (waited {limit:?})");
+            panic!(
+                "{what} (waited {limit:?}){}{why}",
+                if why.is_empty() { "" } else { "; last: " }
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
