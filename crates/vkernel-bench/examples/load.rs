@@ -106,13 +106,16 @@ fn main() -> Result<(), String> {
             let c = h.net_counters();
             println!(
                 "{name}: background reads {}, hand-offs {}, idle wakes {}, answers {}, \
-                 held replies {} in {} sends",
+                 held replies {} in {} sends, lone waits {} ({} woken, {} timed out)",
                 c.background_reads.load(Ordering::Relaxed),
                 c.handoffs.load(Ordering::Relaxed),
                 c.idle_wakes.load(Ordering::Relaxed),
                 c.answers.load(Ordering::Relaxed),
                 c.held_datagrams.load(Ordering::Relaxed),
-                c.held_sends.load(Ordering::Relaxed)
+                c.held_sends.load(Ordering::Relaxed),
+                c.lone_waits.load(Ordering::Relaxed),
+                c.lone_wakes.load(Ordering::Relaxed),
+                c.lone_timeouts.load(Ordering::Relaxed)
             );
         }
         vkbench::stop_server(&probe, server, sh);

@@ -157,7 +157,7 @@ impl Batcher {
             .with_control(&control);
         let s = socket2::SockRef::from(sock);
         loop {
-            match s.sendmsg(&msg, 0) {
+            match s.sendmsg(&msg, libc::MSG_DONTWAIT) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
                 Ok(_) => break,
@@ -204,7 +204,7 @@ pub(crate) fn sendmmsg<const N: usize>(
         .collect();
     let (mut done, mut calls) = (0, 0);
     while done < hdrs.len() {
-        match rustix::net::sendmmsg(sock, &mut hdrs[done..], SendFlags::empty()) {
+        match rustix::net::sendmmsg(sock, &mut hdrs[done..], SendFlags::DONTWAIT) {
             Ok(0) => break,
             Ok(k) => done += k,
             Err(rustix::io::Errno::INTR) => continue,

@@ -203,8 +203,17 @@ pub(crate) struct Shared {
     /// went on while it slept even if none is spinning when it looks. On a
     /// cache line of its own.
     pub(crate) spinners: CacheLine<AtomicU64>,
-    /// Processes blocked in epoll on the socket.
+    /// Processes blocked reading the socket (epoll or poll), and
+    /// [`LONE`] while one waits in it alone ([`Shared::enter_reader`]).
     pub(crate) blocked_readers: CacheLine<AtomicU64>,
+    /// Processes that would have read the socket but found a lone reader
+    /// in it: blocked on their eventfd alone. When the lone reader leaves
+    /// while one is, it nudges the background thread to read.
+    gated: AtomicU64,
+    /// The lone reader's datagrams (only one thread at a time uses it:
+    /// never the batch slots of `rx_batch`, which another thread's timer
+    /// run may want while the lone reader waits).
+    lone_batch: Mutex<Option<Box<crate::net::RecvBatch>>>,
     /// Until when (host clock, µs) the background thread does not wake for
     /// each arrival on the main socket although no process reads it, but
     /// reads it every [`BUSY_POLL_US`]: a process just took a request with
@@ -261,6 +270,59 @@ pub(crate) const SPINNING: u64 = 0xffff_ffff;
 /// What a spin adds to [`Shared::spinners`] as it begins (it takes 1 away
 /// as it ends).
 pub(crate) const SPIN_BEGINS: u64 = 1 + (1 << 32);
+
+/// In [`Shared::blocked_readers`]: a lone reader waits in the socket.
+const LONE: u64 = 1 << 63;
+
+/// How a thread blocked as a reader of the main socket waits
+/// ([`Shared::enter_reader`]); leaving the role on drop.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reading {
+    /// In the socket itself, alone ([`Shared::recv_lone`]).
+    Lone,
+    /// The only reader, in `poll` on the socket and its eventfd.
+    Alone,
+    /// One of several, in its epoll set (the socket registered exclusive).
+    Shared,
+    /// Not a reader: a lone one is in the socket. On its eventfd alone;
+    /// counted in `Shared::gated` if true.
+    Gated(bool),
+}
+
+/// A thread's role as a blocked reader of a host's main socket.
+pub(crate) struct ReaderRole<'a>(&'a Shared, Reading);
+
+impl ReaderRole<'_> {
+    /// How the thread waits.
+    pub(crate) fn reading(&self) -> Reading {
+        self.1
+    }
+}
+
+impl Drop for ReaderRole<'_> {
+    fn drop(&mut self) {
+        let sh = self.0;
+        match self.1 {
+            Reading::Lone => {
+                sh.net.set_lone(false);
+                let before = sh.blocked_readers.fetch_sub(1 | LONE, Ordering::SeqCst);
+                // A thread that came to read meanwhile is gated, or about
+                // to be: nobody reads the socket now but the background
+                // thread.
+                if before & !LONE > 1 || sh.gated.load(Ordering::SeqCst) > 0 {
+                    sh.nudge_background();
+                }
+            }
+            Reading::Alone | Reading::Shared => {
+                sh.blocked_readers.fetch_sub(1, Ordering::AcqRel);
+            }
+            Reading::Gated(true) => {
+                sh.gated.fetch_sub(1, Ordering::AcqRel);
+            }
+            Reading::Gated(false) => {}
+        }
+    }
+}
 
 /// A value alone on its cache line.
 #[repr(align(64))]
@@ -551,7 +613,7 @@ impl Shared {
         };
         let b = slot.get_or_insert_with(Box::default);
         for _ in 0..UNREAD_BATCHES {
-            let k = self.net.recv_batch(b);
+            let k = self.net.recv_batch(b, false);
             for (data, from) in b.datagrams() {
                 if let Some(tr) = &self.tracer {
                     tr.datagram(false, data);
@@ -681,8 +743,11 @@ impl Shared {
         RECV_BUF.with(|b| {
             let mut buf = b.borrow_mut();
             while n < max {
+                // A lone reader waits in the main socket: leave it to it
+                // (`try_recv` below then reads the group socket only).
+                let lone = self.net.lone();
                 // (Not while tracing: the tracer records whole datagrams.)
-                if self.bulk_rx.load(Ordering::Relaxed) && self.tracer.is_none() {
+                if !lone && self.bulk_rx.load(Ordering::Relaxed) && self.tracer.is_none() {
                     match self.recv_in_place(me, &mut buf) {
                         InPlace::Done(c) => {
                             n += 1;
@@ -709,7 +774,11 @@ impl Shared {
                 // are queued by one recvmmsg, under one engine lock (a
                 // loaded server's Sends; and a lone one costs one call,
                 // not a second empty recv).
-                if max > 1 && self.tracer.is_none() && !self.bulk_rx.load(Ordering::Relaxed) {
+                if !lone
+                    && max > 1
+                    && self.tracer.is_none()
+                    && !self.bulk_rx.load(Ordering::Relaxed)
+                {
                     if let Some((k, c)) = self.recv_batch_from(me) {
                         n += k;
                         if c.is_some() {
@@ -829,9 +898,46 @@ impl Shared {
     fn recv_batch_from(&self, me: Option<Pid>) -> Option<(usize, Option<Completion>)> {
         let mut slot = self.rx_batch.try_lock().ok()?;
         let b = slot.get_or_insert_with(Box::default);
-        if self.net.recv_batch(b) == 0 {
+        if self.net.recv_batch(b, false) == 0 {
             return Some((0, None));
         }
+        Some(self.handle_batch(me, b))
+    }
+
+    /// Waits in the main socket as its lone reader (the caller holds the
+    /// [`Reading::Lone`] role, and its thread is noted as waiting there)
+    /// until datagrams come, a wake-up, or the receive timeout; then
+    /// handles them as [`Shared::recv_batch_from`] does. How many, and
+    /// `me`'s completion if one of them produced it.
+    pub(crate) fn recv_lone(&self, me: Pid) -> (usize, Option<Completion>) {
+        let Ok(mut slot) = self.lone_batch.try_lock() else {
+            self.net.set_lone(false);
+            return (0, None);
+        };
+        let b = slot.get_or_insert_with(Box::default);
+        let n = self.net.recv_batch(b, true);
+        // Others may read again (new readers still wait for the role to
+        // end).
+        self.net.set_lone(false);
+        let c = &self.net.counters;
+        c.lone_waits.fetch_add(1, Ordering::Relaxed);
+        if b.wakes > 0 {
+            c.lone_wakes.fetch_add(1, Ordering::Relaxed);
+        } else if n == 0 {
+            c.lone_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        if n == 0 {
+            return (0, None);
+        }
+        self.handle_batch(Some(me), b)
+    }
+
+    /// Handles the datagrams of `b` under one engine lock.
+    fn handle_batch(
+        &self,
+        me: Option<Pid>,
+        b: &crate::net::RecvBatch,
+    ) -> (usize, Option<Completion>) {
         // As one datagram at a time would: a bulk stream's next chunks are
         // received in place.
         let bulk = b.datagrams().last().is_some_and(|(d, _)| is_bulk(d));
@@ -845,13 +951,61 @@ impl Shared {
             }
         });
         IN_BATCH.with(|x| x.set(false));
-        Some((b.len(), mine))
+        (b.len(), mine)
+    }
+
+    /// Whether a reader blocking for up to `timeout` may wait in the
+    /// socket itself ([`Shared::enter_reader`]): the next timer is far
+    /// enough off for the socket's millisecond timeout (which this sets),
+    /// and datagrams are taken whole (no bulk stream received in place,
+    /// no tracer).
+    pub(crate) fn may_wait_lone(&self, timeout: Duration) -> bool {
+        self.tracer.is_none()
+            && !self.bulk_rx.load(Ordering::Relaxed)
+            && self.net.set_recv_timeout(timeout)
+    }
+
+    /// Enters a thread blocking as a reader of the main socket. `may_lone`:
+    /// it can wait in the socket itself (`recvmmsg`, one system call where
+    /// `poll` and a read take two), which it then does if no other reader
+    /// is blocked. While it does, nobody else reads the socket, since a
+    /// wake-up (an empty datagram) another took would leave it asleep: a
+    /// thread that comes to read meanwhile waits on its eventfd, and, if
+    /// it `needs_socket` (what it waits for may come in a datagram), the
+    /// lone reader has the background thread read once it leaves.
+    pub(crate) fn enter_reader(&self, may_lone: bool, needs_socket: bool) -> ReaderRole<'_> {
+        let r = &self.blocked_readers;
+        if may_lone
+            && r.compare_exchange(0, 1 | LONE, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.net.set_lone(true);
+            return ReaderRole(self, Reading::Lone);
+        }
+        let before = r.fetch_add(1, Ordering::SeqCst);
+        if before & LONE != 0 {
+            // Counted as gated before leaving the readers: the lone reader
+            // sees one or the other.
+            if needs_socket {
+                self.gated.fetch_add(1, Ordering::SeqCst);
+            }
+            r.fetch_sub(1, Ordering::SeqCst);
+            return ReaderRole(self, Reading::Gated(needs_socket));
+        }
+        ReaderRole(
+            self,
+            if before == 0 {
+                Reading::Alone
+            } else {
+                Reading::Shared
+            },
+        )
     }
 
     /// Threads that will read the socket promptly (spinning or blocked on
-    /// it).
+    /// it; a lone reader counts once).
     pub(crate) fn readers(&self) -> usize {
-        (self.spinning() + self.blocked_readers.load(Ordering::Acquire)) as usize
+        (self.spinning() + (self.blocked_readers.load(Ordering::Acquire) & !LONE)) as usize
     }
 
     /// Processes busy-polling now.
@@ -961,8 +1115,7 @@ impl Shared {
                 .busy_until
                 .load(Ordering::Relaxed)
                 .saturating_sub(self.now());
-            let idle_readers =
-                !spinning && self.blocked_readers.load(Ordering::Acquire) == 0 && left_to_busy == 0;
+            let idle_readers = !spinning && self.readers() == 0 && left_to_busy == 0;
             // An async task that got its answer stopped reading the socket
             // without waking this thread (it will likely read again in a
             // moment): look again soon rather than in 25 ms.
@@ -1209,6 +1362,8 @@ impl Kernel {
             next_timer: CacheLine(AtomicU64::new(0)),
             spinners: CacheLine(AtomicU64::new(0)),
             blocked_readers: CacheLine(AtomicU64::new(0)),
+            gated: AtomicU64::new(0),
+            lone_batch: Mutex::new(None),
             busy_until: CacheLine(AtomicU64::new(0)),
             async_spinners: AtomicU64::new(0),
             async_left: AtomicBool::new(false),

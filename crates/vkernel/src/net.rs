@@ -110,9 +110,12 @@ pub(crate) fn std_addr(a: Option<rustix::net::SocketAddrAny>) -> Option<SocketAd
 /// multi-threaded process cost two atomic operations per call (on each
 /// of a remote exchange's four calls and every empty poll of a spinning
 /// wait), and nothing here uses cancellation.
-fn recv_one(s: &UdpSocket, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+/// (Empty datagrams, wake-ups, are skipped and counted in `wakes`.)
+fn recv_one(s: &UdpSocket, buf: &mut [u8], wakes: &mut usize) -> Option<(usize, SocketAddr)> {
     loop {
-        match rustix::net::recvfrom(s, &mut *buf, rustix::net::RecvFlags::empty()) {
+        match rustix::net::recvfrom(s, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+            // Empty: a wake-up for a lone reader (`Net::wake_lone`).
+            Ok((0, _, _)) => *wakes += 1,
             Ok((n, _, a)) => return Some((n, std_addr(a)?)),
             Err(rustix::io::Errno::INTR) => continue,
             // WouldBlock, or an ICMP error surfaced on the socket: nothing to read.
@@ -130,6 +133,8 @@ pub struct RecvBatch {
     /// Where the kernel writes each sender: kept, so a call need not
     /// allocate and zero 4 KiB of them.
     names: Vec<libc::sockaddr_storage>,
+    /// Empty datagrams (wake-ups) the call took and dropped.
+    pub(crate) wakes: usize,
 }
 
 /// Datagrams per [`Net::recv_batch`] call.
@@ -145,6 +150,7 @@ impl Default for RecvBatch {
             // SAFETY: sockaddr_storage is plain data; all zeroes is a
             // valid value.
             names: vec![unsafe { std::mem::zeroed() }; RECV_BATCH],
+            wakes: 0,
         }
     }
 }
@@ -249,11 +255,31 @@ pub struct NetCounters {
     pub held_sends: AtomicU64,
     /// Replies those sent.
     pub held_datagrams: AtomicU64,
+    /// Waits of a lone reader in the main socket itself (one system call
+    /// where `poll` and a read take two; `Shared::enter_reader`).
+    pub lone_waits: AtomicU64,
+    /// Of those, ended by a wake-up (an empty datagram: a local
+    /// hand-over, say) rather than a datagram to handle.
+    pub lone_wakes: AtomicU64,
+    /// Of those, ended by the receive timeout with nothing read (an idle
+    /// server, or a wake-up lost: it then waits one timeout, ≤ 64 ms).
+    pub lone_timeouts: AtomicU64,
 }
 
 /// One logical host's socket with its fault injector.
 pub struct Net {
-    sock: UdpSocket,
+    /// Blocking mode (so a lone reader can wait in `recvmmsg` itself);
+    /// every other call on it passes `MSG_DONTWAIT`.
+    sock: std::sync::Arc<UdpSocket>,
+    /// Where an empty datagram wakes a lone reader: the bound address,
+    /// loopback for a wildcard.
+    wake_to: SocketAddr,
+    /// The receive timeout set on `sock`, ms (0: none yet).
+    rcv_timeout_ms: AtomicU64,
+    /// A lone reader waits in `sock` (`Net::recv_batch` with `wait`):
+    /// nobody else reads it, and a wake-up another caller takes by
+    /// accident is sent on.
+    lone: std::sync::atomic::AtomicBool,
     /// The group-message socket: bound to the multicast port, shared with
     /// the other logical hosts of this machine (SO_REUSEPORT).
     mcast: Option<UdpSocket>,
@@ -403,10 +429,16 @@ fn open_side(main: SocketAddr, sndbuf: libc::c_int, to: SocketAddr) -> io::Resul
 }
 
 impl Net {
-    /// Binds `addr` (non-blocking), sizes the socket buffers.
+    /// Binds `addr` (blocking: see `sock`), sizes the socket buffers.
     pub fn bind(addr: SocketAddr, faults: FaultConfig, buffers: usize) -> io::Result<Net> {
         let sock = UdpSocket::bind(addr)?;
-        sock.set_nonblocking(true)?;
+        let mut wake_to = sock.local_addr()?;
+        if wake_to.ip().is_unspecified() {
+            wake_to.set_ip(match wake_to {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         let rcvbuf = crate::sys::set_socket_buffers(sock.as_raw_fd(), buffers);
         let _ = crate::sys::set_broadcast(sock.as_raw_fd());
         let faults = faults.active().then(|| {
@@ -426,7 +458,10 @@ impl Net {
             })
         });
         Ok(Net {
-            sock,
+            sock: std::sync::Arc::new(sock),
+            wake_to,
+            rcv_timeout_ms: AtomicU64::new(0),
+            lone: std::sync::atomic::AtomicBool::new(false),
             side: None,
             mcast: None,
             mcast_if: std::net::Ipv4Addr::UNSPECIFIED,
@@ -529,9 +564,19 @@ impl Net {
         self.sock.as_raw_fd()
     }
 
-    /// Non-blocking receive. `Ok(None)` when nothing is queued.
+    /// Non-blocking receive. `Ok(None)` when nothing is queued. (Only
+    /// from the group socket while a lone reader waits in the main one.)
     pub fn try_recv(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
-        recv_one(&self.sock, buf).or_else(|| recv_one(self.mcast.as_ref()?, buf))
+        let mut wakes = 0;
+        let r = if self.lone() {
+            None
+        } else {
+            recv_one(&self.sock, buf, &mut wakes)
+        };
+        if wakes > 0 {
+            self.pass_on_wakes(wakes);
+        }
+        r.or_else(|| recv_one(self.mcast.as_ref()?, buf, &mut 0))
     }
 
     /// Sends `data` to `to` from `sock` (a thread's answer socket), with
@@ -610,7 +655,7 @@ impl Net {
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {
         self.retrying(|| {
-            rustix::net::sendto(&self.sock, data, rustix::net::SendFlags::empty(), &to)
+            rustix::net::sendto(&*self.sock, data, rustix::net::SendFlags::DONTWAIT, &to)
         });
     }
 
@@ -619,7 +664,8 @@ impl Net {
     /// `head.len()`) and the sender. `None` if nothing is queued.
     pub fn peek(&self, head: &mut [u8]) -> Option<(usize, SocketAddr)> {
         loop {
-            match rustix::net::recvfrom(&self.sock, &mut *head, rustix::net::RecvFlags::PEEK) {
+            let f = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+            match rustix::net::recvfrom(&*self.sock, &mut *head, f) {
                 Ok((n, _, a)) => return Some((n, std_addr(a)?)),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => return None,
@@ -630,10 +676,22 @@ impl Net {
     /// Takes up to 32 queued datagrams from the main socket in one
     /// `recvmmsg` call (none if nothing is queued): for streams of small
     /// bulk chunks, where two calls per datagram (peek, then receive in
-    /// place) cost more than the copy they save.
-    pub fn recv_batch(&self, b: &mut RecvBatch) -> usize {
+    /// place) cost more than the copy they save. Empty datagrams
+    /// (wake-ups, [`Net::wake_lone`]) are dropped and counted in
+    /// `b.wakes`.
+    ///
+    /// `wait`: the caller is the lone reader ([`Net::set_lone`]) and
+    /// blocks until a datagram comes or the receive timeout
+    /// ([`Net::set_recv_timeout`]) passes.
+    pub fn recv_batch(&self, b: &mut RecvBatch, wait: bool) -> usize {
         b.got.clear();
-        let RecvBatch { buf, got, names } = b;
+        b.wakes = 0;
+        let RecvBatch {
+            buf,
+            got,
+            names,
+            wakes,
+        } = b;
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -655,14 +713,18 @@ impl Net {
             // SAFETY: `hdrs` holds RECV_BATCH headers, each naming one
             // live `names` entry and one live `iov` entry, which points
             // into `buf` (RECV_SLOT bytes each); all outlive the call,
-            // and nothing else touches them meanwhile. Non-blocking, no
-            // timeout.
+            // and nothing else touches them meanwhile. No timeout
+            // argument (the socket's own applies to a waiting call).
             let r = unsafe {
                 libc::recvmmsg(
                     self.sock.as_raw_fd(),
                     hdrs.as_mut_ptr(),
                     RECV_BATCH as libc::c_uint,
-                    libc::MSG_DONTWAIT,
+                    if wait {
+                        libc::MSG_WAITFORONE
+                    } else {
+                        libc::MSG_DONTWAIT
+                    },
                     std::ptr::null_mut(),
                 )
             };
@@ -671,7 +733,21 @@ impl Net {
             }
             break r;
         };
-        for (h, name) in hdrs.iter().zip(names.iter()).take(n.max(0) as usize) {
+        for (i, (h, name)) in hdrs
+            .iter()
+            .zip(names.iter())
+            .take(n.max(0) as usize)
+            .enumerate()
+        {
+            if h.msg_len == 0 {
+                *wakes += 1;
+                continue;
+            }
+            if got.len() < i {
+                // Close the gap a dropped wake-up left: slots stay in order.
+                let (dst, src) = (got.len() * RECV_SLOT, i * RECV_SLOT);
+                buf.copy_within(src..src + h.msg_len as usize, dst);
+            }
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes (at most the storage's size) into `name`.
             let addr = unsafe { socket2::SockAddr::new(*name, h.msg_hdr.msg_namelen) };
@@ -682,7 +758,70 @@ impl Net {
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
             got.push((h.msg_len as usize, from));
         }
+        if *wakes > 0 && !wait {
+            self.pass_on_wakes(*wakes);
+        }
         got.len()
+    }
+
+    /// Marks whether a lone reader waits in the main socket (it waits
+    /// with [`Net::recv_batch`]'s `wait`, woken by [`Net::wake_lone`]).
+    pub(crate) fn set_lone(&self, on: bool) {
+        self.lone.store(on, Ordering::SeqCst);
+    }
+
+    /// A lone reader waits in the main socket: nobody else may read it.
+    pub(crate) fn lone(&self) -> bool {
+        self.lone.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the lone reader: an empty datagram to the main socket (not
+    /// through the fault injector).
+    pub(crate) fn wake_lone(&self) {
+        let _ = rustix::net::sendto(
+            &*self.sock,
+            &[],
+            rustix::net::SendFlags::DONTWAIT,
+            &self.wake_to,
+        );
+    }
+
+    /// Wake-ups another reader took while a lone reader waited (it had
+    /// begun to read just before): sent on, since they were its.
+    fn pass_on_wakes(&self, n: usize) {
+        if self.lone() {
+            for _ in 0..n {
+                self.wake_lone();
+            }
+        }
+    }
+
+    /// Sets how long a waiting [`Net::recv_batch`] blocks, rounded down
+    /// to a power of two milliseconds (a system call only when that
+    /// changes): false if `d` is under 2 ms (then wait otherwise).
+    pub(crate) fn set_recv_timeout(&self, d: Duration) -> bool {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(64);
+        if ms < 2 {
+            return false;
+        }
+        let step = 1 << ms.ilog2();
+        if self.rcv_timeout_ms.load(Ordering::Relaxed) == step {
+            return true;
+        }
+        let ok = self
+            .sock
+            .set_read_timeout(Some(Duration::from_millis(step)))
+            .is_ok();
+        if ok {
+            self.rcv_timeout_ms.store(step, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// The main socket and where an empty datagram wakes its lone reader
+    /// (what the reader's thread notes as the socket it waits in).
+    pub(crate) fn lone_wait(&self) -> (std::sync::Arc<UdpSocket>, SocketAddr) {
+        (self.sock.clone(), self.wake_to)
     }
 
     /// Takes the next datagram on the main socket, scattered over `head`,
@@ -702,11 +841,13 @@ impl Net {
         let mut control = rustix::net::RecvAncillaryBuffer::default();
         loop {
             match rustix::net::recvmsg(
-                &self.sock,
+                &*self.sock,
                 &mut bufs,
                 &mut control,
-                rustix::net::RecvFlags::empty(),
+                rustix::net::RecvFlags::DONTWAIT,
             ) {
+                // An empty one is a wake-up (`Net::wake_lone`).
+                Ok(m) if m.bytes == 0 => self.pass_on_wakes(1),
                 Ok(m) if !m.flags.contains(rustix::net::ReturnFlags::TRUNC) => {
                     return Some((m.bytes, std_addr(m.address)?));
                 }
@@ -732,11 +873,11 @@ impl Net {
         let bufs = [io::IoSlice::new(head), io::IoSlice::new(data)];
         self.retrying(|| {
             rustix::net::sendmsg_addr(
-                &self.sock,
+                &*self.sock,
                 &to,
                 &bufs,
                 &mut Default::default(),
-                rustix::net::SendFlags::empty(),
+                rustix::net::SendFlags::DONTWAIT,
             )
         });
     }
@@ -1098,23 +1239,29 @@ mod tests {
         }
         let mut b = RecvBatch::default();
         let mut got = Vec::new();
+        let mut wakes = 0;
         let deadline = Instant::now() + Duration::from_secs(2);
-        while got.len() < 40 && Instant::now() < deadline {
-            let n = net.recv_batch(&mut b);
+        while got.len() < 39 && Instant::now() < deadline {
+            let n = net.recv_batch(&mut b, false);
             assert!(n <= RECV_BATCH);
             assert_eq!(n, b.len());
+            wakes += b.wakes;
             got.extend(b.datagrams().map(|(d, from)| (d.to_vec(), from)));
             if n == 0 {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        assert_eq!(got.len(), 40);
-        for (k, (d, from)) in got.iter().enumerate() {
+        // The empty one (9) is a wake-up: dropped, counted, and the ones
+        // after it in its batch keep their order.
+        assert_eq!(wakes, 1);
+        assert_eq!(got.len(), 39);
+        let sent = (0..40).filter(|&k| k != 9);
+        for (k, (d, from)) in sent.zip(got.iter()) {
             assert_eq!(d.len(), size(k), "datagram {k}");
             assert!(d.iter().all(|&x| x == k as u8), "datagram {k}");
             assert_eq!(*from, txs[k % 2].local_addr().unwrap(), "datagram {k}");
         }
-        assert_eq!(net.recv_batch(&mut b), 0);
+        assert_eq!(net.recv_batch(&mut b, false), 0);
         assert!(b.is_empty());
     }
 

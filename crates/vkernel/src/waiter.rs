@@ -90,7 +90,10 @@ impl Waiter {
     /// The answer socket the process's thread is blocked in, if it is.
     pub(crate) fn blocked_in_answer(&self) -> Option<Arc<std::net::UdpSocket>> {
         let f = lock(&self.parked_on).clone()?;
-        let s = lock(&f.in_recv).clone();
+        let s = match &*lock(&f.in_recv) {
+            Some((s, None)) => Some(s.clone()),
+            _ => None,
+        };
         s
     }
 
@@ -322,10 +325,11 @@ pub(crate) struct WaitFds {
     /// The thread's answer sockets by host serial, the latest used last;
     /// only the owning thread touches them.
     answers: Mutex<Vec<(u64, Arc<std::net::UdpSocket>)>>,
-    /// The answer socket the thread is blocked in (`recvfrom`), if it is:
-    /// a waker then sends it an empty datagram instead of signalling the
-    /// eventfd.
-    in_recv: Mutex<Option<Arc<std::net::UdpSocket>>>,
+    /// The socket the thread is blocked in, if it is: a waker then sends
+    /// it an empty datagram instead of signalling the eventfd. An answer
+    /// socket (`recvfrom`), or with the address to send to, a host's main
+    /// socket that the thread reads as its lone reader ([`WaitFds::waiting_in`]).
+    in_recv: Mutex<Option<(Arc<std::net::UdpSocket>, Option<std::net::SocketAddr>)>>,
 }
 
 impl WaitFds {
@@ -344,14 +348,26 @@ impl WaitFds {
     /// Wakes the thread: an empty datagram to the answer socket it is
     /// blocked in, else the eventfd.
     pub(crate) fn signal(&self) {
-        if let Some(s) = lock(&self.in_recv).as_ref() {
-            if let Ok(a) = s.local_addr() {
+        if let Some((s, to)) = lock(&self.in_recv).as_ref() {
+            if let Some(a) = to.or_else(|| s.local_addr().ok()) {
                 if rustix::net::sendto(&**s, &[], rustix::net::SendFlags::DONTWAIT, &a).is_ok() {
                     return;
                 }
             }
         }
         self.efd.signal();
+    }
+
+    /// Notes that the thread is about to wait in a host's main socket
+    /// `sock` as its lone reader (woken by an empty datagram to `to`), or
+    /// no longer does (`None`). Set it before the last look at the
+    /// process's `ready`: a waker that looked before signalled the
+    /// eventfd, after setting `ready`.
+    pub(crate) fn waiting_in(
+        &self,
+        sock: Option<(Arc<std::net::UdpSocket>, std::net::SocketAddr)>,
+    ) {
+        *lock(&self.in_recv) = sock.map(|(s, a)| (s, Some(a)));
     }
 
     /// Blocks in `recvfrom` on the answer socket `sock` (see
@@ -366,7 +382,7 @@ impl WaitFds {
         timeout: Duration,
     ) -> Option<(usize, std::net::SocketAddr)> {
         set_answer_timeout(sock, timeout);
-        *lock(&self.in_recv) = Some(sock.clone());
+        *lock(&self.in_recv) = Some((sock.clone(), None));
         let r = loop {
             match rustix::net::recvfrom(&**sock, &mut *buf, rustix::net::RecvFlags::empty()) {
                 Err(rustix::io::Errno::INTR) => continue,

@@ -16,7 +16,7 @@ use vkernel_proto::engine::{Completion, KERNEL_SERVER_LOCAL_ID};
 use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
 use vkernel_proto::{IpcError, Message, Micros, Pid, Scope, SegAccess};
 
-use crate::kernel::{destroy_local, Shared, SPIN_BEGINS};
+use crate::kernel::{destroy_local, Reading, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
 use crate::spin::SpinPolicy;
@@ -26,20 +26,14 @@ use crate::waiter::Waiter;
 
 use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 
-/// Counts a thread in one role (spinning, or blocked reading the socket)
-/// while it lives: adds `add` on entry and takes 1 away on exit (see
-/// `Shared::spinners` for why those differ).
-struct Counted<'a>(&'a AtomicU64, u64);
+/// Counts a thread as spinning while it lives: adds `add` on entry and
+/// takes 1 away on exit (see `Shared::spinners` for why those differ).
+struct Counted<'a>(&'a AtomicU64);
 
 impl<'a> Counted<'a> {
     fn enter(role: &'a AtomicU64, add: u64) -> Counted<'a> {
-        let before = role.fetch_add(add, Ordering::AcqRel);
-        Counted(role, before)
-    }
-
-    /// No other thread was counted when this one entered.
-    fn alone(&self) -> bool {
-        self.1 == 0
+        role.fetch_add(add, Ordering::AcqRel);
+        Counted(role)
     }
 }
 
@@ -414,6 +408,8 @@ impl LocalProcess {
             let reads = answer.is_none() && self.socket_reader.get() && sh.spinning() == 0;
             let mut sock_ready = false;
             let mut got = None;
+            // Read by the lone reader's own wait: the datagrams it took.
+            let mut lone_took = None;
             let ev = if let (Some(a), Some(f)) = (answer, &fds) {
                 let left = Duration::from_micros(due.saturating_sub(sh.now()));
                 got = ANSWER_BUF.with(|b| {
@@ -424,16 +420,33 @@ impl LocalProcess {
                 });
                 false
             } else if let (true, Some(f)) = (reads, &fds) {
-                let r = Counted::enter(&sh.blocked_readers, 1);
-                let (s, e) = Waiter::block_on_both(
-                    f,
-                    sh.net.socket(),
-                    sh.net.serial(),
-                    sh.time_to_timer(Duration::from_millis(50)),
-                    r.alone(),
-                );
-                sock_ready = s;
-                e
+                let t = sh.time_to_timer(Duration::from_millis(50));
+                // (A local Send's reply comes as a hand-over, never in a
+                // datagram.)
+                let needs_socket = !matches!(expect, Expect::Local);
+                let r = sh.enter_reader(sh.may_wait_lone(t), needs_socket);
+                match r.reading() {
+                    Reading::Lone => {
+                        f.waiting_in(Some(sh.net.lone_wait()));
+                        if !w.ready.load(Ordering::SeqCst) {
+                            lone_took = Some(sh.recv_lone(self.pid));
+                        }
+                        f.waiting_in(None);
+                        false
+                    }
+                    Reading::Gated(_) => poll2(f.efd.fd(), None, t).0,
+                    alone => {
+                        let (s, e) = Waiter::block_on_both(
+                            f,
+                            sh.net.socket(),
+                            sh.net.serial(),
+                            t,
+                            alone == Reading::Alone,
+                        );
+                        sock_ready = s;
+                        e
+                    }
+                }
             } else {
                 // A process that never reads the socket (the kernel server)
                 // runs due timers only while nobody spins: spinners run
@@ -464,6 +477,15 @@ impl LocalProcess {
             }
             if let Some(Some(c)) = got {
                 return Ok(c);
+            }
+            match lone_took {
+                Some((_, Some(c))) => return Ok(c),
+                // All that was queued, unless the batch was full.
+                Some((k, None)) if k < crate::net::RECV_BATCH => {
+                    sh.run_timers_if_due();
+                    continue;
+                }
+                _ => {}
             }
             if reads {
                 match sh.poll_socket_as(Some(self.pid), 256) {

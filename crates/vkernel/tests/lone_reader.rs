@@ -1,0 +1,140 @@
+//! A host's only blocked reader waits in the main socket itself
+//! (`recvmmsg`), not in `poll` and then a read: it must be woken at once
+//! by local hand-overs (an empty datagram), by datagrams, and while it
+//! waits no other thread may be left without its answer.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread;
+use std::time::Duration;
+
+use vkernel::{Kernel, KernelConfig, Message, Pid, Process, Segment};
+
+const ECHO: u32 = 1;
+const STOP: u32 = 9;
+
+/// A host whose processes never busy-poll: every wait blocks.
+fn blocking_host(peers: Vec<std::net::SocketAddr>) -> Kernel {
+    Kernel::start(KernelConfig {
+        spin: Duration::ZERO,
+        adaptive_spin: false,
+        peers,
+        ..Default::default()
+    })
+    .expect("start host")
+}
+
+/// Echoes (code ECHO, word 1 + 1) until STOP.
+fn serve(p: Process) {
+    let mut m = Message::zero();
+    loop {
+        let i = p.receive(&mut m).expect("receive");
+        let stop = m.code() == STOP;
+        m.0[1] = m.0[1].wrapping_add(1);
+        p.reply(&m, i.from).expect("reply");
+        if stop {
+            return;
+        }
+    }
+}
+
+fn echo(c: &Process, to: Pid, k: u32) {
+    let mut m = Message::with_code(ECHO);
+    m.0[1] = k;
+    c.send(&mut m, to).expect("send");
+    assert_eq!(m.0[1], k + 1);
+}
+
+fn stop(c: &Process, to: Pid) {
+    let mut m = Message::with_code(STOP);
+    c.send(&mut m, to).expect("stop");
+}
+
+const N: u32 = 300;
+
+#[test]
+fn a_lone_server_is_woken_by_local_sends_not_by_its_timeout() {
+    let h = blocking_host(vec![]);
+    let server = h.create_process().unwrap();
+    let to = server.pid();
+    let t = thread::spawn(move || serve(server));
+    let c = h.create_process().unwrap();
+    let c0 = (
+        h.net_counters().lone_waits.load(Relaxed),
+        h.net_counters().lone_timeouts.load(Relaxed),
+    );
+    for k in 0..N {
+        echo(&c, to, k);
+    }
+    stop(&c, to);
+    t.join().unwrap();
+    let n = h.net_counters();
+    let waits = n.lone_waits.load(Relaxed) - c0.0;
+    let timeouts = n.lone_timeouts.load(Relaxed) - c0.1;
+    let woken = n.lone_wakes.load(Relaxed);
+    // The server waited in the socket for most requests, and each such
+    // wait ended by the client's wake-up (had the wake-up gone to the
+    // eventfd, every one would have lasted the socket's timeout).
+    assert!(waits >= u64::from(N) / 2, "lone waits {waits}");
+    assert!(woken >= u64::from(N) / 2, "woken {woken} of {waits}");
+    assert!(timeouts <= 5, "{timeouts} of {waits} lone waits timed out");
+}
+
+#[test]
+fn a_lone_server_takes_remote_requests_and_a_neighbour_gets_its_replies() {
+    // Host a: an echo server, alone in the socket between requests, and a
+    // neighbour process whose Sends carry a segment (so their replies come
+    // to a's main socket, not to an answer socket). Host b: the
+    // neighbour's server, and a client of a's server.
+    let a = blocking_host(vec![]);
+    let b = blocking_host(vec![a.local_addr()]);
+    a.add_peer(b.local_addr());
+    let sa = a.create_process().unwrap();
+    let sa_pid = sa.pid();
+    let sb = b.create_process().unwrap();
+    let sb_pid = sb.pid();
+    let ta = thread::spawn(move || serve(sa));
+    let tb = thread::spawn(move || {
+        let mut m = Message::zero();
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let i = sb.receive_with_segment(&mut m, &mut buf).expect("receive");
+            let stop = m.code() == STOP;
+            m.0[1] = i.seg_bytes as u32;
+            sb.reply(&m, i.from).expect("reply");
+            if stop {
+                return;
+            }
+        }
+    });
+    let neighbour = {
+        let p = a.create_process().unwrap();
+        thread::spawn(move || {
+            let data = vec![7u8; 1000];
+            for _ in 0..N {
+                let mut m = Message::with_code(ECHO);
+                p.send_with_segment(&mut m, sb_pid, Segment::Read(&data))
+                    .expect("neighbour send");
+                assert_eq!(m.0[1], 1000);
+            }
+            stop(&p, sb_pid);
+        })
+    };
+    let c = b.create_process().unwrap();
+    for k in 0..N {
+        echo(&c, sa_pid, k);
+    }
+    neighbour.join().unwrap();
+    stop(&c, sa_pid);
+    ta.join().unwrap();
+    tb.join().unwrap();
+    let n = a.net_counters();
+    assert!(
+        n.lone_waits.load(Relaxed) > 0,
+        "a's server never waited alone"
+    );
+    // Nothing waited for a timer to be read: no retransmission on a clean
+    // loopback.
+    let s = a.stats();
+    assert_eq!(s.retransmits, 0, "host a retransmitted");
+    assert_eq!(b.stats().retransmits, 0, "host b retransmitted");
+}
