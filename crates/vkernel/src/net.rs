@@ -110,13 +110,25 @@ pub(crate) fn std_addr(a: Option<rustix::net::SocketAddrAny>) -> Option<SocketAd
 /// multi-threaded process cost two atomic operations per call (on each
 /// of a remote exchange's four calls and every empty poll of a spinning
 /// wait), and nothing here uses cancellation.
-/// (Empty datagrams, wake-ups, are skipped and counted in `wakes`.)
-fn recv_one(s: &UdpSocket, buf: &mut [u8], wakes: &mut usize) -> Option<(usize, SocketAddr)> {
+/// (Empty datagrams from `wake_from`, wake-ups, are skipped and counted
+/// in `wakes`.)
+fn recv_one(
+    s: &UdpSocket,
+    buf: &mut [u8],
+    wake_from: Option<SocketAddr>,
+    wakes: &mut usize,
+) -> Option<(usize, SocketAddr)> {
     loop {
         match rustix::net::recvfrom(s, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
-            // Empty: a wake-up for a lone reader (`Net::wake_lone`).
-            Ok((0, _, _)) => *wakes += 1,
-            Ok((n, _, a)) => return Some((n, std_addr(a)?)),
+            Ok((n, _, a)) => {
+                let from = std_addr(a)?;
+                // A wake-up for a lone reader (`Net::wake_lone`).
+                if n == 0 && Some(from) == wake_from {
+                    *wakes += 1;
+                    continue;
+                }
+                return Some((n, from));
+            }
             Err(rustix::io::Errno::INTR) => continue,
             // WouldBlock, or an ICMP error surfaced on the socket: nothing to read.
             Err(_) => return None,
@@ -571,12 +583,12 @@ impl Net {
         let r = if self.lone() {
             None
         } else {
-            recv_one(&self.sock, buf, &mut wakes)
+            recv_one(&self.sock, buf, Some(self.wake_to), &mut wakes)
         };
         if wakes > 0 {
             self.pass_on_wakes(wakes);
         }
-        r.or_else(|| recv_one(self.mcast.as_ref()?, buf, &mut 0))
+        r.or_else(|| recv_one(self.mcast.as_ref()?, buf, None, &mut 0))
     }
 
     /// Sends `data` to `to` from `sock` (a thread's answer socket), with
@@ -739,15 +751,6 @@ impl Net {
             .take(n.max(0) as usize)
             .enumerate()
         {
-            if h.msg_len == 0 {
-                *wakes += 1;
-                continue;
-            }
-            if got.len() < i {
-                // Close the gap a dropped wake-up left: slots stay in order.
-                let (dst, src) = (got.len() * RECV_SLOT, i * RECV_SLOT);
-                buf.copy_within(src..src + h.msg_len as usize, dst);
-            }
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes (at most the storage's size) into `name`.
             let addr = unsafe { socket2::SockAddr::new(*name, h.msg_hdr.msg_namelen) };
@@ -756,6 +759,15 @@ impl Net {
             let from = addr
                 .as_socket()
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+            if self.is_wake(h.msg_len as usize, from) {
+                *wakes += 1;
+                continue;
+            }
+            if got.len() < i {
+                // Close the gap a dropped wake-up left: slots stay in order.
+                let (dst, src) = (got.len() * RECV_SLOT, i * RECV_SLOT);
+                buf.copy_within(src..src + h.msg_len as usize, dst);
+            }
             got.push((h.msg_len as usize, from));
         }
         if *wakes > 0 && !wait {
@@ -784,6 +796,13 @@ impl Net {
             rustix::net::SendFlags::DONTWAIT,
             &self.wake_to,
         );
+    }
+
+    /// A datagram of `len` bytes from `from` is a wake-up: empty, and
+    /// sent by this socket to itself (an empty one from elsewhere is
+    /// malformed, and counted as such).
+    fn is_wake(&self, len: usize, from: SocketAddr) -> bool {
+        len == 0 && from == self.wake_to
     }
 
     /// Wake-ups another reader took while a lone reader waited (it had
@@ -846,8 +865,13 @@ impl Net {
                 &mut control,
                 rustix::net::RecvFlags::DONTWAIT,
             ) {
-                // An empty one is a wake-up (`Net::wake_lone`).
-                Ok(m) if m.bytes == 0 => self.pass_on_wakes(1),
+                // An empty one of ours is a wake-up (`Net::wake_lone`).
+                Ok(m)
+                    if m.bytes == 0
+                        && std_addr(m.address.clone()).is_some_and(|a| self.is_wake(0, a)) =>
+                {
+                    self.pass_on_wakes(1)
+                }
                 Ok(m) if !m.flags.contains(rustix::net::ReturnFlags::TRUNC) => {
                     return Some((m.bytes, std_addr(m.address)?));
                 }
@@ -1236,12 +1260,16 @@ mod tests {
         };
         for k in 0..40 {
             txs[k % 2].send_to(&vec![k as u8; size(k)], to).unwrap();
+            if k == 20 {
+                // A wake-up amid the batch (the socket's own empty datagram).
+                net.wake_lone();
+            }
         }
         let mut b = RecvBatch::default();
         let mut got = Vec::new();
         let mut wakes = 0;
         let deadline = Instant::now() + Duration::from_secs(2);
-        while got.len() < 39 && Instant::now() < deadline {
+        while got.len() < 40 && Instant::now() < deadline {
             let n = net.recv_batch(&mut b, false);
             assert!(n <= RECV_BATCH);
             assert_eq!(n, b.len());
@@ -1251,12 +1279,12 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        // The empty one (9) is a wake-up: dropped, counted, and the ones
-        // after it in its batch keep their order.
+        // The wake-up is dropped and counted, and the ones after it in its
+        // batch keep their order; an empty datagram from elsewhere (9) is
+        // not a wake-up.
         assert_eq!(wakes, 1);
-        assert_eq!(got.len(), 39);
-        let sent = (0..40).filter(|&k| k != 9);
-        for (k, (d, from)) in sent.zip(got.iter()) {
+        assert_eq!(got.len(), 40);
+        for (k, (d, from)) in got.iter().enumerate() {
             assert_eq!(d.len(), size(k), "datagram {k}");
             assert!(d.iter().all(|&x| x == k as u8), "datagram {k}");
             assert_eq!(*from, txs[k % 2].local_addr().unwrap(), "datagram {k}");

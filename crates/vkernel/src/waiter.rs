@@ -13,7 +13,9 @@
 //! `EPOLLEXCLUSIVE` so a datagram wakes one blocked thread rather than all
 //! of them. A thread awaiting a remote reply at its own answer socket
 //! (docs/PROTOCOL.md §1c) blocks in `recvfrom` on that socket instead, and
-//! is woken by an empty datagram to it.
+//! is woken by an empty datagram to it; so is a host's lone blocked
+//! reader, which waits in the host's socket itself
+//! (`Shared::enter_reader`, [`WaitFds::waiting_in`]).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,7 +113,8 @@ impl Waiter {
     /// readable, eventfd readable).
     ///
     /// `alone`: no other thread is blocked reading the socket (a host's
-    /// single server, say). It then waits in a plain `ppoll`, whose entry
+    /// single server, say, when it cannot wait in the socket itself:
+    /// `Shared::enter_reader`). It then waits in a plain `ppoll`, whose entry
     /// on the socket's wait queue lasts only while it waits. (A reader that
     /// blocks while it waits is woken with it by the next datagram, once;
     /// the next wait of either is no longer alone.)
@@ -374,15 +377,22 @@ impl WaitFds {
     /// [`WaitFds::signal`]) until a datagram comes or about `timeout`
     /// passes (whole milliseconds, 1 to [`ANSWER_WAIT`]): the datagram,
     /// unless it was empty (a wake-up). Call with the process parked on
-    /// this thread.
+    /// this thread; `ready` is its flag: set already once the socket is
+    /// noted (a waker that looked before signalled the eventfd), it
+    /// returns at once.
     pub(crate) fn recv_blocking(
         &self,
         sock: &Arc<std::net::UdpSocket>,
         buf: &mut [u8],
         timeout: Duration,
+        ready: &AtomicBool,
     ) -> Option<(usize, std::net::SocketAddr)> {
         set_answer_timeout(sock, timeout);
         *lock(&self.in_recv) = Some((sock.clone(), None));
+        if ready.load(Ordering::SeqCst) {
+            lock(&self.in_recv).take();
+            return None;
+        }
         let r = loop {
             match rustix::net::recvfrom(&**sock, &mut *buf, rustix::net::RecvFlags::empty()) {
                 Err(rustix::io::Errno::INTR) => continue,

@@ -414,7 +414,7 @@ impl LocalProcess {
                 let left = Duration::from_micros(due.saturating_sub(sh.now()));
                 got = ANSWER_BUF.with(|b| {
                     let mut b = b.borrow_mut();
-                    let (n, from) = f.recv_blocking(a, &mut b[..], left)?;
+                    let (n, from) = f.recv_blocking(a, &mut b[..], left, &w.ready)?;
                     sh.net.count_answer();
                     Some(sh.handle_answer(self.pid, from, &b[..n]))
                 });
