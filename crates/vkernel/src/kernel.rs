@@ -910,9 +910,10 @@ impl Shared {
     /// handles them as [`Shared::recv_batch_from`] does. How many, and
     /// `me`'s completion if one of them produced it.
     pub(crate) fn recv_lone(&self, me: Pid) -> (usize, Option<Completion>) {
-        let Ok(mut slot) = self.lone_batch.try_lock() else {
-            self.net.set_lone(false);
-            return (0, None);
+        // Never contended: the role is one thread's at a time.
+        let mut slot = match self.lone_batch.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
         };
         let b = slot.get_or_insert_with(Box::default);
         let n = self.net.recv_batch(b, true);

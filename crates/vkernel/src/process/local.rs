@@ -424,7 +424,16 @@ impl LocalProcess {
                 // (A local Send's reply comes as a hand-over, never in a
                 // datagram.)
                 let needs_socket = !matches!(expect, Expect::Local);
-                let r = sh.enter_reader(sh.may_wait_lone(t), needs_socket);
+                // Waiting in the socket pays off when a datagram is what
+                // ends the wait: a hand-over would have to send one
+                // (dearer than signalling the eventfd), so a server of
+                // local clients waits as before.
+                let datagram_next = match expect {
+                    Expect::Receive => self.last_from_remote.get(),
+                    e => needs_socket && !matches!(e, Expect::Local),
+                };
+                let may_lone = datagram_next && sh.may_wait_lone(t);
+                let r = sh.enter_reader(may_lone, needs_socket);
                 match r.reading() {
                     Reading::Lone => {
                         f.waiting_in(Some(sh.net.lone_wait()));
