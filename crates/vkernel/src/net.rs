@@ -136,6 +136,12 @@ fn recv_one(
     }
 }
 
+/// Sends the empty datagram that wakes a thread blocked reading `to`
+/// (a thread's answer socket, or a host's main socket from itself).
+pub(crate) fn send_wake(from: &UdpSocket, to: &SocketAddr) -> rustix::io::Result<usize> {
+    rustix::net::sendto(from, &[], rustix::net::SendFlags::DONTWAIT, to)
+}
+
 /// Datagrams taken from the socket by one [`Net::recv_batch`] call.
 pub struct RecvBatch {
     /// `RECV_BATCH` slots of `RECV_SLOT` bytes.
@@ -791,12 +797,7 @@ impl Net {
     /// Wakes the lone reader: an empty datagram to the main socket (not
     /// through the fault injector).
     pub(crate) fn wake_lone(&self) {
-        let _ = rustix::net::sendto(
-            &*self.sock,
-            &[],
-            rustix::net::SendFlags::DONTWAIT,
-            &self.wake_to,
-        );
+        let _ = send_wake(&self.sock, &self.wake_to);
     }
 
     /// A datagram of `len` bytes from `from` is a wake-up: empty, and

@@ -353,7 +353,7 @@ impl WaitFds {
     pub(crate) fn signal(&self) {
         if let Some((s, to)) = lock(&self.in_recv).as_ref() {
             if let Some(a) = to.or_else(|| s.local_addr().ok()) {
-                if rustix::net::sendto(&**s, &[], rustix::net::SendFlags::DONTWAIT, &a).is_ok() {
+                if crate::net::send_wake(s, &a).is_ok() {
                     return;
                 }
             }

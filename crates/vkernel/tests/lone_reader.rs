@@ -24,6 +24,14 @@ fn blocking_host(peers: Vec<std::net::SocketAddr>) -> Kernel {
     .expect("start host")
 }
 
+/// Two such hosts that know each other.
+fn blocking_pair() -> (Kernel, Kernel) {
+    let a = blocking_host(vec![]);
+    let b = blocking_host(vec![a.local_addr()]);
+    a.add_peer(b.local_addr());
+    (a, b)
+}
+
 /// Echoes (code ECHO, word 1 + 1) until STOP.
 fn serve(p: Process) {
     let mut m = Message::zero();
@@ -57,9 +65,7 @@ fn a_lone_server_of_remote_clients_is_woken_by_a_local_send_not_its_timeout() {
     // The server's last request came from another host, so it waits in
     // the socket; the next comes from its own host, by hand-over, which
     // must wake it with an empty datagram.
-    let a = blocking_host(vec![]);
-    let b = blocking_host(vec![a.local_addr()]);
-    a.add_peer(b.local_addr());
+    let (a, b) = blocking_pair();
     let server = a.create_process().unwrap();
     let to = server.pid();
     let t = thread::spawn(move || serve(server));
@@ -91,9 +97,7 @@ fn a_lone_server_takes_remote_requests_and_a_neighbour_gets_its_replies() {
     // neighbour process whose Sends carry a segment (so their replies come
     // to a's main socket, not to an answer socket). Host b: the
     // neighbour's server, and a client of a's server.
-    let a = blocking_host(vec![]);
-    let b = blocking_host(vec![a.local_addr()]);
-    a.add_peer(b.local_addr());
+    let (a, b) = blocking_pair();
     let sa = a.create_process().unwrap();
     let sa_pid = sa.pid();
     let sb = b.create_process().unwrap();

@@ -420,42 +420,9 @@ impl LocalProcess {
                 });
                 false
             } else if let (true, Some(f)) = (reads, &fds) {
-                let t = sh.time_to_timer(Duration::from_millis(50));
-                // (A local Send's reply comes as a hand-over, never in a
-                // datagram.)
-                let needs_socket = !matches!(expect, Expect::Local);
-                // Waiting in the socket pays off when a datagram is what
-                // ends the wait: a hand-over would have to send one
-                // (dearer than signalling the eventfd), so a server of
-                // local clients waits as before.
-                let datagram_next = match expect {
-                    Expect::Receive => self.last_from_remote.get(),
-                    e => needs_socket && !matches!(e, Expect::Local),
-                };
-                let may_lone = datagram_next && sh.may_wait_lone(t);
-                let r = sh.enter_reader(may_lone, needs_socket);
-                match r.reading() {
-                    Reading::Lone => {
-                        f.waiting_in(Some(sh.net.lone_wait()));
-                        if !w.ready.load(Ordering::SeqCst) {
-                            lone_took = Some(sh.recv_lone(self.pid));
-                        }
-                        f.waiting_in(None);
-                        false
-                    }
-                    Reading::Gated(_) => poll2(f.efd.fd(), None, t).0,
-                    alone => {
-                        let (s, e) = Waiter::block_on_both(
-                            f,
-                            sh.net.socket(),
-                            sh.net.serial(),
-                            t,
-                            alone == Reading::Alone,
-                        );
-                        sock_ready = s;
-                        e
-                    }
-                }
+                let (e, s, l) = self.block_reading(f, expect);
+                (sock_ready, lone_took) = (s, l);
+                e
             } else {
                 // A process that never reads the socket (the kernel server)
                 // runs due timers only while nobody spins: spinners run
@@ -506,6 +473,52 @@ impl LocalProcess {
                 }
             }
             sh.run_timers_if_due();
+        }
+    }
+
+    /// Blocks this parked process's thread as a reader of the host's
+    /// socket (`Shared::enter_reader`) until it is woken, a datagram
+    /// comes, or the next timer. Returns (eventfd signalled, socket
+    /// readable, what the lone reader's own wait took and handled).
+    fn block_reading(
+        &self,
+        f: &crate::waiter::WaitFds,
+        expect: Expect,
+    ) -> (bool, bool, Option<(usize, Option<Completion>)>) {
+        let sh = &self.shared;
+        let t = sh.time_to_timer(Duration::from_millis(50));
+        // (A local Send's reply comes as a hand-over, never in a
+        // datagram.)
+        let needs_socket = !matches!(expect, Expect::Local);
+        // Waiting in the socket pays off when a datagram is what ends the
+        // wait: a hand-over would have to send one (dearer than
+        // signalling the eventfd), so a server of local clients waits as
+        // before.
+        let datagram_next = match expect {
+            Expect::Receive => self.last_from_remote.get(),
+            _ => needs_socket,
+        };
+        let may_lone = datagram_next && sh.may_wait_lone(t);
+        let r = sh.enter_reader(may_lone, needs_socket);
+        match r.reading() {
+            Reading::Lone => {
+                f.waiting_in(Some(sh.net.lone_wait()));
+                let took =
+                    (!self.waiter.ready.load(Ordering::SeqCst)).then(|| sh.recv_lone(self.pid));
+                f.waiting_in(None);
+                (false, false, took)
+            }
+            Reading::Gated(_) => (poll2(f.efd.fd(), None, t).0, false, None),
+            alone => {
+                let (s, e) = Waiter::block_on_both(
+                    f,
+                    sh.net.socket(),
+                    sh.net.serial(),
+                    t,
+                    alone == Reading::Alone,
+                );
+                (e, s, None)
+            }
         }
     }
 
