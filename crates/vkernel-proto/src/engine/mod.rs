@@ -724,8 +724,10 @@ impl Engine {
         }
     }
 
-    /// Fails every blocked operation with `Shutdown` (the runtime is stopping).
+    /// Fails every blocked operation with `Shutdown` and sends nothing
+    /// more (the runtime is stopping).
     pub fn shutdown(&mut self) {
+        self.out.close();
         let Some(h) = self.host_id() else { return };
         let blocked: Vec<(Pid, Completion)> = self
             .procs

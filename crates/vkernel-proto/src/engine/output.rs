@@ -62,6 +62,8 @@ pub(super) struct Output {
     /// Unauthenticated notices, sent as they are (never sealed).
     notices: VecDeque<Transmit>,
     last_notice: Option<Micros>,
+    /// The host shut down: nothing more leaves it.
+    closed: bool,
 }
 
 impl Output {
@@ -100,7 +102,19 @@ impl Output {
     /// Queues a datagram.
     #[inline]
     pub(super) fn push(&mut self, to: SocketAddr, data: Vec<u8>) {
-        self.transmits.push_back(Transmit { to, data });
+        if !self.closed {
+            self.transmits.push_back(Transmit { to, data });
+        }
+    }
+
+    /// Drops everything queued and queues nothing from now on: a host
+    /// that shut down must look dead to its peers, not answer a request
+    /// with what a process still running on it says after the shutdown.
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+        self.transmits.clear();
+        self.chunks.clear();
+        self.notices.clear();
     }
 
     /// The next notice, else the next datagram.
@@ -118,9 +132,10 @@ impl Output {
     /// Queues an unauthenticated notice unless one went out less than
     /// [`NOTICE_GAP`] ago.
     pub(super) fn notice(&mut self, now: Micros, to: SocketAddr, data: Vec<u8>) {
-        if self
-            .last_notice
-            .is_some_and(|t| now.saturating_sub(t) < NOTICE_GAP)
+        if self.closed
+            || self
+                .last_notice
+                .is_some_and(|t| now.saturating_sub(t) < NOTICE_GAP)
         {
             return;
         }
@@ -131,7 +146,9 @@ impl Output {
     /// Queues a bulk chunk.
     #[inline]
     pub(super) fn chunk(&mut self, c: Chunk) {
-        self.chunks.push_back(c);
+        if !self.closed {
+            self.chunks.push_back(c);
+        }
     }
 
     /// The next queued chunk.

@@ -29,6 +29,48 @@ fn silent_host_times_out_after_host_timeout() {
 }
 
 #[test]
+fn a_shut_down_host_answers_nothing_and_its_clients_time_out() {
+    // A server process still running when its host shuts down must not
+    // answer for the dead host: its client sees the host go (Timeout),
+    // not a reply, a replyPending or a "no such process".
+    let mut n = Net::with(2, |_, c| c.host_timeout = 1_000_000);
+    n.introduce();
+    let s = n.e[0].create_process().unwrap();
+    let c = n.e[1].create_process().unwrap();
+    let c2 = n.e[1].create_process().unwrap();
+    n.e[1]
+        .send(n.now, c, s, Message::with_code(1), None)
+        .unwrap();
+    n.run();
+    n.e[0].receive(n.now, s, None, None).unwrap().unwrap();
+    n.e[0].shutdown();
+    let mark = n.sent.len();
+    let now = n.now;
+    let _ = n.e[0].reply(now, s, c, Message::with_code(2), None);
+    let ghost = Pid::new(HostId(1), 0x4242);
+    n.e[1].send(now, c2, ghost, Message::zero(), None).unwrap();
+    let t0 = n.now;
+    let done = n.advance_until(5_000_000, |n| {
+        completed(&n.e[1], c) && completed(&n.e[1], c2)
+    });
+    assert!(done);
+    assert_eq!(send_err(&mut n.e[1], c), IpcError::Timeout(s));
+    assert_eq!(send_err(&mut n.e[1], c2), IpcError::Timeout(ghost));
+    assert!(n.now - t0 >= 1_000_000, "timed out after {} µs", n.now - t0);
+    let from_dead: Vec<_> = n.sent[mark..].iter().filter(|d| d.to == 1).collect();
+    assert_eq!(
+        from_dead.len(),
+        0,
+        "the dead host sent {} datagrams",
+        from_dead.len()
+    );
+    assert!(
+        n.sent[mark..].iter().any(|d| d.to == 0),
+        "the clients retransmitted"
+    );
+}
+
+#[test]
 fn reply_pending_keeps_a_long_request_alive() {
     let mut n = Net::with(2, |_, c| c.host_timeout = 1_000_000);
     n.introduce();
