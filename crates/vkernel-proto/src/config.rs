@@ -42,10 +42,11 @@ pub struct Config {
     pub max_rto: Micros,
     /// The floor under a RemoteSend's timeout that a peer at a loopback
     /// address starts with (`Rtt::primed`): it shares this machine's
-    /// CPUs, so a scheduler's delay of a few ms is normal for it and a
-    /// copy sent sooner is needless. It fades like the floor a needless
-    /// copy raises (halving over 10 s, and at each copy that proves
-    /// needed). 0: none.
+    /// CPUs, so a scheduler's or a virtual machine's stall of several ms
+    /// is normal for it and a copy sent sooner is needless. 20 ms, the
+    /// highest floor a needless copy raises (`rtt::HELD_MAX`), and it
+    /// fades like that floor (halving over 10 s, and at each copy that
+    /// proves needed). 0: none.
     pub local_send_floor: Micros,
     /// A Send/MoveTo/MoveFrom fails when the peer host is silent this long.
     pub host_timeout: Micros,
@@ -122,7 +123,7 @@ impl Default for Config {
             initial_rto: 100_000,
             min_rto: 2_000,
             max_rto: 1_000_000,
-            local_send_floor: 10_000,
+            local_send_floor: crate::rtt::HELD_MAX,
             host_timeout: 3_000_000,
             alien_timeout: 8_000_000,
             getpid_timeout: 500_000,
