@@ -25,7 +25,7 @@ pub mod testing;
 pub mod wire;
 
 pub use config::{multicast_addr, Config, GroupPolicy, Micros, MAX_APPEND};
-pub use engine::{Completion, Engine, Event, Received, ReplyInfo, Scope, Transmit};
+pub use engine::{Completion, Engine, Event, OwnDue, Received, ReplyInfo, Scope, Transmit};
 pub use error::IpcError;
 pub use message::{GroupMode, Message, SegAccess};
 pub use pid::{HostId, Pid};

@@ -201,7 +201,8 @@ pub const HELD_HALF_LIFE: Micros = 10_000_000;
 
 /// The highest replyPending floor (`Rtt::held`): above the queueing delays
 /// of a busy server (a few ms at 256 clients here), below the holds of one
-/// that delays replies on purpose.
+/// that delays replies on purpose. A peer on this machine starts with it
+/// (`Config::local_send_floor`).
 pub const HELD_MAX: Micros = 20_000;
 
 #[cfg(test)]

@@ -817,15 +817,18 @@ impl Net {
         }
     }
 
-    /// Sets how long a waiting [`Net::recv_batch`] blocks, rounded down
-    /// to a power of two milliseconds (a system call only when that
-    /// changes): false if `d` is under 2 ms (then wait otherwise).
+    /// Sets how long a waiting [`Net::recv_batch`] blocks: a power of two
+    /// milliseconds, at most half of `d` (a system call only when that
+    /// changes). Half, because a socket's timeout ends on the kernel's
+    /// tick, up to two ticks late (asked 4 ms, it sleeps 8 at 250 Hz), and
+    /// the wait is for the host's next timer. False if `d` is under 8 ms:
+    /// then wait otherwise (`ppoll`, to the microsecond).
     pub(crate) fn set_recv_timeout(&self, d: Duration) -> bool {
-        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(64);
-        if ms < 2 {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(128);
+        if ms < 8 {
             return false;
         }
-        let step = 1 << ms.ilog2();
+        let step = 1 << (ms / 2).ilog2();
         if self.rcv_timeout_ms.load(Ordering::Relaxed) == step {
             return true;
         }

@@ -385,24 +385,50 @@ impl WaitFds {
         sock: &Arc<std::net::UdpSocket>,
         buf: &mut [u8],
         timeout: Duration,
+        exact: bool,
         ready: &AtomicBool,
     ) -> Option<(usize, std::net::SocketAddr)> {
-        set_answer_timeout(sock, timeout);
+        if !exact {
+            set_answer_timeout(sock, timeout);
+        }
         *lock(&self.in_recv) = Some((sock.clone(), None));
         if ready.load(Ordering::SeqCst) {
             lock(&self.in_recv).take();
             return None;
         }
-        let r = loop {
-            match rustix::net::recvfrom(&**sock, &mut *buf, rustix::net::RecvFlags::empty()) {
-                Err(rustix::io::Errno::INTR) => continue,
-                r => break r,
-            }
-        };
+        let r = recv_answer_within(sock, buf, timeout, exact);
         lock(&self.in_recv).take();
         match r {
             Ok((n, _, a)) if n > 0 => crate::net::std_addr(a).map(|a| (n, a)),
             _ => None,
+        }
+    }
+}
+
+/// Waits for a datagram on the answer socket `sock` for about `timeout`
+/// and reads it. Normally one `recvfrom` that blocks under the socket's
+/// receive timeout ([`set_answer_timeout`]); but that timeout ends on the
+/// kernel's tick (asked 1 ms, it sleeps 8 on a 250 Hz kernel), so with
+/// `exact` (the caller's deadline) the wait is a `ppoll`, to the
+/// microsecond, and the read does not block.
+pub(crate) fn recv_answer_within(
+    sock: &std::net::UdpSocket,
+    buf: &mut [u8],
+    timeout: Duration,
+    exact: bool,
+) -> rustix::io::Result<(usize, usize, Option<rustix::net::SocketAddrAny>)> {
+    let flags = if exact {
+        if !crate::sys::poll2(sock.as_raw_fd(), None, timeout).0 {
+            return Err(rustix::io::Errno::AGAIN);
+        }
+        rustix::net::RecvFlags::DONTWAIT
+    } else {
+        rustix::net::RecvFlags::empty()
+    };
+    loop {
+        match rustix::net::recvfrom(sock, &mut *buf, flags) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r,
         }
     }
 }

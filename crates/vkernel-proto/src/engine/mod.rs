@@ -700,9 +700,21 @@ impl Engine {
     /// at the thread's socket ([`Engine::set_answer_source`]) is left out
     /// of [`Engine::poll_timeout`], so that no other thread wakes for a
     /// deadline that is nearly always stale (the reply comes first).
-    pub fn own_deadline(&self, pid: Pid) -> Option<Micros> {
-        let r = self.outgoing(pid)?.remote.as_ref()?;
-        r.self_timed.then(|| r.next.min(r.deadline))
+    /// With the Send's own deadline ([`Engine::set_send_deadline`]) when
+    /// that comes first, and then `exact`: the caller set it and should
+    /// be woken on time, while a retransmission may run a little late.
+    pub fn own_deadline(&self, pid: Pid) -> Option<OwnDue> {
+        let o = self.outgoing(pid)?;
+        let r = o.remote.as_ref()?;
+        let timer = r.next.min(r.deadline);
+        let due = match o.deadline {
+            Some(d) if d <= timer => OwnDue { at: d, exact: true },
+            _ => OwnDue {
+                at: timer,
+                exact: false,
+            },
+        };
+        r.self_timed.then_some(due)
     }
 
     /// Adds to `out` the processes whose remote Send
@@ -752,6 +764,17 @@ impl Engine {
     pub(crate) fn random_u32(&mut self) -> u32 {
         self.rng.gen()
     }
+}
+
+/// When a thread that times its own Send must look at its timers
+/// ([`Engine::own_deadline`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnDue {
+    /// The engine's time (µs).
+    pub at: Micros,
+    /// The Send's deadline: wake on time (a retransmission timer, not
+    /// exact, may be run a little late).
+    pub exact: bool,
 }
 
 #[cfg(test)]

@@ -309,8 +309,9 @@ pub(crate) trait Io {
     /// Sends `data` to `to` (a failure is as a loss).
     fn send(&mut self, to: SocketAddr, data: &[u8]);
     /// Reads one datagram into `buf`: at once if `wait_us` is 0, else
-    /// waiting at most about that long. None: nothing came.
-    fn recv(&mut self, buf: &mut [u8], wait_us: u64) -> Option<usize>;
+    /// waiting at most about that long (`exact`: not longer, as for the
+    /// caller's deadline). None: nothing came.
+    fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize>;
     /// Why to stop waiting (the process was destroyed, the host stops).
     fn gone(&self) -> Option<IpcError>;
     /// After a spinning wait's `turn`-th empty look: whether to block
@@ -391,18 +392,17 @@ pub(crate) fn send(
     let went = loop {
         let now = io.now();
         let due = now >= d.next_timer();
+        let until = c.deadline.unwrap_or(u64::MAX).min(d.next_timer());
         let wait_us = if blocked && !due {
-            c.deadline
-                .unwrap_or(u64::MAX)
-                .min(d.next_timer())
-                .saturating_sub(now)
-                .max(1)
+            until.saturating_sub(now).max(1)
         } else {
             0
         };
+        // The caller's deadline is kept on time; a timer may run late.
+        let exact = c.deadline == Some(until);
         // (When a timer is due, one more look first: the answer may have
         // come while this thread waited for a CPU; that is no loss.)
-        if let Some(n) = io.recv(buf, wait_us) {
+        if let Some(n) = io.recv(buf, wait_us, exact) {
             let now = io.now();
             let data = buf.get(..n).unwrap_or_default();
             let outcome = d.on_datagram(now, data);

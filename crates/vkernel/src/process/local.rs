@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vkernel_proto::engine::{Completion, KERNEL_SERVER_LOCAL_ID};
+use vkernel_proto::engine::{Completion, OwnDue, KERNEL_SERVER_LOCAL_ID};
 use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
 use vkernel_proto::{IpcError, Message, Micros, Pid, Scope, SegAccess};
 
@@ -23,6 +23,12 @@ use crate::spin::SpinPolicy;
 use crate::sys::poll2;
 use crate::trace::Phase;
 use crate::waiter::Waiter;
+
+/// No timer of its own to run (the engine's threads time the exchange).
+const NEVER: OwnDue = OwnDue {
+    at: Micros::MAX,
+    exact: false,
+};
 
 use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 
@@ -215,7 +221,7 @@ impl LocalProcess {
     /// as long as the process's [`SpinPolicy`] says, and teaches the policy
     /// how long the wait took.
     fn wait(&self, expect: Expect) -> Result<Completion, IpcError> {
-        self.wait_via(expect, None, Micros::MAX)
+        self.wait_via(expect, None, NEVER)
     }
 
     /// [`LocalProcess::wait`] for the reply to a Send that asked for its
@@ -226,7 +232,7 @@ impl LocalProcess {
         &self,
         expect: Expect,
         answer: Option<&Arc<std::net::UdpSocket>>,
-        due: Micros,
+        due: OwnDue,
     ) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let start = sh.now();
@@ -266,7 +272,7 @@ impl LocalProcess {
         &self,
         expect: Expect,
         answer: Option<&Arc<std::net::UdpSocket>>,
-        mut due: Micros,
+        mut due: OwnDue,
         start: u64,
         spin_us: u64,
         blocked: &mut bool,
@@ -311,7 +317,7 @@ impl LocalProcess {
             }
             // This thread times its own exchange (no other thread wakes for
             // it): retransmit, or learn the next deadline.
-            if let Some(a) = answer.filter(|_| sh.now() >= due) {
+            if let Some(a) = answer.filter(|_| sh.now() >= due.at) {
                 // The reply may have come while this thread waited for a
                 // CPU after its wait timed out: not a loss.
                 if let Some(c) = sh.poll_answer(self.pid, a) {
@@ -324,7 +330,7 @@ impl LocalProcess {
                 if let Some(c) = c {
                     return Ok(c);
                 }
-                due = d.unwrap_or(Micros::MAX);
+                due = d.unwrap_or(NEVER);
                 continue;
             }
             if sh.stopping() {
@@ -411,10 +417,10 @@ impl LocalProcess {
             // Read by the lone reader's own wait: the datagrams it took.
             let mut lone_took = None;
             let ev = if let (Some(a), Some(f)) = (answer, &fds) {
-                let left = Duration::from_micros(due.saturating_sub(sh.now()));
+                let left = Duration::from_micros(due.at.saturating_sub(sh.now()));
                 got = ANSWER_BUF.with(|b| {
                     let mut b = b.borrow_mut();
-                    let (n, from) = f.recv_blocking(a, &mut b[..], left, &w.ready)?;
+                    let (n, from) = f.recv_blocking(a, &mut b[..], left, due.exact, &w.ready)?;
                     sh.net.count_answer();
                     Some(sh.handle_answer(self.pid, from, &b[..n]))
                 });
@@ -614,7 +620,7 @@ impl LocalProcess {
             })
             .0?;
         let answer = answer.filter(|_| due.is_some());
-        self.finish_send_via(msg, to, answer.as_ref(), due.unwrap_or(Micros::MAX))
+        self.finish_send_via(msg, to, answer.as_ref(), due.unwrap_or(NEVER))
     }
 
     /// The engine is about to send to `to` for this process: a RemoteSend
@@ -796,7 +802,7 @@ impl LocalProcess {
     }
 
     fn finish_send(&self, msg: &mut Message, to: Pid) -> Result<Reply, IpcError> {
-        self.finish_send_via(msg, to, None, Micros::MAX)
+        self.finish_send_via(msg, to, None, NEVER)
     }
 
     /// [`LocalProcess::finish_send`] of a Send whose answers come to the
@@ -806,7 +812,7 @@ impl LocalProcess {
         msg: &mut Message,
         to: Pid,
         answer: Option<&Arc<std::net::UdpSocket>>,
-        due: Micros,
+        due: OwnDue,
     ) -> Result<Reply, IpcError> {
         let r = match self.wait_via(self.expect_for(to), answer, due) {
             Ok(Completion::Send(Ok(r))) => {
@@ -1573,21 +1579,18 @@ impl super::direct::Io for ThreadIo<'_> {
         self.sh.net.send_from(self.sock, to, data);
     }
 
-    fn recv(&mut self, buf: &mut [u8], wait_us: u64) -> Option<usize> {
+    fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize> {
         let n = if wait_us == 0 {
             self.sh.net.recv_answer(self.sock, buf).map(|(n, _)| n)
         } else {
-            crate::waiter::set_answer_timeout(self.sock, Duration::from_micros(wait_us));
-            loop {
-                match rustix::net::recv(self.sock, &mut *buf, rustix::net::RecvFlags::empty()) {
-                    Err(rustix::io::Errno::INTR) => continue,
-                    // (Empty: a wake-up meant for an earlier wait.)
-                    Ok((n, _)) if n > 0 => {
-                        self.sh.net.count_answer();
-                        break Some(n);
-                    }
-                    _ => break None,
+            let wait = Duration::from_micros(wait_us);
+            match crate::waiter::recv_answer_within(self.sock, buf, wait, exact) {
+                // (Empty: a wake-up meant for an earlier wait.)
+                Ok((n, _, _)) if n > 0 => {
+                    self.sh.net.count_answer();
+                    Some(n)
                 }
+                _ => None,
             }
         };
         if let (Some(t), Some(n)) = (&self.sh.tracer, n) {

@@ -1089,7 +1089,7 @@ fn a_send_that_asked_for_answers_at_its_source_is_timed_by_its_own_thread() {
         .send(n.now, c, s, Message::with_code(2), None)
         .unwrap();
     n.e[1].set_answer_source(false);
-    let due = n.e[1].own_deadline(c).expect("timed by its thread");
+    let due = n.e[1].own_deadline(c).expect("timed by its thread").at;
     assert!(n.e[1].poll_timeout() > due, "no shared deadline for it");
     while n.e[1].poll_transmit().is_some() {}
     n.e[1].handle_timeout(due);
@@ -1098,8 +1098,19 @@ fn a_send_that_asked_for_answers_at_its_source_is_timed_by_its_own_thread() {
     assert_eq!(h.ptype, PacketType::RemoteSend);
     assert_ne!(h.flags & wire::F_RETRANSMIT, 0);
     assert_eq!(n.e[1].stats().retransmits, 1);
-    assert!(n.e[1].own_deadline(c).expect("still its own") > due);
+    assert!(n.e[1].own_deadline(c).expect("still its own").at > due);
     assert!(n.e[1].poll_timeout() > due);
+    // A deadline before the next retransmission is what the thread waits
+    // for, to the microsecond; one after it changes nothing.
+    let next = n.e[1].own_deadline(c).unwrap();
+    assert!(!next.exact);
+    n.e[1].set_send_deadline(c, next.at + 1);
+    assert_eq!(n.e[1].own_deadline(c), Some(next));
+    n.e[1].set_send_deadline(c, next.at - 1);
+    let d = n.e[1].own_deadline(c).unwrap();
+    assert_eq!((d.at, d.exact), (next.at - 1, true));
+    n.e[1].handle_timeout(next.at - 1);
+    assert_eq!(send_err(&mut n.e[1], c), IpcError::Deadline(s));
 }
 
 /// Host 0 serves `s`, host 1 sends from `cs`; twenty quick exchanges from
