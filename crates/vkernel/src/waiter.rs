@@ -375,7 +375,8 @@ impl WaitFds {
 
     /// Blocks in `recvfrom` on the answer socket `sock` (see
     /// [`WaitFds::signal`]) until a datagram comes or about `timeout`
-    /// passes (whole milliseconds, 1 to [`ANSWER_WAIT`]): the datagram,
+    /// passes (whole milliseconds, 1 to [`ANSWER_WAIT`]; to the
+    /// microsecond if `exact`, see [`recv_answer_within`]): the datagram,
     /// unless it was empty (a wake-up). Call with the process parked on
     /// this thread; `ready` is its flag: set already once the socket is
     /// noted (a waker that looked before signalled the eventfd), it
@@ -388,9 +389,6 @@ impl WaitFds {
         exact: bool,
         ready: &AtomicBool,
     ) -> Option<(usize, std::net::SocketAddr)> {
-        if !exact {
-            set_answer_timeout(sock, timeout);
-        }
         *lock(&self.in_recv) = Some((sock.clone(), None));
         if ready.load(Ordering::SeqCst) {
             lock(&self.in_recv).take();
@@ -423,6 +421,7 @@ pub(crate) fn recv_answer_within(
         }
         rustix::net::RecvFlags::DONTWAIT
     } else {
+        set_answer_timeout(sock, timeout);
         rustix::net::RecvFlags::empty()
     };
     loop {

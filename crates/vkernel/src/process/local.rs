@@ -24,13 +24,13 @@ use crate::sys::poll2;
 use crate::trace::Phase;
 use crate::waiter::Waiter;
 
+use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
+
 /// No timer of its own to run (the engine's threads time the exchange).
 const NEVER: OwnDue = OwnDue {
     at: Micros::MAX,
     exact: false,
 };
-
-use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 
 /// Counts a thread as spinning while it lives: adds `add` on entry and
 /// takes 1 away on exit (see `Shared::spinners` for why those differ).
