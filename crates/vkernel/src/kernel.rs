@@ -1081,6 +1081,14 @@ impl Shared {
         self.lock().waiters.remove(&pid)
     }
 
+    /// Wakes `w`'s thread if it reads its answer socket in a direct Send
+    /// (call after setting what it should notice: `destroyed`, `stop`).
+    pub(crate) fn wake_direct(&self, w: &Waiter) {
+        if let (Some(ip), Some(port)) = (self.answers, w.answer_port()) {
+            self.net.wake_answer(std::net::SocketAddr::new(ip, port));
+        }
+    }
+
     pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
@@ -1709,6 +1717,10 @@ impl Kernel {
             return;
         }
         e.shared.with_engine(|e, _| e.shutdown());
+        let direct: Vec<_> = e.shared.lock().waiters.values().cloned().collect();
+        for w in &direct {
+            e.shared.wake_direct(w);
+        }
         e.shared.resolver.stop();
         e.shared.bg_efd.signal();
         if let Some(h) = e.bg.take() {
@@ -1730,6 +1742,7 @@ pub(crate) fn destroy_local(shared: &Shared, pid: Pid) -> Result<(), IpcError> {
     shared.with_engine(|e, now| e.destroy_process(now, pid))?;
     if let Some(w) = shared.unregister(pid) {
         w.destroy();
+        shared.wake_direct(&w);
     }
     Ok(())
 }

@@ -800,6 +800,13 @@ impl Net {
         let _ = send_wake(&self.sock, &self.wake_to);
     }
 
+    /// Wakes a thread blocked in its answer socket at `to`: an empty
+    /// datagram, which answer sockets skip (not through the fault
+    /// injector).
+    pub(crate) fn wake_answer(&self, to: SocketAddr) {
+        let _ = send_wake(&self.sock, &to);
+    }
+
     /// A datagram of `len` bytes from `from` is a wake-up: empty, and
     /// sent by this socket to itself (an empty one from elsewhere is
     /// malformed, and counted as such).

@@ -44,6 +44,11 @@ pub(crate) struct Waiter {
     armed: AtomicBool,
     /// The last completion went to `sink`, which must be woken.
     sink_wake: AtomicBool,
+    /// The port of the answer socket the process's thread reads during a
+    /// Send outside the engine (`process/direct.rs`), 0 if none: whoever
+    /// destroys the process or stops the host wakes that thread with an
+    /// empty datagram, as it is not parked.
+    answer_port: std::sync::atomic::AtomicU32,
 }
 
 /// Takes completions for a process that nobody waits for in this program:
@@ -76,7 +81,22 @@ impl Waiter {
             sink: OnceLock::new(),
             armed: AtomicBool::new(false),
             sink_wake: AtomicBool::new(false),
+            answer_port: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// Notes the answer socket port the process's thread reads during a
+    /// direct Send (0: it no longer does). Set before the thread's last
+    /// look at `destroyed`: a destroyer sets that first, then looks here.
+    pub(crate) fn set_answer_port(&self, port: u16) {
+        self.answer_port.store(u32::from(port), Ordering::SeqCst);
+    }
+
+    /// The answer socket port noted by [`Waiter::set_answer_port`], if any.
+    pub(crate) fn answer_port(&self) -> Option<u16> {
+        u16::try_from(self.answer_port.load(Ordering::SeqCst))
+            .ok()
+            .filter(|&p| p != 0)
     }
 
     /// The calling thread's descriptors, noted as the ones that wake
@@ -327,7 +347,7 @@ pub(crate) struct WaitFds {
     sock: Mutex<Option<(RawFd, u64)>>,
     /// The thread's answer sockets by host serial, the latest used last;
     /// only the owning thread touches them.
-    answers: Mutex<Vec<(u64, Arc<std::net::UdpSocket>)>>,
+    answers: Mutex<Vec<(u64, Arc<std::net::UdpSocket>, u16)>>,
     /// The socket the thread is blocked in, if it is: a waker then sends
     /// it an empty datagram instead of signalling the eventfd. An answer
     /// socket (`recvfrom`), or with the address to send to, a host's main
@@ -484,18 +504,22 @@ const ANSWER_SOCKETS: usize = 4;
 /// (`F_ANSWER_SOURCE`), so the thread waiting for the reply is the one the
 /// reply wakes, not whichever of the host's blocked threads the main
 /// socket wakes (which would then wake the sender: two wake-ups).
-/// `None` if the thread has no descriptors to spare.
-pub(crate) fn answer_socket(serial: u64, ip: std::net::IpAddr) -> Option<Arc<std::net::UdpSocket>> {
+/// With its port. `None` if the thread has no descriptors to spare.
+pub(crate) fn answer_socket(
+    serial: u64,
+    ip: std::net::IpAddr,
+) -> Option<(Arc<std::net::UdpSocket>, u16)> {
     let fds = thread_fds()?;
     let mut v = lock(&fds.answers);
-    if let Some(i) = v.iter().position(|(s, _)| *s == serial) {
+    if let Some(i) = v.iter().position(|(s, _, _)| *s == serial) {
         if i + 1 != v.len() {
             let e = v.remove(i);
             v.push(e);
         }
-        return v.last().map(|(_, s)| s.clone());
+        return v.last().map(|(_, s, port)| (s.clone(), *port));
     }
     let sock = std::net::UdpSocket::bind((ip, 0)).ok()?;
+    let port = sock.local_addr().ok()?.port();
     // Blocking, so a thread waits in `recvfrom` itself (other reads pass
     // MSG_DONTWAIT); the timeout bounds a wait between looks at its flags.
     sock.set_read_timeout(Some(ANSWER_WAIT)).ok()?;
@@ -506,8 +530,8 @@ pub(crate) fn answer_socket(serial: u64, ip: std::net::IpAddr) -> Option<Arc<std
         v.remove(0);
     }
     let sock = Arc::new(sock);
-    v.push((serial, sock.clone()));
-    Some(sock)
+    v.push((serial, sock.clone(), port));
+    Some((sock, port))
 }
 
 impl WaitFds {

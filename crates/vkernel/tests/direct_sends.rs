@@ -252,3 +252,112 @@ fn several_blocked_servers_of_one_host_each_get_their_own_requests() {
             .all(|(id, n)| *n == 1 && (*id == 1_000_000 || id >> 16 == i as u32)));
     }
 }
+
+/// A request [`hold_all`] never answers.
+const HOLD: u32 = 7;
+
+/// A server process that answers requests as [`counting_server`] does,
+/// but never those with code [`HOLD`], until STOP.
+fn hold_all(k: &Kernel) -> (Pid, std::thread::JoinHandle<()>) {
+    let p = k.create_process().unwrap();
+    (
+        p.pid(),
+        std::thread::spawn(move || {
+            let mut m = Message::zero();
+            while let Ok(i) = p.receive(&mut m) {
+                if m.code() == HOLD {
+                    continue;
+                }
+                m.set_word(1, m.word(1) + 1);
+                let _ = p.reply(&m, i.from);
+                if m.code() == STOP {
+                    return;
+                }
+            }
+        }),
+    )
+}
+
+/// How long a Send from a process of `b` to `to`, held unanswered, takes
+/// to end after `end` (run once the Send has blocked) ends it: the median
+/// of five, and what the last Send returned.
+fn time_to_end(b: &Kernel, to: Pid, end: impl Fn(Pid)) -> (Duration, Result<(), IpcError>) {
+    let mut took = Vec::new();
+    let mut last = Ok(());
+    for _ in 0..5 {
+        let c = b.create_process().unwrap();
+        let pid = c.pid();
+        let t = std::thread::spawn(move || {
+            let mut m = Message::with_code(HOLD);
+            let r = c.send(&mut m, to).map(|_| ());
+            (r, std::time::Instant::now())
+        });
+        // Long past any spinning: the sender waits blocked.
+        std::thread::sleep(Duration::from_millis(150));
+        let at = std::time::Instant::now();
+        end(pid);
+        let (r, done) = t.join().unwrap();
+        took.push(done.saturating_duration_since(at));
+        last = r;
+    }
+    took.sort();
+    (took[2], last)
+}
+
+#[test]
+fn destroying_a_process_blocked_in_a_send_ends_the_send_at_once() {
+    for direct in [true, false] {
+        let (a, b) = hosts(FaultConfig::default(), direct);
+        let (sink, h) = hold_all(&a);
+        warm_up(&b, sink);
+        let killer = b.create_process().unwrap();
+        let (took, r) = time_to_end(&b, sink, |pid| killer.destroy(pid).unwrap());
+        assert_eq!(r, Err(IpcError::Destroyed), "direct {direct}");
+        // A blocked direct Send rereads its flags every 50 ms at least;
+        // woken, it ends within a wake-up.
+        assert!(
+            took < Duration::from_millis(10),
+            "direct {direct}: the Send ended {took:?} after its process was destroyed"
+        );
+        if direct {
+            assert!(b.net_counters().direct_sends.load(Relaxed) >= 5);
+        }
+        stop(&killer, sink);
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn stopping_the_host_ends_a_blocked_send_at_once() {
+    for direct in [true, false] {
+        let mut took = Vec::new();
+        for _ in 0..5 {
+            let (a, b) = hosts(FaultConfig::default(), direct);
+            let (sink, h) = hold_all(&a);
+            warm_up(&b, sink);
+            let c = b.create_process().unwrap();
+            let t = std::thread::spawn(move || {
+                let mut m = Message::with_code(HOLD);
+                let r = c.send(&mut m, sink).map(|_| ());
+                (r, std::time::Instant::now())
+            });
+            std::thread::sleep(Duration::from_millis(150));
+            let mut b = b;
+            let at = std::time::Instant::now();
+            b.shutdown();
+            let (r, done) = t.join().unwrap();
+            assert_eq!(r, Err(IpcError::Shutdown), "direct {direct}");
+            took.push(done.saturating_duration_since(at));
+            let p = a.create_process().unwrap();
+            stop(&p, sink);
+            h.join().unwrap();
+        }
+        took.sort();
+        // Unwoken, a direct Send notices at its next timer, milliseconds
+        // later.
+        assert!(
+            took[2] < Duration::from_millis(1),
+            "direct {direct}: Sends ended {took:?} after their host stopped"
+        );
+    }
+}

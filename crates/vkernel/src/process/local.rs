@@ -601,7 +601,7 @@ impl LocalProcess {
         // To another host: the reply comes to this thread's answer socket.
         let answer = match sh.answers {
             Some(ip) if to.is_process() && to.host() != sh.host => {
-                crate::waiter::answer_socket(sh.net.serial(), ip)
+                crate::waiter::answer_socket(sh.net.serial(), ip).map(|(s, _)| s)
             }
             _ => None,
         };
@@ -665,7 +665,7 @@ impl LocalProcess {
                 return None;
             }
         }
-        let Some(sock) = crate::waiter::answer_socket(sh.net.serial(), ip) else {
+        let Some((sock, port)) = crate::waiter::answer_socket(sh.net.serial(), ip) else {
             self.lease.set(slot);
             return None;
         };
@@ -692,6 +692,8 @@ impl LocalProcess {
             spin_us,
         };
         self.trace(Phase::Send, self.pid, to, true);
+        // (So that destruction or shutdown wakes it: it is not parked.)
+        self.waiter.set_answer_port(port);
         let (went, blocked) = ANSWER_BUF.with(|b| {
             let mut b = b.borrow_mut();
             let host = direct::Host {
@@ -701,6 +703,7 @@ impl LocalProcess {
             };
             direct::send(&mut lease, &host, &mut io, &mut b[..], &call)
         });
+        self.waiter.set_answer_port(0);
         self.waited(policy, start, blocked, false);
         lease.flush(&sh.direct_tally, &sh.net.counters.direct_sends, false);
         if matches!(went, Went::Forwarded { .. }) {
@@ -1582,6 +1585,9 @@ impl super::direct::Io for ThreadIo<'_> {
     fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize> {
         let n = if wait_us == 0 {
             self.sh.net.recv_answer(self.sock, buf).map(|(n, _)| n)
+        } else if self.gone().is_some() {
+            // (Set before the port was noted: nobody wakes this wait.)
+            None
         } else {
             let wait = Duration::from_micros(wait_us);
             match crate::waiter::recv_answer_within(self.sock, buf, wait, exact) {
