@@ -1081,11 +1081,21 @@ impl Shared {
         self.lock().waiters.remove(&pid)
     }
 
-    /// Wakes `w`'s thread if it reads its answer socket in a direct Send
-    /// (call after setting what it should notice: `destroyed`, `stop`).
+    /// Wakes `w`'s thread if it reads its own socket in a direct Send
+    /// (an embedded process's answer socket, an attached program's
+    /// socket): call after setting what it should notice (`destroyed`,
+    /// `stop`, the slot's `ended`).
     pub(crate) fn wake_direct(&self, w: &Waiter) {
-        if let (Some(ip), Some(port)) = (self.answers, w.answer_port()) {
-            self.net.wake_answer(std::net::SocketAddr::new(ip, port));
+        if let Some(port) = w.answer_port() {
+            self.net.wake_answer(port);
+        }
+    }
+
+    /// Notes where attached process `pid` runs its own remote Sends (its
+    /// socket's `port`), to wake them when it is destroyed.
+    pub(crate) fn note_direct_port(&self, pid: Pid, port: u16) {
+        if let Some(w) = self.lock().waiters.get(&pid) {
+            w.set_answer_port(port);
         }
     }
 

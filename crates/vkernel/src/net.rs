@@ -800,11 +800,12 @@ impl Net {
         let _ = send_wake(&self.sock, &self.wake_to);
     }
 
-    /// Wakes a thread blocked in its answer socket at `to`: an empty
-    /// datagram, which answer sockets skip (not through the fault
-    /// injector).
-    pub(crate) fn wake_answer(&self, to: SocketAddr) {
-        let _ = send_wake(&self.sock, &to);
+    /// Wakes a thread blocked in a socket of this machine on the main
+    /// socket's address, at `port` (an answer socket, an attached
+    /// program's own socket): an empty datagram, which those skip (not
+    /// through the fault injector).
+    pub(crate) fn wake_answer(&self, port: u16) {
+        let _ = send_wake(&self.sock, &SocketAddr::new(self.wake_to.ip(), port));
     }
 
     /// A datagram of `len` bytes from `from` is a wake-up: empty, and

@@ -354,3 +354,59 @@ fn a_host_that_injects_faults_keeps_every_datagram_on_its_own_socket() {
     assert_eq!(srv.direct_grants(), 0);
     assert!(remote_sends(&host.stats()) >= 201);
 }
+
+#[test]
+fn destroying_a_process_blocked_on_the_direct_path_ends_its_send_at_once() {
+    let m = machine("destroy");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    const HOLD: u32 = 7;
+    // Answers nothing with code HOLD, until STOP.
+    let (mute, muted) = serve(&remote, |p| {
+        let mut msg = Message::zero();
+        while let Ok(i) = p.receive(&mut msg) {
+            if msg.code() == STOP {
+                let _ = p.reply(&msg, i.from);
+                return;
+            }
+        }
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let killer = m.host.create_process().unwrap();
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let c = a.create_process().unwrap();
+        until_direct(&m, &c, spid);
+        let host_sends = remote_sends(&m.host.stats());
+        let cpid = c.pid();
+        let t = std::thread::spawn(move || {
+            let mut msg = Message::with_code(HOLD);
+            // (A deadline, so that a Send nothing wakes fails the test
+            // rather than hangs it.)
+            let r = c.send_within(&mut msg, mute, Some(Duration::from_secs(2)));
+            // Destroyed, the process sends nothing more directly.
+            let again = c.send_within(&mut msg, mute, Some(Duration::from_secs(2)));
+            (r, again, Instant::now())
+        });
+        // Long past any spinning: the Send waits blocked.
+        std::thread::sleep(Duration::from_millis(150));
+        let at = Instant::now();
+        killer.destroy(cpid).unwrap();
+        let (r, again, end) = t.join().unwrap();
+        assert_eq!(r, Err(IpcError::Destroyed));
+        assert!(again.is_err(), "{again:?}");
+        // Both went directly, or nowhere: not through the host.
+        assert_eq!(remote_sends(&m.host.stats()), host_sends);
+        took.push(end.saturating_duration_since(at));
+    }
+    took.sort();
+    // Unwoken, it would wait for the server (seconds here: for ever).
+    assert!(
+        took[2] < Duration::from_millis(10),
+        "Sends ended {took:?} after their processes were destroyed"
+    );
+    stop(&killer, spid);
+    server.join().unwrap();
+    stop(&killer, mute);
+    muted.join().unwrap();
+}

@@ -54,8 +54,8 @@ pub(crate) mod ask {
     /// [pid]: that process's window, as a file with the answer (v0: its
     /// generation), on the same terms as PEER_PAGE.
     pub(crate) const WINDOW_OF: u32 = 7;
-    /// [host id, pid, n]: may `pid` (the asker's) send its remote Sends
-    /// itself (docs/PROTOCOL.md §8f)? v0: the first of `n` sequence
+    /// [host id, pid, n, port]: may `pid` (the asker's) send its remote
+    /// Sends itself, from its socket at `port` (docs/PROTOCOL.md §8f)? v0: the first of `n` sequence
     /// numbers reserved for it (v1 = n; `n` = 0 asks for none); payload:
     /// where that logical host is, if known (an address as text). Refused
     /// to programs of another uid than the host's (or root's), and while

@@ -49,6 +49,9 @@ pub(crate) struct Waiting<'a> {
 /// A process's socket and what it knows for its direct Sends.
 pub(crate) struct DirectPath {
     sock: UdpSocket,
+    /// `sock`'s port, which the host wakes (an empty datagram) when it
+    /// destroys the process.
+    port: u16,
     /// The host's main socket port (`reply_port` of every datagram).
     reply_port: u16,
     read_timeout_ms: u64,
@@ -67,8 +70,10 @@ impl DirectPath {
     /// A socket on the host's address (its IP, any port).
     pub(crate) fn new(host_addr: SocketAddr) -> io::Result<DirectPath> {
         let sock = UdpSocket::bind(SocketAddr::new(host_addr.ip(), 0))?;
+        let port = sock.local_addr()?.port();
         Ok(DirectPath {
             sock,
+            port,
             reply_port: host_addr.port(),
             read_timeout_ms: 0,
             seqs: Seqs::default(),
@@ -79,6 +84,11 @@ impl DirectPath {
             rx: vec![0; vkernel_proto::wire::MAX_DATAGRAM],
             ignored: 0,
         })
+    }
+
+    /// The socket's port.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// Whether the host must be asked before a Send to `host` (its
@@ -172,6 +182,8 @@ impl DirectPath {
             // sockets too), so this socket is not connected; what is read
             // is checked by its header.
             match rustix::net::recv(&self.sock, &mut self.rx, flags) {
+                // (Empty: the host's wake-up; the caller looks at its flags.)
+                Ok((0, _)) => return None,
                 Ok((n, _)) => return Some(n),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => return None,

@@ -515,6 +515,11 @@ impl Inner {
         if !procs.contains_key(&pid) {
             return Err(IpcError::NoSuchProcess(pid));
         }
+        // (Older programs send 0: they are not woken, and learn of their
+        // process's end from the slot at their next timer.)
+        if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
+            self.shared.note_direct_port(pid, port);
+        }
         // Its datagrams name the host and a principal the host would not
         // check: only for programs that could act as the host anyway.
         if uid != 0 && uid != self.owner_uid {
@@ -683,14 +688,18 @@ impl crate::waiter::Sink for SlotSink {
     }
 
     fn destroyed(&self) {
+        // Ended with its attachment (the host going, or the program): as
+        // the proxy reports it.
+        let err = if self.stop.load(Ordering::Acquire) {
+            IpcError::HostLost
+        } else {
+            IpcError::Destroyed
+        };
+        // For its own remote Sends, which the host does not see (whoever
+        // destroys it then wakes their socket, `Shared::wake_direct`).
+        // SAFETY: as in `complete`.
+        unsafe { Slot::at(self.slot.as_ptr()) }.set_ended(&err);
         if self.peer.is_some() {
-            // Ended with its attachment (the host going, or the program):
-            // as the proxy reports it.
-            let err = if self.stop.load(Ordering::Acquire) {
-                IpcError::HostLost
-            } else {
-                IpcError::Destroyed
-            };
             self.peers.died(self.pid, &err);
         }
     }

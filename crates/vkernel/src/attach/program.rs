@@ -572,6 +572,9 @@ impl AttachedProcess {
         {
             return None;
         }
+        if let Some(e) = self.slot().ended() {
+            return Some(Err(e));
+        }
         let refuse = || {
             self.at.direct_on.store(false, Ordering::Relaxed);
             None
@@ -594,7 +597,7 @@ impl AttachedProcess {
                 u32::from(host.0),
                 self.pid.0,
                 n,
-                0,
+                u32::from(path.port()),
                 0,
             ];
             match self.at.ask(words, &[], &[]) {
@@ -613,7 +616,8 @@ impl AttachedProcess {
             return None;
         }
         let (mut policy, mut waits) = (self.spin.get(), self.waits.get());
-        let gone = || self.at.gone();
+        // (The host marks the slot when it destroys the process.)
+        let gone = || self.at.gone().or_else(|| self.slot().ended());
         let mut w = Waiting {
             pace: &self.at.pace,
             policy: &mut policy,

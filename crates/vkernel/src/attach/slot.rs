@@ -36,7 +36,12 @@ pub(crate) struct Slot {
     pub(crate) done: AtomicU32,
     /// The host's proxy is blocked (or about to block) on `req`.
     pub(crate) host_parked: AtomicU32,
-    _line1: [u32; 14],
+    /// 0, or the error code (`IpcError::code`) the process ended with:
+    /// set by the host when it destroys the process, read by the
+    /// program's own remote Sends (`attach/direct.rs`), which the host
+    /// does not see.
+    pub(crate) ended: AtomicU32,
+    _line1: [u32; 13],
     /// The operation ([`Op`]).
     pub(crate) op: AtomicU32,
     /// Its arguments.
@@ -55,6 +60,8 @@ pub(crate) struct Slot {
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_BYTES);
+const _: () = assert!(std::mem::offset_of!(Slot, ended) == 72);
+const _: () = assert!(std::mem::offset_of!(Slot, op) == 128);
 
 impl Slot {
     /// The slot at the start of a mapping.
@@ -130,6 +137,19 @@ impl Slot {
         match self.status.load(Ordering::Relaxed) {
             0 => Ok(()),
             c => Err(IpcError::from_code(c, self.err_arg.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// Notes that the host ended the process with `e` (host side).
+    pub(crate) fn set_ended(&self, e: &IpcError) {
+        self.ended.store(e.code().0, Ordering::SeqCst);
+    }
+
+    /// Why the host ended the process, if it did (program side).
+    pub(crate) fn ended(&self) -> Option<IpcError> {
+        match self.ended.load(Ordering::SeqCst) {
+            0 => None,
+            c => Some(IpcError::from_code(c, 0)),
         }
     }
 
