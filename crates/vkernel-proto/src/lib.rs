@@ -15,6 +15,7 @@ pub mod config;
 pub mod direct;
 pub mod engine;
 pub mod error;
+pub mod local_table;
 pub mod message;
 pub mod pid;
 pub mod rtt;

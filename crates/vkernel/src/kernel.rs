@@ -12,7 +12,6 @@
 //! background thread only reads the socket when no process is waiting, and
 //! runs timers.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -187,7 +186,7 @@ pub enum KernelError {
 
 pub(crate) struct State {
     pub(crate) engine: Engine,
-    pub(crate) waiters: HashMap<Pid, Arc<Waiter>>,
+    pub(crate) waiters: crate::waiter::Waiters,
     conflict: Option<HostId>,
 }
 
@@ -1355,7 +1354,7 @@ impl Kernel {
         let alloc_wait = Duration::from_micros(ecfg.alloc_timeout) * 4 + Duration::from_secs(1);
         let state = State {
             engine: Engine::new(ecfg, 0),
-            waiters: HashMap::new(),
+            waiters: crate::waiter::Waiters::default(),
             conflict: None,
         };
         let gathers = net.gathers();

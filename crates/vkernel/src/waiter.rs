@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use vkernel_proto::engine::Completion;
+use vkernel_proto::Pid;
 
 use crate::sys::EventFd;
 
@@ -310,6 +311,37 @@ impl Waiter {
             s.destroyed();
         }
         self.wake();
+    }
+}
+
+/// A host's waiters by pid: a table by local id, so that it grows and
+/// shrinks without pauses (`vkernel_proto::local_table`).
+#[derive(Default)]
+pub(crate) struct Waiters(vkernel_proto::local_table::LocalTable<(Pid, Arc<Waiter>)>);
+
+impl Waiters {
+    /// `pid`'s waiter.
+    pub(crate) fn get(&self, pid: &Pid) -> Option<&Arc<Waiter>> {
+        match self.0.get(pid.local()) {
+            Some((p, w)) if p == pid => Some(w),
+            _ => None,
+        }
+    }
+
+    /// Notes `pid`'s waiter.
+    pub(crate) fn insert(&mut self, pid: Pid, w: Arc<Waiter>) {
+        self.0.insert(pid.local(), (pid, w));
+    }
+
+    /// Takes `pid`'s waiter out.
+    pub(crate) fn remove(&mut self, pid: &Pid) -> Option<Arc<Waiter>> {
+        self.get(pid)?;
+        self.0.remove(pid.local()).map(|(_, w)| w)
+    }
+
+    /// Every waiter.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Arc<Waiter>> {
+        self.0.values().map(|(_, w)| w)
     }
 }
 

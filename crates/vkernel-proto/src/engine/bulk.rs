@@ -1579,7 +1579,7 @@ impl Engine {
         let procs = &self.procs;
         self.moving.retain(|l| {
             procs
-                .get(l)
+                .get(*l)
                 .is_some_and(|p| matches!(p.state, PState::Moving(_)))
         });
         let movers: Vec<MoveRef> = self

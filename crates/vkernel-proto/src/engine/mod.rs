@@ -207,7 +207,7 @@ pub struct Engine {
     rng: SmallRng,
     /// Boxed, so growing the table moves pointers, not processes (a
     /// pause of milliseconds at tens of thousands of processes).
-    procs: IdMap<u16, Box<Proc>>,
+    procs: crate::local_table::LocalTable<Box<Proc>>,
     /// Local ids of the processes blocked in a Send (a superset: entries
     /// whose Send ended are dropped when next looked at). Timers and
     /// destruction look only at these, so idle processes cost nothing.
@@ -284,7 +284,7 @@ impl Engine {
             cfg,
             host,
             rng,
-            procs: new_map(hs),
+            procs: crate::local_table::LocalTable::new(),
             sending: idset::IdSet::default(),
             moving: idset::IdSet::default(),
             behind: std::collections::HashMap::new(),
@@ -371,7 +371,7 @@ impl Engine {
                 return Some(c);
             }
         }
-        self.procs.get_mut(&pid.local())?.completion.take()
+        self.procs.get_mut(pid.local())?.completion.take()
     }
 
     /// Says which process's own thread makes the engine calls that follow
@@ -381,7 +381,7 @@ impl Engine {
     pub fn set_caller(&mut self, pid: Option<Pid>) {
         if let (Some(c), Some(who)) = (self.own.take(), self.caller) {
             // Not taken: hand it over the usual way.
-            if let Some(p) = self.procs.get_mut(&who.local()) {
+            if let Some(p) = self.procs.get_mut(who.local()) {
                 p.completion = Some(c);
                 self.out.event(Event::Wake(who));
             }
@@ -446,7 +446,7 @@ impl Engine {
         if !self.is_local(pid) {
             return None;
         }
-        self.procs.get(&pid.local()).map(|p| &**p)
+        self.procs.get(pid.local()).map(|p| &**p)
     }
 
     #[inline]
@@ -454,7 +454,7 @@ impl Engine {
         if !self.is_local(pid) {
             return None;
         }
-        self.procs.get_mut(&pid.local()).map(|p| &mut **p)
+        self.procs.get_mut(pid.local()).map(|p| &mut **p)
     }
 
     #[inline]
@@ -594,7 +594,7 @@ impl Engine {
         let mut probing_now: Vec<HostId> = Vec::new();
         for l in self.sending.iter() {
             let Some(h) = host else { break };
-            let Some(p) = self.procs.get(&l) else {
+            let Some(p) = self.procs.get(l) else {
                 ended.push(l);
                 continue;
             };
@@ -726,7 +726,7 @@ impl Engine {
     pub fn due_retransmissions(&self, now: Micros, out: &mut Vec<Pid>) {
         let Some(h) = self.host_id() else { return };
         for l in self.sending.iter() {
-            if let Some(PState::Sending(o)) = self.procs.get(&l).map(|p| &p.state) {
+            if let Some(PState::Sending(o)) = self.procs.get(l).map(|p| &p.state) {
                 if o.remote.as_ref().is_some_and(|r| {
                     now >= r.next && now < r.deadline && !self.retransmission_waits(now, o.dst, r)
                 }) {
@@ -744,7 +744,7 @@ impl Engine {
         let blocked: Vec<(Pid, Completion)> = self
             .procs
             .iter()
-            .filter_map(|(&l, p)| {
+            .filter_map(|(l, p)| {
                 let c = match p.state {
                     PState::Ready => return None,
                     PState::Receiving { .. } => Completion::Receive(Err(IpcError::Shutdown)),

@@ -100,7 +100,7 @@ impl Engine {
         for _ in 0..0x10000 {
             let l = self.next_local;
             self.next_local = self.next_local.wrapping_add(1);
-            if l <= KERNEL_SERVER_LOCAL_ID || self.procs.contains_key(&l) {
+            if l <= KERNEL_SERVER_LOCAL_ID || self.procs.contains_key(l) {
                 continue;
             }
             self.procs.insert(l, Box::new(Proc::new()));
@@ -112,7 +112,7 @@ impl Engine {
     /// Creates the kernel-server process (fixed local id 1).
     pub fn create_kernel_server(&mut self) -> Result<Pid, IpcError> {
         let host = self.my_host()?;
-        if self.procs.contains_key(&KERNEL_SERVER_LOCAL_ID) {
+        if self.procs.contains_key(KERNEL_SERVER_LOCAL_ID) {
             return Err(IpcError::Busy(Pid::new(host, KERNEL_SERVER_LOCAL_ID)));
         }
         self.procs
@@ -125,7 +125,7 @@ impl Engine {
     /// True if `pid` is a live process of this host.
     #[inline]
     pub fn process_exists(&self, pid: Pid) -> bool {
-        self.is_local(pid) && pid.is_process() && self.procs.contains_key(&pid.local())
+        self.is_local(pid) && pid.is_process() && self.procs.contains_key(pid.local())
     }
 
     /// Sets the principal `pid` runs as (carried with its Sends).
@@ -154,14 +154,14 @@ impl Engine {
         if !self.is_local(pid) {
             return 0;
         }
-        self.procs.get(&pid.local()).map_or(0, |p| p.principal)
+        self.procs.get(pid.local()).map_or(0, |p| p.principal)
     }
 
     /// True if local process `dst` accepts Sends from `principal`.
     #[inline]
     pub(super) fn admits(&self, dst: Pid, principal: u32) -> bool {
         self.procs
-            .get(&dst.local())
+            .get(dst.local())
             .and_then(|p| p.admits.as_ref())
             .is_none_or(|a| a.contains(&principal))
     }
@@ -173,7 +173,7 @@ impl Engine {
         if !self.process_exists(pid) {
             return Err(IpcError::NoSuchProcess(pid));
         }
-        let Some(p) = self.procs.remove(&pid.local()).map(|b| *b) else {
+        let Some(p) = self.procs.remove(pid.local()).map(|b| *b) else {
             return Err(IpcError::NoSuchProcess(pid));
         };
         self.sending.remove(&pid.local());
@@ -192,7 +192,7 @@ impl Engine {
         let waiting: Vec<Pid> = self
             .sending
             .iter()
-            .filter_map(|l| match &self.procs.get(&l)?.state {
+            .filter_map(|l| match &self.procs.get(l)?.state {
                 PState::Sending(o) if o.dst == pid && o.remote.is_none() => {
                     Some(Pid::new(pid.host(), l))
                 }
@@ -242,7 +242,7 @@ impl Engine {
     #[inline]
     pub(super) fn check_ready_caller(&self, pid: Pid) -> Result<(), IpcError> {
         self.my_host()?;
-        match self.procs.get(&pid.local()) {
+        match self.procs.get(pid.local()) {
             Some(p) if self.is_local(pid) => match p.state {
                 PState::Ready => Ok(()),
                 _ => Err(IpcError::Busy(pid)),
@@ -275,7 +275,7 @@ impl Engine {
         if !self.is_local(pid) {
             return None;
         }
-        match &self.procs.get(&pid.local())?.state {
+        match &self.procs.get(pid.local())?.state {
             PState::Sending(o) => Some(o),
             _ => None,
         }

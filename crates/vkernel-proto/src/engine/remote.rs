@@ -240,7 +240,7 @@ impl Engine {
             self.stats.drop(DropReason::Stale);
             return;
         }
-        let refusal = match self.procs.get(&h.dst.local()) {
+        let refusal = match self.procs.get(h.dst.local()) {
             Some(p) if h.dst.is_process() && h.dst.host() == me => {
                 let admitted = p.admits.as_ref().is_none_or(|a| a.contains(&h.user));
                 (!admitted).then_some(Status::AccessDenied)

@@ -80,7 +80,7 @@ impl Engine {
     /// The bytes a queued chunk carries, if their buffer is still lent.
     pub(super) fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
         let bytes = match c.from {
-            ChunkSrc::Moving(p) => match &self.procs.get(&p.local())?.state {
+            ChunkSrc::Moving(p) => match &self.procs.get(p.local())?.state {
                 PState::Moving(op) => op.buffer_of(c.header.seq)?,
                 _ => return None,
             },

@@ -246,7 +246,7 @@ impl Net {
 /// True if `p`'s blocked operation has a completion waiting.
 fn completed(e: &Engine, p: Pid) -> bool {
     e.procs
-        .get(&p.local())
+        .get(p.local())
         .is_some_and(|x| x.completion.is_some())
 }
 
