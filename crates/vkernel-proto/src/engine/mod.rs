@@ -205,8 +205,8 @@ pub struct Engine {
     cfg: Config,
     host: HostState,
     rng: SmallRng,
-    /// Boxed, so growing the table moves pointers, not processes (a
-    /// pause of milliseconds at tens of thousands of processes).
+    /// By local id (pages made and freed as needed, never rehashed);
+    /// boxed, so a page holds 256 pointers, not 256 processes.
     procs: crate::local_table::LocalTable<Box<Proc>>,
     /// Local ids of the processes blocked in a Send (a superset: entries
     /// whose Send ended are dropped when next looked at). Timers and

@@ -55,8 +55,9 @@ pub(crate) mod ask {
     /// generation), on the same terms as PEER_PAGE.
     pub(crate) const WINDOW_OF: u32 = 7;
     /// [host id, pid, n, port]: may `pid` (the asker's) send its remote
-    /// Sends itself, from its socket at `port` (docs/PROTOCOL.md §8f)? v0: the first of `n` sequence
-    /// numbers reserved for it (v1 = n; `n` = 0 asks for none); payload:
+    /// Sends itself, from its socket at `port` (docs/PROTOCOL.md §8f)?
+    /// v0: the first of `n` sequence numbers reserved for it (v1 = n;
+    /// `n` = 0 asks for none); payload:
     /// where that logical host is, if known (an address as text). Refused
     /// to programs of another uid than the host's (or root's), and while
     /// the host authenticates, injects faults or traces datagrams.

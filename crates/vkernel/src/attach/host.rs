@@ -515,11 +515,6 @@ impl Inner {
         if !procs.contains_key(&pid) {
             return Err(IpcError::NoSuchProcess(pid));
         }
-        // (Older programs send 0: they are not woken, and learn of their
-        // process's end from the slot at their next timer.)
-        if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
-            self.shared.note_direct_port(pid, port);
-        }
         // Its datagrams name the host and a principal the host would not
         // check: only for programs that could act as the host anyway.
         if uid != 0 && uid != self.owner_uid {
@@ -533,6 +528,11 @@ impl Inner {
         let spans = false;
         if self.shared.net.has_faults() || self.shared.tracer.is_some() || spans {
             return Err(IpcError::Refused(pid));
+        }
+        // (Older programs send 0: they are not woken, and learn of their
+        // process's end from the slot at their next timer.)
+        if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
+            self.shared.note_direct_port(pid, port);
         }
         self.shared.with_engine(|e, _| {
             if e.is_keyed() {
