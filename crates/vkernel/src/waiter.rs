@@ -593,6 +593,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn waiters_are_found_by_the_whole_pid() {
+        use vkernel_proto::HostId;
+        let (a, b) = (Pid::new(HostId(1), 5), Pid::new(HostId(2), 5));
+        let mut ws = Waiters::default();
+        let w = Arc::new(Waiter::new());
+        ws.insert(a, w.clone());
+        assert!(ws.get(&a).is_some_and(|x| Arc::ptr_eq(x, &w)));
+        // Same local id, another host: not this waiter, and not removed.
+        assert!(ws.get(&b).is_none());
+        assert!(ws.remove(&b).is_none());
+        assert_eq!(ws.values().count(), 1);
+        assert!(ws.remove(&a).is_some());
+        assert!(ws.get(&a).is_none() && ws.values().next().is_none());
+    }
+
+    #[test]
     fn answer_timeouts_come_in_few_steps_and_never_later_than_asked_above_2_ms() {
         let ms = |us| answer_timeout_ms(Duration::from_micros(us));
         assert_eq!(ms(0), 1);
