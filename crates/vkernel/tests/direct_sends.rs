@@ -278,30 +278,27 @@ fn hold_all(k: &Kernel) -> (Pid, std::thread::JoinHandle<()>) {
     )
 }
 
-/// How long a Send from a process of `b` to `to`, held unanswered, takes
-/// to end after `end` (run once the Send has blocked) ends it: the median
-/// of five, and what the last Send returned.
-fn time_to_end(b: &Kernel, to: Pid, end: impl Fn(Pid)) -> (Duration, Result<(), IpcError>) {
-    let mut took = Vec::new();
-    let mut last = Ok(());
-    for _ in 0..5 {
-        let c = b.create_process().unwrap();
-        let pid = c.pid();
-        let t = std::thread::spawn(move || {
-            let mut m = Message::with_code(HOLD);
-            let r = c.send(&mut m, to).map(|_| ());
-            (r, std::time::Instant::now())
-        });
-        // Long past any spinning: the sender waits blocked.
-        std::thread::sleep(Duration::from_millis(150));
-        let at = std::time::Instant::now();
-        end(pid);
-        let (r, done) = t.join().unwrap();
-        took.push(done.saturating_duration_since(at));
-        last = r;
-    }
+/// Sends from `c` to `to` (which holds it unanswered) on a thread of its
+/// own, runs `end` once the Send has blocked, and returns what the Send
+/// returned and how long after `end` began it ended.
+fn ended_by(c: Process, to: Pid, end: impl FnOnce()) -> (Result<(), IpcError>, Duration) {
+    let t = std::thread::spawn(move || {
+        let mut m = Message::with_code(HOLD);
+        let r = c.send(&mut m, to).map(|_| ());
+        (r, std::time::Instant::now())
+    });
+    // Long past any spinning: the sender waits blocked.
+    std::thread::sleep(Duration::from_millis(150));
+    let at = std::time::Instant::now();
+    end();
+    let (r, done) = t.join().unwrap();
+    (r, done.saturating_duration_since(at))
+}
+
+/// The median of `took`.
+fn median(mut took: Vec<Duration>) -> Duration {
     took.sort();
-    (took[2], last)
+    took[took.len() / 2]
 }
 
 #[test]
@@ -311,8 +308,15 @@ fn destroying_a_process_blocked_in_a_send_ends_the_send_at_once() {
         let (sink, h) = hold_all(&a);
         warm_up(&b, sink);
         let killer = b.create_process().unwrap();
-        let (took, r) = time_to_end(&b, sink, |pid| killer.destroy(pid).unwrap());
-        assert_eq!(r, Err(IpcError::Destroyed), "direct {direct}");
+        let mut took = Vec::new();
+        for _ in 0..5 {
+            let c = b.create_process().unwrap();
+            let pid = c.pid();
+            let (r, t) = ended_by(c, sink, || killer.destroy(pid).unwrap());
+            assert_eq!(r, Err(IpcError::Destroyed), "direct {direct}");
+            took.push(t);
+        }
+        let took = median(took);
         // A blocked direct Send rereads its flags every 50 ms at least;
         // woken, it ends within a wake-up.
         assert!(
@@ -336,27 +340,19 @@ fn stopping_the_host_ends_a_blocked_send_at_once() {
             let (sink, h) = hold_all(&a);
             warm_up(&b, sink);
             let c = b.create_process().unwrap();
-            let t = std::thread::spawn(move || {
-                let mut m = Message::with_code(HOLD);
-                let r = c.send(&mut m, sink).map(|_| ());
-                (r, std::time::Instant::now())
-            });
-            std::thread::sleep(Duration::from_millis(150));
             let mut b = b;
-            let at = std::time::Instant::now();
-            b.shutdown();
-            let (r, done) = t.join().unwrap();
+            let (r, t) = ended_by(c, sink, || b.shutdown());
             assert_eq!(r, Err(IpcError::Shutdown), "direct {direct}");
-            took.push(done.saturating_duration_since(at));
+            took.push(t);
             let p = a.create_process().unwrap();
             stop(&p, sink);
             h.join().unwrap();
         }
-        took.sort();
+        let took = median(took);
         // Unwoken, a direct Send notices at its next timer, milliseconds
         // later.
         assert!(
-            took[2] < Duration::from_millis(1),
+            took < Duration::from_millis(1),
             "direct {direct}: Sends ended {took:?} after their host stopped"
         );
     }
