@@ -1,16 +1,15 @@
 //! One remote Send run outside the engine: the sender's side of an
-//! exchange whose process sends and receives its own datagrams (an
-//! attached program's direct path, docs/PROTOCOL.md §8f).
+//! exchange whose process sends and receives its own datagrams (a
+//! process's direct path, docs/PROTOCOL.md §8f and §8g).
 //!
 //! Sans-IO like the engine: [`DirectSend::encode`] gives the RemoteSend to
 //! transmit, [`DirectSend::on_datagram`] takes what came back and
-//! [`DirectSend::on_timer`] says when to retransmit or give up. Behaviour
-//! matches the engine's sender (`engine/exchange.rs`): retransmission with
-//! exponential backoff up to `max_rto`, replyPending resets the host
-//! timeout, nAck fails, RemoteForward redirects. Only Sends without a
-//! segment go this way, so no bulk data ever belongs to the exchange.
-//! The RemoteSend carries [`wire::F_ANSWER_SOURCE`], so the receiver
-//! answers the socket it came from.
+//! [`DirectSend::on_timer`] says when to retransmit or give up. The rules
+//! are the engine's own: both keep a [`Retx`] ([`crate::sender`]) and
+//! feed the peer's [`Rtt`] through it. Only Sends without a segment go
+//! this way, so no bulk data ever belongs to the exchange. The
+//! RemoteSend carries [`wire::F_ANSWER_SOURCE`], so the receiver answers
+//! the socket it came from.
 
 use crate::config::{Config, Micros};
 use crate::engine::ReplyInfo;
@@ -18,6 +17,7 @@ use crate::error::IpcError;
 use crate::message::{Message, FLAG_MASK};
 use crate::pid::Pid;
 use crate::rtt::Rtt;
+use crate::sender::{nack_error, Answered, Due, Retx};
 use crate::stats::DropReason;
 use crate::wire::{self, Header, PacketType, Status};
 
@@ -30,6 +30,10 @@ pub struct Timing {
     pub max_rto: Micros,
     /// The Send fails when the receiver's host is silent this long.
     pub host_timeout: Micros,
+    /// The timeout before any sample (`Config::initial_rto`).
+    pub initial_rto: Micros,
+    /// The least timeout (`Config::min_rto`).
+    pub min_rto: Micros,
 }
 
 impl Timing {
@@ -41,7 +45,14 @@ impl Timing {
             rto: rtt.send_rto(now, cfg.initial_rto, cfg.min_rto, max_rto),
             max_rto,
             host_timeout: cfg.host_timeout,
+            initial_rto: cfg.initial_rto,
+            min_rto: cfg.min_rto,
         }
+    }
+
+    /// The peer's timeout at `now`, as `rtt` knows it.
+    pub fn fresh_rto(&self, rtt: &Rtt, now: Micros) -> Micros {
+        rtt.send_rto(now, self.initial_rto, self.min_rto, self.max_rto)
     }
 }
 
@@ -52,8 +63,8 @@ pub enum Outcome {
     Ignored(DropReason),
     /// The receiver's host is alive and holds the request: keep waiting.
     Pending,
-    /// The reply.
-    Replied(ReplyInfo),
+    /// The reply, and what it proved of the exchange's copies.
+    Replied(ReplyInfo, Answered),
     /// The exchange failed (nAck).
     Failed(IpcError),
     /// The receiver forwarded the message to `to`: send it again there
@@ -69,6 +80,9 @@ pub enum Outcome {
 pub enum Timer {
     /// Nothing is due yet.
     Idle,
+    /// A first copy was due but waits one more timeout: the peer is
+    /// serving older Sends or being probed (counted as deferred).
+    Deferred,
     /// Send the RemoteSend again ([`DirectSend::encode`] with `true`).
     Retransmit,
     /// The receiver's host was silent for the host timeout.
@@ -86,14 +100,7 @@ pub struct DirectSend {
     msg: Message,
     reply_port: u16,
     timing: Timing,
-    sent_at: Micros,
-    next: Micros,
-    rto: Micros,
-    deadline: Micros,
-    retransmitted: bool,
-    /// How long the exchange had waited when it learned its retransmission
-    /// was needless (a replyPending, or a reply to the first copy).
-    needless: Option<Micros>,
+    retx: Retx,
 }
 
 impl DirectSend {
@@ -119,7 +126,7 @@ impl DirectSend {
         );
         msg.set_seg_addr(0);
         msg.set_seg_len(0);
-        let mut d = DirectSend {
+        DirectSend {
             src,
             dst,
             forwarder,
@@ -128,15 +135,8 @@ impl DirectSend {
             msg,
             reply_port,
             timing,
-            sent_at: now,
-            next: now,
-            rto: timing.rto,
-            deadline: now,
-            retransmitted: false,
-            needless: None,
-        };
-        d.restart(now, dst, seq, timing);
-        d
+            retx: Retx::start(now, timing.rto, timing.host_timeout, true),
+        }
     }
 
     /// Sends again from the start: to `dst` with the new sequence number
@@ -145,12 +145,7 @@ impl DirectSend {
         self.dst = dst;
         self.seq = seq;
         self.timing = timing;
-        self.sent_at = now;
-        self.rto = timing.rto;
-        self.next = now + timing.rto;
-        self.deadline = now + timing.host_timeout;
-        self.retransmitted = false;
-        self.needless = None;
+        self.retx = Retx::start(now, timing.rto, timing.host_timeout, true);
     }
 
     /// The destination (changed by a forward).
@@ -173,6 +168,11 @@ impl DirectSend {
         self.seq
     }
 
+    /// The retransmission state (the engine's own type).
+    pub fn retx(&self) -> &Retx {
+        &self.retx
+    }
+
     /// The RemoteSend datagram, into `out`.
     pub fn encode(&self, retransmission: bool, out: &mut Vec<u8>) {
         let mut h = Header::new(PacketType::RemoteSend);
@@ -193,90 +193,32 @@ impl DirectSend {
 
     /// When [`DirectSend::on_timer`] has something to do next.
     pub fn next_timer(&self) -> Micros {
-        self.next.min(self.deadline)
+        self.retx.next_timer()
     }
 
-    /// Runs the timers due at `now`. A retransmission backs off (doubles
-    /// the timeout, up to `max_rto`).
-    pub fn on_timer(&mut self, now: Micros) -> Timer {
-        if now >= self.deadline {
-            return Timer::Dead(IpcError::Timeout(self.dst));
-        }
-        if now < self.next {
-            return Timer::Idle;
-        }
-        self.retransmitted = true;
-        self.rto = (self.rto * 2).min(self.timing.max_rto);
-        self.next = now + self.rto;
-        Timer::Retransmit
-    }
-
-    /// [`DirectSend::on_timer`] with what this host knows of the peer
-    /// from every exchange with it (`peer`, shared by the senders): a due
-    /// first copy waits another timeout while the peer is answering only
-    /// older Sends or another Send's copy is probing it, as the engine's
-    /// sender does (`Rtt::older_served`, `Rtt::probing`); a first
-    /// retransmission marks `peer` as probed.
-    pub fn on_timer_seen(&mut self, now: Micros, peer: &mut Rtt) -> Timer {
-        if now >= self.next
-            && now < self.deadline
-            && !self.retransmitted
-            && now < self.sent_at + self.timing.max_rto
-            && (peer.older_served(now, self.sent_at, self.rto) || peer.probing(now, self.rto))
-        {
-            self.next = now + self.rto;
-            return Timer::Idle;
-        }
-        let first = !self.retransmitted;
-        let t = self.on_timer(now);
-        if first && t == Timer::Retransmit {
-            peer.probed(now);
-        }
-        t
-    }
-
-    /// Tells `peer` (see [`DirectSend::on_timer_seen`]) what the answer
-    /// just taken at `now` showed: the peer is alive, and, for a reply,
-    /// that it has served this exchange; with the round-trip sample.
-    pub fn note_answer(&self, now: Micros, peer: &mut Rtt, replied: bool) {
-        let needless = self.needless.is_some();
-        peer.heard(now, needless);
-        if replied {
-            peer.answered(now, self.sent_at);
-            match self.needless {
-                Some(w) => peer.held(now, w),
-                None if self.retransmitted => peer.lost(now),
-                None => {}
+    /// Runs the timers due at `now`, by what this host knows of the peer
+    /// (`peer`, shared by every sender of the host): [`Retx::due`].
+    pub fn on_timer(&mut self, now: Micros, peer: &mut Rtt) -> Timer {
+        let max_rto = self.timing.max_rto;
+        match self.retx.due(now, false, max_rto, Some(peer)) {
+            Due::Idle => Timer::Idle,
+            Due::Dead => Timer::Dead(IpcError::Timeout(self.dst)),
+            Due::Defer => {
+                self.retx.defer(now);
+                Timer::Deferred
             }
-            if let Some(s) = self.rtt_sample(now) {
-                peer.sample(s);
+            Due::Retransmit => {
+                self.retx.copy_sent(now, max_rto, Some(peer));
+                Timer::Retransmit
             }
         }
     }
 
-    /// A round-trip sample, if the exchange replied was never
-    /// retransmitted (Karn's rule), or its retransmission was needless
-    /// (the answer is to the first copy).
-    pub fn rtt_sample(&self, now: Micros) -> Option<Micros> {
-        (!self.retransmitted || self.needless.is_some()).then(|| now.saturating_sub(self.sent_at))
-    }
-
-    /// How long the exchange had waited when it learned that its
-    /// retransmission was needless, if it did: the peer is busy, feed
-    /// this to [`Rtt::held`] (as the engine does).
-    pub fn needless(&self) -> Option<Micros> {
-        self.needless
-    }
-
-    fn learn_needless(&mut self, now: Micros) {
-        if self.retransmitted && self.needless.is_none() {
-            self.needless = Some(now.saturating_sub(self.sent_at));
-        }
-    }
-
-    /// What the datagram `buf`, read from this exchange's socket, means.
-    /// Anything malformed, keyed, or about another exchange is ignored.
-    pub fn on_datagram(&mut self, now: Micros, buf: &[u8]) -> Outcome {
+    /// What the datagram `buf`, read from this exchange's socket at
+    /// `now`, means; `peer` (what the host knows of the destination's
+    /// host) learns from it as the engine's would. Anything malformed,
+    /// keyed, or about another exchange is ignored.
+    pub fn on_datagram(&mut self, now: Micros, buf: &[u8], peer: &mut Rtt) -> Outcome {
         let Ok(pkt) = wire::decode(buf) else {
             return Outcome::Ignored(DropReason::Malformed);
         };
@@ -289,31 +231,26 @@ impl DirectSend {
         }
         match h.ptype {
             PacketType::RemoteReply => {
-                // Not flagged as a copy: the answer to the first copy.
-                if h.flags & wire::F_RETRANSMIT == 0 {
-                    self.learn_needless(now);
-                }
-                Outcome::Replied(ReplyInfo {
-                    msg: pkt.msg,
-                    // Data with a reply to a Send without a segment has
-                    // nowhere to go (the engine counts a violation, too).
-                    seg_bytes: 0,
-                    from: h.src,
-                })
+                let to_first = h.flags & wire::F_RETRANSMIT == 0;
+                let a = self.retx.on_reply(now, to_first, peer);
+                Outcome::Replied(
+                    ReplyInfo {
+                        msg: pkt.msg,
+                        // Data with a reply to a Send without a segment has
+                        // nowhere to go (the engine counts a violation, too).
+                        seg_bytes: 0,
+                        from: h.src,
+                    },
+                    a,
+                )
             }
-            PacketType::NAck => Outcome::Failed(match h.status {
-                Status::Busy => IpcError::NoResources,
-                Status::AccessDenied => IpcError::AccessDenied(h.src),
-                _ => IpcError::NoSuchProcess(h.src),
-            }),
+            PacketType::NAck => Outcome::Failed(nack_error(h.status, h.src)),
             PacketType::ReplyPending => {
-                // (Busy: dropped for lack of buffers, not held.)
-                if h.status != Status::Busy {
-                    self.learn_needless(now);
-                }
-                self.deadline = now + self.timing.host_timeout;
-                self.rto = self.rto.max(self.timing.rto);
-                self.next = now + self.rto;
+                let fresh = self.timing.fresh_rto(peer, now);
+                let busy = h.status == Status::Busy;
+                let host_timeout = self.timing.host_timeout;
+                self.retx
+                    .on_reply_pending(now, busy, fresh, host_timeout, peer);
                 Outcome::Pending
             }
             PacketType::RemoteForward => {
@@ -411,11 +348,11 @@ mod tests {
         let out = testing::take_output(&mut e, false).0;
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].to, MINE);
-        let Outcome::Replied(info) = d.on_datagram(30, &out[0].data) else {
+        let Outcome::Replied(info, a) = d.on_datagram(30, &out[0].data, &mut Rtt::new()) else {
             panic!("not a reply");
         };
         assert_eq!((info.from, info.msg.word(3)), (server, 42));
-        assert_eq!(d.rtt_sample(30), Some(30));
+        assert_eq!(a.sample, Some(30));
     }
 
     #[test]
@@ -426,30 +363,26 @@ mod tests {
         e.reply(20, server, src, Message::with_code(2), None)
             .unwrap();
         let _lost = testing::take_output(&mut e, false);
+        // A busy peer had earned a floor.
         let t = d.next_timer();
-        assert_eq!(d.on_timer(t - 1), Timer::Idle);
-        assert_eq!(d.on_timer(t), Timer::Retransmit);
+        let mut peer = Rtt::new();
+        peer.held(t, 4_000);
+        let rto = |p: &Rtt| p.send_rto(t + 5, 1_000, 1_000, 100_000);
+        let earned = rto(&peer);
+        assert!((7_900..=8_000).contains(&earned), "{earned}");
+        assert_eq!(d.on_timer(t - 1, &mut peer), Timer::Idle);
+        assert_eq!(d.on_timer(t, &mut peer), Timer::Retransmit);
         assert!(d.next_timer() > t, "backs off");
         let out = exchange(&mut e, &d, t, true);
         assert_eq!(out.len(), 1, "the saved reply, once");
         assert_eq!(out[0].0, MINE);
-        assert!(matches!(
-            d.on_datagram(t + 5, &out[0].1),
-            Outcome::Replied(_)
-        ));
-        assert_eq!(
-            d.rtt_sample(t + 5),
-            None,
-            "no sample after a retransmission"
-        );
-        assert_eq!(d.needless(), None, "the reply was lost: a needed copy");
-        // A needed copy halves the floor a busy peer had earned.
-        let mut peer = Rtt::new();
-        peer.held(t + 5, 4_000);
-        let rto = |p: &Rtt| p.send_rto(t + 5, 1_000, 1_000, 100_000);
-        assert_eq!(rto(&peer), 8_000);
-        d.note_answer(t + 5, &mut peer, true);
-        assert_eq!(rto(&peer), 4_000);
+        let Outcome::Replied(_, a) = d.on_datagram(t + 5, &out[0].1, &mut peer) else {
+            panic!("not a reply");
+        };
+        assert_eq!(a.sample, None, "no sample after a retransmission");
+        assert_eq!(a.needless_copies, 0, "the reply was lost: a needed copy");
+        // A needed copy halves the floor.
+        assert!(rto(&peer) <= earned / 2 + 1, "{} of {earned}", rto(&peer));
     }
 
     #[test]
@@ -470,28 +403,28 @@ mod tests {
                 timing(),
             )
         };
-        let older = start(0, 1);
         let mut d = start(500, 2);
         let t = d.next_timer();
-        // The server answered the older Send just before `d` fell due.
-        older.note_answer(t - 100, &mut peer, true);
+        // The server answered an older Send (sent at 0) just before `d`
+        // fell due.
+        peer.answered(t - 100, 0);
         assert_eq!(
-            d.on_timer_seen(t, &mut peer),
-            Timer::Idle,
+            d.on_timer(t, &mut peer),
+            Timer::Deferred,
             "queued, not lost"
         );
         assert!(d.next_timer() > t, "waits one more timeout");
         // Nothing answered since: the next turn retransmits, and marks
         // the peer probed, so a third sender's due copy waits.
         let t2 = d.next_timer();
-        assert_eq!(d.on_timer_seen(t2, &mut peer), Timer::Retransmit);
+        assert_eq!(d.on_timer(t2, &mut peer), Timer::Retransmit);
         let mut third = start(t2 - timing().rto + 1, 3);
         let t3 = third.next_timer();
-        assert_eq!(third.on_timer_seen(t3, &mut peer), Timer::Idle, "one probe");
+        assert_eq!(third.on_timer(t3, &mut peer), Timer::Deferred, "one probe");
         // With no answers known a due copy goes at once.
         let mut lone = start(0, 4);
         let tl = lone.next_timer();
-        assert_eq!(lone.on_timer_seen(tl, &mut Rtt::new()), Timer::Retransmit);
+        assert_eq!(lone.on_timer(tl, &mut Rtt::new()), Timer::Retransmit);
     }
 
     #[test]
@@ -500,17 +433,16 @@ mod tests {
         exchange(&mut e, &d, 10, false);
         e.take_completion(server);
         let t = d.next_timer();
-        assert_eq!(d.on_timer(t), Timer::Retransmit);
+        assert_eq!(d.on_timer(t, &mut Rtt::new()), Timer::Retransmit);
         // The copy is lost; the server replies to the first.
         e.reply(t + 50, server, src, Message::with_code(2), None)
             .unwrap();
         let out = testing::take_output(&mut e, false).0;
-        assert!(matches!(
-            d.on_datagram(t + 60, &out[0].data),
-            Outcome::Replied(_)
-        ));
-        assert_eq!(d.needless(), Some(t + 60));
-        assert_eq!(d.rtt_sample(t + 60), Some(t + 60), "a true sample");
+        let Outcome::Replied(_, a) = d.on_datagram(t + 60, &out[0].data, &mut Rtt::new()) else {
+            panic!("not a reply");
+        };
+        assert_eq!(a.needless_copies, 1);
+        assert_eq!(a.sample, Some(t + 60), "a true sample");
     }
 
     #[test]
@@ -519,17 +451,25 @@ mod tests {
         exchange(&mut e, &d, 10, false);
         e.take_completion(server);
         let t = d.next_timer();
-        assert_eq!(d.on_timer(t), Timer::Retransmit);
+        let mut peer = Rtt::new();
+        assert_eq!(d.on_timer(t, &mut peer), Timer::Retransmit);
         let out = exchange(&mut e, &d, t, true);
         assert_eq!(out.len(), 1);
-        assert_eq!(d.on_datagram(t + 1, &out[0].1), Outcome::Pending);
-        assert_eq!(d.needless(), Some(t + 1), "the server held it");
+        let before = peer.send_rto(t + 1, 1_000, 1_000, 1_000_000);
+        assert_eq!(d.on_datagram(t + 1, &out[0].1, &mut peer), Outcome::Pending);
+        assert!(
+            peer.send_rto(t + 1, 1_000, 1_000, 1_000_000) > before,
+            "the server held it: the peer's floor rises"
+        );
         // The host timeout starts again from the replyPending.
         let host_timeout = Config::default().host_timeout;
         assert!(d.next_timer() <= t + 1 + host_timeout);
-        assert!(!matches!(d.on_timer(host_timeout), Timer::Dead(_)));
+        assert!(!matches!(
+            d.on_timer(host_timeout, &mut peer),
+            Timer::Dead(_)
+        ));
         assert!(matches!(
-            d.on_timer(t + 1 + host_timeout),
+            d.on_timer(t + 1 + host_timeout, &mut peer),
             Timer::Dead(IpcError::Timeout(p)) if p == server
         ));
     }
@@ -553,7 +493,7 @@ mod tests {
         let out = exchange(&mut e, &d, 1, false);
         assert_eq!(out[0].0, MINE);
         assert_eq!(
-            d.on_datagram(2, &out[0].1),
+            d.on_datagram(2, &out[0].1, &mut Rtt::new()),
             Outcome::Failed(IpcError::NoSuchProcess(ghost))
         );
     }
@@ -570,7 +510,7 @@ mod tests {
         let out = testing::take_output(&mut e, false).0;
         assert_eq!(out[0].to, MINE);
         assert_eq!(
-            d.on_datagram(30, &out[0].data),
+            d.on_datagram(30, &out[0].data, &mut Rtt::new()),
             Outcome::Forwarded { to: elsewhere }
         );
         assert_eq!(
@@ -597,19 +537,22 @@ mod tests {
         let mut other = out[0].data.clone();
         other[wire::field::SEQ][3] ^= 1;
         assert_eq!(
-            d.on_datagram(21, &other),
+            d.on_datagram(21, &other, &mut Rtt::new()),
             Outcome::Ignored(DropReason::NoMatch)
         );
         assert_eq!(
-            d.on_datagram(21, &[0x56, 3]),
+            d.on_datagram(21, &[0x56, 3], &mut Rtt::new()),
             Outcome::Ignored(DropReason::Malformed)
         );
         let mut keyed = out[0].data.clone();
         keyed[wire::field::KEY_ID] = 1;
-        assert!(matches!(d.on_datagram(21, &keyed), Outcome::Ignored(_)));
         assert!(matches!(
-            d.on_datagram(22, &out[0].data),
-            Outcome::Replied(_)
+            d.on_datagram(21, &keyed, &mut Rtt::new()),
+            Outcome::Ignored(_)
+        ));
+        assert!(matches!(
+            d.on_datagram(22, &out[0].data, &mut Rtt::new()),
+            Outcome::Replied(..)
         ));
     }
 

@@ -20,6 +20,7 @@ pub mod message;
 pub mod pid;
 pub mod rtt;
 pub mod segment;
+pub mod sender;
 pub mod stats;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;

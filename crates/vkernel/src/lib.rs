@@ -31,6 +31,8 @@ pub mod guide {}
 pub mod attach;
 mod batch;
 mod clock;
+mod deadline;
+mod direct;
 mod discover;
 pub mod host;
 mod kernel;

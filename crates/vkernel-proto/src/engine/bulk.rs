@@ -1123,7 +1123,7 @@ impl Engine {
             return Status::NotAwaitingReply;
         }
         if let Some(r) = o.remote.as_mut() {
-            r.deadline = now + host_timeout;
+            r.alive(now, host_timeout);
         }
         let need = if write { Need::Write } else { Need::Read };
         let seg_len = o.seg.as_ref().map(|s| s.len());

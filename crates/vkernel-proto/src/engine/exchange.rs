@@ -151,37 +151,28 @@ impl Engine {
         // The first copy asked for its answers at the sending thread's own
         // socket: that thread times the exchange itself.
         let self_timed = self.answer_source && !retransmission;
+        let group = dst.is_group();
+        // What is known of the peer (a copy marks it probed).
+        let mut peer = (retransmission && !group).then(|| self.rtt_of(now, dst.host()));
         let Some(o) = self.outgoing_mut(src) else {
             return;
         };
         let self_timed = self_timed && o.seg.is_none() && !dst.is_group();
-        let (next, shared) = match &mut o.remote {
+        let r = match &mut o.remote {
             Some(r) if retransmission => {
-                r.retransmitted = true;
-                r.copies += 1;
-                r.rto = (r.rto * 2).min(max_rto);
-                r.next = now + r.rto;
-                (r.next, !r.self_timed)
+                r.copy_sent(now, max_rto, peer.as_mut());
+                *r
             }
-            _ => {
-                o.remote = Some(Retx {
-                    sent_at: now,
-                    next: now + rto,
-                    rto,
-                    deadline: now + host_timeout,
-                    retransmitted: false,
-                    copies: 0,
-                    pending_seen: false,
-                    self_timed,
-                });
-                (now + rto, !self_timed)
-            }
+            _ => *o
+                .remote
+                .insert(Retx::start(now, rto, host_timeout, self_timed)),
         };
+        let (next, shared) = (r.next(), !r.self_timed());
         if retransmission {
             self.stats.retransmits += 1;
-            if !dst.is_group() {
-                self.rtt_mut(now, dst.host()).probed(now);
-            }
+        }
+        if let Some(p) = peer {
+            self.rtt.insert(dst.host(), p);
         }
         if shared {
             self.arm(next);

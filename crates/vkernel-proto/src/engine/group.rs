@@ -696,7 +696,7 @@ impl Engine {
         let rto = self
             .outgoing(sender)
             .and_then(|o| o.remote.as_ref())
-            .map_or(self.cfg.min_rto, |r| r.rto);
+            .map_or(self.cfg.min_rto, |r| r.rto());
         let Some((group, bytes)) = self.encode_send(sender, true) else {
             return;
         };

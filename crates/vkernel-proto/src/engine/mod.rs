@@ -89,6 +89,7 @@ use crate::segment::Seg;
 use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
+use crate::sender::Due;
 use aliens::{Alien, AlienState, Aliens, Known};
 use bulk::HeldOp;
 use bulk::{InBulk, MoveOp};
@@ -507,15 +508,6 @@ impl Engine {
             .unwrap_or_else(|| self.fresh_rtt(now, host))
     }
 
-    /// `host`'s round-trip state, made at `now` if there is none yet.
-    pub(crate) fn rtt_mut(&mut self, now: Micros, host: HostId) -> &mut crate::rtt::Rtt {
-        // Disjoint fields, so the location lookup runs only for a new host.
-        let (location, floor) = (&self.location, self.cfg.local_send_floor);
-        self.rtt
-            .entry(host)
-            .or_insert_with(|| crate::rtt::Rtt::for_peer(now, location.get(host), floor))
-    }
-
     /// What is known of a host never measured: nothing, unless it is at a
     /// loopback address (on this machine), which starts with the floor
     /// `Config::local_send_floor`.
@@ -592,6 +584,7 @@ impl Engine {
         // loop, so without this every Send a stall made late at once
         // would go again in the same pass.
         let mut probing_now: Vec<HostId> = Vec::new();
+        let max_rto = self.max_rto();
         for l in self.sending.iter() {
             let Some(h) = host else { break };
             let Some(p) = self.procs.get(l) else {
@@ -607,21 +600,26 @@ impl Engine {
                     next = next.min(d);
                 }
                 if let Some(r) = &o.remote {
-                    if now >= r.deadline {
-                        dead.push((Pid::new(h, l), o.dst));
-                    } else if now >= r.next
-                        && (self.retransmission_waits(now, o.dst, r)
-                            || (self.may_defer(now, o.dst, r)
-                                && probing_now.contains(&o.dst.host())))
-                    {
-                        wait.push(Pid::new(h, l));
-                    } else if now >= r.next {
-                        if !r.retransmitted && !o.dst.is_group() {
-                            probing_now.push(o.dst.host());
+                    let group = o.dst.is_group();
+                    let peer = self.rtt.get(&o.dst.host());
+                    match r.due(now, group, max_rto, peer) {
+                        Due::Dead => dead.push((Pid::new(h, l), o.dst)),
+                        Due::Defer => wait.push(Pid::new(h, l)),
+                        // Behind another Send's probe sent in this pass.
+                        Due::Retransmit
+                            if r.may_defer(now, group, max_rto)
+                                && probing_now.contains(&o.dst.host()) =>
+                        {
+                            wait.push(Pid::new(h, l))
                         }
-                        retx.push(Pid::new(h, l));
-                    } else if !r.self_timed {
-                        next = next.min(r.next).min(r.deadline);
+                        Due::Retransmit => {
+                            if !r.retransmitted() && !group {
+                                probing_now.push(o.dst.host());
+                            }
+                            retx.push(Pid::new(h, l));
+                        }
+                        Due::Idle if !r.self_timed() => next = next.min(r.next_timer()),
+                        Due::Idle => {}
                     }
                 }
             } else {
@@ -642,17 +640,17 @@ impl Engine {
         for pid in wait {
             self.stats.retransmits_deferred += 1;
             if let Some(r) = self.outgoing_mut(pid).and_then(|o| o.remote.as_mut()) {
-                r.next = now + r.rto;
-                if !r.self_timed {
-                    next = next.min(r.next).min(r.deadline);
+                r.defer(now);
+                if !r.self_timed() {
+                    next = next.min(r.next_timer());
                 }
             }
         }
         for pid in retx {
             self.transmit_send(now, pid, true);
             if let Some(r) = self.outgoing(pid).and_then(|o| o.remote.as_ref()) {
-                if !r.self_timed {
-                    next = next.min(r.next).min(r.deadline);
+                if !r.self_timed() {
+                    next = next.min(r.next_timer());
                 }
             }
         }
@@ -671,29 +669,6 @@ impl Engine {
         self.timers.set(next);
     }
 
-    /// Should the retransmission of a Send to `dst` that is due wait one
-    /// more timeout? Only its first copy is out, and either the server's
-    /// host is answering only older Sends ([`Rtt::older_served`]: a busy
-    /// server, not a loss) or another Send's copy is probing that host
-    /// ([`Rtt::probing`]). Not past the longest timeout after the first
-    /// copy, so a host that stops answering is polled as before (its
-    /// replyPending keeps the exchange alive).
-    fn retransmission_waits(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
-        self.may_defer(now, dst, r)
-            && self
-                .rtt
-                .get(&dst.host())
-                .is_some_and(|t| t.older_served(now, r.sent_at, r.rto) || t.probing(now, r.rto))
-    }
-
-    /// May this due retransmission wait at all? Only a first copy to one
-    /// process, and not past the longest timeout after it (see
-    /// [`Engine::retransmission_waits`]; also in one timer pass, behind
-    /// another Send's probe to the same host).
-    fn may_defer(&self, now: Micros, dst: Pid, r: &Retx) -> bool {
-        !r.retransmitted && !dst.is_group() && now < r.sent_at + self.max_rto()
-    }
-
     /// When `pid`'s remote Send needs its own thread to run
     /// [`Engine::handle_timeout`] (retransmission or host timeout), if
     /// that thread times it: a Send whose first copy asked for its answers
@@ -706,7 +681,7 @@ impl Engine {
     pub fn own_deadline(&self, pid: Pid) -> Option<OwnDue> {
         let o = self.outgoing(pid)?;
         let r = o.remote.as_ref()?;
-        let timer = r.next.min(r.deadline);
+        let timer = r.next_timer();
         let due = match o.deadline {
             Some(d) if d <= timer => OwnDue { at: d, exact: true },
             _ => OwnDue {
@@ -714,7 +689,7 @@ impl Engine {
                 exact: false,
             },
         };
-        r.self_timed.then_some(due)
+        r.self_timed().then_some(due)
     }
 
     /// Adds to `out` the processes whose remote Send
@@ -727,9 +702,12 @@ impl Engine {
         let Some(h) = self.host_id() else { return };
         for l in self.sending.iter() {
             if let Some(PState::Sending(o)) = self.procs.get(l).map(|p| &p.state) {
-                if o.remote.as_ref().is_some_and(|r| {
-                    now >= r.next && now < r.deadline && !self.retransmission_waits(now, o.dst, r)
-                }) {
+                let peer = self.rtt.get(&o.dst.host());
+                let max_rto = self.max_rto();
+                if o.remote
+                    .as_ref()
+                    .is_some_and(|r| r.due(now, o.dst.is_group(), max_rto, peer) == Due::Retransmit)
+                {
                     out.push(Pid::new(h, l));
                 }
             }

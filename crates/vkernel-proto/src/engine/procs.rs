@@ -4,26 +4,7 @@
 
 use super::*;
 
-/// Retransmission state of a remote Send.
-#[derive(Debug)]
-pub(super) struct Retx {
-    pub(super) sent_at: Micros,
-    pub(super) next: Micros,
-    pub(super) rto: Micros,
-    pub(super) deadline: Micros,
-    pub(super) retransmitted: bool,
-    /// Copies sent after the first.
-    pub(super) copies: u32,
-    /// The server's host answered a copy with replyPending: it had the
-    /// request, so the time from the first copy to the reply is a true
-    /// sample even though copies were sent (Karn's ambiguity resolved).
-    pub(super) pending_seen: bool,
-    /// The sender's own thread runs this exchange's retransmission timer
-    /// (it waits in its answer socket, docs/PROTOCOL.md §1c): the
-    /// engine's shared deadline leaves it out, so no other thread wakes
-    /// for it ([`super::Engine::own_deadline`]).
-    pub(super) self_timed: bool,
-}
+pub(super) use crate::sender::Retx;
 
 /// A Send in progress, kept in the sender's descriptor.
 pub(super) struct Outgoing {

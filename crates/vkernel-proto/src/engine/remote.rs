@@ -360,50 +360,20 @@ impl Engine {
                 Err(_) => violation = true,
             }
         }
-        // A reply not flagged RETRANSMIT answers the first copy: if the
-        // exchange was retransmitted (and no replyPending said so yet),
-        // that was needless, and the peer is slower than T_r allowed.
-        let needless = o
-            .remote
-            .as_ref()
-            .is_some_and(|r| r.retransmitted && !r.pending_seen && h.flags & F_RETRANSMIT == 0);
-        // Flagged, with no replyPending before: a copy was needed (the
-        // request or its reply was lost).
-        let needed = o
-            .remote
-            .as_ref()
-            .is_some_and(|r| r.retransmitted && !r.pending_seen && h.flags & F_RETRANSMIT != 0);
-        let sample = o
-            .remote
-            .as_ref()
-            .filter(|r| !r.retransmitted || r.pending_seen || needless)
-            .map(|r| now.saturating_sub(r.sent_at));
-        // Every copy was needless if the reply answers the first.
-        let needless_copies = o
-            .remote
-            .as_ref()
-            .filter(|_| h.flags & F_RETRANSMIT == 0)
-            .map_or(0, |r| u64::from(r.copies));
-        let sent_at = o.remote.as_ref().map(|r| r.sent_at);
-        let whole = sent_at.map(|t| now.saturating_sub(t));
+        let retx = o.remote;
         if violation {
             self.stats.drop(DropReason::SegmentViolation);
         }
-        if let Some(t) = sent_at {
-            let rtt = self.rtt_mut(now, h.src.host());
-            rtt.answered(now, t);
-            rtt.heard(now, needless);
-            if needed {
-                rtt.lost(now);
-            }
-            if let Some(s) = sample {
-                if needless {
-                    rtt.held(now, s);
-                }
-                rtt.sample(s);
-            }
-        }
-        self.stats.retransmits_needless += needless_copies;
+        // A reply not flagged RETRANSMIT answers the first copy
+        // (`Retx::on_reply` says what that proves).
+        let whole = retx.map(|r| {
+            let host = h.src.host();
+            let mut peer = self.rtt_of(now, host);
+            let a = r.on_reply(now, h.flags & F_RETRANSMIT == 0, &mut peer);
+            self.rtt.insert(host, peer);
+            self.stats.retransmits_needless += u64::from(a.needless_copies);
+            a.waited
+        });
         self.stats.remote_exchanges += 1;
         if let (Some(l), true) = (whole, self.cfg.metrics) {
             self.stats.remote_latency_us.record(l);
@@ -461,11 +431,7 @@ impl Engine {
     pub(super) fn on_nack(&mut self, _now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
         if self.remote_waiter(h.dst, h.seq).is_some() {
-            let err = match h.status {
-                Status::Busy => IpcError::NoResources,
-                Status::AccessDenied => IpcError::AccessDenied(h.src),
-                _ => IpcError::NoSuchProcess(h.src),
-            };
+            let err = crate::sender::nack_error(h.status, h.src);
             self.complete(h.dst, Completion::Send(Err(err)));
             return;
         }
@@ -477,35 +443,20 @@ impl Engine {
         let host_timeout = self.cfg.host_timeout;
         let host = h.src.host();
         let rto = self.send_rto_for(now, host);
+        // What is known of the peer (`Retx::on_reply_pending` updates it).
+        let fresh = self.rtt_of(now, host);
         if let Some(o) = self.remote_waiter(h.dst, h.seq) {
             if let Some(r) = o.remote.as_mut() {
-                // Dropped for lack of buffers (busy): the peer is alive but
-                // did not hold the request, so it says nothing of the
-                // round trip, no copy was needless, and a probe stays out.
                 let busy = h.status == Status::Busy;
-                // The first replyPending of an exchange: its retransmission
-                // was needless (the peer held the request).
-                let first = !busy && !r.pending_seen;
-                let needless = first && r.retransmitted;
-                let waited = now.saturating_sub(r.sent_at);
-                r.deadline = now + host_timeout;
+                let mut peer = fresh;
+                r.on_reply_pending(now, busy, rto, host_timeout, &mut peer);
+                let (next, shared) = (r.next(), !r.self_timed());
                 if !busy {
-                    r.pending_seen = true;
-                    r.rto = rto.max(r.rto);
+                    self.rtt.insert(host, peer);
                 }
-                r.next = now + r.rto;
-                let (next, shared) = (r.next, !r.self_timed);
                 if shared {
                     self.arm(next);
                 }
-                if busy {
-                    return;
-                }
-                let rtt = self.rtt_mut(now, host);
-                if first {
-                    rtt.held(now, waited);
-                }
-                rtt.heard(now, needless);
             }
             return;
         }

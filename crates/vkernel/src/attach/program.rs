@@ -24,6 +24,7 @@ use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
 use super::{lock, MAX_WINDOW, MIN_WINDOW};
+use crate::deadline::Deadline;
 
 /// A process's call slot and peer page, as its program maps them.
 type Pages = (Arc<Shm>, Option<Arc<Shm>>);
@@ -526,11 +527,7 @@ impl AttachedProcess {
     ) -> Result<Reply, IpcError> {
         let (mut to, mut fwd) = (to, self.pid);
         let clock = &self.at.pace.clock;
-        let at = deadline.map(|d| {
-            clock
-                .now()
-                .saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        });
+        let at = Deadline::after(clock.now(), deadline);
         loop {
             match self.peer_send(msg, to, fwd, at) {
                 PeerSend::Done(r) => return r,
@@ -544,7 +541,8 @@ impl AttachedProcess {
         self.end_direct_lease();
         let s = self.slot();
         s.set_arg(0, to.0);
-        s.set_arg64(1, micros64(deadline));
+        // What is left of the deadline after the paths tried first.
+        s.set_arg64(1, micros64(at.left(clock.now())));
         s.set_arg(3, fwd.0);
         s.set_arg(4, u32::from(fwd != self.pid));
         s.set_msg(msg);
@@ -564,7 +562,7 @@ impl AttachedProcess {
         msg: &mut Message,
         to: &mut Pid,
         fwd: &mut Pid,
-        at: Option<u64>,
+        at: Deadline,
     ) -> Option<Result<Reply, IpcError>> {
         if !to.is_process()
             || to.host() == self.at.host
@@ -625,15 +623,7 @@ impl AttachedProcess {
             gone: &gone,
             deadline: at,
         };
-        let went = path.send(
-            &mut w,
-            self.at.host,
-            self.pid,
-            *to,
-            *fwd,
-            *msg,
-            self.principal.get(),
-        );
+        let went = path.send(&mut w, self.pid, *to, *fwd, *msg, self.principal.get());
         self.spin.set(policy);
         self.waits.set(waits);
         match went {
@@ -996,7 +986,7 @@ impl AttachedProcess {
     }
 
     /// Sends through `to`'s inbox if it waits there.
-    fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Option<u64>) -> PeerSend {
+    fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Deadline) -> PeerSend {
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
@@ -1073,7 +1063,7 @@ impl AttachedProcess {
                         p.withdraw(self.pid);
                         return PeerSend::Done(Err(IpcError::Deadline(to)));
                     }
-                    deadline = None;
+                    deadline = Deadline::NONE;
                 }
             }
         };

@@ -2,6 +2,7 @@
 //! spinning pays, then block on a futex. Used alike by a program waiting
 //! for its result and by the host's proxy waiting for the next request.
 
+use crate::deadline::Deadline;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ impl Pace {
         policy: &mut SpinPolicy,
         gone: impl Fn() -> bool,
     ) -> Waited {
-        self.wait_until(word, parked, old, policy, gone, None)
+        self.wait_until(word, parked, old, policy, gone, Deadline::NONE)
     }
 
     /// [`Pace::wait`] that also ends (as `Gone`) at `deadline`, a time of
@@ -65,12 +66,12 @@ impl Pace {
         old: u32,
         policy: &mut SpinPolicy,
         gone: impl Fn() -> bool,
-        deadline: Option<u64>,
+        deadline: Deadline,
     ) -> Waited {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
         }
-        let gone = || gone() || deadline.is_some_and(|d| self.clock.now() >= d);
+        let gone = || gone() || deadline.passed(self.clock.now());
         if !policy.is_adaptive() && !policy.wants_to_spin() {
             // Told never to spin: block at once (a zero budget still
             // spins a little below, which "block" must not; an adaptive
@@ -113,7 +114,7 @@ impl Pace {
         parked: &AtomicU32,
         old: u32,
         gone: &impl Fn() -> bool,
-        deadline: Option<u64>,
+        deadline: Deadline,
     ) -> Waited {
         loop {
             if gone() {
@@ -124,9 +125,9 @@ impl Pace {
                 parked.store(0, Ordering::Relaxed);
                 return Waited::Blocked;
             }
-            let slice = deadline.map_or(SLICE, |d| {
-                SLICE.min(Duration::from_micros(d.saturating_sub(self.clock.now())))
-            });
+            let slice = deadline
+                .left(self.clock.now())
+                .map_or(SLICE, |d| SLICE.min(d));
             futex_wait(word, old, slice);
             parked.store(0, Ordering::Relaxed);
             if word.load(Ordering::Acquire) != old {

@@ -16,6 +16,7 @@ use vkernel_proto::engine::{Completion, OwnDue, KERNEL_SERVER_LOCAL_ID};
 use vkernel_proto::message::{IDEMPOTENT, SEGMENT, SEG_READ, SEG_WRITE};
 use vkernel_proto::{IpcError, Message, Micros, Pid, Scope, SegAccess};
 
+use crate::deadline::Deadline;
 use crate::kernel::{destroy_local, Reading, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
@@ -645,7 +646,8 @@ impl LocalProcess {
         to: Pid,
         deadline: Option<Duration>,
     ) -> Option<Result<Reply, IpcError>> {
-        use super::direct::{self, Went};
+        use super::direct::{Embedded, Host, Lease};
+        use crate::direct::{self, Went};
         let sh = &self.shared;
         if !self.direct_ok.get() || !to.is_process() || to.host() == sh.host || sh.net.has_faults()
         {
@@ -657,7 +659,7 @@ impl LocalProcess {
             let ok = sh.with_engine(|e, now| {
                 !e.is_keyed()
                     && slot
-                        .get_or_insert_with(|| Box::new(direct::Lease::new(e, self.pid)))
+                        .get_or_insert_with(|| Box::new(Lease::new(e, self.pid)))
                         .renew(e, now, to.host())
             });
             if !ok {
@@ -678,7 +680,7 @@ impl LocalProcess {
         } else {
             0
         };
-        let due = deadline.map(|d| start.saturating_add(micros(d)));
+        let due = Deadline::after(start, deadline);
         let mut io = ThreadIo {
             sh,
             sock: &sock,
@@ -687,21 +689,31 @@ impl LocalProcess {
         let call = direct::Call {
             me: self.pid,
             to,
+            forwarder: self.pid,
             msg: *msg,
+            principal: lease.principal,
             deadline: due,
             spin_us,
+            block_at_once: spin_us == 0,
         };
         self.trace(Phase::Send, self.pid, to, true);
         // (So that destruction or shutdown wakes it: it is not parked.)
         self.waiter.set_answer_port(port);
         let (went, blocked) = ANSWER_BUF.with(|b| {
             let mut b = b.borrow_mut();
-            let host = direct::Host {
+            let host = Host {
                 peers: &sh.direct_peers,
                 tally: &sh.direct_tally,
                 sends: &sh.net.counters.direct_sends,
             };
-            direct::send(&mut lease, &host, &mut io, &mut b[..], &call)
+            let mut out = std::mem::take(&mut lease.out);
+            let mut route = Embedded {
+                lease: &mut lease,
+                host: &host,
+            };
+            let r = direct::send(&mut route, &mut io, &mut b[..], &mut out, &call);
+            lease.out = out;
+            r
         });
         self.waiter.set_answer_port(0);
         self.waited(policy, start, blocked, false);
@@ -730,8 +742,7 @@ impl LocalProcess {
             } => {
                 *msg = m;
                 msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
-                let left = due.map(|d| Duration::from_micros(d.saturating_sub(sh.now())));
-                Some(self.send_through_engine(msg, to, left, forwarder))
+                Some(self.send_through_engine(msg, to, due.left(sh.now()), forwarder))
             }
         }
     }
@@ -1570,7 +1581,7 @@ struct ThreadIo<'a> {
     w: &'a Waiter,
 }
 
-impl super::direct::Io for ThreadIo<'_> {
+impl crate::direct::Io for ThreadIo<'_> {
     fn now(&self) -> u64 {
         self.sh.now()
     }

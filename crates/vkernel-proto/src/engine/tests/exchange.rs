@@ -1274,7 +1274,7 @@ fn a_request_queued_behind_older_ones_is_not_retransmitted() {
         .remote
         .as_ref()
         .unwrap()
-        .next;
+        .next();
     let deferred = n.e[1].stats().retransmits_deferred;
     let mark = n.sent.len();
     n.advance(due - n.now);

@@ -13,6 +13,7 @@ mod groups;
 mod naming;
 mod robustness;
 mod scale;
+mod sender;
 mod timers;
 
 use std::collections::BTreeSet;

@@ -1,0 +1,347 @@
+//! Direct Sends: a remote Send without a segment run by the sending
+//! thread on a socket of its own, outside the engine (docs/PROTOCOL.md
+//! §8f and §8g). "Direct" means this and nothing else.
+//!
+//! The exchange is `vkernel_proto::direct::DirectSend`, whose rules are
+//! the engine's own (`vkernel_proto::sender`). This is its one driver:
+//! [`send`] runs it over an [`Io`] (clock, socket, wait) and a [`Route`]
+//! (sequence numbers, where hosts are, what is known of them, counters).
+//! An embedded process (`process/direct.rs`) and an attached one
+//! (`attach/direct.rs`) each implement both; neither has a loop of its own.
+
+use std::net::SocketAddr;
+
+use vkernel_proto::direct::{DirectSend, Outcome, Timer, Timing};
+use vkernel_proto::rtt::Rtt;
+use vkernel_proto::wire::PacketType;
+use vkernel_proto::{DropReason, HostId, IpcError, Message, Pid, ReplyInfo, Stats};
+
+use crate::deadline::Deadline;
+
+/// Sequence numbers a process reserves at a time.
+pub(crate) const LEASE: u32 = 1024;
+
+/// A block of sequence numbers reserved by a host for one process's own
+/// Sends.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Seqs {
+    next: u32,
+    left: u32,
+}
+
+impl Seqs {
+    /// `n` numbers from `first`.
+    pub(crate) fn new(first: u32, n: u32) -> Seqs {
+        Seqs {
+            next: first,
+            left: n,
+        }
+    }
+
+    /// Numbers are left.
+    pub(crate) fn any(&self) -> bool {
+        self.left > 0
+    }
+
+    /// The next number, if any is left.
+    pub(crate) fn take(&mut self) -> Option<u32> {
+        if self.left == 0 {
+            return None;
+        }
+        let s = self.next;
+        self.next = s.wrapping_add(1);
+        self.left -= 1;
+        Some(s)
+    }
+
+    /// Gives the rest up (the host sends for the process now).
+    pub(crate) fn end(&mut self) {
+        self.left = 0;
+    }
+}
+
+/// What a direct Send did that the engine's counters show.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ev {
+    /// A datagram sent (`tx`) or received, of `bytes`, to or from `peer`.
+    Datagram {
+        tx: bool,
+        peer: HostId,
+        ptype: PacketType,
+        bytes: usize,
+    },
+    /// A Send begun this way.
+    Begun,
+    /// A RemoteSend sent again.
+    Retransmit,
+    /// Retransmissions found needless (each copy counts).
+    Needless(u32),
+    /// A due first copy that waited for a busy or probed peer.
+    Deferred,
+    /// A datagram read that answered nothing here.
+    Ignored(DropReason),
+    /// An exchange replied to, after `latency` µs.
+    Exchange { latency: u64 },
+    /// A Send that failed with `Timeout` (the peer silent) or `Deadline`.
+    TimedOut { deadline: bool },
+}
+
+impl Ev {
+    /// Adds `evs` to `s` as the engine counts the same things (`metrics`:
+    /// the detailed ones too); returns the Sends begun.
+    pub(crate) fn apply(s: &mut Stats, evs: &[Ev], metrics: bool) -> u64 {
+        let mut sends = 0;
+        for e in evs {
+            match *e {
+                Ev::Datagram {
+                    tx,
+                    peer,
+                    ptype,
+                    bytes,
+                } => s.count_datagram(tx, peer.0, ptype, bytes, metrics),
+                Ev::Begun => sends += 1,
+                Ev::Retransmit => s.retransmits += 1,
+                Ev::Needless(n) => s.retransmits_needless += u64::from(n),
+                Ev::Deferred => s.retransmits_deferred += 1,
+                Ev::Ignored(r) => s.drops[r as usize] += 1,
+                Ev::Exchange { latency } => {
+                    s.remote_exchanges += 1;
+                    if metrics {
+                        s.remote_latency_us.record(latency);
+                    }
+                }
+                Ev::TimedOut { deadline } => {
+                    if deadline {
+                        s.deadlines += 1;
+                    } else {
+                        s.timeouts += 1;
+                    }
+                }
+            }
+        }
+        sends
+    }
+}
+
+/// How a direct Send ended.
+pub(crate) enum Went {
+    /// Replied to, or failed.
+    Done(Result<ReplyInfo, IpcError>),
+    /// Forwarded where this path does not follow (a host it does not
+    /// know, or its own): send `msg` to `to` through the host, as
+    /// forwarded by `forwarder`.
+    Forwarded {
+        to: Pid,
+        forwarder: Pid,
+        msg: Message,
+    },
+}
+
+/// What the sending thread provides: its clock, its socket, and how it
+/// waits.
+pub(crate) trait Io {
+    /// The engine's clock (µs).
+    fn now(&self) -> u64;
+    /// Sends `data` to `to` (a failure is as a loss).
+    fn send(&mut self, to: SocketAddr, data: &[u8]);
+    /// Reads one datagram into `buf`: at once if `wait_us` is 0, else
+    /// waiting at most about that long (`exact`: not longer, as for the
+    /// caller's deadline). None: nothing came.
+    fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize>;
+    /// Why to stop waiting (the process was destroyed, the host went).
+    fn gone(&self) -> Option<IpcError>;
+    /// After a spinning wait's `turn`-th empty look: whether to block
+    /// now, as other threads wait for the CPU (the server, say).
+    fn crowded(&mut self, turn: u32) -> bool;
+}
+
+/// What the sending process's host provides for its direct Sends.
+pub(crate) trait Route {
+    /// The next reserved sequence number, if any is left.
+    fn take_seq(&mut self) -> Option<u32>;
+    /// Where `host` is, if Sends there may go this way now.
+    fn location(&self, host: HostId) -> Option<SocketAddr>;
+    /// The engine's timing of a Send to `host` at `now`.
+    fn timing(&mut self, host: HostId, now: u64) -> Timing;
+    /// Runs `f` on what this host knows of `host` (shared by every path
+    /// of the host that keeps it).
+    fn with_peer<T>(&mut self, host: HostId, now: u64, f: impl FnOnce(&mut Rtt) -> T) -> T;
+    /// Counts `e`.
+    fn count(&mut self, e: Ev);
+    /// Makes what was counted visible now (after a retransmission).
+    fn publish(&mut self) {}
+    /// `host` was silent for the host timeout: ask where it is next time.
+    fn forget(&mut self, host: HostId);
+    /// The main socket's port of this host (`reply_port`).
+    fn reply_port(&self) -> u16;
+}
+
+/// One direct Send: what [`send`] runs.
+pub(crate) struct Call {
+    /// The sender.
+    pub(crate) me: Pid,
+    /// The receiver.
+    pub(crate) to: Pid,
+    /// Whom the receiver sees as the forwarder (`me` unless forwarded).
+    pub(crate) forwarder: Pid,
+    /// The message.
+    pub(crate) msg: Message,
+    /// The sender's principal.
+    pub(crate) principal: u32,
+    /// When it fails with `Deadline` (engine time).
+    pub(crate) deadline: Deadline,
+    /// How long to read without waiting before blocking (µs).
+    pub(crate) spin_us: u64,
+    /// Block at once, with no empty read first.
+    pub(crate) block_at_once: bool,
+}
+
+/// Runs `c` on `io` until it is answered, fails, its deadline passes, or
+/// it is forwarded out of reach; `buf` is where datagrams are read.
+/// Whether it blocked, too. Call only when `route` has a sequence number
+/// and the destination's location.
+pub(crate) fn send<R: Route>(
+    route: &mut R,
+    io: &mut dyn Io,
+    buf: &mut [u8],
+    out: &mut Vec<u8>,
+    c: &Call,
+) -> (Went, bool) {
+    let (me, to) = (c.me, c.to);
+    let (Some(at), Some(seq)) = (route.location(to.host()), route.take_seq()) else {
+        return (
+            Went::Forwarded {
+                to,
+                forwarder: c.forwarder,
+                msg: c.msg,
+            },
+            false,
+        );
+    };
+    let mut dest = (to.host(), at);
+    let start = io.now();
+    let timing = route.timing(to.host(), start);
+    let mut d = DirectSend::start(
+        start,
+        me,
+        to,
+        c.msg,
+        seq,
+        c.principal,
+        c.forwarder,
+        route.reply_port(),
+        timing,
+    );
+    d.encode(false, out);
+    io.send(dest.1, out);
+    route.count(Ev::Begun);
+    route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
+    let mut blocked = c.block_at_once;
+    let mut turn: u32 = 0;
+    let went = loop {
+        let now = io.now();
+        let due = now >= d.next_timer();
+        let until = c.deadline.at().unwrap_or(u64::MAX).min(d.next_timer());
+        let wait_us = if blocked && !due {
+            until.saturating_sub(now).max(1)
+        } else {
+            0
+        };
+        // The caller's deadline is kept on time; a timer may run late.
+        let exact = c.deadline.is_at(until);
+        // (When a timer is due, one more look first: the answer may have
+        // come while this thread waited for a CPU; that is no loss.)
+        if let Some(n) = io.recv(buf, wait_us, exact) {
+            let now = io.now();
+            let data = buf.get(..n).unwrap_or_default();
+            let outcome = route.with_peer(dest.0, now, |r| d.on_datagram(now, data, r));
+            let ptype = match &outcome {
+                Outcome::Ignored(r) => {
+                    route.count(Ev::Ignored(*r));
+                    None
+                }
+                Outcome::Pending => Some(PacketType::ReplyPending),
+                Outcome::Replied(..) => Some(PacketType::RemoteReply),
+                Outcome::Failed(_) => Some(PacketType::NAck),
+                Outcome::Forwarded { .. } => Some(PacketType::RemoteForward),
+            };
+            if let Some(t) = ptype {
+                route.count(datagram(false, dest.0, t, n));
+            }
+            match outcome {
+                Outcome::Replied(info, a) => {
+                    if a.needless_copies > 0 {
+                        route.count(Ev::Needless(a.needless_copies));
+                    }
+                    route.count(Ev::Exchange {
+                        latency: now.saturating_sub(start),
+                    });
+                    break Went::Done(Ok(info));
+                }
+                Outcome::Failed(e) => break Went::Done(Err(e)),
+                Outcome::Forwarded { to } => {
+                    let (forwarder, msg) = (d.forwarder(), d.msg());
+                    // Followed here to another host this path knows.
+                    let next = (to.host() != me.host())
+                        .then(|| route.location(to.host()))
+                        .flatten()
+                        .and_then(|at| Some((at, route.take_seq()?)));
+                    let Some((at, seq)) = next else {
+                        break Went::Forwarded { to, forwarder, msg };
+                    };
+                    dest = (to.host(), at);
+                    let timing = route.timing(to.host(), now);
+                    d.restart(now, to, seq, timing);
+                    d.encode(false, out);
+                    io.send(dest.1, out);
+                    route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
+                }
+                Outcome::Pending | Outcome::Ignored(_) => {}
+            }
+            continue;
+        }
+        let now = io.now();
+        if c.deadline.passed(now) {
+            route.count(Ev::TimedOut { deadline: true });
+            break Went::Done(Err(IpcError::Deadline(d.dst())));
+        }
+        if now >= d.next_timer() {
+            match route.with_peer(dest.0, now, |r| d.on_timer(now, r)) {
+                Timer::Retransmit => {
+                    d.encode(true, out);
+                    io.send(dest.1, out);
+                    route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
+                    route.count(Ev::Retransmit);
+                    route.publish();
+                }
+                Timer::Dead(e) => {
+                    // Perhaps it moved: ask the host next time.
+                    route.forget(dest.0);
+                    route.count(Ev::TimedOut { deadline: false });
+                    break Went::Done(Err(e));
+                }
+                Timer::Deferred => route.count(Ev::Deferred),
+                Timer::Idle => {}
+            }
+        }
+        if !blocked && now.saturating_sub(start) >= c.spin_us {
+            blocked = true;
+        }
+        if !blocked {
+            turn = turn.wrapping_add(1);
+            blocked = io.crowded(turn);
+        } else if let Some(e) = io.gone() {
+            break Went::Done(Err(e));
+        }
+    };
+    (went, blocked)
+}
+
+fn datagram(tx: bool, peer: HostId, ptype: PacketType, bytes: usize) -> Ev {
+    Ev::Datagram {
+        tx,
+        peer,
+        ptype,
+        bytes,
+    }
+}
