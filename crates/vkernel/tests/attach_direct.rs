@@ -410,3 +410,108 @@ fn destroying_a_process_blocked_on_the_direct_path_ends_its_send_at_once() {
     stop(&killer, mute);
     muted.join().unwrap();
 }
+
+/// Takes every request and answers none until its host stops (but code
+/// 0, answered, so that a client's host learns where it is).
+fn mute_server(p: Process) {
+    let mut m = Message::zero();
+    while let Ok(i) = p.receive(&mut m) {
+        if m.code() == 0 {
+            let _ = p.reply(&m, i.from);
+        }
+    }
+}
+
+#[test]
+fn a_short_deadline_on_the_direct_path_ends_on_time() {
+    // ISSUE 49, divergence 6: the attached direct path waited in socket
+    // timeouts rounded to powers of two milliseconds, which this kernel
+    // ends on its 4 ms tick, so a 3 ms deadline took 8 ms or more. It now
+    // waits as an embedded direct Send does (to the microsecond).
+    let m = machine("deadline");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, mute_server);
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    c.set_spin(Duration::ZERO);
+    wait_for(Duration::from_secs(5), "the direct path", || {
+        let before = remote_sends(&m.host.stats());
+        c.send(&mut Message::with_code(0), spid).unwrap();
+        (remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0).then_some(())
+    });
+    let host_sends = remote_sends(&m.host.stats());
+    let deadline = Duration::from_millis(3);
+    let mut took: Vec<Duration> = (0..9)
+        .map(|_| {
+            let mut msg = Message::with_code(1);
+            let t = Instant::now();
+            let r = c.send_within(&mut msg, spid, Some(deadline));
+            assert_eq!(r.unwrap_err(), IpcError::Deadline(spid));
+            t.elapsed()
+        })
+        .collect();
+    took.sort();
+    eprintln!("attached direct, 3 ms deadline: {took:?}");
+    assert_eq!(
+        remote_sends(&m.host.stats()),
+        host_sends,
+        "the Sends went on the direct path"
+    );
+    assert!(
+        took[4] < deadline + Duration::from_millis(2),
+        "a 3 ms deadline took {:?} (median)",
+        took[4]
+    );
+    drop(remote);
+    server.join().unwrap();
+}
+
+#[test]
+fn a_send_that_falls_back_to_the_host_keeps_only_the_time_left() {
+    // ISSUE 49, divergence 7: a Send forwarded back to the program's own
+    // host leaves the direct path for the host's slot; the slot's Send got
+    // the caller's whole deadline again.
+    let m = machine("left");
+    let remote = remote_of(&m, FaultConfig::default());
+    // On the machine host: takes requests and answers none.
+    let (mute, hm) = serve(&m.host, mute_server);
+    // On the remote host: answers code 0; holds others 150 ms, then
+    // forwards them to `mute`, back on the program's host.
+    let (fwd, hf) = serve(&remote, move |p| {
+        let mut msg = Message::zero();
+        while let Ok(i) = p.receive(&mut msg) {
+            if msg.code() == 0 {
+                let _ = p.reply(&msg, i.from);
+                continue;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            let _ = p.forward(&msg, i.from, mute);
+        }
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    wait_for(Duration::from_secs(5), "the direct path", || {
+        let before = remote_sends(&m.host.stats());
+        c.send(&mut Message::with_code(0), fwd).unwrap();
+        (remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0).then_some(())
+    });
+    let deadline = Duration::from_millis(300);
+    for _ in 0..2 {
+        let mut msg = Message::with_code(1);
+        let t = Instant::now();
+        let r = c.send_within(&mut msg, fwd, Some(deadline));
+        let took = t.elapsed();
+        eprintln!("forwarded home, 300 ms deadline: {r:?} after {took:?}");
+        assert_eq!(r.unwrap_err(), IpcError::Deadline(mute));
+        assert!(
+            took < deadline + Duration::from_millis(100),
+            "a 300 ms deadline took {took:?}: the host's part had the whole deadline again"
+        );
+    }
+    drop(c);
+    drop(a);
+    drop(remote);
+    hf.join().unwrap();
+    drop(m);
+    hm.join().unwrap();
+}
