@@ -26,6 +26,8 @@ use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{ChaCha20Poly1305, KeyInit, Nonce, Tag};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::wire::{field, RawHeader, FIXED_BYTES, HEADER_BYTES};
 
@@ -175,66 +177,87 @@ impl Window {
 /// this long); the lag is part of the bound a receiver's floor gives.
 pub const COUNTER_LAG: u64 = 100_000;
 
-/// Seals outgoing and opens incoming datagrams for one host.
-pub(crate) struct Auth {
-    cfg: AuthConfig,
-    counter: u64,
-    windows: HashMap<u16, Window>,
-    /// Engine time at the start, and the latest engine time seen: the
-    /// wall clock is `counter_start + (now - started)`.
+/// The sending half of a host's keys, shared by every path that sends
+/// for the host (the engine's [`Auth`], and threads that send outside the
+/// engine): the keys, and the host's one packet counter, so every
+/// datagram the host sends carries a counter newer than the last.
+#[derive(Clone)]
+pub struct Sealer {
+    cfg: Arc<AuthConfig>,
+    counter: Arc<AtomicU64>,
+    /// Engine time at the start: the wall clock is
+    /// `counter_start + (now - started)`.
     started: u64,
-    now: u64,
     /// Counters below this are refused ([`Reject::Stale`]).
     floor: u64,
 }
 
-impl Auth {
-    pub(crate) fn new(cfg: AuthConfig, now: u64) -> Auth {
-        Auth {
-            counter: cfg.counter_start,
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sealer(send key {})", self.cfg.send_key)
+    }
+}
+
+impl Sealer {
+    fn new(cfg: AuthConfig, now: u64) -> Sealer {
+        Sealer {
+            counter: Arc::new(AtomicU64::new(cfg.counter_start)),
             floor: cfg.counter_start.saturating_sub(cfg.max_skew),
-            cfg,
-            windows: HashMap::new(),
+            cfg: Arc::new(cfg),
             started: now,
-            now,
         }
     }
 
-    /// Tells the sealer the time (engine µs), so counters follow the clock.
-    pub(crate) fn tick(&mut self, now: u64) {
-        self.now = self.now.max(now);
-    }
-
-    /// The next counter: one more than the last, or the wall clock if the
-    /// counter has fallen more than [`COUNTER_LAG`] behind it (a host that
-    /// sends little), so a peer that restarted since still accepts it.
-    fn next_counter(&mut self) -> u64 {
+    /// The next counter at engine time `now`: one more than the last, or
+    /// the wall clock if the counter has fallen more than [`COUNTER_LAG`]
+    /// behind it (a host that sends little), so a peer that restarted
+    /// since still accepts it.
+    fn next_counter(&self, now: u64) -> u64 {
         let wall = self
             .cfg
             .counter_start
-            .saturating_add(self.now.saturating_sub(self.started));
-        self.counter = if self.counter.saturating_add(1 + COUNTER_LAG) < wall {
-            wall
-        } else {
-            self.counter + 1
+            .saturating_add(now.saturating_sub(self.started));
+        let step = |c: u64| {
+            if c.saturating_add(1 + COUNTER_LAG) < wall {
+                wall
+            } else {
+                c + 1
+            }
         };
-        self.counter
+        let mut c = self.counter.load(Ordering::Relaxed);
+        loop {
+            match self.counter.compare_exchange_weak(
+                c,
+                step(c),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return step(c),
+                Err(seen) => c = seen,
+            }
+        }
     }
 
     fn key(&self, id: u8) -> Option<&Key> {
         self.cfg.keys.iter().find(|k| k.id == id)
     }
 
-    /// Appends the trailer (and encrypts in AEAD mode). A datagram whose
-    /// send key is missing goes out unchanged (rejected by peers, counted).
-    pub(crate) fn seal(&mut self, d: &mut Vec<u8>) {
+    /// Whether datagrams are encrypted, not only authenticated.
+    pub fn encrypts(&self) -> bool {
+        self.cfg.encrypt
+    }
+
+    /// Appends the trailer (and encrypts in AEAD mode) at engine time
+    /// `now`. A datagram whose send key is missing goes out unchanged
+    /// (rejected by peers, counted).
+    pub fn seal(&self, now: u64, d: &mut Vec<u8>) {
         if d.len() < FIXED_BYTES {
             return;
         }
-        let Some(key) = self.key(self.cfg.send_key).cloned() else {
+        let Some(key) = self.key(self.cfg.send_key) else {
             return;
         };
-        let ctr = self.next_counter().to_be_bytes();
+        let ctr = self.next_counter(now).to_be_bytes();
         d[field::KEY_ID] = key.id;
         let salt = self.cfg.salt.to_be_bytes();
         if self.cfg.encrypt {
@@ -261,23 +284,22 @@ impl Auth {
         }
     }
 
-    /// Verifies `d` and returns the inner datagram (trailer removed, body
-    /// decrypted into `scratch` in AEAD mode).
-    pub(crate) fn open<'a>(
-        &mut self,
+    /// Verifies `d`'s key, tag and age: the inner datagram (trailer
+    /// removed, body decrypted into `scratch` in AEAD mode), its counter
+    /// and its sender's host id. No replay window: see
+    /// [`Sealer::open_answer`] and [`Auth::open`].
+    fn verify<'a>(
+        &self,
         d: &'a [u8],
         scratch: &'a mut Vec<u8>,
-    ) -> Result<&'a [u8], Reject> {
+    ) -> Result<(&'a [u8], u64, u16), Reject> {
         if d.get(field::KEY_ID) == Some(&0) {
             return Err(Reject::NoKey);
         }
         if d.len() < FIXED_BYTES + TRAILER_BYTES {
             return Err(Reject::Truncated);
         }
-        let key = self
-            .key(d[field::KEY_ID])
-            .ok_or(Reject::UnknownKey)?
-            .clone();
+        let key = self.key(d[field::KEY_ID]).ok_or(Reject::UnknownKey)?;
         let n = d.len() - TRAILER_BYTES;
         let (salt, rest) = d[n..].split_at(4);
         let (ctr, tag) = rest.split_at(8);
@@ -307,10 +329,68 @@ impl Auth {
             }
             &d[..n]
         };
-        // Only an authentic datagram may move the window.
         if counter < self.floor {
             return Err(Reject::Stale);
         }
+        Ok((inner, counter, host))
+    }
+
+    /// Verifies an answer to one of this host's own exchanges run outside
+    /// the engine (key, tag, age) and returns the inner datagram. Not
+    /// checked against the sender's replay window: the exchange takes
+    /// only an answer naming its own sequence number, once, so a replayed
+    /// answer to an older exchange matches nothing.
+    pub fn open_answer<'a>(
+        &self,
+        d: &'a [u8],
+        scratch: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8], Reject> {
+        self.verify(d, scratch).map(|(inner, _, _)| inner)
+    }
+}
+
+/// Seals outgoing and opens incoming datagrams for one host.
+pub(crate) struct Auth {
+    sealer: Sealer,
+    windows: HashMap<u16, Window>,
+    /// The latest engine time seen.
+    now: u64,
+}
+
+impl Auth {
+    pub(crate) fn new(cfg: AuthConfig, now: u64) -> Auth {
+        Auth {
+            sealer: Sealer::new(cfg, now),
+            windows: HashMap::new(),
+            now,
+        }
+    }
+
+    /// The sending half, to share with threads that send for the host.
+    pub(crate) fn sealer(&self) -> &Sealer {
+        &self.sealer
+    }
+
+    /// Tells the sealer the time (engine µs), so counters follow the clock.
+    pub(crate) fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    /// Appends the trailer (and encrypts in AEAD mode). A datagram whose
+    /// send key is missing goes out unchanged (rejected by peers, counted).
+    pub(crate) fn seal(&mut self, d: &mut Vec<u8>) {
+        self.sealer.seal(self.now, d);
+    }
+
+    /// Verifies `d` and returns the inner datagram (trailer removed, body
+    /// decrypted into `scratch` in AEAD mode).
+    pub(crate) fn open<'a>(
+        &mut self,
+        d: &'a [u8],
+        scratch: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8], Reject> {
+        let (inner, counter, host) = self.sealer.verify(d, scratch)?;
+        // Only an authentic datagram may move the window.
         if !self.windows.entry(host).or_default().accept(counter) {
             return Err(Reject::Replay);
         }

@@ -9,7 +9,9 @@
 //! feed the peer's [`Rtt`] through it. Only Sends without a segment go
 //! this way, so no bulk data ever belongs to the exchange. The
 //! RemoteSend carries [`wire::F_ANSWER_SOURCE`], so the receiver answers
-//! the socket it came from.
+//! the socket it came from. With a cluster key the driver seals what
+//! [`DirectSend::encode`] gives and opens what it reads
+//! ([`crate::auth::Sealer`]) before [`DirectSend::on_datagram`] sees it.
 
 use crate::config::{Config, Micros};
 use crate::engine::ReplyInfo;
@@ -101,6 +103,9 @@ pub struct DirectSend {
     reply_port: u16,
     timing: Timing,
     retx: Retx,
+    /// The host seals its datagrams: answers must be sealed (and opened
+    /// by the caller) too.
+    keyed: bool,
 }
 
 impl DirectSend {
@@ -136,7 +141,16 @@ impl DirectSend {
             reply_port,
             timing,
             retx: Retx::start(now, timing.rto, timing.host_timeout, true),
+            keyed: false,
         }
+    }
+
+    /// Marks the exchange as one whose datagrams are sealed with the
+    /// host's key: [`DirectSend::on_datagram`] then takes only answers
+    /// that carried a key (opened by the caller), and no others.
+    pub fn keyed(mut self, on: bool) -> DirectSend {
+        self.keyed = on;
+        self
     }
 
     /// Sends again from the start: to `dst` with the new sequence number
@@ -217,13 +231,14 @@ impl DirectSend {
     /// What the datagram `buf`, read from this exchange's socket at
     /// `now`, means; `peer` (what the host knows of the destination's
     /// host) learns from it as the engine's would. Anything malformed,
-    /// keyed, or about another exchange is ignored.
+    /// about another exchange, or keyed otherwise than the exchange is
+    /// ignored (a keyed exchange's caller has opened `buf` already).
     pub fn on_datagram(&mut self, now: Micros, buf: &[u8], peer: &mut Rtt) -> Outcome {
         let Ok(pkt) = wire::decode(buf) else {
             return Outcome::Ignored(DropReason::Malformed);
         };
         let h = pkt.header;
-        if h.key_id != 0 {
+        if (h.key_id != 0) != self.keyed {
             return Outcome::Ignored(DropReason::Untrusted);
         }
         if h.dst != self.src || h.seq != self.seq || h.src.host() != self.dst.host() {

@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 
+use vkernel_proto::auth::{Reject, Sealer};
 use vkernel_proto::direct::{DirectSend, Outcome, Timer, Timing};
 use vkernel_proto::rtt::Rtt;
 use vkernel_proto::wire::PacketType;
@@ -84,6 +85,8 @@ pub(crate) enum Ev {
     Exchange { latency: u64 },
     /// A Send that failed with `Timeout` (the peer silent) or `Deadline`.
     TimedOut { deadline: bool },
+    /// A datagram read that failed authentication.
+    AuthReject(Reject),
 }
 
 impl Ev {
@@ -117,6 +120,7 @@ impl Ev {
                         s.timeouts += 1;
                     }
                 }
+                Ev::AuthReject(r) => s.auth_rejects[r as usize] += 1,
             }
         }
         sends
@@ -174,6 +178,9 @@ pub(crate) trait Route {
     fn forget(&mut self, host: HostId);
     /// The main socket's port of this host (`reply_port`).
     fn reply_port(&self) -> u16;
+    /// The host's keys, if it has any: every datagram is sealed and every
+    /// answer opened with them.
+    fn sealer(&self) -> Option<&Sealer>;
 }
 
 /// One direct Send: what [`send`] runs.
@@ -221,6 +228,7 @@ pub(crate) fn send<R: Route>(
     let mut dest = (to.host(), at);
     let start = io.now();
     let timing = route.timing(to.host(), start);
+    let sealer = route.sealer().cloned();
     let mut d = DirectSend::start(
         start,
         me,
@@ -231,8 +239,17 @@ pub(crate) fn send<R: Route>(
         c.forwarder,
         route.reply_port(),
         timing,
-    );
-    d.encode(false, out);
+    )
+    .keyed(sealer.is_some());
+    // Where an encrypted answer is decrypted.
+    let mut scratch = Vec::new();
+    let encode = |d: &DirectSend, retransmission: bool, out: &mut Vec<u8>, now: u64| {
+        d.encode(retransmission, out);
+        if let Some(s) = &sealer {
+            s.seal(now, out);
+        }
+    };
+    encode(&d, false, out, start);
     io.send(dest.1, out);
     route.count(Ev::Begun);
     route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
@@ -254,6 +271,16 @@ pub(crate) fn send<R: Route>(
         if let Some(n) = io.recv(buf, wait_us, exact) {
             let now = io.now();
             let data = buf.get(..n).unwrap_or_default();
+            let data = match &sealer {
+                Some(s) => match s.open_answer(data, &mut scratch) {
+                    Ok(inner) => inner,
+                    Err(r) => {
+                        route.count(Ev::AuthReject(r));
+                        continue;
+                    }
+                },
+                None => data,
+            };
             let outcome = route.with_peer(dest.0, now, |r| d.on_datagram(now, data, r));
             let ptype = match &outcome {
                 Outcome::Ignored(r) => {
@@ -292,7 +319,7 @@ pub(crate) fn send<R: Route>(
                     dest = (to.host(), at);
                     let timing = route.timing(to.host(), now);
                     d.restart(now, to, seq, timing);
-                    d.encode(false, out);
+                    encode(&d, false, out, now);
                     io.send(dest.1, out);
                     route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
                 }
@@ -308,7 +335,7 @@ pub(crate) fn send<R: Route>(
         if now >= d.next_timer() {
             match route.with_peer(dest.0, now, |r| d.on_timer(now, r)) {
                 Timer::Retransmit => {
-                    d.encode(true, out);
+                    encode(&d, true, out, now);
                     io.send(dest.1, out);
                     route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
                     route.count(Ev::Retransmit);

@@ -1365,7 +1365,6 @@ impl Kernel {
         let spans = false;
         let direct = cfg.direct_sends
             && answers.is_some()
-            && cfg.keys.is_empty()
             && !spans
             && std::env::var_os("VKERNEL_DIRECT_SENDS").is_none_or(|v| v != "off");
         let mut shared = Shared {

@@ -431,6 +431,12 @@ impl Engine {
         self.auth.is_some()
     }
 
+    /// The sending half of the host's keys, for threads that send for
+    /// the host outside the engine (None: no key).
+    pub fn sealer(&self) -> Option<crate::auth::Sealer> {
+        self.auth.as_ref().map(|a| a.sealer().clone())
+    }
+
     #[inline]
     fn new_seq(&mut self) -> u32 {
         self.next_seq = self.next_seq.wrapping_add(1);

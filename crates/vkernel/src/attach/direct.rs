@@ -230,6 +230,12 @@ impl Route for Known {
     fn reply_port(&self) -> u16 {
         self.reply_port
     }
+
+    fn sealer(&self) -> Option<&vkernel_proto::auth::Sealer> {
+        // (The host grants the direct path only to an unkeyed host's
+        // programs.)
+        None
+    }
 }
 
 /// An attached process's thread on its direct socket.

@@ -79,6 +79,8 @@ pub(crate) struct Lease {
     metrics: bool,
     /// The datagram being sent.
     pub(crate) out: Vec<u8>,
+    /// The host's keys (as of the lease).
+    sealer: Option<vkernel_proto::auth::Sealer>,
 }
 
 /// The counters of the host's direct Sends, as the engine keeps its own:
@@ -115,6 +117,7 @@ impl Lease {
             events: Vec::with_capacity(8),
             metrics,
             out: Vec::with_capacity(128),
+            sealer: e.sealer(),
         }
     }
 
@@ -233,5 +236,9 @@ impl Route for Embedded<'_> {
 
     fn reply_port(&self) -> u16 {
         self.lease.reply_port
+    }
+
+    fn sealer(&self) -> Option<&vkernel_proto::auth::Sealer> {
+        self.lease.sealer.as_ref()
     }
 }

@@ -657,10 +657,8 @@ impl LocalProcess {
         let mut slot = self.lease.take();
         if !slot.as_ref().is_some_and(|l| l.ready_for(to.host())) {
             let ok = sh.with_engine(|e, now| {
-                !e.is_keyed()
-                    && slot
-                        .get_or_insert_with(|| Box::new(Lease::new(e, self.pid)))
-                        .renew(e, now, to.host())
+                slot.get_or_insert_with(|| Box::new(Lease::new(e, self.pid)))
+                    .renew(e, now, to.host())
             });
             if !ok {
                 self.lease.set(slot);
