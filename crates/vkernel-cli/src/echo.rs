@@ -52,6 +52,18 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         .create_process()
         .map_err(|e| format!("cannot create process: {e}"))?;
     reg.set_pid(lid, pids[0], Scope::Any);
+    // On a machine host shared by several users, a name another user's
+    // program holds is refused; SetPid does not say so, GetPid does.
+    match reg.get_pid(lid, Scope::Local) {
+        Ok(p) if p == pids[0] => {}
+        Ok(p) => {
+            return Err(format!(
+                "cannot register \"{}\": another user's program holds that name on this host (pid {p}); choose another --name",
+                a.name
+            ))
+        }
+        Err(e) => return Err(format!("cannot check the registration of \"{}\": {e}", a.name)),
+    }
     if a.group {
         let g = service_group(&a.name);
         for &p in &pids {

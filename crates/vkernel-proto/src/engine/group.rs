@@ -234,6 +234,8 @@ impl Engine {
             if p.refuse_remote_joins || !p.trusts(requester.host()) {
                 return Err(IpcError::AccessDenied(group));
             }
+        } else {
+            self.may_change_membership(group, pid, requester, true)?;
         }
         let m = self.groups.members.entry(group.0).or_default();
         if m.contains(&pid) {
@@ -263,8 +265,38 @@ impl Engine {
             if p.refuse_remote_joins || !p.trusts(requester.host()) {
                 return Err(IpcError::AccessDenied(group));
             }
+        } else if self.is_local(requester) {
+            self.may_change_membership(group, pid, requester, false)?;
         }
         self.remove_member(group, pid);
+        Ok(())
+    }
+
+    /// The rule of a host shared by several users, for a request from a
+    /// local process: a requester running as a principal other than 0
+    /// may join or remove only processes of its own principal, and may
+    /// join a group only if the group's members on this host (if any)
+    /// all run as its principal. Principal 0 (root's programs on a
+    /// machine host, the host's own processes, an embedded program's
+    /// processes unless they set one) may do either.
+    fn may_change_membership(
+        &self,
+        group: Pid,
+        pid: Pid,
+        requester: Pid,
+        join: bool,
+    ) -> Result<(), IpcError> {
+        let who = self.principal_of(requester);
+        if who == 0 {
+            return Ok(());
+        }
+        if self.principal_of(pid) != who {
+            return Err(IpcError::AccessDenied(pid));
+        }
+        let held_by_other = |m: &Vec<Pid>| m.iter().any(|&p| self.principal_of(p) != who);
+        if join && self.groups.members.get(&group.0).is_some_and(held_by_other) {
+            return Err(IpcError::AccessDenied(group));
+        }
         Ok(())
     }
 

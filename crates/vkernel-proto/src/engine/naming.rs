@@ -35,9 +35,27 @@ struct Query {
     interval: Micros,
 }
 
+/// Who holds a name: the principal of the process that registered it,
+/// and that process (`None`: the host itself, through [`Engine::set_pid`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Owner {
+    principal: u32,
+    by: Option<Pid>,
+}
+
+/// One registration in the LogicalIdMap.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    pid: Pid,
+    scope: Scope,
+    /// `None` once its registrant is gone and it names a remote pid: then
+    /// anyone may replace it.
+    owner: Option<Owner>,
+}
+
 /// The LogicalIdMap plus outstanding queries.
 pub(crate) struct Names {
-    map: IdMap<u32, (Pid, Scope)>,
+    map: IdMap<u32, Entry>,
     queries: IdMap<u32, Query>,
 }
 
@@ -53,24 +71,98 @@ impl Names {
         self.queries.remove(&qseq);
     }
 
+    /// Local process `pid` is gone: its names go, and names it registered
+    /// for others are held from now on by what they name (a local
+    /// process, until it goes too) or by nobody (a remote pid).
     pub(crate) fn forget_pid(&mut self, pid: Pid) {
-        self.map.retain(|_, (p, _)| *p != pid);
+        self.map.retain(|_, e| e.pid != pid);
+        for e in self.map.values_mut() {
+            if e.owner.is_some_and(|o| o.by == Some(pid)) {
+                if e.pid.host() == pid.host() {
+                    if let Some(o) = &mut e.owner {
+                        o.by = Some(e.pid);
+                    }
+                } else {
+                    e.owner = None;
+                }
+            }
+        }
     }
 }
 
 impl Engine {
-    /// SetPid: registers `pid` under `logical` with `scope` (overwrites).
-    /// A null pid removes the registration.
+    /// SetPid as the host itself: registers `pid` under `logical` with
+    /// `scope`, replacing whatever was there; a null pid removes the
+    /// registration. The name is then held as principal 0 (see
+    /// [`Engine::set_pid_as`]). An embedded program's processes, all
+    /// threads of one OS process, register this way.
     pub fn set_pid(&mut self, logical: u32, pid: Pid, scope: Scope) {
+        let owner = Owner {
+            principal: 0,
+            by: None,
+        };
+        self.put_name(logical, pid, scope, owner);
+    }
+
+    /// SetPid asked by local process `caller`, which holds the name from
+    /// then on as its principal. The rule of a host shared by several
+    /// users: a name held by one principal may be replaced or removed
+    /// only by that principal, or by principal 0 (root's programs on a
+    /// machine host, the host's own processes). A name is held while the
+    /// process that registered it, or the local process it names, lives;
+    /// a free or unheld name goes to whoever asks first.
+    ///
+    /// # Errors
+    /// [`IpcError::NotAProcess`] if `caller` is not a live process of this
+    /// host; [`IpcError::AccessDenied`] (with the pid the name now names)
+    /// if another principal holds the name.
+    pub fn set_pid_as(
+        &mut self,
+        caller: Pid,
+        logical: u32,
+        pid: Pid,
+        scope: Scope,
+    ) -> Result<(), IpcError> {
+        if !self.process_exists(caller) {
+            return Err(IpcError::NotAProcess(caller));
+        }
+        let principal = self.principal_of(caller);
+        if let Some((holder, named)) = self.name_holder(logical) {
+            if principal != 0 && holder != principal {
+                return Err(IpcError::AccessDenied(named));
+            }
+        }
+        let owner = Owner {
+            principal,
+            by: Some(caller),
+        };
+        self.put_name(logical, pid, scope, owner);
+        Ok(())
+    }
+
+    /// The principal holding name `logical` and the pid it names, if it is
+    /// held (see [`Engine::set_pid_as`]).
+    pub fn name_holder(&self, logical: u32) -> Option<(u32, Pid)> {
+        let e = self.names.map.get(&logical)?;
+        // A local pid that is gone no longer holds (its entry is dropped
+        // when it is destroyed; this is the belt to those braces).
+        if self.is_local(e.pid) && !self.process_exists(e.pid) {
+            return None;
+        }
+        e.owner.map(|o| (o.principal, e.pid))
+    }
+
+    fn put_name(&mut self, logical: u32, pid: Pid, scope: Scope, owner: Owner) {
         if pid.is_none() {
             self.names.map.remove(&logical);
         } else {
-            self.names.map.insert(logical, (pid, scope));
+            let owner = Some(owner);
+            self.names.map.insert(logical, Entry { pid, scope, owner });
         }
     }
 
     fn local_lookup(&self, logical: u32, remote_asker: bool) -> Option<Pid> {
-        let &(pid, scope) = self.names.map.get(&logical)?;
+        let &Entry { pid, scope, .. } = self.names.map.get(&logical)?;
         let visible = match scope {
             Scope::Any => true,
             Scope::Local => !remote_asker,
@@ -325,5 +417,107 @@ impl Engine {
         } else {
             *next = (*next).min(next_announce).min(deadline);
         }
+    }
+}
+
+#[cfg(test)]
+mod shared_host_tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn engine() -> Engine {
+        let cfg = Config {
+            host_id: Some(HostId(7)),
+            ..Config::default()
+        };
+        Engine::new(cfg, 0)
+    }
+
+    /// A process of `principal`.
+    fn proc_of(e: &mut Engine, principal: u32) -> Pid {
+        let p = e.create_process().unwrap();
+        e.set_principal(p, principal).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_name_is_replaced_or_removed_only_by_its_principal_or_principal_0() {
+        let mut e = engine();
+        let (a, a2, b, root) = (
+            proc_of(&mut e, 1000),
+            proc_of(&mut e, 1000),
+            proc_of(&mut e, 2000),
+            proc_of(&mut e, 0),
+        );
+        e.set_pid_as(a, 5, a, Scope::Any).unwrap();
+        assert_eq!(e.name_holder(5), Some((1000, a)));
+        assert_eq!(
+            e.set_pid_as(b, 5, b, Scope::Local),
+            Err(IpcError::AccessDenied(a))
+        );
+        assert_eq!(
+            e.set_pid_as(b, 5, Pid::NONE, Scope::Any),
+            Err(IpcError::AccessDenied(a))
+        );
+        assert_eq!(e.local_lookup(5, false), Some(a));
+        // Its own principal may; then principal 0 may take it.
+        e.set_pid_as(a2, 5, a2, Scope::Any).unwrap();
+        e.set_pid_as(root, 5, root, Scope::Any).unwrap();
+        assert_eq!(
+            e.set_pid_as(a, 5, a, Scope::Any),
+            Err(IpcError::AccessDenied(root))
+        );
+        // The host's own registrations are principal 0's.
+        e.set_pid(6, b, Scope::Any);
+        assert!(e.set_pid_as(b, 6, Pid::NONE, Scope::Any).is_err());
+    }
+
+    #[test]
+    fn a_name_is_free_once_its_holders_are_gone() {
+        let mut e = engine();
+        let (a, b, c) = (
+            proc_of(&mut e, 1000),
+            proc_of(&mut e, 1000),
+            proc_of(&mut e, 2000),
+        );
+        // a registers b: held while either lives.
+        e.set_pid_as(a, 8, b, Scope::Any).unwrap();
+        e.destroy_process(0, a).unwrap();
+        assert_eq!(e.name_holder(8), Some((1000, b)));
+        assert!(e.set_pid_as(c, 8, c, Scope::Any).is_err());
+        e.destroy_process(0, b).unwrap();
+        assert_eq!(e.name_holder(8), None);
+        e.set_pid_as(c, 8, c, Scope::Any).unwrap();
+        // A remote pid is held while its registrant lives.
+        let remote = Pid::new(HostId(9), 3);
+        let d = proc_of(&mut e, 1000);
+        e.set_pid_as(d, 9, remote, Scope::Any).unwrap();
+        assert!(e.set_pid_as(c, 9, c, Scope::Any).is_err());
+        e.destroy_process(0, d).unwrap();
+        assert_eq!(e.name_holder(9), None);
+        e.set_pid_as(c, 9, c, Scope::Any).unwrap();
+    }
+
+    #[test]
+    fn memberships_change_only_for_ones_own_processes() {
+        let mut e = engine();
+        let (a, b, root) = (
+            proc_of(&mut e, 1000),
+            proc_of(&mut e, 2000),
+            proc_of(&mut e, 0),
+        );
+        let g = Pid::well_known_group(0x42);
+        e.join_group(g, a, a).unwrap();
+        // b may neither remove a, nor join a elsewhere, nor join a's group.
+        assert!(e.leave_group(g, a, b).is_err());
+        let other = Pid::well_known_group(0x43);
+        assert!(e.join_group(other, a, b).is_err());
+        assert!(e.join_group(g, b, b).is_err());
+        assert_eq!(e.group_members(g), vec![a]);
+        // Its own group is fine; principal 0 may do anything.
+        e.join_group(other, b, b).unwrap();
+        e.join_group(g, b, root).unwrap();
+        e.leave_group(g, a, root).unwrap();
+        assert_eq!(e.group_members(g), vec![b]);
     }
 }

@@ -23,7 +23,10 @@ use super::peer::{Peer, PEER_BYTES};
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
-use super::{lock, DIRECT_LEASE_MAX, MAX_WINDOW, MIN_WINDOW};
+use super::{lock, MAX_WINDOW, MIN_WINDOW};
+
+mod questions;
+mod rights;
 
 /// The longest a proxy spins for its program's next call: a program's
 /// next call usually follows at once (a Reply after a Receive, the next
@@ -474,141 +477,6 @@ impl Inner {
         );
         Ok(([pid.0, u32::from(has_peer)], Vec::new()))
     }
-
-    /// The file of `target`'s peer page (or of its window, with its
-    /// generation), for a program of `uid` that has peer pages of its own.
-    fn peer_page(
-        &self,
-        target: Pid,
-        uid: u32,
-        has_peer: bool,
-        window: bool,
-    ) -> Result<(Arc<OwnedFd>, u32), IpcError> {
-        if !has_peer {
-            return Err(IpcError::Refused(target));
-        }
-        let e = lock(&self.peers.map)
-            .get(&target)
-            .cloned()
-            .ok_or(IpcError::NoSuchProcess(target))?;
-        if e.uid != uid {
-            return Err(IpcError::AccessDenied(target));
-        }
-        if window {
-            let w = lock(&e.win);
-            return Ok((w.fd.clone(), w.generation));
-        }
-        Ok((e.fd.clone(), 0))
-    }
-
-    /// Answers `ask::DIRECT`: lets a process of this program send its own
-    /// remote Sends (as the host would: same host id, same principal, seq
-    /// numbers reserved here), with where the destination host is.
-    fn direct(
-        &self,
-        r: &Record,
-        uid: u32,
-        procs: &HashMap<Pid, Proxy>,
-    ) -> Result<([u32; 2], Vec<u8>), IpcError> {
-        let (target, pid) = (HostId(r.words[3] as u16), Pid(r.words[4]));
-        let n = r.words[5].min(DIRECT_LEASE_MAX);
-        if !procs.contains_key(&pid) {
-            return Err(IpcError::NoSuchProcess(pid));
-        }
-        // Its datagrams name the host and a principal the host would not
-        // check: only for programs that could act as the host anyway.
-        if uid != 0 && uid != self.owner_uid {
-            return Err(IpcError::AccessDenied(pid));
-        }
-        // Every datagram must pass the host's keys, fault injector and
-        // tracer, which a program's own socket would bypass.
-        #[cfg(feature = "otel")]
-        let spans = self.shared.otel.is_some();
-        #[cfg(not(feature = "otel"))]
-        let spans = false;
-        if self.shared.net.has_faults() || self.shared.tracer.is_some() || spans {
-            return Err(IpcError::Refused(pid));
-        }
-        // (Older programs send 0: they are not woken, and learn of their
-        // process's end from the slot at their next timer.)
-        if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
-            self.shared.note_direct_port(pid, port);
-        }
-        self.shared.with_engine(|e, _| {
-            if e.is_keyed() {
-                return Err(IpcError::Refused(pid));
-            }
-            let at = e.location_of(target).map(|a| a.to_string());
-            // Nowhere to send yet: the Send goes through this host.
-            let n = if at.is_some() { n } else { 0 };
-            let first = if n > 0 {
-                self.peers.direct.fetch_add(1, Ordering::Relaxed);
-                e.reserve_seqs(n)
-            } else {
-                0
-            };
-            Ok(([first, n], at.unwrap_or_default().into_bytes()))
-        })
-    }
-
-    fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
-        let a = r.words[3];
-        match r.words[2] {
-            ask::PROCESS_EXISTS => {
-                let e = self.shared.with_engine(|e, _| e.process_exists(Pid(a)));
-                Ok(([u32::from(e), 0], Vec::new()))
-            }
-            ask::STATS_JSON | ask::PROMETHEUS => {
-                let (s, g) = self.shared.snapshot();
-                let doc = if r.words[2] == ask::STATS_JSON {
-                    crate::metrics::to_json(&s, &g)
-                } else {
-                    crate::metrics::to_prometheus(&s, &g)
-                };
-                if doc.len() > control::MAX_PAYLOAD {
-                    return Err(IpcError::SegmentTooLarge {
-                        max: control::MAX_PAYLOAD,
-                    });
-                }
-                Ok(([0, 0], doc.into_bytes()))
-            }
-            ask::SRTT => {
-                let t = self.shared.with_engine(|e, _| e.srtt(HostId(a as u16)));
-                Ok((
-                    [
-                        u32::from(t.is_some()),
-                        t.map_or(0, |t| t.min(u64::from(u32::MAX)) as u32),
-                    ],
-                    Vec::new(),
-                ))
-            }
-            ask::ADD_PEER => {
-                if uid != 0 && uid != self.owner_uid {
-                    return Err(IpcError::AccessDenied(Pid(0)));
-                }
-                let peer = std::str::from_utf8(&r.payload)
-                    .ok()
-                    .and_then(|s| crate::PeerSpec::parse(s).ok())
-                    .ok_or(IpcError::Refused(Pid(0)))?;
-                match peer {
-                    crate::PeerSpec::Addr(a) => {
-                        self.shared.resolver.add_static(a);
-                        self.shared.with_engine(|e, _| e.add_discovery(a));
-                    }
-                    name => {
-                        // Looked up on the resolver thread: DNS never
-                        // holds up this connection.
-                        self.shared.resolver.add_name(name);
-                        self.shared
-                            .start_resolver()
-                            .map_err(|_| IpcError::TableFull)?;
-                    }
-                }
-                Ok(([0, 0], Vec::new()))
-            }
-            _ => Err(IpcError::Refused(Pid(0))),
-        }
-    }
 }
 
 /// Takes a larger window a program sent for one of its processes; its
@@ -824,6 +692,7 @@ impl Ctx {
         let me = p.pid();
         match op {
             Op::Send if Pid(s.arg(0)).host() == me.host() && !Pid(s.arg(0)).is_group() => {
+                self.may_ask_kernel_server(&s.msg(), me, Pid(s.arg(0)))?;
                 p.send_direct(
                     &s.msg(),
                     Pid(s.arg(0)),
@@ -836,6 +705,7 @@ impl Ctx {
             // itself, reading the socket as an embedded sender does, so
             // the reply does not wait for the host's timer thread.
             Op::Send => {
+                self.may_ask_kernel_server(&s.msg(), me, Pid(s.arg(0)))?;
                 let mut m = s.msg();
                 let r = p.send_within_as(
                     &mut m,
@@ -848,6 +718,7 @@ impl Ctx {
                 s.set_out(1, r.seg_bytes as u32);
             }
             Op::SendSegment => {
+                self.may_ask_kernel_server(&s.msg(), me, Pid(s.arg(0)))?;
                 let n = len_in(&self.window, s.arg(2), me)?;
                 let append = usize::try_from(s.arg64(3)).unwrap_or(usize::MAX);
                 let buf = self.win(n);
@@ -907,7 +778,11 @@ impl Ctx {
                 let n = len_in(&self.window, s.arg(2), me)?;
                 p.reply_with_segment(&s.msg(), Pid(s.arg(0)), s.arg(1), self.win(n))?;
             }
-            Op::Forward => p.forward(&s.msg(), Pid(s.arg(0)), Pid(s.arg(1)))?,
+            Op::Forward => {
+                let (from, to) = (Pid(s.arg(0)), Pid(s.arg(1)));
+                self.may_ask_kernel_server(&s.msg(), from, to)?;
+                p.forward(&s.msg(), from, to)?;
+            }
             Op::MoveTo => {
                 let n = len_in(&self.window, s.arg(2), me)?;
                 let k = p.move_to(Pid(s.arg(0)), s.arg(1), self.win(n))?;
@@ -920,7 +795,7 @@ impl Ctx {
             }
             Op::SetPid => {
                 let scope = super::scope_of(s.arg(2)).ok_or(IpcError::Refused(me))?;
-                p.set_pid(s.arg(0), Pid(s.arg(1)), scope);
+                self.set_pid(s.arg(0), Pid(s.arg(1)), scope)?;
             }
             Op::GetPid => {
                 let scope = super::scope_of(s.arg(1)).ok_or(IpcError::Refused(me))?;
@@ -962,22 +837,12 @@ impl Ctx {
             Op::ProcessExists => s.set_out(0, u32::from(p.process_exists(Pid(s.arg(0)))?)),
             Op::Destroy => {
                 let target = Pid(s.arg(0));
-                // A program may end only its own principal's processes
-                // here, unless it is root (the kernel server's rule for
-                // remote destroys).
-                if self.uid != 0 && target.host() == me.host() {
-                    let owner = p.shared().with_engine(|e, _| e.principal_of(target));
-                    if owner != self.principal {
-                        return Err(IpcError::AccessDenied(target));
-                    }
-                }
+                self.may_destroy(target)?;
                 p.destroy(target)?;
             }
             Op::SetPrincipal => {
                 let want = s.arg(0);
-                if self.uid != 0 && want != self.principal {
-                    return Err(IpcError::AccessDenied(me));
-                }
+                self.may_run_as(want)?;
                 p.set_principal(want);
             }
             Op::RestrictSenders => {

@@ -1,0 +1,151 @@
+//! The host's answers to a program's questions (`kind::ASK` records)
+//! about other processes' pages and the host itself, each with who may
+//! ask it (docs/SECURITY.md, "A machine host shared by several users").
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use vkernel_proto::{HostId, IpcError, Pid};
+
+use super::super::control::{self, ask, Record};
+use super::super::{lock, DIRECT_LEASE_MAX};
+use super::{Inner, Proxy};
+
+impl Inner {
+    /// The file of `target`'s peer page (or of its window, with its
+    /// generation), for a program of `uid` that has peer pages of its own.
+    pub(super) fn peer_page(
+        &self,
+        target: Pid,
+        uid: u32,
+        has_peer: bool,
+        window: bool,
+    ) -> Result<(Arc<OwnedFd>, u32), IpcError> {
+        if !has_peer {
+            return Err(IpcError::Refused(target));
+        }
+        let e = lock(&self.peers.map)
+            .get(&target)
+            .cloned()
+            .ok_or(IpcError::NoSuchProcess(target))?;
+        if e.uid != uid {
+            return Err(IpcError::AccessDenied(target));
+        }
+        if window {
+            let w = lock(&e.win);
+            return Ok((w.fd.clone(), w.generation));
+        }
+        Ok((e.fd.clone(), 0))
+    }
+
+    /// Answers `ask::DIRECT`: lets a process of this program send its own
+    /// remote Sends (as the host would: same host id, same principal, seq
+    /// numbers reserved here), with where the destination host is.
+    pub(super) fn direct(
+        &self,
+        r: &Record,
+        uid: u32,
+        procs: &HashMap<Pid, Proxy>,
+    ) -> Result<([u32; 2], Vec<u8>), IpcError> {
+        let (target, pid) = (HostId(r.words[3] as u16), Pid(r.words[4]));
+        let n = r.words[5].min(DIRECT_LEASE_MAX);
+        if !procs.contains_key(&pid) {
+            return Err(IpcError::NoSuchProcess(pid));
+        }
+        // Its datagrams name the host and a principal the host would not
+        // check: only for programs that could act as the host anyway.
+        if uid != 0 && uid != self.owner_uid {
+            return Err(IpcError::AccessDenied(pid));
+        }
+        // Every datagram must pass the host's keys, fault injector and
+        // tracer, which a program's own socket would bypass.
+        #[cfg(feature = "otel")]
+        let spans = self.shared.otel.is_some();
+        #[cfg(not(feature = "otel"))]
+        let spans = false;
+        if self.shared.net.has_faults() || self.shared.tracer.is_some() || spans {
+            return Err(IpcError::Refused(pid));
+        }
+        // (Older programs send 0: they are not woken, and learn of their
+        // process's end from the slot at their next timer.)
+        if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
+            self.shared.note_direct_port(pid, port);
+        }
+        self.shared.with_engine(|e, _| {
+            if e.is_keyed() {
+                return Err(IpcError::Refused(pid));
+            }
+            let at = e.location_of(target).map(|a| a.to_string());
+            // Nowhere to send yet: the Send goes through this host.
+            let n = if at.is_some() { n } else { 0 };
+            let first = if n > 0 {
+                self.peers.direct.fetch_add(1, Ordering::Relaxed);
+                e.reserve_seqs(n)
+            } else {
+                0
+            };
+            Ok(([first, n], at.unwrap_or_default().into_bytes()))
+        })
+    }
+
+    pub(super) fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
+        let a = r.words[3];
+        match r.words[2] {
+            ask::PROCESS_EXISTS => {
+                let e = self.shared.with_engine(|e, _| e.process_exists(Pid(a)));
+                Ok(([u32::from(e), 0], Vec::new()))
+            }
+            ask::STATS_JSON | ask::PROMETHEUS => {
+                let (s, g) = self.shared.snapshot();
+                let doc = if r.words[2] == ask::STATS_JSON {
+                    crate::metrics::to_json(&s, &g)
+                } else {
+                    crate::metrics::to_prometheus(&s, &g)
+                };
+                if doc.len() > control::MAX_PAYLOAD {
+                    return Err(IpcError::SegmentTooLarge {
+                        max: control::MAX_PAYLOAD,
+                    });
+                }
+                Ok(([0, 0], doc.into_bytes()))
+            }
+            ask::SRTT => {
+                let t = self.shared.with_engine(|e, _| e.srtt(HostId(a as u16)));
+                Ok((
+                    [
+                        u32::from(t.is_some()),
+                        t.map_or(0, |t| t.min(u64::from(u32::MAX)) as u32),
+                    ],
+                    Vec::new(),
+                ))
+            }
+            ask::ADD_PEER => {
+                if uid != 0 && uid != self.owner_uid {
+                    return Err(IpcError::AccessDenied(Pid(0)));
+                }
+                let peer = std::str::from_utf8(&r.payload)
+                    .ok()
+                    .and_then(|s| crate::PeerSpec::parse(s).ok())
+                    .ok_or(IpcError::Refused(Pid(0)))?;
+                match peer {
+                    crate::PeerSpec::Addr(a) => {
+                        self.shared.resolver.add_static(a);
+                        self.shared.with_engine(|e, _| e.add_discovery(a));
+                    }
+                    name => {
+                        // Looked up on the resolver thread: DNS never
+                        // holds up this connection.
+                        self.shared.resolver.add_name(name);
+                        self.shared
+                            .start_resolver()
+                            .map_err(|_| IpcError::TableFull)?;
+                    }
+                }
+                Ok(([0, 0], Vec::new()))
+            }
+            _ => Err(IpcError::Refused(Pid(0))),
+        }
+    }
+}
