@@ -431,7 +431,7 @@ impl Shared {
     pub(crate) fn with_engine_via<R>(
         &self,
         me: Option<Pid>,
-        via: Option<&std::net::UdpSocket>,
+        via: Option<&Arc<std::net::UdpSocket>>,
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
         self.with_engine_out(me, via, None, f)
@@ -472,7 +472,7 @@ impl Shared {
     fn with_engine_out<R>(
         &self,
         me: Option<Pid>,
-        via: Option<&std::net::UdpSocket>,
+        via: Option<&Arc<std::net::UdpSocket>>,
         mut hold: Option<&mut Vec<vkernel_proto::engine::Transmit>>,
         f: impl FnOnce(&mut Engine, Micros) -> R,
     ) -> (R, Option<Completion>) {
@@ -1358,7 +1358,10 @@ impl Kernel {
             conflict: None,
         };
         let gathers = net.gathers();
-        let answers = (cfg.answer_sockets && side && !net.has_faults()).then_some(me.ip());
+        // (Side sockets are off with a fault injector, which sends from
+        // the main socket; answer sockets are not: it sends from them too.)
+        let answers = (cfg.answer_sockets && (side || net.has_faults()) && cfg.side_sockets)
+            .then_some(me.ip());
         #[cfg(feature = "otel")]
         let spans = cfg.otel;
         #[cfg(not(feature = "otel"))]

@@ -7,7 +7,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -197,6 +197,8 @@ struct Delayed {
     due: Instant,
     to: SocketAddr,
     data: Vec<u8>,
+    /// The socket it leaves from (None: the main one).
+    from: Option<Arc<UdpSocket>>,
 }
 
 impl PartialEq for Delayed {
@@ -219,7 +221,7 @@ impl Ord for Delayed {
 struct FaultState {
     cfg: FaultConfig,
     rng: SmallRng,
-    held: Option<(SocketAddr, Vec<u8>)>,
+    held: Option<(SocketAddr, Vec<u8>, Option<Arc<UdpSocket>>)>,
     delayed: BinaryHeap<Delayed>,
 }
 
@@ -600,8 +602,12 @@ impl Net {
 
     /// Sends `data` to `to` from `sock` (a thread's answer socket), with
     /// the main socket's retry and error counting.
-    pub(crate) fn send_from(&self, sock: &UdpSocket, to: SocketAddr, data: &[u8]) {
-        self.retrying(|| rustix::net::sendto(sock, data, rustix::net::SendFlags::DONTWAIT, &to));
+    pub(crate) fn send_from(&self, sock: &Arc<UdpSocket>, to: SocketAddr, data: &[u8]) {
+        if self.faults.is_some() {
+            self.inject(Some(sock), to, data.to_vec());
+            return;
+        }
+        self.raw_send_from(Some(sock), to, data);
     }
 
     /// Takes the next datagram queued on `sock` (non-blocking), counted as
@@ -673,9 +679,13 @@ impl Net {
     }
 
     fn raw_send(&self, to: SocketAddr, data: &[u8]) {
-        self.retrying(|| {
-            rustix::net::sendto(&*self.sock, data, rustix::net::SendFlags::DONTWAIT, &to)
-        });
+        self.raw_send_from(None, to, data);
+    }
+
+    /// Sends `data` from `from` (None: the main socket), no faults.
+    fn raw_send_from(&self, from: Option<&Arc<UdpSocket>>, to: SocketAddr, data: &[u8]) {
+        let sock: &UdpSocket = from.map_or(&self.sock, |s| s);
+        self.retrying(|| rustix::net::sendto(sock, data, rustix::net::SendFlags::DONTWAIT, &to));
     }
 
     /// Copies the start of the next datagram on the main socket into
@@ -1006,7 +1016,7 @@ impl Net {
     /// Sends a datagram, through the fault injector if one is configured.
     /// Returns the buffer unless the injector kept it (to reuse).
     pub fn send(&self, to: SocketAddr, data: Vec<u8>) -> Option<Vec<u8>> {
-        let Some(f) = &self.faults else {
+        if self.faults.is_none() {
             // A datagram naming the main socket's port for answers may
             // leave from the peer's side socket.
             if let Some(side) = &self.side {
@@ -1021,6 +1031,23 @@ impl Net {
                 }
             }
             self.raw_send(to, &data);
+            return Some(data);
+        }
+        self.inject(None, to, data)
+    }
+
+    /// The fault injector: every datagram of this host passes here when
+    /// one is configured, whichever socket it leaves from (`from`: None
+    /// for the main one), so that faults apply to every path alike.
+    /// Returns the buffer unless it was kept.
+    fn inject(
+        &self,
+        from: Option<&Arc<UdpSocket>>,
+        to: SocketAddr,
+        data: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let Some(f) = &self.faults else {
+            self.raw_send_from(from, to, &data);
             return Some(data);
         };
         let mut st = match f.lock() {
@@ -1048,21 +1075,22 @@ impl Net {
                     due: Instant::now() + d,
                     to,
                     data: data.clone(),
+                    from: from.cloned(),
                 });
             }
             return Some(data);
         }
         if st.held.is_none() && st.rng.gen_bool(st.cfg.reorder) {
             c.injected_reorder.fetch_add(1, Ordering::Relaxed);
-            st.held = Some((to, data));
+            st.held = Some((to, data, from.cloned()));
             return None;
         }
         let held = st.held.take();
         for _ in 0..copies {
-            self.raw_send(to, &data);
+            self.raw_send_from(from, to, &data);
         }
-        if let Some((hto, hdata)) = held {
-            self.raw_send(hto, &hdata);
+        if let Some((hto, hdata, hfrom)) = held {
+            self.raw_send_from(hfrom.as_ref(), hto, &hdata);
         }
         Some(data)
     }
@@ -1083,13 +1111,13 @@ impl Net {
         }
         while st.delayed.peek().is_some_and(|d| d.due <= now) {
             if let Some(d) = st.delayed.pop() {
-                out.push((d.to, d.data));
+                out.push((d.to, d.data, d.from));
             }
         }
         let next = st.delayed.peek().map(|d| d.due);
         drop(st);
-        for (to, d) in out {
-            self.raw_send(to, &d);
+        for (to, d, from) in out {
+            self.raw_send_from(from.as_ref(), to, &d);
         }
         next.or(Some(now + Duration::from_millis(1)))
     }

@@ -201,6 +201,64 @@ fn direct_sends_execute_exactly_once_under_loss_at_the_server() {
     );
 }
 
+#[test]
+fn a_client_host_that_injects_faults_keeps_its_direct_sends() {
+    // ISSUE 49: a fault injector switched the direct path off. It is one
+    // seam now (`Net::inject`) that every socket's datagrams pass,
+    // answer sockets too, so the client's own faults apply to its direct
+    // Sends, and each request still runs exactly once.
+    let faults = FaultConfig {
+        loss: 0.15,
+        duplicate: 0.1,
+        reorder: 0.1,
+        delay_rate: 0.05,
+        delay: Duration::from_millis(2),
+        seed: 5,
+    };
+    let a = Kernel::start(KernelConfig {
+        host_timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let b = Kernel::start(KernelConfig {
+        peers: vec![a.local_addr()],
+        host_timeout: Duration::from_secs(2),
+        faults,
+        ..Default::default()
+    })
+    .unwrap();
+    a.add_peer(b.local_addr());
+    let (server, h) = serve(&a);
+    warm_up(&b, server);
+    let before = b.net_counters().direct_sends.load(Relaxed);
+    std::thread::scope(|sc| {
+        for t in 0..4u32 {
+            let c = b.create_process().unwrap();
+            sc.spawn(move || {
+                for i in 0..50 {
+                    echo(&c, server, t * 1000 + i).unwrap();
+                }
+            });
+        }
+    });
+    let p = b.create_process().unwrap();
+    stop(&p, server);
+    let seen = h.join().unwrap();
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "each exactly once: {:?}",
+        seen.iter().filter(|(_, &n)| n != 1).collect::<Vec<_>>()
+    );
+    assert!(seen.len() >= 200, "every request executed: {}", seen.len());
+    let n = b.net_counters().direct_sends.load(Relaxed) - before;
+    assert!(n >= 200, "{n} direct Sends");
+    let c = b.net_counters();
+    assert!(
+        c.injected_loss.load(Relaxed) > 0 && c.injected_dup.load(Relaxed) > 0,
+        "the faults applied to them"
+    );
+}
+
 /// Several servers of one host blocked in Receive at once: the first to
 /// block waits on the socket alone (a plain poll), the others share it
 /// through epoll; each request reaches its own server exactly once, and

@@ -607,7 +607,7 @@ impl LocalProcess {
             _ => None,
         };
         let due = sh
-            .with_engine_via(None, answer.as_deref(), |e, now| {
+            .with_engine_via(None, answer.as_ref(), |e, now| {
                 e.set_answer_source(answer.is_some());
                 let r = e.send_as(now, self.pid, to, m, None, usize::MAX, forwarder);
                 e.set_answer_source(false);
@@ -649,8 +649,7 @@ impl LocalProcess {
         use super::direct::{Embedded, Host, Lease};
         use crate::direct::{self, Went};
         let sh = &self.shared;
-        if !self.direct_ok.get() || !to.is_process() || to.host() == sh.host || sh.net.has_faults()
-        {
+        if !self.direct_ok.get() || !to.is_process() || to.host() == sh.host {
             return None;
         }
         let ip = sh.answers?;
@@ -1575,7 +1574,7 @@ thread_local! {
 /// socket, the host's clock, the process's flags.
 struct ThreadIo<'a> {
     sh: &'a Shared,
-    sock: &'a std::net::UdpSocket,
+    sock: &'a Arc<std::net::UdpSocket>,
     w: &'a Waiter,
 }
 
