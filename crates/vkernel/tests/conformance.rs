@@ -46,24 +46,15 @@ const KNOWN_GAPS: &[(&str, &str, &str)] = &[
         "h counted",
         "issue 49 item 3: attached direct exchanges are not in the machine host's stats",
     ),
-    // By design: a program's (or thread's) own socket would bypass the
-    // host's fault injector and keys, so the direct paths are off then and
-    // the Send goes through the engine (kernel.rs `direct`,
-    // attach/host/questions.rs `direct`).
-    (
-        "embedded direct",
-        "a' faults@client",
-        "by design: a fault injector on the client's host turns the direct path off",
-    ),
+    // By design: a program's own socket would bypass the machine host's
+    // fault injector and keys, so the host refuses it the direct path and
+    // its Sends go through the host's engine (attach/host/questions.rs
+    // `direct`). (Embedded hosts keep their direct Sends with keys since
+    // 5c2ded4, and with a fault injector since 70fd2e9.)
     (
         "attached direct",
         "a' faults@client",
         "by design: a fault injector on the machine host refuses the direct path",
-    ),
-    (
-        "embedded direct",
-        "f keyed",
-        "by design: a cluster key turns the embedded direct path off",
     ),
     (
         "attached direct",
@@ -78,6 +69,9 @@ const KNOWN_GAPS: &[(&str, &str, &str)] = &[
     // never ends its sender's Send (still blocked after 2 s; it ends only
     // when the machine host goes). `destroy(pid)` (`Op::Destroy`) of the
     // same receiver ends it with NoSuchProcess in 0.1 ms ("b destroyed").
+    // Seen in every run at c5e7b24; a change to attach/host.rs in
+    // progress as this was written (Exit destroys the process as
+    // `destroy_local` does) makes it pass: then take this entry out.
     (
         "peer page",
         "b' exits",
