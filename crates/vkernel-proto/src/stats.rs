@@ -144,6 +144,23 @@ pub enum DropReason {
     ReplyDataMissing,
 }
 
+impl DropReason {
+    /// All reasons, in counter order ([`Stats::drops`]).
+    pub const ALL: [DropReason; 11] = [
+        DropReason::Malformed,
+        DropReason::NotForUs,
+        DropReason::Stale,
+        DropReason::NoMatch,
+        DropReason::NoBuffers,
+        DropReason::SegmentViolation,
+        DropReason::OwnEcho,
+        DropReason::NotReady,
+        DropReason::Untrusted,
+        DropReason::LateReply,
+        DropReason::ReplyDataMissing,
+    ];
+}
+
 /// Per-host protocol counters.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -414,6 +431,13 @@ mod tests {
         s.segment_sizes.record(1000);
         s.other_peers.rx_bytes = 11;
         s
+    }
+
+    #[test]
+    fn drop_reasons_are_listed_in_counter_order() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
     }
 
     #[test]

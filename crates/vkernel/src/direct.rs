@@ -87,6 +87,10 @@ pub(crate) enum Ev {
     TimedOut { deadline: bool },
     /// A datagram read that failed authentication.
     AuthReject(Reject),
+    /// An exchange between two processes of the host that did not pass
+    /// through its engine (an attached program's peer page), replied to
+    /// after `latency` µs.
+    LocalExchange { latency: u64 },
 }
 
 impl Ev {
@@ -121,9 +125,75 @@ impl Ev {
                     }
                 }
                 Ev::AuthReject(r) => s.auth_rejects[r as usize] += 1,
+                Ev::LocalExchange { latency } => {
+                    s.local_exchanges += 1;
+                    if metrics {
+                        s.local_latency_us.record(latency);
+                    }
+                }
             }
         }
         sends
+    }
+
+    /// Bytes of one encoded event ([`Ev::encode`]).
+    pub(crate) const BYTES: usize = 16;
+
+    /// Appends the event's 16-byte record (an attached program reports
+    /// its events to its host so; docs/PROTOCOL.md §8a, TALLY): kind,
+    /// flag, packet type, reason, peer host id (LE), 2 zero bytes, value
+    /// (LE).
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let (kind, flag, ptype, reason, peer, value) = match *self {
+            Ev::Datagram {
+                tx,
+                peer,
+                ptype,
+                bytes,
+            } => (1, u8::from(tx), ptype as u8, 0, peer.0, bytes as u64),
+            Ev::Begun => (2, 0, 0, 0, 0, 0),
+            Ev::Retransmit => (3, 0, 0, 0, 0, 0),
+            Ev::Needless(n) => (4, 0, 0, 0, 0, u64::from(n)),
+            Ev::Deferred => (5, 0, 0, 0, 0, 0),
+            Ev::Ignored(r) => (6, 0, 0, r as u8, 0, 0),
+            Ev::Exchange { latency } => (7, 0, 0, 0, 0, latency),
+            Ev::TimedOut { deadline } => (8, u8::from(deadline), 0, 0, 0, 0),
+            Ev::AuthReject(r) => (9, 0, 0, r as u8, 0, 0),
+            Ev::LocalExchange { latency } => (10, 0, 0, 0, 0, latency),
+        };
+        out.extend_from_slice(&[kind, flag, ptype, reason]);
+        out.extend_from_slice(&peer.to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// The event of a 16-byte record; None if it is not one.
+    pub(crate) fn decode(b: &[u8]) -> Option<Ev> {
+        let b: &[u8; Ev::BYTES] = b.try_into().ok()?;
+        let (kind, flag, ptype, reason) = (b[0], b[1], b[2], b[3]);
+        let peer = HostId(u16::from_le_bytes([b[4], b[5]]));
+        let value = u64::from_le_bytes(b[8..16].try_into().ok()?);
+        let n32 = u32::try_from(value).ok();
+        Some(match kind {
+            1 => Ev::Datagram {
+                tx: flag != 0,
+                peer,
+                ptype: PacketType::from_u8(ptype)?,
+                bytes: usize::try_from(value).ok()?,
+            },
+            2 => Ev::Begun,
+            3 => Ev::Retransmit,
+            4 => Ev::Needless(n32?),
+            5 => Ev::Deferred,
+            6 => Ev::Ignored(*DropReason::ALL.get(usize::from(reason))?),
+            7 => Ev::Exchange { latency: value },
+            8 => Ev::TimedOut {
+                deadline: flag != 0,
+            },
+            9 => Ev::AuthReject(*Reject::ALL.get(usize::from(reason))?),
+            10 => Ev::LocalExchange { latency: value },
+            _ => return None,
+        })
     }
 }
 
@@ -370,5 +440,49 @@ fn datagram(tx: bool, peer: HostId, ptype: PacketType, bytes: usize) -> Ev {
         peer,
         ptype,
         bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_through_their_records_and_garbage_is_refused() {
+        let evs = [
+            datagram(true, HostId(7), PacketType::RemoteSend, 60),
+            datagram(false, HostId(65535), PacketType::NAck, 1),
+            Ev::Begun,
+            Ev::Retransmit,
+            Ev::Needless(3),
+            Ev::Deferred,
+            Ev::Ignored(DropReason::ReplyDataMissing),
+            Ev::Exchange { latency: 12 },
+            Ev::TimedOut { deadline: true },
+            Ev::AuthReject(Reject::Stale),
+            Ev::LocalExchange { latency: u64::MAX },
+        ];
+        let mut b = Vec::new();
+        for e in &evs {
+            e.encode(&mut b);
+        }
+        assert_eq!(b.len(), evs.len() * Ev::BYTES);
+        for (e, r) in evs.iter().zip(b.chunks(Ev::BYTES)) {
+            assert_eq!(format!("{e:?}"), format!("{:?}", Ev::decode(r).unwrap()));
+        }
+        assert!(Ev::decode(&[0; 16]).is_none());
+        assert!(Ev::decode(&[1, 0, 99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
+        assert!(Ev::decode(&[6, 0, 0, 200, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
+        assert!(Ev::decode(&[2; 15]).is_none());
+        let mut s = Stats::default();
+        assert_eq!(Ev::apply(&mut s, &evs, true), 1);
+        assert_eq!(
+            (
+                s.local_exchanges,
+                s.remote_exchanges,
+                s.retransmits_needless
+            ),
+            (1, 1, 3)
+        );
     }
 }

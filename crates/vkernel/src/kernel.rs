@@ -243,6 +243,9 @@ pub(crate) struct Shared {
     pub(crate) direct: bool,
     /// What those exchanges counted, for the host's counters.
     pub(crate) direct_tally: crate::process::direct::Tally,
+    /// What attached programs reported of their exchanges outside the
+    /// host (direct Sends, peer pages), for the host's counters.
+    pub(crate) attach_tally: crate::process::direct::Tally,
     /// What those exchanges learned of peer hosts, shared among them.
     pub(crate) direct_peers: crate::process::direct::Peers,
     /// Slots for taking a stream of small bulk chunks 32 at a time
@@ -1060,6 +1063,7 @@ impl Shared {
         self.with_engine(|e, now| {
             let mut s = e.stats().clone();
             self.direct_tally.fold_into(&mut s);
+            self.attach_tally.fold_into(&mut s);
             (
                 s,
                 crate::metrics::Gauges {
@@ -1377,6 +1381,7 @@ impl Kernel {
             answers,
             direct,
             direct_tally: Default::default(),
+            attach_tally: Default::default(),
             direct_peers: Default::default(),
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),

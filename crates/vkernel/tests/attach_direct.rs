@@ -17,6 +17,18 @@ fn remote_sends(s: &Stats) -> u64 {
     s.tx[2]
 }
 
+/// RemoteSend datagrams the machine host's engine sent (its counters
+/// less what attached programs reported of their own direct Sends).
+fn engine_sends(m: &Machine) -> u64 {
+    loop {
+        let r = remote_sends(&m.srv().reported());
+        let all = remote_sends(&m.host.stats());
+        if remote_sends(&m.srv().reported()) == r {
+            return all - r;
+        }
+    }
+}
+
 struct Machine {
     host: Kernel,
     srv: Option<vkernel::AttachServer>,
@@ -83,11 +95,11 @@ fn counting_server(p: Process) -> HashMap<u32, u32> {
 /// through the host, which finds where the remote host is).
 fn until_direct(m: &Machine, c: &Process, to: Pid) {
     wait_for(Duration::from_secs(5), "the direct path", || {
-        let before = remote_sends(&m.host.stats());
+        let before = engine_sends(m);
         let mut msg = Message::with_code(1);
         msg.set_word(2, u32::MAX);
         c.send(&mut msg, to).unwrap();
-        let direct = remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0;
+        let direct = engine_sends(m) == before && m.srv().direct_grants() > 0;
         std::thread::sleep(Duration::from_millis(5));
         direct.then_some(())
     });
@@ -106,7 +118,7 @@ fn remote_sends_leave_from_the_programs_own_socket() {
     let a = Kernel::attach(&m.path).unwrap();
     let c = a.create_process().unwrap();
     until_direct(&m, &c, spid);
-    let host_sends = remote_sends(&m.host.stats());
+    let host_sends = engine_sends(&m);
     for n in 0..2_000u32 {
         let mut msg = Message::with_code(1);
         msg.set_word(1, n);
@@ -115,7 +127,7 @@ fn remote_sends_leave_from_the_programs_own_socket() {
         assert_eq!((r.from, msg.word(1)), (spid, n + 1));
     }
     // Not one of them went out through the machine host's engine.
-    assert_eq!(remote_sends(&m.host.stats()), host_sends);
+    assert_eq!(engine_sends(&m), host_sends);
     stop(&c, spid);
     let seen = server.join().unwrap();
     assert!((0..2_000).all(|n| seen.get(&n) == Some(&1)));
@@ -235,7 +247,7 @@ fn a_forward_reaches_hosts_and_processes_the_direct_path_cannot() {
     c.send(&mut w, on_third).unwrap();
     until_direct(&m, &c, on_third);
     until_direct(&m, &c, fwd);
-    let host_sends = remote_sends(&m.host.stats());
+    let host_sends = engine_sends(&m);
     for n in 0..50u32 {
         let mut msg = Message::with_code(5);
         msg.set_word(1, n);
@@ -254,7 +266,7 @@ fn a_forward_reaches_hosts_and_processes_the_direct_path_cannot() {
     // Forwards to the third host were followed on the direct path (those
     // to the machine host's own process went through the host, which
     // delivers them locally): no RemoteSend left the machine host.
-    assert_eq!(remote_sends(&m.host.stats()), host_sends);
+    assert_eq!(engine_sends(&m), host_sends);
     for to in [fwd, on_third, on_machine] {
         stop(&c, to);
     }
@@ -377,7 +389,7 @@ fn destroying_a_process_blocked_on_the_direct_path_ends_its_send_at_once() {
     for _ in 0..5 {
         let c = a.create_process().unwrap();
         until_direct(&m, &c, spid);
-        let host_sends = remote_sends(&m.host.stats());
+        let host_sends = engine_sends(&m);
         let cpid = c.pid();
         let t = std::thread::spawn(move || {
             let mut msg = Message::with_code(HOLD);
@@ -396,7 +408,7 @@ fn destroying_a_process_blocked_on_the_direct_path_ends_its_send_at_once() {
         assert_eq!(r, Err(IpcError::Destroyed));
         assert!(again.is_err(), "{again:?}");
         // Both went directly, or nowhere: not through the host.
-        assert_eq!(remote_sends(&m.host.stats()), host_sends);
+        assert_eq!(engine_sends(&m), host_sends);
         took.push(end.saturating_duration_since(at));
     }
     took.sort();
@@ -435,11 +447,11 @@ fn a_short_deadline_on_the_direct_path_ends_on_time() {
     let c = a.create_process().unwrap();
     c.set_spin(Duration::ZERO);
     wait_for(Duration::from_secs(5), "the direct path", || {
-        let before = remote_sends(&m.host.stats());
+        let before = engine_sends(&m);
         c.send(&mut Message::with_code(0), spid).unwrap();
-        (remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0).then_some(())
+        (engine_sends(&m) == before && m.srv().direct_grants() > 0).then_some(())
     });
-    let host_sends = remote_sends(&m.host.stats());
+    let host_sends = engine_sends(&m);
     let deadline = Duration::from_millis(3);
     let mut took: Vec<Duration> = (0..9)
         .map(|_| {
@@ -453,7 +465,7 @@ fn a_short_deadline_on_the_direct_path_ends_on_time() {
     took.sort();
     eprintln!("attached direct, 3 ms deadline: {took:?}");
     assert_eq!(
-        remote_sends(&m.host.stats()),
+        engine_sends(&m),
         host_sends,
         "the Sends went on the direct path"
     );
@@ -491,9 +503,9 @@ fn a_send_that_falls_back_to_the_host_keeps_only_the_time_left() {
     let a = Kernel::attach(&m.path).unwrap();
     let c = a.create_process().unwrap();
     wait_for(Duration::from_secs(5), "the direct path", || {
-        let before = remote_sends(&m.host.stats());
+        let before = engine_sends(&m);
         c.send(&mut Message::with_code(0), fwd).unwrap();
-        (remote_sends(&m.host.stats()) == before && m.srv().direct_grants() > 0).then_some(())
+        (engine_sends(&m) == before && m.srv().direct_grants() > 0).then_some(())
     });
     let deadline = Duration::from_millis(300);
     for _ in 0..2 {
@@ -514,4 +526,78 @@ fn a_send_that_falls_back_to_the_host_keeps_only_the_time_left() {
     hf.join().unwrap();
     drop(m);
     hm.join().unwrap();
+}
+
+#[test]
+fn exchanges_outside_the_host_reach_its_counters() {
+    // ISSUE 49 item 3: direct Sends and peer-page exchanges of attached
+    // programs were missing from the machine host's counters (and so
+    // from `vkernel stats`, /metrics and the traffic characterization).
+    let m = machine("counted");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    // A server in a second program of this uid: exchanges by peer page.
+    let b = Kernel::attach(&m.path).unwrap();
+    let (epid, echo) = {
+        let p = b.create_process().unwrap();
+        let pid = p.pid();
+        // (A plain Receive: a peer-page sender finds it in its inbox.)
+        let echo = move || {
+            let mut m = Message::zero();
+            while let Ok(i) = p.receive(&mut m) {
+                let stop = m.code() == STOP;
+                m.set_word(1, m.word(1) + 1);
+                let _ = p.reply(&m, i.from);
+                if stop {
+                    break;
+                }
+            }
+        };
+        (pid, std::thread::spawn(echo))
+    };
+    let before = m.host.stats();
+    let (peer_before, sends_before) = (m.srv().peer_exchanges(), engine_sends(&m));
+    const N: u32 = 500;
+    for n in 0..N {
+        for to in [spid, epid] {
+            let mut msg = Message::with_code(1);
+            msg.set_word(1, n);
+            msg.set_word(2, n);
+            c.send(&mut msg, to).unwrap();
+            assert_eq!(msg.word(1), n + 1);
+        }
+    }
+    let by_page = m.srv().peer_exchanges() - peer_before;
+    assert!(by_page >= u64::from(N) / 2, "by peer page: {by_page}");
+    assert_eq!(
+        engine_sends(&m),
+        sends_before,
+        "not through the host's engine"
+    );
+    // Asking for the host's statistics reports what the program counted.
+    let doc = c.host_stats(m.host.host_id()).unwrap();
+    let after = m.host.stats();
+    let remote_n = after.remote_exchanges - before.remote_exchanges;
+    let local_n = after.local_exchanges - before.local_exchanges;
+    eprintln!("host counted {remote_n} remote and {local_n} local exchanges of {N} each");
+    assert!(
+        remote_n >= u64::from(N),
+        "direct Sends in the host's counters: {remote_n}"
+    );
+    assert!(
+        local_n >= by_page,
+        "peer-page exchanges in the host's counters: {local_n}"
+    );
+    assert!(
+        after.tx[2] - before.tx[2] >= u64::from(N),
+        "their RemoteSends counted as sent"
+    );
+    assert!(doc.contains("remote_exchanges"), "{doc}");
+    stop(&c, spid);
+    stop(&c, epid);
+    server.join().unwrap();
+    echo.join().unwrap();
 }

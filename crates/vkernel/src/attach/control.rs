@@ -39,6 +39,10 @@ pub(crate) mod kind {
     pub(crate) const ASK: u32 = 5;
     /// Host → program: [id, status, err arg, v0, v1]; payload per question.
     pub(crate) const ANSWER: u32 = 6;
+    /// Program → host: []; payload: 16-byte event records
+    /// (`crate::direct::Ev::encode`), what its processes did outside the
+    /// host, for the host's counters. No answer.
+    pub(crate) const TALLY: u32 = 7;
 }
 
 /// Questions (ASK's `what`).

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use vkernel_proto::direct::Timing;
 use vkernel_proto::rtt::Rtt;
-use vkernel_proto::{Config, HostId, IpcError, Message, Micros, Pid, Stats};
+use vkernel_proto::{Config, HostId, IpcError, Message, Micros, Pid};
 
 use crate::deadline::Deadline;
 use crate::direct::{self, Ev, Io, Route, Seqs, LEASE};
@@ -66,8 +66,8 @@ struct Known {
     locs: HashMap<HostId, (Option<SocketAddr>, u64)>,
     rtt: HashMap<HostId, Rtt>,
     cfg: Config,
-    /// What its direct Sends did, counted as the engine counts.
-    stats: Stats,
+    /// What its direct Sends did, not yet handed to the program's report.
+    events: Vec<Ev>,
 }
 
 impl Known {
@@ -92,7 +92,7 @@ impl DirectPath {
                 locs: HashMap::new(),
                 rtt: HashMap::new(),
                 cfg: Config::default(),
-                stats: Stats::default(),
+                events: Vec::new(),
             },
         })
     }
@@ -142,9 +142,10 @@ impl DirectPath {
         self.known.seqs.end();
     }
 
-    /// What its direct Sends did, counted as the engine counts.
-    pub(crate) fn stats(&self) -> &Stats {
-        &self.known.stats
+    /// What its direct Sends did since this was last asked (for the
+    /// host's counters).
+    pub(crate) fn events(&mut self) -> &mut Vec<Ev> {
+        &mut self.known.events
     }
 
     /// Runs `src`'s Send of `msg` to `to` (as forwarded by `fwd`) on this
@@ -220,7 +221,7 @@ impl Route for Known {
     }
 
     fn count(&mut self, e: Ev) {
-        Ev::apply(&mut self.stats, &[e], false);
+        self.events.push(e);
     }
 
     fn forget(&mut self, host: HostId) {

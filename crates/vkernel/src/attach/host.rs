@@ -215,6 +215,15 @@ impl AttachServer {
         self.inner.peers.grants.load(Ordering::Relaxed)
     }
 
+    /// What attached programs reported of their exchanges outside this
+    /// host's engine (direct Sends and peer-page exchanges): part of the
+    /// host's counters (`Kernel::stats`), here alone.
+    pub fn reported(&self) -> vkernel_proto::Stats {
+        let mut s = vkernel_proto::Stats::default();
+        self.inner.shared.attach_tally.fold_into(&mut s);
+        s
+    }
+
     /// Blocks of sequence numbers handed to attached processes that send
     /// their remote Sends on their own sockets (docs/PROTOCOL.md §8f), so
     /// far: those exchanges do not pass through this host's engine.
@@ -337,6 +346,12 @@ impl Inner {
         );
         let mut procs: HashMap<Pid, Proxy> = HashMap::new();
         while let Ok(Some(r)) = control::recv(fd) {
+            if r.kind() == kind::TALLY {
+                // What the program's processes did outside the host
+                // (direct Sends, peer-page exchanges): no answer.
+                self.shared.attach_tally.report(&self.shared, &r.payload);
+                continue;
+            }
             let id = r.words[1];
             let mut file = None;
             let answer = match r.kind() {

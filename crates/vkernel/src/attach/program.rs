@@ -25,6 +25,7 @@ use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
 use super::{lock, MAX_WINDOW, MIN_WINDOW};
 use crate::deadline::Deadline;
+use crate::direct::Ev;
 
 /// A process's call slot and peer page, as its program maps them.
 type Pages = (Arc<Shm>, Option<Arc<Shm>>);
@@ -58,6 +59,9 @@ pub(crate) struct Attachment {
     spin: SpinPolicy,
     send_deadline: Option<Duration>,
     pub(crate) net_counters: crate::net::NetCounters,
+    /// Events of its processes not yet reported to the host (TALLY
+    /// records of [`Ev`]s).
+    reports: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -131,6 +135,7 @@ impl Attachment {
             spin,
             send_deadline,
             net_counters: crate::net::NetCounters::default(),
+            reports: Mutex::new(Vec::new()),
         });
         let r = a.clone();
         std::thread::Builder::new()
@@ -250,6 +255,7 @@ impl Attachment {
             restricted: Cell::new(false),
             windows: RefCell::new(HashMap::new()),
             direct: RefCell::new(None),
+            pending: RefCell::new(Vec::new()),
             _not_sync: PhantomData,
         };
         Ok(p)
@@ -277,9 +283,28 @@ impl Attachment {
         Shm::adopt(&fd, PEER_BYTES, PEER_BYTES).ok().map(Arc::new)
     }
 
+    /// Adds `evs` (emptied) to what is reported to the host, and sends
+    /// the report if it has grown large or `now`.
+    pub(crate) fn report(&self, evs: &mut Vec<Ev>, now: bool) {
+        let mut b = lock(&self.reports);
+        for e in evs.drain(..) {
+            e.encode(&mut b);
+        }
+        if b.is_empty() || !(now || b.len() >= REPORT_BYTES) {
+            return;
+        }
+        let payload = std::mem::take(&mut *b);
+        drop(b);
+        let words = [kind::TALLY, 0, 0, 0, 0, 0, 0, 0];
+        let _g = lock(&self.send_lock);
+        // (Lost with the host: the counts go with it.)
+        let _ = control::send(&self.sock, &words, &payload, &[]);
+    }
+
     /// Detaches: the host destroys this program's processes; their calls
     /// fail with `Shutdown`.
     pub(crate) fn close(&self) {
+        self.report(&mut Vec::new(), true);
         self.closed.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
     }
@@ -294,6 +319,14 @@ fn enabled(var: &str) -> bool {
         Ok("0" | "off" | "no" | "false")
     )
 }
+
+/// A process hands its events to the attachment's report this many at a
+/// time ([`AttachedProcess::counted`]), and the report goes to the host at
+/// [`REPORT_BYTES`]: a program's counts reach its host within 64 events
+/// of each process and 256 of the program, and whenever it asks the host
+/// for statistics or ends.
+const PENDING_EVENTS: usize = 64;
+const REPORT_BYTES: usize = 256 * Ev::BYTES;
 
 /// Peer pages a process keeps mapped at most (beyond, it forgets them).
 const PEER_CACHE: usize = 1024;
@@ -352,6 +385,9 @@ pub(crate) struct AttachedProcess {
     windows: RefCell<HashMap<Pid, (u32, Arc<Shm>)>>,
     /// This process's socket for remote Sends, once it made one.
     direct: RefCell<Option<DirectPath>>,
+    /// What it did outside the host (direct Sends, peer-page exchanges)
+    /// and has not handed to the attachment's reports yet.
+    pending: RefCell<Vec<Ev>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -538,7 +574,7 @@ impl AttachedProcess {
         if let Some(r) = self.direct_send(msg, &mut to, &mut fwd, at) {
             return r;
         }
-        self.end_direct_lease();
+        self.end_direct_lease(to);
         let s = self.slot();
         s.set_arg(0, to.0);
         // What is left of the deadline after the paths tried first.
@@ -546,10 +582,17 @@ impl AttachedProcess {
         s.set_arg(3, fwd.0);
         s.set_arg(4, u32::from(fwd != self.pid));
         s.set_msg(msg);
-        self.call(Op::Send)?;
+        let r = self.call(Op::Send);
+        let from = Pid(s.out(0));
+        // A local receiver may have forwarded it to another host, which
+        // the host's engine did with a number newer than the block.
+        if r.is_err() || from.host() != self.at.host {
+            self.end_direct_lease(Pid(0));
+        }
+        r?;
         *msg = s.rmsg();
         Ok(Reply {
-            from: Pid(s.out(0)),
+            from,
             seg_bytes: s.out(1) as usize,
         })
     }
@@ -624,6 +667,7 @@ impl AttachedProcess {
             deadline: at,
         };
         let went = path.send(&mut w, self.pid, *to, *fwd, *msg, self.principal.get());
+        self.counted(path.events());
         self.spin.set(policy);
         self.waits.set(waits);
         match went {
@@ -647,7 +691,13 @@ impl AttachedProcess {
 
     /// The host is about to send for this process (with a number newer
     /// than any reserved): the direct path asks for new ones next time.
-    fn end_direct_lease(&self) {
+    /// Only a Send the host makes to another host or a group carries a
+    /// sequence number: one to this host's process does not, unless its
+    /// receiver forwards it away (then the caller ends the block after).
+    fn end_direct_lease(&self, to: Pid) {
+        if to.is_process() && to.host() == self.at.host {
+            return;
+        }
         if let Some(p) = self.direct.borrow_mut().as_mut() {
             p.end_lease();
         }
@@ -668,7 +718,7 @@ impl AttachedProcess {
         };
         let len = data.len();
         self.put(data)?;
-        self.end_direct_lease();
+        self.end_direct_lease(to);
         let s = self.slot();
         s.set_arg(0, to.0);
         s.set_arg(1, access);
@@ -901,6 +951,7 @@ impl AttachedProcess {
     }
 
     pub(crate) fn host_stats(&self, host: HostId) -> Result<String, IpcError> {
+        self.report_now();
         for _ in 0..4 {
             self.slot().set_arg(0, u32::from(host.0));
             match self.call(Op::HostStats) {
@@ -987,6 +1038,7 @@ impl AttachedProcess {
 
     /// Sends through `to`'s inbox if it waits there.
     fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Deadline) -> PeerSend {
+        let start = self.at.pace.clock.now();
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
@@ -1072,6 +1124,8 @@ impl AttachedProcess {
         match mine.outcome(state) {
             Outcome::Replied { from, msg: m } => {
                 *msg = m;
+                let latency = self.at.pace.clock.now().saturating_sub(start);
+                self.count(Ev::LocalExchange { latency });
                 PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
             }
             Outcome::Failed(e) => PeerSend::Done(Err(e)),
@@ -1289,8 +1343,38 @@ impl AttachedProcess {
     }
 }
 
+impl AttachedProcess {
+    /// Takes `evs` (emptied) into the process's pending events, handing
+    /// them to the attachment's report every [`PENDING_EVENTS`].
+    fn counted(&self, evs: &mut Vec<Ev>) {
+        if evs.is_empty() {
+            return;
+        }
+        let mut p = self.pending.borrow_mut();
+        p.append(evs);
+        if p.len() >= PENDING_EVENTS {
+            self.at.report(&mut p, false);
+        }
+    }
+
+    /// [`AttachedProcess::counted`] of one event.
+    fn count(&self, e: Ev) {
+        let mut p = self.pending.borrow_mut();
+        p.push(e);
+        if p.len() >= PENDING_EVENTS {
+            self.at.report(&mut p, false);
+        }
+    }
+
+    /// Sends what this process counted to the host now.
+    fn report_now(&self) {
+        self.at.report(&mut self.pending.borrow_mut(), true);
+    }
+}
+
 impl Drop for AttachedProcess {
     fn drop(&mut self) {
+        self.report_now();
         let _ = self.call(Op::Exit);
         lock(&self.at.slots).remove(&self.pid);
     }
@@ -1304,6 +1388,7 @@ impl Attachment {
     }
 
     pub(crate) fn document(&self, what: u32) -> String {
+        self.report(&mut Vec::new(), true);
         self.question(what, 0, &[])
             .ok()
             .and_then(|r| String::from_utf8(r.payload).ok())

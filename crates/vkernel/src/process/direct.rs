@@ -89,6 +89,19 @@ pub(crate) struct Lease {
 pub(crate) struct Tally(Mutex<Stats>);
 
 impl Tally {
+    /// Adds the events an attached program reported (`payload`, 16-byte
+    /// records; any that are not events are skipped) as the host's own
+    /// direct Sends' are added.
+    pub(crate) fn report(&self, sh: &crate::kernel::Shared, payload: &[u8]) {
+        let evs: Vec<Ev> = payload
+            .chunks_exact(Ev::BYTES)
+            .filter_map(Ev::decode)
+            .collect();
+        let metrics = sh.with_engine(|e, _| e.config().metrics);
+        let n = Ev::apply(&mut lock(&self.0), &evs, metrics);
+        sh.net.counters.direct_sends.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Adds the counters to `s`, the engine's.
     pub(crate) fn fold_into(&self, s: &mut Stats) {
         s.merge_from(&lock(&self.0));
