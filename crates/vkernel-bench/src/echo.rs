@@ -16,15 +16,16 @@ pub const ECHO_BULK: u32 = 0x0e_c401;
 /// Largest segment a bulk echo accepts.
 pub const MAX_BULK: usize = 256 << 20;
 
-/// Serves echo requests until the host shuts down: the message comes back
-/// unchanged, and a read+write segment's first part is returned with the reply.
+/// Serves echo requests until the host shuts down (or, attached, goes
+/// away): the message comes back unchanged, and a read+write segment's
+/// first part is returned with the reply.
 pub fn serve(p: Process) {
     let mut m = Message::zero();
     let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
     loop {
         let i = match p.receive_with_segment(&mut m, &mut buf) {
             Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) if ends(&e) => return,
             Err(_) => continue,
         };
         let access = m.seg_access();
@@ -33,7 +34,7 @@ pub fn serve(p: Process) {
             // unanswered Send would wait on replyPending forever.
             match bulk(&p, &mut m, i.from) {
                 Ok(()) => {}
-                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+                Err(e) if ends(&e) => return,
                 Err(e) => {
                     tracing::debug!("bulk echo for {}: {e}", i.from);
                     m.0[1] = u32::MAX;
@@ -53,6 +54,16 @@ pub fn serve(p: Process) {
             tracing::debug!("echo reply to {}: {e}", i.from);
         }
     }
+}
+
+/// An error no later call of the process can recover from: its kernel
+/// shut down, it was destroyed, or the machine host it is attached to has
+/// gone.
+pub fn ends(e: &IpcError) -> bool {
+    matches!(
+        e,
+        IpcError::Shutdown | IpcError::Destroyed | IpcError::HostLost
+    )
 }
 
 fn bulk(p: &Process, m: &mut Message, from: vkernel::Pid) -> Result<(), IpcError> {
@@ -106,7 +117,9 @@ impl Timing {
 
 /// Times exchanges with an echo server `server`, checking every reply:
 /// the summary of the good ones, the failures, the last error, and the
-/// wall time of the whole run.
+/// wall time of the whole run. An error no later exchange can recover
+/// from ([`ends`]: the host gone, say) ends the run as with
+/// `stop_on_error`.
 pub fn time_exchanges(
     p: &Process,
     server: Pid,
@@ -145,7 +158,7 @@ pub fn time_exchanges(
             Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
             Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
             Err(e) => {
-                if a.stop_on_error {
+                if a.stop_on_error || ends(&e) {
                     return Err(format!(
                         "exchange {i} failed after {:.0} ms: {e}",
                         dt.as_secs_f64() * 1e3

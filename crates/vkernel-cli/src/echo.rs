@@ -1,11 +1,13 @@
 //! `vkernel echo`: a logical host with an echo server registered by name.
 
-use std::time::Duration;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use vkernel::Scope;
+use vkernel::{IpcError, Process, Scope};
 use vkernel_bench::echo::serve;
 
-use crate::hostopts::{exit_summary, logical_id, service_group, wait_exit, HostOpts};
+use crate::hostopts::{exit_summary, logical_id, service_group, HostOpts};
 
 /// Arguments of `vkernel echo`.
 #[derive(clap::Args, Debug)]
@@ -42,11 +44,13 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
     }
     let lid = logical_id(&a.name);
     let mut pids = Vec::new();
+    let mut servers = Vec::new();
     for i in 0..a.servers.max(1) {
-        let (pid, _h) = k
+        let (pid, h) = k
             .spawn(&format!("echo-{i}"), serve)
             .map_err(|e| format!("cannot create echo process: {e}"))?;
         pids.push(pid);
+        servers.push(h);
     }
     let reg = k
         .create_process()
@@ -79,7 +83,18 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         lid,
         pids[0]
     );
-    let start = wait_exit(a.exit_after);
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    while a.exit_after.is_none_or(|d| start.elapsed() < d) {
+        std::thread::sleep(Duration::from_millis(200));
+        // A server ends only when its host does: attached, that is the
+        // machine host going away, which ends this program too.
+        if servers.iter().any(|h| h.is_finished()) {
+            if let Some(why) = host_gone(&reg, a.host.attach_path().as_deref()) {
+                return Err(format!("echo: {why}"));
+            }
+        }
+    }
     let s = k.stats();
     let auth: u64 = s.auth_rejects.iter().sum();
     exit_summary(format_args!(
@@ -90,4 +105,20 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
         auth
     ));
     Ok(())
+}
+
+/// Why an attached program must end, if its machine host (at `path`) has
+/// gone: every call of `p` fails at once then, and none ever succeeds
+/// again (its processes are no more).
+pub(crate) fn host_gone(p: &Process, path: Option<&Path>) -> Option<String> {
+    if !p.is_attached() {
+        return None;
+    }
+    match p.process_exists(p.pid()) {
+        Err(IpcError::HostLost) => Some(format!(
+            "the machine host at {} has gone (connection closed); attach again once it is back",
+            path.map_or_else(|| "its socket".into(), |p| p.display().to_string())
+        )),
+        _ => None,
+    }
 }

@@ -115,8 +115,12 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         bulk: a.bulk,
         stop_on_error: a.stop_on_error,
     };
-    let (s, failures, last_err, elapsed) =
-        time_exchanges(&p, server, &t).map_err(|e| format!("{e}{}", auth_hint(&k)))?;
+    let (s, failures, last_err, elapsed) = time_exchanges(&p, server, &t).map_err(|e| {
+        match crate::echo::host_gone(&p, a.host.attach_path().as_deref()) {
+            Some(why) => format!("{why} ({e})"),
+            None => format!("{e}{}", auth_hint(&k)),
+        }
+    })?;
     let st = k.stats();
     let waits = p.wait_counts();
     if a.json {

@@ -7,11 +7,10 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vkernel_proto::engine::{Completion, Received};
 use vkernel_proto::{HostId, IpcError, Message, Pid};
 
 use crate::kernel::{destroy_local, Shared};
@@ -27,6 +26,9 @@ use super::{lock, MAX_WINDOW, MIN_WINDOW};
 
 mod questions;
 mod rights;
+mod sink;
+
+use sink::{write_received, SlotSink};
 
 /// The longest a proxy spins for its program's next call: a program's
 /// next call usually follows at once (a Reply after a Receive, the next
@@ -370,7 +372,7 @@ impl Inner {
                 kind::ASK => self.answer(&r, uid),
                 _ => Err(IpcError::Refused(Pid(0))),
             };
-            procs.retain(|_, p| !p.thread.as_ref().is_some_and(|t| t.is_finished()));
+            procs.retain(|_, p| !p.ended.load(Ordering::Acquire));
             let (words, payload) = match answer {
                 Ok((v, payload)) => ([kind::ANSWER, id, 0, 0, v[0], v[1], 0, 0], payload),
                 Err(e) => {
@@ -383,12 +385,19 @@ impl Inner {
                 break;
             }
         }
-        // The program detached or died: its processes go with it.
+        // The program detached or died: its processes go with it (unless
+        // gone already: `Ctx::end`).
         for (pid, p) in &procs {
             p.stop.store(true, Ordering::SeqCst);
+            if p.ended.swap(true, Ordering::SeqCst) {
+                continue;
+            }
             let _ = destroy_local(&self.shared, *pid);
-            // SAFETY: the slot mapping is SLOT_BYTES long and page-aligned.
-            futex_wake(&unsafe { Slot::at(p.slot.as_ptr()) }.req);
+            if let Some(slot) = p.slot.upgrade() {
+                // SAFETY: the slot mapping is SLOT_BYTES long and
+                // page-aligned, and kept by `slot`.
+                futex_wake(&unsafe { Slot::at(slot.as_ptr()) }.req);
+            }
         }
         // Not joined: a proxy in the middle of a long call (a host
         // query, say) ends by itself when that call fails or returns, and
@@ -462,6 +471,14 @@ impl Inner {
             p.watch_queue();
         }
         let has_peer = peer.is_some();
+        let ended = Arc::new(AtomicBool::new(false));
+        let proxy = Proxy {
+            slot: Arc::downgrade(&slot),
+            stop: stop.clone(),
+            pending: pending.clone(),
+            ended: ended.clone(),
+            peer: has_peer,
+        };
         let ctx = Ctx {
             p,
             sink,
@@ -470,26 +487,19 @@ impl Inner {
             peers: self.peers.clone(),
             slot: slot.clone(),
             window,
-            pending: pending.clone(),
-            stop: stop.clone(),
+            pending,
+            stop,
+            ended,
             uid,
             principal,
         };
         let pace = self.pace.clone();
-        let thread = std::thread::Builder::new()
+        // Detached: a thread that ends is gone at once, stack and all.
+        std::thread::Builder::new()
             .name(format!("vk-proxy-{pid}"))
             .spawn(move || ctx.run(&pace))
             .map_err(|_| IpcError::NoResources)?;
-        procs.insert(
-            pid,
-            Proxy {
-                slot,
-                stop,
-                pending,
-                thread: Some(thread),
-                peer: has_peer,
-            },
-        );
+        procs.insert(pid, proxy);
         Ok(([pid.0, u32::from(has_peer)], Vec::new()))
     }
 }
@@ -505,96 +515,17 @@ fn adopt_window(r: Record, procs: &HashMap<Pid, Proxy>) -> Result<([u32; 2], Vec
     Ok(([0, 0], Vec::new()))
 }
 
-/// The connection thread's handle on one proxy.
+/// The connection thread's handle on one proxy. It owns nothing the
+/// process needs: the proxy thread (detached) holds the slot and the
+/// window and lets them go when the process ends.
 struct Proxy {
-    slot: Arc<Shm>,
+    slot: Weak<Shm>,
     stop: Arc<AtomicBool>,
     pending: Arc<Mutex<Option<(Shm, OwnedFd)>>>,
-    thread: Option<JoinHandle<()>>,
+    /// Its process has ended (its proxy thread is ending).
+    ended: Arc<AtomicBool>,
     /// It has a peer page.
     peer: bool,
-}
-
-/// Writes a directly completed Send or Receive into the call slot (see
-/// `waiter::Sink`): the proxy started it and went back to its slot.
-struct SlotSink {
-    slot: Arc<Shm>,
-    /// The call it answers.
-    seq: AtomicU32,
-    stop: Arc<AtomicBool>,
-    /// The process's peer page, if it has one.
-    peer: Option<Arc<Shm>>,
-    pid: Pid,
-    peers: Arc<Peers>,
-}
-
-impl crate::waiter::Sink for SlotSink {
-    fn complete(&self, c: Completion) -> bool {
-        // SAFETY: the slot mapping is SLOT_BYTES long, page-aligned, and
-        // kept by this sink.
-        let s = unsafe { Slot::at(self.slot.as_ptr()) };
-        let r = match c {
-            Completion::Send(Ok(r)) => {
-                s.set_rmsg(&r.msg);
-                s.set_out(0, r.from.0);
-                s.set_out(1, r.seg_bytes as u32);
-                Ok(())
-            }
-            Completion::Receive(Ok(r)) => {
-                write_received(s, &r);
-                Ok(())
-            }
-            Completion::Send(Err(e)) | Completion::Receive(Err(e)) => Err(e),
-            _ => Err(IpcError::Refused(Pid(0))),
-        };
-        let r = match r {
-            Err(_) if self.stop.load(Ordering::Acquire) => Err(IpcError::HostLost),
-            r => r,
-        };
-        s.set_result(r.as_ref().err().map_or(Ok(()), Err));
-        s.done
-            .store(self.seq.load(Ordering::Relaxed), Ordering::SeqCst);
-        s.prog_parked.load(Ordering::SeqCst) != 0
-    }
-
-    fn wake(&self) {
-        // SAFETY: as in `complete`.
-        futex_wake(&unsafe { Slot::at(self.slot.as_ptr()) }.done);
-    }
-
-    fn queue_state(&self, nonempty: bool) {
-        if let Some(page) = &self.peer {
-            // SAFETY: adopted as exactly PEER_BYTES, page-aligned, kept
-            // by this sink.
-            unsafe { Peer::at(page.as_ptr()) }.set_queued(nonempty);
-        }
-    }
-
-    fn destroyed(&self) {
-        // Ended with its attachment (the host going, or the program): as
-        // the proxy reports it.
-        let err = if self.stop.load(Ordering::Acquire) {
-            IpcError::HostLost
-        } else {
-            IpcError::Destroyed
-        };
-        // For its own remote Sends, which the host does not see (whoever
-        // destroys it then wakes their socket, `Shared::wake_direct`).
-        // SAFETY: as in `complete`.
-        unsafe { Slot::at(self.slot.as_ptr()) }.set_ended(&err);
-        if self.peer.is_some() {
-            self.peers.died(self.pid, &err);
-        }
-    }
-}
-
-fn write_received(s: &Slot, r: &Received) {
-    s.set_rmsg(&r.msg);
-    s.set_out(0, r.from.0);
-    s.set_out(1, r.seg_bytes as u32);
-    s.set_out(2, r.forwarder.0);
-    s.set_out(3, r.principal);
-    s.set_out(4, 1);
 }
 
 /// Who answers a call: the proxy now, or the sink when it completes.
@@ -615,11 +546,19 @@ struct Ctx {
     window: Shm,
     pending: Arc<Mutex<Option<(Shm, OwnedFd)>>>,
     stop: Arc<AtomicBool>,
+    /// Set once the process is ended (see [`Ctx::end`]).
+    ended: Arc<AtomicBool>,
     /// The process's entry among the peers (if it has a peer page).
     entry: Option<Arc<PeerEntry>>,
     peers: Arc<Peers>,
     uid: u32,
     principal: u32,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 /// A Send's forwarder: the sender, unless the program says a peer
@@ -684,11 +623,27 @@ impl Ctx {
                 Err(_) if self.stop.load(Ordering::Acquire) => Err(IpcError::HostLost),
                 r => r,
             };
+            if op == Some(Op::Exit) {
+                // Gone before its program hears so.
+                self.end();
+            }
             slot.set_result(r.as_ref().err().map_or(Ok(()), Err));
             publish(&slot.done, &slot.prog_parked, seq);
             if op == Some(Op::Exit) || self.stop.load(Ordering::Acquire) {
                 break;
             }
+        }
+    }
+
+    /// The process ends (by Exit, or its proxy ending): destroyed as any
+    /// process is, so that all the host keeps for it goes now: its peer
+    /// page and window files (`Peers::died`), its waiter, a window sent
+    /// but not adopted. Whoever sets `ended` first (this, or the
+    /// connection thread when the attachment ends) destroys it.
+    fn end(&mut self) {
+        lock(&self.pending).take();
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            let _ = destroy_local(self.p.shared(), self.p.pid());
         }
     }
 

@@ -178,6 +178,16 @@ impl WorkerPool {
     }
 }
 
+/// An error after which the process can do nothing: its host shut down,
+/// it was destroyed, or (attached) its machine host went away. A server
+/// then ends, rather than retry a call that fails at once forever.
+fn ends(e: &IpcError) -> bool {
+    matches!(
+        e,
+        IpcError::Shutdown | IpcError::Destroyed | IpcError::HostLost
+    )
+}
+
 /// Executes one request and answers [`Handler::failed`] if it left the
 /// client unanswered. `false` when the host is going away.
 fn execute<H: Handler>(
@@ -200,7 +210,7 @@ fn execute<H: Handler>(
         Ok(()) => true,
         // The client sees the host go (timeout or no such process) and
         // may find a restarted server.
-        Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => false,
+        Err(e) if ends(&e) => false,
         Err(e) => {
             tracing::debug!("{what}: request {:#x} from {}: {e}", m.code(), i.from);
             let _ = p.reply(&h.failed(), i.from);
@@ -225,7 +235,7 @@ fn worker<H: Handler>(p: Process, dispatcher: Pid, cfg: &PoolConfig, h: &H, idle
     loop {
         let i = match p.receive_with_segment(&mut m, &mut appended) {
             Ok(i) => i,
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) if ends(&e) => return,
             Err(e) => {
                 tracing::debug!("{} worker: receive: {e}", cfg.name);
                 continue;
@@ -245,7 +255,7 @@ fn worker<H: Handler>(p: Process, dispatcher: Pid, cfg: &PoolConfig, h: &H, idle
         let mut m = Message::with_code(cfg.idle_code);
         match p.send(&mut m, dispatcher) {
             Ok(_) => {}
-            Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+            Err(e) if ends(&e) => return,
             Err(e) => tracing::debug!("{} worker: idle: {e}", cfg.name),
         }
     }
@@ -322,7 +332,7 @@ impl Dispatcher {
             };
             let i = match r {
                 Ok(i) => i,
-                Err(IpcError::Shutdown) | Err(IpcError::Destroyed) => return,
+                Err(e) if ends(&e) => return,
                 Err(e) => {
                     tracing::debug!("{} dispatcher: receive: {e}", self.cfg.name);
                     continue;
