@@ -34,18 +34,6 @@ use vkernel::{
 /// kernel, or of a path by design, that the table reports; a cell listed
 /// here that passes is reported as "stale" (take it out).
 const KNOWN_GAPS: &[(&str, &str, &str)] = &[
-    // Issue 49 item 3: exchanges that bypass the machine host's engine are
-    // not yet counted in its statistics.
-    (
-        "peer page",
-        "h counted",
-        "issue 49 item 3: peer-page exchanges are not in the machine host's stats",
-    ),
-    (
-        "attached direct",
-        "h counted",
-        "issue 49 item 3: attached direct exchanges are not in the machine host's stats",
-    ),
     // By design: a program's own socket would bypass the machine host's
     // fault injector and keys, so the host refuses it the direct path and
     // its Sends go through the host's engine (attach/host/questions.rs
@@ -76,24 +64,6 @@ const KNOWN_GAPS: &[(&str, &str, &str)] = &[
         "peer page",
         "b' exits",
         "bug: a peer-page receiver that exits holding the message leaves its sender blocked",
-    ),
-    // The machine host goes while a program's Send waits on a peer page:
-    // the Send ends at once, but in about half the runs with
-    // NoSuchProcess(receiver) where the slot paths always say HostLost
-    // (the receiver's program hears first and its process goes).
-    (
-        "peer page",
-        "e host gone",
-        "bug: the machine host gone ends a peer-page Send with NoSuchProcess, not HostLost",
-    ),
-    // The attached direct path times its exchanges with
-    // `vkernel_proto::Config::default()` (attach/direct.rs `DirectPath::new`),
-    // not the machine host's settings: a remote host that goes is noticed
-    // after 3 s whatever the host's `host_timeout` (0.5 s here).
-    (
-        "attached direct",
-        "e host gone",
-        "bug: the attached direct path ignores the machine host's host_timeout (3 s default)",
     ),
 ];
 
@@ -270,10 +240,10 @@ impl World {
     /// come from is gone).
     fn snap(&self) -> Option<Snap> {
         let ch = self.ks[self.client_host].as_ref()?;
-        let s = ch.stats();
+        let (s, reported) = stats_and_reported(ch, self.srv.as_ref());
         let direct = self.ks[self.client].as_ref()?.net_counters();
         Some(Snap {
-            rsend: s.tx[2],
+            rsend: s.tx[2] - reported.tx[2],
             local: s.local_exchanges,
             remote: s.remote_exchanges,
             direct: direct.direct_sends.load(Relaxed),
@@ -287,6 +257,23 @@ impl World {
             self.srv.take();
         }
         self.ks[self.lose].take();
+    }
+}
+
+/// A host's counters, and what attached programs reported into them
+/// (`AttachServer::reported`: their direct Sends and peer-page exchanges),
+/// read consistently: the difference is what the host's engine did.
+fn stats_and_reported(k: &Kernel, srv: Option<&AttachServer>) -> (vkernel::Stats, vkernel::Stats) {
+    let Some(srv) = srv else {
+        return (k.stats(), vkernel::Stats::default());
+    };
+    loop {
+        let r = srv.reported();
+        let s = k.stats();
+        let again = srv.reported();
+        if again.tx == r.tx && again.local_exchanges == r.local_exchanges {
+            return (s, r);
+        }
     }
 }
 
@@ -651,11 +638,15 @@ impl Transport for AttachedDirect {
     fn warm(&self, w: &World, c: &mut Client, to: Pid) {
         let m = w.k(w.client_host);
         let end = Instant::now() + Duration::from_secs(2);
+        let engine_sends = || {
+            let (s, r) = stats_and_reported(m, w.srv.as_ref());
+            s.tx[2] - r.tx[2]
+        };
         for _ in 0..20 {
-            let before = m.stats().tx[2];
+            let before = engine_sends();
             warm_once(c, to);
             let grants = w.srv.as_ref().unwrap().direct_grants();
-            if m.stats().tx[2] == before && grants > 0 || Instant::now() > end {
+            if engine_sends() == before && grants > 0 || Instant::now() > end {
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -136,6 +136,23 @@ impl DirectPath {
         }
     }
 
+    /// The host's timers, as its answer gives them (µs: host timeout,
+    /// least, greatest and first retransmission timeout, the floor for a
+    /// peer on this machine); anything else leaves them as they are.
+    pub(crate) fn set_timers(&mut self, text: &str) {
+        let v: Vec<u64> = text.split(',').filter_map(|t| t.parse().ok()).collect();
+        if let [host_timeout, min_rto, max_rto, initial_rto, floor] = v[..] {
+            if host_timeout > 0 && min_rto > 0 && min_rto <= max_rto {
+                let c = &mut self.known.cfg;
+                c.host_timeout = host_timeout;
+                c.min_rto = min_rto;
+                c.max_rto = max_rto;
+                c.initial_rto = initial_rto.max(min_rto);
+                c.local_send_floor = floor;
+            }
+        }
+    }
+
     /// The host is about to send for this process: the reserved numbers
     /// would now be older than its.
     pub(crate) fn end_lease(&mut self) {

@@ -643,9 +643,10 @@ impl AttachedProcess {
             ];
             match self.at.ask(words, &[], &[]) {
                 Ok(r) => {
-                    let loc = std::str::from_utf8(&r.payload)
-                        .ok()
-                        .and_then(|s| s.parse().ok());
+                    let doc = std::str::from_utf8(&r.payload).unwrap_or_default();
+                    let (loc, timers) = doc.split_once(";timers=").unwrap_or((doc, ""));
+                    path.set_timers(timers);
+                    let loc = loc.parse().ok();
                     path.learn(host, loc, r.words[4], r.words[5].min(n), now);
                 }
                 // The call through the host will say so.
@@ -1128,7 +1129,8 @@ impl AttachedProcess {
                 self.count(Ev::LocalExchange { latency });
                 PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
             }
-            Outcome::Failed(e) => PeerSend::Done(Err(e)),
+            // (The host gone: that is why, whatever the receiver said.)
+            Outcome::Failed(e) => PeerSend::Done(Err(self.at.gone().unwrap_or(e))),
             Outcome::Forwarded {
                 to,
                 forwarder,

@@ -86,7 +86,19 @@ impl Inner {
             } else {
                 0
             };
-            Ok(([first, n], at.unwrap_or_default().into_bytes()))
+            // With the host's timers, so the program's exchanges are timed
+            // as the host's own (docs/PROTOCOL.md §8f).
+            let c = e.config();
+            let doc = format!(
+                "{};timers={},{},{},{},{}",
+                at.unwrap_or_default(),
+                c.host_timeout,
+                c.min_rto,
+                c.max_rto,
+                c.initial_rto,
+                c.local_send_floor
+            );
+            Ok(([first, n], doc.into_bytes()))
         })
     }
 
