@@ -55,8 +55,9 @@ use vkernel_proto::engine::{Completion, Received};
 use vkernel_proto::{IpcError, Message, Pid, Scope, SegAccess};
 
 use crate::lent::{Lease, LentBuf};
-use crate::process::{Incoming, LocalProcess, Process, Reply, Segment, WaitCounts};
+use crate::process::{LocalProcess, Process};
 use crate::trace::Phase;
+use crate::vocab::{Incoming, Reply, Segment, WaitCounts};
 use crate::waiter::Sink;
 
 /// A V process whose operations are futures (see the [module docs](self)).

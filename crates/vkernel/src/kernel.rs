@@ -26,6 +26,7 @@ use crate::attach::program::Attachment;
 use crate::net::{FaultConfig, Net};
 use crate::process::{LocalProcess, Process};
 use crate::sys::{poll2, poll3, EventFd};
+use crate::vocab::CacheLine;
 use crate::waiter::Waiter;
 
 /// How a logical host is set up.
@@ -323,17 +324,6 @@ impl Drop for ReaderRole<'_> {
             }
             Reading::Gated(false) => {}
         }
-    }
-}
-
-/// A value alone on its cache line.
-#[repr(align(64))]
-pub(crate) struct CacheLine<T>(pub(crate) T);
-
-impl<T> std::ops::Deref for CacheLine<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
     }
 }
 

@@ -47,6 +47,7 @@ pub mod service;
 mod spin;
 mod sys;
 pub mod trace;
+mod vocab;
 mod waiter;
 
 pub use aio::AsyncProcess;
@@ -54,10 +55,11 @@ pub use attach::AttachServer;
 pub use discover::PeerSpec;
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
-pub use process::{HostLoad, Incoming, Process, Reply, Segment, WaitCounts};
+pub use process::Process;
 pub use spin::AUTO_SPIN_CAP;
 pub use vkernel_proto::{auth, MAX_APPEND};
 pub use vkernel_proto::{
     message, DropReason, GroupMode, GroupPolicy, HostId, IpcError, Message, Pid, Scope, SegAccess,
     Stats,
 };
+pub use vocab::{HostLoad, Incoming, Reply, Segment, WaitCounts};

@@ -300,7 +300,7 @@ pub struct Net {
     /// nobody else reads it, and a wake-up another caller takes by
     /// accident is sent on. On its own cache line: every read of the
     /// socket looks at it, and the counters beside it are written often.
-    lone: crate::kernel::CacheLine<std::sync::atomic::AtomicBool>,
+    lone: crate::vocab::CacheLine<std::sync::atomic::AtomicBool>,
     /// The group-message socket: bound to the multicast port, shared with
     /// the other logical hosts of this machine (SO_REUSEPORT).
     mcast: Option<UdpSocket>,
@@ -482,7 +482,7 @@ impl Net {
             sock: std::sync::Arc::new(sock),
             wake_to,
             rcv_timeout_ms: AtomicU64::new(0),
-            lone: crate::kernel::CacheLine(std::sync::atomic::AtomicBool::new(false)),
+            lone: crate::vocab::CacheLine(std::sync::atomic::AtomicBool::new(false)),
             side: None,
             mcast: None,
             mcast_if: std::net::Ipv4Addr::UNSPECIFIED,

@@ -14,8 +14,9 @@ use std::time::Duration;
 use vkernel_proto::{HostId, IpcError, Message, Pid};
 
 use crate::kernel::{destroy_local, Shared};
-use crate::process::{LocalProcess, Segment};
+use crate::process::LocalProcess;
 use crate::spin::SpinPolicy;
+use crate::vocab::Segment;
 
 use super::control::{self, ask, kind, Record};
 use super::peer::{Peer, PEER_BYTES};

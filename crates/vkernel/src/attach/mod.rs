@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use vkernel_proto::{Pid, Scope};
 
-use crate::process::HostLoad;
+use crate::vocab::HostLoad;
 
 pub use host::{AttachServer, MAX_PROCESSES_PER_PROGRAM};
 

@@ -13,72 +13,9 @@ use vkernel_proto::{IpcError, Message, Pid, Scope};
 
 use crate::attach::program::AttachedProcess;
 pub(crate) use local::LocalProcess;
-
-/// How a process's waits (for a reply, a message, a move) ended: the
-/// answer was there, or came while the process busy-polled, or the process
-/// had to block and be woken (which costs tens of µs across CPUs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WaitCounts {
-    /// Waits that ended without blocking.
-    pub unblocked: u64,
-    /// Waits that blocked.
-    pub blocked: u64,
-    /// Of the blocked waits, those that did not spin because the CPUs
-    /// were taken (as many spinners on the host as CPUs, or more runnable
-    /// threads on the machine than CPUs): blocking was the policy's
-    /// choice for the machine, not a miss of its own.
-    pub blocked_crowded: u64,
-}
-
-/// A segment lent with a Send: the receiver may read and/or write it while
-/// the sender awaits its reply.
-pub enum Segment<'a> {
-    /// Receiver may read (MoveFrom; the first part travels with the message).
-    Read(&'a [u8]),
-    /// Receiver may write (MoveTo; reply-with-segment).
-    Write(&'a mut [u8]),
-    /// Receiver may read and write.
-    ReadWrite(&'a mut [u8]),
-}
-
-/// What a Send got back besides the reply message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reply {
-    /// The process that replied.
-    pub from: Pid,
-    /// Bytes the replier wrote into the segment with its reply (in the
-    /// reply datagram or sent ahead of it; not bytes moved by MoveTo).
-    pub seg_bytes: usize,
-}
-
-/// A logical host's answer to a host-selection query.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HostLoad {
-    /// The host's kernel server (its pid names the host).
-    pub kernel_server: Pid,
-    /// Processes on the logical host.
-    pub processes: u32,
-    /// The machine's 1-minute load average.
-    pub load: f64,
-    /// Online CPUs of the machine.
-    pub cpus: u32,
-    /// When the answer arrived, from the start of the query.
-    pub after: Duration,
-}
-
-/// A message taken by Receive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Incoming {
-    /// The sender (reply to it).
-    pub from: Pid,
-    /// Bytes of the sender's segment copied into the receive buffer.
-    pub seg_bytes: usize,
-    /// The process that forwarded the message (== `from` if not forwarded).
-    pub forwarder: Pid,
-    /// The principal the sender runs as (authenticated as far as the
-    /// cluster key authenticates its host; 0 = none).
-    pub principal: u32,
-}
+// The plain types of the API live in `crate::vocab`; this path stays for
+// the modules that name them here.
+pub use crate::vocab::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 
 /// A V process: a pid and the IPC primitives. Use it from one thread at a
 /// time (it is `Send` but not `Sync`). Dropping it destroys the process.
