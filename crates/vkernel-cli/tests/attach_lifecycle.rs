@@ -38,7 +38,7 @@ fn host(sock: &Path) -> Proc {
 /// read why it ended).
 fn attached_echo(sock: &Path) -> Proc {
     let mut c = Command::new(BIN)
-        .args(["echo", "--exit-after", "120s", "--attach"])
+        .args(["echo", "--exit-after", "600s", "--attach"])
         .arg(sock)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
