@@ -95,6 +95,55 @@ pub struct AuthConfig {
     pub salt: u32,
 }
 
+impl AuthConfig {
+    /// Bytes of the encoding before the keys.
+    const HEAD: usize = 24;
+
+    /// The configuration as bytes (to lend it to a program of the host's
+    /// own uid): encrypt, send key, key count, 0, salt (LE u32), max skew
+    /// (LE u64), counter start (LE u64), then each key's id and secret.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::HEAD + 33 * self.keys.len());
+        let n = u8::try_from(self.keys.len()).unwrap_or(u8::MAX);
+        b.extend_from_slice(&[u8::from(self.encrypt), self.send_key, n, 0]);
+        b.extend_from_slice(&self.salt.to_le_bytes());
+        b.extend_from_slice(&self.max_skew.to_le_bytes());
+        b.extend_from_slice(&self.counter_start.to_le_bytes());
+        for k in self.keys.iter().take(usize::from(n)) {
+            b.push(k.id);
+            b.extend_from_slice(&k.secret);
+        }
+        b
+    }
+
+    /// The configuration of [`AuthConfig::to_bytes`]; None if `b` is not one.
+    pub fn from_bytes(b: &[u8]) -> Option<AuthConfig> {
+        let head = b.get(..Self::HEAD)?;
+        let n = usize::from(head[2]);
+        let u64_at = |i: usize| head.get(i..i + 8)?.try_into().ok().map(u64::from_le_bytes);
+        let keys = b
+            .get(Self::HEAD..)?
+            .chunks_exact(33)
+            .map(|k| {
+                let mut secret = [0u8; 32];
+                secret.copy_from_slice(&k[1..]);
+                Key { id: k[0], secret }
+            })
+            .collect::<Vec<_>>();
+        if keys.len() != n || b.len() != Self::HEAD + 33 * n {
+            return None;
+        }
+        Some(AuthConfig {
+            keys,
+            send_key: head[1],
+            encrypt: head[0] != 0,
+            salt: u32::from_le_bytes(head[4..8].try_into().ok()?),
+            max_skew: u64_at(8)?,
+            counter_start: u64_at(16)?,
+        })
+    }
+}
+
 /// Why an incoming datagram was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reject {
@@ -177,6 +226,20 @@ impl Window {
 /// this long); the lag is part of the bound a receiver's floor gives.
 pub const COUNTER_LAG: u64 = 100_000;
 
+/// Where a host's packet counter lives: its own memory (an `AtomicU64`),
+/// or a page shared with the programs that send for the host (a machine
+/// host's; the runtime maps it).
+pub trait CounterCell: Send + Sync {
+    /// The counter.
+    fn cell(&self) -> &AtomicU64;
+}
+
+impl CounterCell for AtomicU64 {
+    fn cell(&self) -> &AtomicU64 {
+        self
+    }
+}
+
 /// The sending half of a host's keys, shared by every path that sends
 /// for the host (the engine's [`Auth`], and threads that send outside the
 /// engine): the keys, and the host's one packet counter, so every
@@ -184,7 +247,7 @@ pub const COUNTER_LAG: u64 = 100_000;
 #[derive(Clone)]
 pub struct Sealer {
     cfg: Arc<AuthConfig>,
-    counter: Arc<AtomicU64>,
+    counter: Arc<dyn CounterCell>,
     /// Engine time at the start: the wall clock is
     /// `counter_start + (now - started)`.
     started: u64,
@@ -200,12 +263,38 @@ impl std::fmt::Debug for Sealer {
 
 impl Sealer {
     fn new(cfg: AuthConfig, now: u64) -> Sealer {
+        let counter = Arc::new(AtomicU64::new(cfg.counter_start));
+        Sealer::lent(cfg, counter, now)
+    }
+
+    /// A sealer for a program that sends for a host: the host's keys as
+    /// [`Sealer::lend`] gave them and the host's counter `cell`, at the
+    /// program's clock time `now` (µs).
+    pub fn lent(cfg: AuthConfig, cell: Arc<dyn CounterCell>, now: u64) -> Sealer {
         Sealer {
-            counter: Arc::new(AtomicU64::new(cfg.counter_start)),
+            counter: cell,
             floor: cfg.counter_start.saturating_sub(cfg.max_skew),
             cfg: Arc::new(cfg),
             started: now,
         }
+    }
+
+    /// The keys to lend a program that sends for this host, at engine
+    /// time `now`: `counter_start` is the host's wall clock now.
+    pub fn lend(&self, now: u64) -> AuthConfig {
+        let mut c = (*self.cfg).clone();
+        c.counter_start = c
+            .counter_start
+            .saturating_add(now.saturating_sub(self.started));
+        c
+    }
+
+    /// Moves the counter into `cell`, which keeps counting from the
+    /// higher of the two.
+    fn move_counter(&mut self, cell: Arc<dyn CounterCell>) {
+        let c = self.counter.cell().load(Ordering::Relaxed);
+        cell.cell().fetch_max(c, Ordering::Relaxed);
+        self.counter = cell;
     }
 
     /// The next counter at engine time `now`: one more than the last, or
@@ -224,14 +313,10 @@ impl Sealer {
                 c + 1
             }
         };
-        let mut c = self.counter.load(Ordering::Relaxed);
+        let cell = self.counter.cell();
+        let mut c = cell.load(Ordering::Relaxed);
         loop {
-            match self.counter.compare_exchange_weak(
-                c,
-                step(c),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match cell.compare_exchange_weak(c, step(c), Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return step(c),
                 Err(seen) => c = seen,
             }
@@ -371,6 +456,11 @@ impl Auth {
         &self.sealer
     }
 
+    /// The host's counter moves to `cell` (a page shared with programs).
+    pub(crate) fn share_counter(&mut self, cell: Arc<dyn CounterCell>) {
+        self.sealer.move_counter(cell);
+    }
+
     /// Tells the sealer the time (engine µs), so counters follow the clock.
     pub(crate) fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
@@ -442,6 +532,33 @@ mod tests {
         h.src = crate::Pid(0x0012_0005);
         h.dst = crate::Pid(0x0034_0006);
         crate::wire::encode(&h, &crate::Message([1, 2, 3, 4, 5, 6, 7, 8]), b"page data")
+    }
+
+    #[test]
+    fn a_lent_configuration_round_trips_and_garbage_is_refused() {
+        let c = cfg(true, &[1, 2], 2);
+        assert_eq!(AuthConfig::from_bytes(&c.to_bytes()), Some(c.clone()));
+        let b = c.to_bytes();
+        assert_eq!(AuthConfig::from_bytes(&b[..b.len() - 1]), None);
+        assert_eq!(AuthConfig::from_bytes(&b[..10]), None);
+    }
+
+    #[test]
+    fn a_lent_sealer_shares_the_hosts_counter() {
+        let host = Auth::new(cfg(false, &[1], 1), 0);
+        let cell: Arc<dyn CounterCell> = Arc::new(AtomicU64::new(0));
+        let mut host = host;
+        host.share_counter(cell.clone());
+        let lent = Sealer::lent(host.sealer().lend(10), cell.clone(), 5_000);
+        let (mut a, mut b) = (datagram(), datagram());
+        host.seal(&mut a);
+        lent.seal(5_001, &mut b);
+        let ctr = |d: &[u8]| u64::from_be_bytes(d[d.len() - 24..d.len() - 16].try_into().unwrap());
+        assert_eq!(ctr(&b), ctr(&a) + 1, "one counter");
+        let mut rx = Auth::new(cfg(false, &[1], 1), 0);
+        let mut scratch = Vec::new();
+        assert!(rx.open(&a, &mut scratch).is_ok());
+        assert!(rx.open(&b, &mut scratch).is_ok());
     }
 
     #[test]

@@ -205,9 +205,76 @@ pub const HELD_HALF_LIFE: Micros = 10_000_000;
 /// (`Config::local_send_floor`).
 pub const HELD_MAX: Micros = 20_000;
 
+/// Shards of [`PeerTimes`] (by host id): threads that send to different
+/// hosts rarely meet on one lock.
+const SHARDS: usize = 16;
+
+/// What a logical host knows of each peer host's round trips: one store
+/// per host, shared by every path that sends for it — the engine, and the
+/// threads that send outside it (`vkernel` direct Sends) — so that a due
+/// copy on any path sees what every other path has learned.
+#[derive(Debug, Default)]
+pub struct PeerTimes {
+    shards: [std::sync::Mutex<std::collections::HashMap<u16, Rtt>>; SHARDS],
+}
+
+impl PeerTimes {
+    /// An empty store.
+    pub fn new() -> PeerTimes {
+        PeerTimes::default()
+    }
+
+    fn shard(
+        &self,
+        host: crate::pid::HostId,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u16, Rtt>> {
+        let m = &self.shards[usize::from(host.0) % SHARDS];
+        // (A thread that panicked holding it left whole `Rtt`s behind.)
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What is known of `host`, if anything.
+    pub fn get(&self, host: crate::pid::HostId) -> Option<Rtt> {
+        self.shard(host).get(&host.0).copied()
+    }
+
+    /// Records `r` as what is known of `host`.
+    pub fn set(&self, host: crate::pid::HostId, r: Rtt) {
+        self.shard(host).insert(host.0, r);
+    }
+
+    /// Runs `f` on what is known of `host` (`init` if nothing yet).
+    pub fn with<T>(
+        &self,
+        host: crate::pid::HostId,
+        init: impl FnOnce() -> Rtt,
+        f: impl FnOnce(&mut Rtt) -> T,
+    ) -> T {
+        f(self.shard(host).entry(host.0).or_insert_with(init))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_store_is_seen_by_every_sender() {
+        let t = std::sync::Arc::new(PeerTimes::new());
+        let h = crate::pid::HostId(7);
+        assert!(t.get(h).is_none());
+        let t2 = t.clone();
+        std::thread::spawn(move || t2.with(h, Rtt::new, |r| r.sample(3_000)))
+            .join()
+            .unwrap();
+        assert_eq!(t.get(h).and_then(|r| r.srtt()), Some(3_000));
+        t.set(crate::pid::HostId(7 + SHARDS as u16), Rtt::new());
+        assert_eq!(
+            t.get(h).and_then(|r| r.srtt()),
+            Some(3_000),
+            "another host, same shard"
+        );
+    }
 
     #[test]
     fn a_held_request_raises_the_timeout_for_seconds() {

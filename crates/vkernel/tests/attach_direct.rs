@@ -601,3 +601,69 @@ fn exchanges_outside_the_host_reach_its_counters() {
     server.join().unwrap();
     echo.join().unwrap();
 }
+
+#[test]
+fn a_keyed_host_lends_its_keys_to_its_own_programs_direct_path() {
+    // ISSUE 49 item 3: a cluster key switched the attached direct path
+    // off. The host lends a program of its own uid its keys and the page
+    // of its one packet counter (ASK KEYS), so the program's datagrams are
+    // sealed in the host's counter order and its remote Sends stay direct.
+    let key = vkernel::auth::Key {
+        id: 3,
+        secret: [0x5a; 32],
+    };
+    for encrypt in [false, true] {
+        let keyed = |peers| KernelConfig {
+            keys: vec![key.clone()],
+            encrypt,
+            peers,
+            host_timeout: Duration::from_secs(5),
+            ..KernelConfig::default()
+        };
+        let dir =
+            std::env::temp_dir().join(format!("vk-direct-{}-keyed-{encrypt}", std::process::id()));
+        let path = dir.join("host.sock");
+        let host = Kernel::start(keyed(vec![])).unwrap();
+        let srv = Some(host.serve_attach(&path, 0o600).unwrap());
+        let m = Machine { host, srv, path };
+        let remote = Kernel::start(keyed(vec![m.host.local_addr()])).unwrap();
+        m.host.add_peer(remote.local_addr());
+        let (spid, server) = serve(&remote, counting_server);
+        let a = Kernel::attach(&m.path).unwrap();
+        let c = a.create_process().unwrap();
+        until_direct(&m, &c, spid);
+        let host_sends = engine_sends(&m);
+        for n in 0..300u32 {
+            let mut msg = Message::with_code(1);
+            msg.set_word(1, n);
+            msg.set_word(2, n);
+            c.send(&mut msg, spid).unwrap();
+            assert_eq!(msg.word(1), n + 1);
+            // The host's own Sends for the process between direct ones:
+            // the receiver's replay window sees one counter order.
+            if n % 60 == 0 {
+                let mut seg = [7u8; 16];
+                let mut msg = Message::with_code(1);
+                msg.set_word(2, 100_000 + n);
+                c.send_with_segment(&mut msg, spid, Segment::ReadWrite(&mut seg))
+                    .unwrap();
+            }
+        }
+        assert!(
+            engine_sends(&m) - host_sends <= 10,
+            "the plain Sends went direct ({} through the host)",
+            engine_sends(&m) - host_sends
+        );
+        stop(&c, spid);
+        let seen = server.join().unwrap();
+        // (u32::MAX: `until_direct`'s warm-up requests.)
+        assert!(seen.iter().all(|(&id, &n)| n == 1 || id == u32::MAX));
+        assert_eq!(seen.len(), 300 + 5 + 1, "every request ran");
+        let rejects = |k: &Kernel| k.stats().auth_rejects.iter().sum::<u64>();
+        assert_eq!(
+            (rejects(&remote), rejects(&m.host)),
+            (0, 0),
+            "encrypt={encrypt}: every datagram authentic and in order"
+        );
+    }
+}

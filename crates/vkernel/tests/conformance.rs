@@ -34,36 +34,16 @@ use vkernel::{
 /// kernel, or of a path by design, that the table reports; a cell listed
 /// here that passes is reported as "stale" (take it out).
 const KNOWN_GAPS: &[(&str, &str, &str)] = &[
-    // By design: a program's own socket would bypass the machine host's
-    // fault injector and keys, so the host refuses it the direct path and
-    // its Sends go through the host's engine (attach/host/questions.rs
-    // `direct`). (Embedded hosts keep their direct Sends with keys since
-    // 5c2ded4, and with a fault injector since 70fd2e9.)
+    // A program's own socket would bypass the machine host's fault
+    // injector, so the host refuses it the direct path and its Sends go
+    // through the host's engine (attach/host/questions.rs `direct`).
+    // (Embedded hosts keep their direct Sends with keys since 5c2ded4 and
+    // with a fault injector since 70fd2e9; attached programs with keys
+    // since the host lends them: ASK KEYS.)
     (
         "attached direct",
         "a' faults@client",
         "by design: a fault injector on the machine host refuses the direct path",
-    ),
-    (
-        "attached direct",
-        "f keyed",
-        "by design: a keyed machine host refuses the direct path",
-    ),
-    // Bugs found by this suite, not yet fixed (library code untouched
-    // here); each cell fails without its entry.
-    //
-    // A receiver that exits (its `Process` dropped: `Op::Exit` through
-    // its slot) while holding a message taken from its peer-page inbox
-    // never ends its sender's Send (still blocked after 2 s; it ends only
-    // when the machine host goes). `destroy(pid)` (`Op::Destroy`) of the
-    // same receiver ends it with NoSuchProcess in 0.1 ms ("b destroyed").
-    // Seen in every run at c5e7b24; a change to attach/host.rs in
-    // progress as this was written (Exit destroys the process as
-    // `destroy_local` does) makes it pass: then take this entry out.
-    (
-        "peer page",
-        "b' exits",
-        "bug: a peer-page receiver that exits holding the message leaves its sender blocked",
     ),
 ];
 

@@ -1080,10 +1080,9 @@ impl Engine {
         }
         op.probe = None;
         let host = op.peer.host();
-        self.rtt
-            .entry(host)
-            .or_default()
-            .sample(now.saturating_sub(t));
+        self.rtt.with(host, crate::rtt::Rtt::default, |r| {
+            r.sample(now.saturating_sub(t))
+        });
         let rto = self.rto_for(host);
         if let Some(op) = self.op_mut(mover) {
             op.rto = rto;

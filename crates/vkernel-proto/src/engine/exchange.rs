@@ -172,7 +172,7 @@ impl Engine {
             self.stats.retransmits += 1;
         }
         if let Some(p) = peer {
-            self.rtt.insert(dst.host(), p);
+            self.rtt.set(dst.host(), p);
         }
         if shared {
             self.arm(next);

@@ -84,7 +84,6 @@ use crate::config::{Config, Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::{Message, SegAccess};
 use crate::pid::{HostId, Pid};
-use crate::rtt::Rtt;
 use crate::segment::Seg;
 use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
@@ -226,7 +225,9 @@ pub struct Engine {
     next_seq: u32,
     aliens: Aliens,
     location: location::Locations,
-    rtt: IdMap<HostId, Rtt>,
+    /// What this host knows of its peers' round trips, shared with the
+    /// runtime's senders ([`Engine::peer_times`]).
+    rtt: std::sync::Arc<crate::rtt::PeerTimes>,
     /// Bulk congestion window per peer host, carried from one transfer
     /// to the next.
     cwnds: IdMap<HostId, congestion::Cwnd>,
@@ -291,7 +292,7 @@ impl Engine {
             behind: std::collections::HashMap::new(),
             behind_order: 0,
             held: Vec::new(),
-            rtt: new_map(hs),
+            rtt: Default::default(),
             cwnds: new_map(hs),
             names: naming::Names::new(hs),
             groups: group::Groups::new(hs),
@@ -437,6 +438,15 @@ impl Engine {
         self.auth.as_ref().map(|a| a.sealer().clone())
     }
 
+    /// Moves the host's packet counter into `cell` (a page the runtime
+    /// shares with programs that send for the host), keeping its value.
+    /// No effect without a key.
+    pub fn share_counter(&mut self, cell: std::sync::Arc<dyn crate::auth::CounterCell>) {
+        if let Some(a) = self.auth.as_mut() {
+            a.share_counter(cell);
+        }
+    }
+
     #[inline]
     fn new_seq(&mut self) -> u32 {
         self.next_seq = self.next_seq.wrapping_add(1);
@@ -481,7 +491,7 @@ impl Engine {
     /// The retransmission timeout of bulk data to `host`: the round trip's
     /// alone (a lost chunk is the network's doing).
     fn rto_for(&self, host: HostId) -> Micros {
-        self.rtt.get(&host).copied().unwrap_or_default().rto(
+        self.rtt.get(host).unwrap_or_default().rto(
             self.cfg.initial_rto,
             self.cfg.min_rto,
             self.max_rto(),
@@ -509,9 +519,14 @@ impl Engine {
     /// measured: [`Engine::fresh_rtt`]).
     pub fn rtt_of(&self, now: Micros, host: HostId) -> crate::rtt::Rtt {
         self.rtt
-            .get(&host)
-            .copied()
+            .get(host)
             .unwrap_or_else(|| self.fresh_rtt(now, host))
+    }
+
+    /// The host's store of what it knows of its peers, for the runtime's
+    /// threads that send for it outside the engine (one store per host).
+    pub fn peer_times(&self) -> std::sync::Arc<crate::rtt::PeerTimes> {
+        self.rtt.clone()
     }
 
     /// What is known of a host never measured: nothing, unless it is at a
@@ -523,7 +538,7 @@ impl Engine {
 
     /// The smoothed round-trip time to `host`, if measured.
     pub fn srtt(&self, host: HostId) -> Option<Micros> {
-        self.rtt.get(&host).and_then(|r| r.srtt())
+        self.rtt.get(host).and_then(|r| r.srtt())
     }
 
     #[inline]
@@ -607,8 +622,8 @@ impl Engine {
                 }
                 if let Some(r) = &o.remote {
                     let group = o.dst.is_group();
-                    let peer = self.rtt.get(&o.dst.host());
-                    match r.due(now, group, max_rto, peer) {
+                    let peer = self.rtt.get(o.dst.host());
+                    match r.due(now, group, max_rto, peer.as_ref()) {
                         Due::Dead => dead.push((Pid::new(h, l), o.dst)),
                         Due::Defer => wait.push(Pid::new(h, l)),
                         // Behind another Send's probe sent in this pass.
@@ -708,12 +723,11 @@ impl Engine {
         let Some(h) = self.host_id() else { return };
         for l in self.sending.iter() {
             if let Some(PState::Sending(o)) = self.procs.get(l).map(|p| &p.state) {
-                let peer = self.rtt.get(&o.dst.host());
+                let peer = self.rtt.get(o.dst.host());
                 let max_rto = self.max_rto();
-                if o.remote
-                    .as_ref()
-                    .is_some_and(|r| r.due(now, o.dst.is_group(), max_rto, peer) == Due::Retransmit)
-                {
+                if o.remote.as_ref().is_some_and(|r| {
+                    r.due(now, o.dst.is_group(), max_rto, peer.as_ref()) == Due::Retransmit
+                }) {
                     out.push(Pid::new(h, l));
                 }
             }

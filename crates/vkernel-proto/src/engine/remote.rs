@@ -370,7 +370,7 @@ impl Engine {
             let host = h.src.host();
             let mut peer = self.rtt_of(now, host);
             let a = r.on_reply(now, h.flags & F_RETRANSMIT == 0, &mut peer);
-            self.rtt.insert(host, peer);
+            self.rtt.set(host, peer);
             self.stats.retransmits_needless += u64::from(a.needless_copies);
             a.waited
         });
@@ -452,7 +452,7 @@ impl Engine {
                 r.on_reply_pending(now, busy, rto, host_timeout, &mut peer);
                 let (next, shared) = (r.next(), !r.self_timed());
                 if !busy {
-                    self.rtt.insert(host, peer);
+                    self.rtt.set(host, peer);
                 }
                 if shared {
                     self.arm(next);

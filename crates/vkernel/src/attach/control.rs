@@ -66,6 +66,10 @@ pub(crate) mod ask {
     /// to programs of another uid than the host's (or root's), and while
     /// the host authenticates, injects faults or traces datagrams.
     pub(crate) const DIRECT: u32 = 8;
+    /// []: the host's keys (`AuthConfig::to_bytes`, its counter start the
+    /// host's wall clock now) and, as a file, the page of its packet
+    /// counter; only to a program DIRECT grants, of a keyed host.
+    pub(crate) const KEYS: u32 = 9;
 }
 
 /// One record.

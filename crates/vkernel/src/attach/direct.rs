@@ -14,8 +14,10 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
+use std::sync::Arc;
 use vkernel_proto::direct::Timing;
-use vkernel_proto::rtt::Rtt;
+
+use vkernel_proto::rtt::{PeerTimes, Rtt};
 use vkernel_proto::{Config, HostId, IpcError, Message, Micros, Pid};
 
 use crate::deadline::Deadline;
@@ -64,10 +66,13 @@ struct Known {
     seqs: Seqs,
     /// Where hosts are (None: the host did not know, as of then).
     locs: HashMap<HostId, (Option<SocketAddr>, u64)>,
-    rtt: HashMap<HostId, Rtt>,
+    /// What the program knows of peer hosts, shared by its processes.
+    rtt: Arc<PeerTimes>,
     cfg: Config,
     /// What its direct Sends did, not yet handed to the program's report.
     events: Vec<Ev>,
+    /// The keyed host's keys and counter.
+    sealer: Option<vkernel_proto::auth::Sealer>,
 }
 
 impl Known {
@@ -78,7 +83,7 @@ impl Known {
 
 impl DirectPath {
     /// A socket on the host's address (its IP, any port).
-    pub(crate) fn new(host_addr: SocketAddr) -> io::Result<DirectPath> {
+    pub(crate) fn new(host_addr: SocketAddr, peers: Arc<PeerTimes>) -> io::Result<DirectPath> {
         let sock = UdpSocket::bind(SocketAddr::new(host_addr.ip(), 0))?;
         let port = sock.local_addr()?.port();
         Ok(DirectPath {
@@ -90,9 +95,10 @@ impl DirectPath {
                 reply_port: host_addr.port(),
                 seqs: Seqs::default(),
                 locs: HashMap::new(),
-                rtt: HashMap::new(),
+                rtt: peers,
                 cfg: Config::default(),
                 events: Vec::new(),
+                sealer: None,
             },
         })
     }
@@ -134,6 +140,11 @@ impl DirectPath {
         if n > 0 {
             self.known.seqs = Seqs::new(first, n);
         }
+    }
+
+    /// Seals with the keyed host's keys (None: the host has none).
+    pub(crate) fn set_sealer(&mut self, s: Option<vkernel_proto::auth::Sealer>) {
+        self.known.sealer = s;
     }
 
     /// The host's timers, as its answer gives them (µs: host timeout,
@@ -231,10 +242,7 @@ impl Route for Known {
     fn with_peer<T>(&mut self, host: HostId, now: Micros, f: impl FnOnce(&mut Rtt) -> T) -> T {
         let at = self.location_of(host);
         let floor = self.cfg.local_send_floor;
-        f(self
-            .rtt
-            .entry(host)
-            .or_insert_with(|| Rtt::for_peer(now, at, floor)))
+        self.rtt.with(host, || Rtt::for_peer(now, at, floor), f)
     }
 
     fn count(&mut self, e: Ev) {
@@ -250,9 +258,7 @@ impl Route for Known {
     }
 
     fn sealer(&self) -> Option<&vkernel_proto::auth::Sealer> {
-        // (The host grants the direct path only to an unkeyed host's
-        // programs.)
-        None
+        self.sealer.as_ref()
     }
 }
 

@@ -64,6 +64,9 @@ struct Inner {
     /// change the host's configuration.
     owner_uid: u32,
     peers: Arc<Peers>,
+    /// The page of the host's packet counter, when it has keys, to hand
+    /// to programs that send for it.
+    counter: Option<Arc<OwnedFd>>,
 }
 
 /// An attached process's peer page, as the host keeps it.
@@ -169,6 +172,14 @@ impl AttachServer {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))?;
         }
         rustix::net::listen(&listener, 128)?;
+        // A keyed host's counter moves to a page its programs share.
+        let counter = if shared.with_engine(|e, _| e.is_keyed()) {
+            let (page, fd) = super::shm::CounterPage::create()?;
+            shared.with_engine(|e, _| e.share_counter(Arc::new(page)));
+            Some(Arc::new(fd))
+        } else {
+            None
+        };
         let inner = Arc::new(Inner {
             shared,
             listener,
@@ -178,6 +189,7 @@ impl AttachServer {
             pace: Arc::new(Pace::new()),
             owner_uid: rustix::process::geteuid().as_raw(),
             peers: Arc::new(Peers::default()),
+            counter,
         });
         let i = inner.clone();
         let accept = std::thread::Builder::new()
@@ -370,6 +382,10 @@ impl Inner {
                         })
                 }
                 kind::ASK if r.words[2] == ask::DIRECT => self.direct(&r, uid, &procs),
+                kind::ASK if r.words[2] == ask::KEYS => self.keys(uid).map(|(f, doc)| {
+                    file = Some(f);
+                    ([0, 0], doc)
+                }),
                 kind::ASK => self.answer(&r, uid),
                 _ => Err(IpcError::Refused(Pid(0))),
             };

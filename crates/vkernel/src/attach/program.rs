@@ -20,12 +20,14 @@ use crate::spin::SpinPolicy;
 use super::control::{self, ask, kind, Record};
 use super::direct::{DirectPath, Waiting, Went};
 use super::peer::{self, Inbound, Outcome, Peer, PEER_BYTES};
+use super::shm::CounterPage;
 use super::shm::{futex_wake, Shm};
 use super::slot::{Op, Slot, NONE64, SLOT_BYTES};
 use super::wait::{publish, Pace, Waited};
 use super::{lock, MAX_WINDOW, MIN_WINDOW};
 use crate::deadline::Deadline;
 use crate::direct::Ev;
+use vkernel_proto::auth::{AuthConfig, Sealer};
 
 /// A process's call slot and peer page, as its program maps them.
 type Pages = (Arc<Shm>, Option<Arc<Shm>>);
@@ -62,6 +64,10 @@ pub(crate) struct Attachment {
     /// Events of its processes not yet reported to the host (TALLY
     /// records of [`Ev`]s).
     reports: Mutex<Vec<u8>>,
+    /// The keyed host's keys and counter (None: not asked yet).
+    sealer: Mutex<Option<Option<Sealer>>>,
+    /// What its processes' direct Sends know of peer hosts, together.
+    peer_times: Arc<vkernel_proto::rtt::PeerTimes>,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -136,6 +142,8 @@ impl Attachment {
             send_deadline,
             net_counters: crate::net::NetCounters::default(),
             reports: Mutex::new(Vec::new()),
+            sealer: Mutex::new(None),
+            peer_times: Default::default(),
         });
         let r = a.clone();
         std::thread::Builder::new()
@@ -281,6 +289,25 @@ impl Attachment {
             .ok()?;
         let fd = r.fds.into_iter().next()?;
         Shm::adopt(&fd, PEER_BYTES, PEER_BYTES).ok().map(Arc::new)
+    }
+
+    /// The host's keys and its packet counter's page, asked for once
+    /// (a keyed host's direct path, docs/PROTOCOL.md §8f).
+    fn lent_sealer(&self) -> Option<Sealer> {
+        let mut g = lock(&self.sealer);
+        if let Some(s) = &*g {
+            return s.clone();
+        }
+        let s = self
+            .ask([kind::ASK, 0, ask::KEYS, 0, 0, 0, 0, 0], &[], &[])
+            .ok()
+            .and_then(|r| {
+                let cfg = AuthConfig::from_bytes(&r.payload)?;
+                let page = CounterPage::adopt(r.fds.first()?).ok()?;
+                Some(Sealer::lent(cfg, Arc::new(page), self.pace.clock.now()))
+            });
+        *g = Some(s.clone());
+        s
     }
 
     /// Adds `evs` (emptied) to what is reported to the host, and sends
@@ -623,7 +650,8 @@ impl AttachedProcess {
         let now = self.at.pace.clock.now();
         let mut path = self.direct.borrow_mut();
         if path.is_none() {
-            match self.at.host_addr.map(DirectPath::new) {
+            let peers = self.at.peer_times.clone();
+            match self.at.host_addr.map(|a| DirectPath::new(a, peers)) {
                 Some(Ok(p)) => *path = Some(p),
                 _ => return refuse(),
             }
@@ -645,6 +673,17 @@ impl AttachedProcess {
                 Ok(r) => {
                     let doc = std::str::from_utf8(&r.payload).unwrap_or_default();
                     let (loc, timers) = doc.split_once(";timers=").unwrap_or((doc, ""));
+                    let (timers, keyed) = match timers.strip_suffix(";keyed") {
+                        Some(t) => (t, true),
+                        None => (timers, false),
+                    };
+                    // A keyed host: its datagrams are sealed with its keys
+                    // and its one counter, lent once to the program.
+                    let sealer = if keyed { self.at.lent_sealer() } else { None };
+                    if keyed && sealer.is_none() {
+                        return refuse();
+                    }
+                    path.set_sealer(sealer);
                     path.set_timers(timers);
                     let loc = loc.parse().ok();
                     path.learn(host, loc, r.words[4], r.words[5].min(n), now);

@@ -15,6 +15,33 @@ use std::time::Duration;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+/// A host's packet counter on a page of its own, shared by the host and
+/// the programs of its uid that send for it (docs/PROTOCOL.md §8f).
+pub(crate) struct CounterPage(Shm);
+
+impl CounterPage {
+    /// A new page, and its file to hand over.
+    pub(crate) fn create() -> io::Result<(CounterPage, OwnedFd)> {
+        let (shm, fd) = Shm::create("vk-counter", 4096)?;
+        Ok((CounterPage(shm), fd))
+    }
+
+    /// The page of a file the host handed over.
+    pub(crate) fn adopt(fd: &OwnedFd) -> io::Result<CounterPage> {
+        Shm::adopt(fd, 4096, 4096).map(CounterPage)
+    }
+}
+
+impl vkernel_proto::auth::CounterCell for CounterPage {
+    fn cell(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the mapping is at least 4096 bytes, page-aligned (so the
+        // first 8 bytes are aligned for an AtomicU64), and lives as long as
+        // `self`; any bit pattern is a valid u64, and every program that
+        // maps the page touches these bytes only through atomics.
+        unsafe { &*self.0.as_ptr().cast::<std::sync::atomic::AtomicU64>() }
+    }
+}
+
 /// One shared mapping of a whole sealed memory file.
 pub(crate) struct Shm {
     ptr: NonNull<u8>,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use vkernel_proto::direct::Timing;
-use vkernel_proto::rtt::Rtt;
+use vkernel_proto::rtt::{PeerTimes, Rtt};
 use vkernel_proto::{Config, Engine, HostId, Pid, Stats};
 
 use crate::direct::{Ev, Route, Seqs, LEASE};
@@ -29,8 +29,8 @@ use crate::direct::{Ev, Route, Seqs, LEASE};
 /// before it waits for it.
 const TALLY_PENDING: usize = 64;
 
-/// Where a destination host is, and its round-trip state as this process
-/// last saw it in [`Peers`] (the engine's, when it was looked up).
+/// Where a destination host is, and what the engine knew of it when it
+/// was looked up (the start of its entry in [`Peers`], if it had none).
 #[derive(Clone, Copy)]
 struct Dest {
     host: HostId,
@@ -38,26 +38,28 @@ struct Dest {
     rtt: Rtt,
 }
 
-/// Slots of [`Peers`].
-const PEER_SLOTS: usize = 8;
-
-/// What the host's direct senders know of each peer host, together: its
-/// round trips, and which of their Sends it answered lately, so that a
-/// sender whose first copy is due while the peer serves older ones waits
-/// (as the engine's senders do, sharing its `Rtt`s). A few slots by host
-/// id; a host taking another's slot starts from the engine's state.
+/// What the host knows of each peer host's round trips: the engine's own
+/// store (`Engine::peer_times`), one per logical host, which its direct
+/// senders share with it, so that a sender whose first copy is due while
+/// the peer serves older Sends — of either — waits, and every sample and
+/// needless copy teaches both. Taken from the engine at the first lease.
 #[derive(Default)]
-pub(crate) struct Peers([Mutex<Option<(HostId, Rtt)>>; PEER_SLOTS]);
+pub(crate) struct Peers(std::sync::OnceLock<std::sync::Arc<PeerTimes>>);
 
 impl Peers {
+    /// Takes the engine's store (once).
+    pub(crate) fn adopt(&self, e: &Engine) {
+        self.0.get_or_init(|| e.peer_times());
+    }
+
     /// Runs `f` on what is known of `d`'s host.
     fn with<R>(&self, d: &Dest, f: impl FnOnce(&mut Rtt) -> R) -> R {
-        let mut g = lock(&self.0[usize::from(d.host.0) % PEER_SLOTS]);
-        match &mut *g {
-            Some((h, rtt)) if *h == d.host => f(rtt),
-            other => {
-                let (_, rtt) = other.insert((d.host, d.rtt));
-                f(rtt)
+        match self.0.get() {
+            Some(t) => t.with(d.host, || d.rtt, f),
+            // (Not reached: a lease is made under the engine lock first.)
+            None => {
+                let mut r = d.rtt;
+                f(&mut r)
             }
         }
     }

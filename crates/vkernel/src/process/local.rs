@@ -656,6 +656,7 @@ impl LocalProcess {
         let mut slot = self.lease.take();
         if !slot.as_ref().is_some_and(|l| l.ready_for(to.host())) {
             let ok = sh.with_engine(|e, now| {
+                sh.direct_peers.adopt(e);
                 slot.get_or_insert_with(|| Box::new(Lease::new(e, self.pid)))
                     .renew(e, now, to.host())
             });

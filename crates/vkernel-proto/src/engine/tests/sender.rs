@@ -48,7 +48,7 @@ fn twin(script: &[(Micros, Answer)], to_first: bool, warm: &[Micros]) {
     let host = server.host();
     // Some history of the peer (samples), the same for both.
     for &s in warm {
-        n.e[0].rtt.entry(host).or_default().sample(s);
+        n.e[0].rtt.with(host, crate::rtt::Rtt::new, |r| r.sample(s));
     }
     let t0 = n.now;
     let mut peer = n.e[0].rtt_of(t0, host);

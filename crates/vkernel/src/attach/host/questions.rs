@@ -74,9 +74,7 @@ impl Inner {
             self.shared.note_direct_port(pid, port);
         }
         self.shared.with_engine(|e, _| {
-            if e.is_keyed() {
-                return Err(IpcError::Refused(pid));
-            }
+            let keyed = if e.is_keyed() { ";keyed" } else { "" };
             let at = e.location_of(target).map(|a| a.to_string());
             // Nowhere to send yet: the Send goes through this host.
             let n = if at.is_some() { n } else { 0 };
@@ -90,7 +88,7 @@ impl Inner {
             // as the host's own (docs/PROTOCOL.md §8f).
             let c = e.config();
             let doc = format!(
-                "{};timers={},{},{},{},{}",
+                "{};timers={},{},{},{},{}{keyed}",
                 at.unwrap_or_default(),
                 c.host_timeout,
                 c.min_rto,
@@ -100,6 +98,21 @@ impl Inner {
             );
             Ok(([first, n], doc.into_bytes()))
         })
+    }
+
+    /// Answers `ask::KEYS`: the host's keys and its counter page, to a
+    /// program that could act as the host anyway (its uid or root's, as
+    /// for DIRECT): docs/SECURITY.md, "Attached programs and the key".
+    pub(super) fn keys(&self, uid: u32) -> Result<(Arc<OwnedFd>, Vec<u8>), IpcError> {
+        if uid != 0 && uid != self.owner_uid {
+            return Err(IpcError::AccessDenied(Pid(0)));
+        }
+        let page = self.counter.clone().ok_or(IpcError::Refused(Pid(0)))?;
+        let cfg = self
+            .shared
+            .with_engine(|e, now| e.sealer().map(|s| s.lend(now)))
+            .ok_or(IpcError::Refused(Pid(0)))?;
+        Ok((page, cfg.to_bytes()))
     }
 
     pub(super) fn answer(&self, r: &Record, uid: u32) -> Result<([u32; 2], Vec<u8>), IpcError> {
