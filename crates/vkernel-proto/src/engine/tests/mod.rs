@@ -11,6 +11,7 @@ mod congestion;
 mod exchange;
 mod groups;
 mod naming;
+mod retransmit;
 mod robustness;
 mod scale;
 mod sender;
