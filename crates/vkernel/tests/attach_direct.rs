@@ -333,38 +333,57 @@ fn errors_on_the_direct_path_are_clear() {
 }
 
 #[test]
-fn a_host_that_injects_faults_keeps_every_datagram_on_its_own_socket() {
+fn a_host_that_injects_faults_applies_them_to_its_programs_sockets() {
+    // ISSUE 49 item 3: a fault injector on the machine host switched its
+    // programs' direct path off (their sockets would bypass it). The host
+    // now hands its programs its fault spec, and their sockets pass the
+    // same injector code (`FaultState::inject`), each with its own stream.
     let dir = std::env::temp_dir().join(format!("vk-direct-{}-faulty", std::process::id()));
     let path = dir.join("host.sock");
     let host = Kernel::start(KernelConfig {
         faults: FaultConfig {
-            duplicate: 0.01,
+            loss: 0.1,
+            duplicate: 0.1,
+            reorder: 0.05,
+            delay_rate: 0.05,
+            delay: Duration::from_millis(2),
             seed: 3,
-            ..FaultConfig::default()
         },
+        host_timeout: Duration::from_secs(5),
         ..KernelConfig::default()
     })
     .unwrap();
-    let srv = host.serve_attach(&path, 0o600).unwrap();
-    let remote = Kernel::start(KernelConfig::default()).unwrap();
-    remote.add_peer(host.local_addr());
-    host.add_peer(remote.local_addr());
+    let srv = Some(host.serve_attach(&path, 0o600).unwrap());
+    let m = Machine { host, srv, path };
+    let remote = remote_of(&m, FaultConfig::default());
     let (spid, server) = serve(&remote, counting_server);
-    let a = Kernel::attach(&path).unwrap();
+    let a = Kernel::attach(&m.path).unwrap();
     let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
     for n in 0..200u32 {
         let mut msg = Message::with_code(1);
+        msg.set_word(1, n);
         msg.set_word(2, n);
         c.send(&mut msg, spid).unwrap();
-        if n % 50 == 0 {
-            std::thread::sleep(Duration::from_millis(60));
-        }
+        assert_eq!(msg.word(1), n + 1);
     }
-    let mut msg = Message::with_code(STOP);
-    c.send(&mut msg, spid).unwrap();
-    server.join().unwrap();
-    assert_eq!(srv.direct_grants(), 0);
-    assert!(remote_sends(&host.stats()) >= 201);
+    stop(&c, spid);
+    let seen = server.join().unwrap();
+    assert!(
+        seen.iter().all(|(&id, &n)| n == 1 || id == u32::MAX),
+        "each exactly once"
+    );
+    assert!(m.srv().direct_grants() > 0, "the direct path was granted");
+    let nc = a.net_counters();
+    let (lost, dup) = (
+        nc.injected_loss.load(Ordering::Relaxed),
+        nc.injected_dup.load(Ordering::Relaxed),
+    );
+    eprintln!("the program's socket: {lost} datagrams lost, {dup} duplicated by the host's faults");
+    assert!(
+        lost > 0 && dup > 0,
+        "the faults applied to the program's socket"
+    );
 }
 
 #[test]

@@ -33,19 +33,7 @@ use vkernel::{
 /// Cells allowed not to be ✓: (path, scenario, why). Each is a gap of the
 /// kernel, or of a path by design, that the table reports; a cell listed
 /// here that passes is reported as "stale" (take it out).
-const KNOWN_GAPS: &[(&str, &str, &str)] = &[
-    // A program's own socket would bypass the machine host's fault
-    // injector, so the host refuses it the direct path and its Sends go
-    // through the host's engine (attach/host/questions.rs `direct`).
-    // (Embedded hosts keep their direct Sends with keys since 5c2ded4 and
-    // with a fault injector since 70fd2e9; attached programs with keys
-    // since the host lends them: ASK KEYS.)
-    (
-        "attached direct",
-        "a' faults@client",
-        "by design: a fault injector on the machine host refuses the direct path",
-    ),
-];
+const KNOWN_GAPS: &[(&str, &str, &str)] = &[];
 
 /// Paths covered by other suites: (row, where).
 const ELSEWHERE: &[(&str, &str)] = &[
@@ -842,7 +830,12 @@ fn exactly_once_at(t: &dyn Transport, at: Side) -> Result<Cell, String> {
         Side::Receiver => w.receiver_host,
         Side::Client => w.client_host,
     };
-    let lost = w.k(faulty).net_counters().injected_loss.load(Relaxed);
+    // (An attached client's own socket applies its host's faults and
+    // counts them in its program's counters.)
+    let mut lost = w.k(faulty).net_counters().injected_loss.load(Relaxed);
+    if matches!(at, Side::Client) && w.client != w.client_host {
+        lost += w.k(w.client).net_counters().injected_loss.load(Relaxed);
+    }
     let note = if t.one_host() {
         format!(
             "{EXACTLY_ONCE_N} once each in {}; no datagram on this path for the faults to touch",

@@ -22,6 +22,7 @@ use vkernel_proto::{Config, HostId, IpcError, Message, Micros, Pid};
 
 use crate::deadline::Deadline;
 use crate::direct::{self, Ev, Io, Route, Seqs, LEASE};
+use crate::net::{FaultConfig, FaultState, NetCounters};
 use crate::process::WaitCounts;
 use crate::spin::SpinPolicy;
 
@@ -49,7 +50,9 @@ pub(crate) struct Waiting<'a> {
 
 /// A process's socket and what it knows for its direct Sends.
 pub(crate) struct DirectPath {
-    sock: UdpSocket,
+    sock: Arc<UdpSocket>,
+    /// The host's fault injector, applied to this socket (its own stream).
+    faults: Option<std::sync::Mutex<FaultState>>,
     /// `sock`'s port, which the host wakes (an empty datagram) when it
     /// destroys the process.
     port: u16,
@@ -87,7 +90,8 @@ impl DirectPath {
         let sock = UdpSocket::bind(SocketAddr::new(host_addr.ip(), 0))?;
         let port = sock.local_addr()?.port();
         Ok(DirectPath {
-            sock,
+            sock: Arc::new(sock),
+            faults: None,
             port,
             out: Vec::with_capacity(256),
             rx: vec![0; vkernel_proto::wire::MAX_DATAGRAM],
@@ -142,6 +146,16 @@ impl DirectPath {
         }
     }
 
+    /// Applies the host's faults (`spec` as `FaultConfig::parse` reads it),
+    /// once.
+    pub(crate) fn set_faults(&mut self, spec: &str) {
+        if self.faults.is_none() {
+            if let Ok(f) = FaultConfig::parse(spec) {
+                self.faults = FaultState::for_config(f);
+            }
+        }
+    }
+
     /// Seals with the keyed host's keys (None: the host has none).
     pub(crate) fn set_sealer(&mut self, s: Option<vkernel_proto::auth::Sealer>) {
         self.known.sealer = s;
@@ -180,9 +194,11 @@ impl DirectPath {
     /// socket until it is answered, fails or is forwarded out of reach.
     /// Call only when [`DirectPath::can_send`] says so.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn send(
         &mut self,
         w: &mut Waiting<'_>,
+        counters: &NetCounters,
         src: Pid,
         to: Pid,
         fwd: Pid,
@@ -210,6 +226,8 @@ impl DirectPath {
         };
         let mut io = SocketIo {
             sock: &self.sock,
+            faults: self.faults.as_ref(),
+            counters,
             pace: w.pace,
             gone: w.gone,
         };
@@ -264,7 +282,9 @@ impl Route for Known {
 
 /// An attached process's thread on its direct socket.
 struct SocketIo<'a> {
-    sock: &'a UdpSocket,
+    sock: &'a Arc<UdpSocket>,
+    faults: Option<&'a std::sync::Mutex<FaultState>>,
+    counters: &'a NetCounters,
     pace: &'a Pace,
     gone: &'a dyn Fn() -> Option<IpcError>,
 }
@@ -277,10 +297,29 @@ impl Io for SocketIo<'_> {
     fn send(&mut self, to: SocketAddr, data: &[u8]) {
         // A send that fails is as a datagram lost: retransmission and the
         // host timeout deal with it.
-        let _ = rustix::net::sendto(self.sock, data, rustix::net::SendFlags::empty(), &to);
+        let send = |_: Option<&Arc<UdpSocket>>, to: SocketAddr, d: &[u8]| {
+            let _ = rustix::net::sendto(&**self.sock, d, rustix::net::SendFlags::empty(), &to);
+        };
+        match self.faults {
+            Some(f) => {
+                FaultState::inject(f, self.counters, None, to, data.to_vec(), send);
+            }
+            None => send(None, to, data),
+        }
     }
 
-    fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize> {
+    fn recv(&mut self, buf: &mut [u8], mut wait_us: u64, mut exact: bool) -> Option<usize> {
+        // Datagrams the faults kept back leave when due.
+        if let Some(f) = self.faults {
+            let next = FaultState::flush(f, |_, to, d| {
+                let _ = rustix::net::sendto(&**self.sock, d, rustix::net::SendFlags::empty(), &to);
+            });
+            let until = next.saturating_duration_since(std::time::Instant::now());
+            let until = u64::try_from(until.as_micros()).unwrap_or(u64::MAX).max(1);
+            if wait_us > until {
+                (wait_us, exact) = (until, false);
+            }
+        }
         // Answers may come from any socket of the peer host (its side
         // sockets too), so this socket is not connected; what is read
         // is checked by its header.

@@ -671,12 +671,19 @@ impl AttachedProcess {
             ];
             match self.at.ask(words, &[], &[]) {
                 Ok(r) => {
+                    // ADDR;timers=…[;keyed][;faults=SPEC] (PROTOCOL.md §8f)
                     let doc = std::str::from_utf8(&r.payload).unwrap_or_default();
-                    let (loc, timers) = doc.split_once(";timers=").unwrap_or((doc, ""));
-                    let (timers, keyed) = match timers.strip_suffix(";keyed") {
-                        Some(t) => (t, true),
-                        None => (timers, false),
-                    };
+                    let mut parts = doc.split(';');
+                    let loc = parts.next().and_then(|a| a.parse().ok());
+                    let mut keyed = false;
+                    for p in parts {
+                        match p.split_once('=') {
+                            Some(("timers", t)) => path.set_timers(t),
+                            Some(("faults", f)) => path.set_faults(f),
+                            None if p == "keyed" => keyed = true,
+                            _ => {}
+                        }
+                    }
                     // A keyed host: its datagrams are sealed with its keys
                     // and its one counter, lent once to the program.
                     let sealer = if keyed { self.at.lent_sealer() } else { None };
@@ -684,8 +691,6 @@ impl AttachedProcess {
                         return refuse();
                     }
                     path.set_sealer(sealer);
-                    path.set_timers(timers);
-                    let loc = loc.parse().ok();
                     path.learn(host, loc, r.words[4], r.words[5].min(n), now);
                 }
                 // The call through the host will say so.
@@ -706,7 +711,15 @@ impl AttachedProcess {
             gone: &gone,
             deadline: at,
         };
-        let went = path.send(&mut w, self.pid, *to, *fwd, *msg, self.principal.get());
+        let went = path.send(
+            &mut w,
+            &self.at.net_counters,
+            self.pid,
+            *to,
+            *fwd,
+            *msg,
+            self.principal.get(),
+        );
         self.counted(path.events());
         self.spin.set(policy);
         self.waits.set(waits);

@@ -37,6 +37,19 @@ impl FaultConfig {
         self.loss > 0.0 || self.duplicate > 0.0 || self.reorder > 0.0 || self.delay_rate > 0.0
     }
 
+    /// The spec [`FaultConfig::parse`] reads back.
+    pub fn spec(&self) -> String {
+        format!(
+            "loss={},dup={},reorder={},delay={}:{}us,seed={}",
+            self.loss,
+            self.duplicate,
+            self.reorder,
+            self.delay_rate,
+            self.delay.as_micros(),
+            self.seed
+        )
+    }
+
     /// Parses `loss=0.05,dup=0.01,reorder=0.01,delay=0.1:5ms,seed=7`.
     pub fn parse(s: &str) -> Result<FaultConfig, String> {
         let mut f = FaultConfig::default();
@@ -125,7 +138,9 @@ impl Ord for Delayed {
     }
 }
 
-pub(super) struct FaultState {
+/// A fault injector's state: its configuration, random numbers, and the
+/// datagrams it keeps back ([`FaultState::inject`]).
+pub(crate) struct FaultState {
     pub(super) cfg: FaultConfig,
     pub(super) rng: SmallRng,
     pub(super) held: Option<(SocketAddr, Vec<u8>, Option<Arc<UdpSocket>>)>,
@@ -135,7 +150,7 @@ pub(super) struct FaultState {
 impl FaultState {
     /// The injector for `faults`, if any fault is on (seeded from
     /// `faults.seed`, or from the clock if that is 0).
-    pub(super) fn for_config(faults: FaultConfig) -> Option<Mutex<FaultState>> {
+    pub(crate) fn for_config(faults: FaultConfig) -> Option<Mutex<FaultState>> {
         faults.active().then(|| {
             let seed = if faults.seed == 0 {
                 std::time::SystemTime::now()
@@ -155,26 +170,26 @@ impl FaultState {
     }
 }
 
-impl Net {
-    /// The fault injector: every datagram of this host passes here when
-    /// one is configured, whichever socket it leaves from (`from`: None
-    /// for the main one), so that faults apply to every path alike.
+/// The one fault injector of a set of sockets: what a host's `Net` sends
+/// passes it, and so does what an attached program sends on its own
+/// socket for the host (`attach/direct.rs`). `send` sends one datagram
+/// from a socket (None: the caller's main one).
+impl FaultState {
+    /// Applies the faults to `data` for `to`, leaving from `from`: sends
+    /// what goes now through `send`, keeps what is delayed or held back.
     /// Returns the buffer unless it was kept.
-    pub(super) fn inject(
-        &self,
+    pub(crate) fn inject(
+        st: &Mutex<FaultState>,
+        c: &super::NetCounters,
         from: Option<&Arc<UdpSocket>>,
         to: SocketAddr,
         data: Vec<u8>,
+        send: impl Fn(Option<&Arc<UdpSocket>>, SocketAddr, &[u8]),
     ) -> Option<Vec<u8>> {
-        let Some(f) = &self.faults else {
-            self.raw_send_from(from, to, &data);
-            return Some(data);
-        };
-        let mut st = match f.lock() {
+        let mut st = match st.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        let c = &self.counters;
         let st = &mut *st;
         if st.rng.gen_bool(st.cfg.loss) {
             c.injected_loss.fetch_add(1, Ordering::Relaxed);
@@ -207,25 +222,27 @@ impl Net {
         }
         let held = st.held.take();
         for _ in 0..copies {
-            self.raw_send_from(from, to, &data);
+            send(from, to, &data);
         }
         if let Some((hto, hdata, hfrom)) = held {
-            self.raw_send_from(hfrom.as_ref(), hto, &hdata);
+            send(hfrom.as_ref(), hto, &hdata);
         }
         Some(data)
     }
 
-    /// Sends delayed and held datagrams that are due; returns when the next
-    /// one falls due.
-    pub fn flush_due(&self) -> Option<Instant> {
-        let f = self.faults.as_ref()?;
-        let mut st = match f.lock() {
+    /// Sends the delayed and held datagrams that are due through `send`;
+    /// returns when the next one falls due (a held one waits at most one
+    /// flush: 1 ms).
+    pub(crate) fn flush(
+        st: &Mutex<FaultState>,
+        send: impl Fn(Option<&Arc<UdpSocket>>, SocketAddr, &[u8]),
+    ) -> Instant {
+        let mut st = match st.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
         let now = Instant::now();
         let mut out = Vec::new();
-        // A held (reordered) datagram waits at most one flush interval.
         if let Some(h) = st.held.take() {
             out.push(h);
         }
@@ -237,9 +254,49 @@ impl Net {
         let next = st.delayed.peek().map(|d| d.due);
         drop(st);
         for (to, d, from) in out {
-            self.raw_send_from(from.as_ref(), to, &d);
+            send(from.as_ref(), to, &d);
         }
-        next.or(Some(now + Duration::from_millis(1)))
+        next.unwrap_or(now + Duration::from_millis(1))
+    }
+}
+
+impl Net {
+    /// The fault injector: every datagram of this host passes here when
+    /// one is configured, whichever socket it leaves from (`from`: None
+    /// for the main one), so that faults apply to every path alike.
+    /// Returns the buffer unless it was kept.
+    pub(super) fn inject(
+        &self,
+        from: Option<&Arc<UdpSocket>>,
+        to: SocketAddr,
+        data: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let Some(f) = &self.faults else {
+            self.raw_send_from(from, to, &data);
+            return Some(data);
+        };
+        FaultState::inject(f, &self.counters, from, to, data, |from, to, d| {
+            self.raw_send_from(from, to, d)
+        })
+    }
+
+    /// Sends delayed and held datagrams that are due; returns when the next
+    /// one falls due.
+    pub fn flush_due(&self) -> Option<Instant> {
+        let f = self.faults.as_ref()?;
+        Some(FaultState::flush(f, |from, to, d| {
+            self.raw_send_from(from, to, d)
+        }))
+    }
+
+    /// The fault injector's configuration, if one is on.
+    pub(crate) fn fault_config(&self) -> Option<FaultConfig> {
+        let f = self.faults.as_ref()?;
+        let g = match f.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        Some(g.cfg.clone())
     }
 
     /// True if fault injection is on.

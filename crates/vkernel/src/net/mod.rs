@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use rand::Rng;
 
-use faults::FaultState;
+pub(crate) use faults::FaultState;
 pub use faults::{parse_duration, FaultConfig};
 pub use recv::RecvBatch;
 pub(crate) use recv::RECV_BATCH;

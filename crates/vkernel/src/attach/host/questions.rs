@@ -65,7 +65,7 @@ impl Inner {
         let spans = self.shared.otel.is_some();
         #[cfg(not(feature = "otel"))]
         let spans = false;
-        if self.shared.net.has_faults() || self.shared.tracer.is_some() || spans {
+        if self.shared.tracer.is_some() || spans {
             return Err(IpcError::Refused(pid));
         }
         // (Older programs send 0: they are not woken, and learn of their
@@ -75,6 +75,15 @@ impl Inner {
         }
         self.shared.with_engine(|e, _| {
             let keyed = if e.is_keyed() { ";keyed" } else { "" };
+            // The host's fault injector applies to the program's socket
+            // too (its own stream of the same faults).
+            let faults = match self.shared.net.fault_config() {
+                Some(mut f) => {
+                    f.seed = f.seed.wrapping_mul(0x9e37_79b9).wrapping_add(u64::from(pid.0));
+                    format!(";faults={}", f.spec())
+                }
+                None => String::new(),
+            };
             let at = e.location_of(target).map(|a| a.to_string());
             // Nowhere to send yet: the Send goes through this host.
             let n = if at.is_some() { n } else { 0 };
@@ -88,7 +97,7 @@ impl Inner {
             // as the host's own (docs/PROTOCOL.md §8f).
             let c = e.config();
             let doc = format!(
-                "{};timers={},{},{},{},{}{keyed}",
+                "{};timers={},{},{},{},{}{keyed}{faults}",
                 at.unwrap_or_default(),
                 c.host_timeout,
                 c.min_rto,
