@@ -2,6 +2,7 @@
 //! and the exceptions (`vkernel._vkernel`; the `vkernel` package re-exports
 //! them). Every blocking call releases the GIL; segments are Python
 //! buffers (bytes, bytearray, memoryview, array, numpy) used in place.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -563,9 +564,9 @@ impl Process {
     ) -> PyResult<usize> {
         let b = PyBuffer::<u8>::get(data)?;
         let raw = Raw::of(&b, false)?;
-        // SAFETY: `b` stays alive (exported) until after this call; the
-        // bytes are only read.
         let r = self.call(py, move |p| {
+            // SAFETY: `b` stays alive (exported) until after this call; the
+            // bytes are only read.
             p.move_to(Pid(to), offset, unsafe { raw.bytes_mut() })
         });
         drop(b);
@@ -584,8 +585,8 @@ impl Process {
     ) -> PyResult<usize> {
         let b = PyBuffer::<u8>::get(buffer)?;
         let raw = Raw::of(&b, true)?;
-        // SAFETY: `b` stays alive (exported) until after this call.
         let r = self.call(py, move |p| {
+            // SAFETY: `b` stays alive (exported) until after this call.
             p.move_from(Pid(sender), offset, unsafe { raw.bytes_mut() })
         });
         drop(b);

@@ -22,6 +22,7 @@
 //! a line in `vkernel bench --help`'s section list.
 
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod asyncrt;
 mod attach;

@@ -15,6 +15,7 @@
 
 #![allow(clippy::missing_safety_doc)] // each function's doc says what it needs
 #![allow(non_camel_case_types)] // C names, as the header spells them
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};

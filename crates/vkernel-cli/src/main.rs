@@ -1,4 +1,5 @@
 //! The `vkernel` command.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
 mod config;

@@ -26,6 +26,7 @@
 //! c.read(0, &mut back).unwrap();
 //! ```
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backing;
 pub mod client;

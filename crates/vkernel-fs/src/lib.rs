@@ -24,6 +24,7 @@
 //! assert_eq!(c.read_file("hello.txt").unwrap(), b"hello");
 //! ```
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
 pub mod confine;

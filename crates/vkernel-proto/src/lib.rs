@@ -9,6 +9,7 @@
 //! the runtime that owns sockets and threads.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
 pub mod config;

@@ -10,6 +10,7 @@
 //!   runs it as an OS process whose stdin, stdout and stderr travel over
 //!   V pipes, returns its exit status, and kills it when the client that
 //!   asked is gone.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod msg;
 pub mod pipe;

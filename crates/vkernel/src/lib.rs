@@ -24,6 +24,7 @@
 //! assert_eq!(m.word(1), 1);
 //! ```
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod aio;
 #[doc = include_str!("../../../docs/GUIDE.md")]

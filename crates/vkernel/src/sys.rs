@@ -154,10 +154,11 @@ pub fn set_broadcast(fd: RawFd) -> io::Result<()> {
 pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes within `set`; cpu is bounded by CPU_SETSIZE below.
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
+    // SAFETY: CPU_SET writes within `set`: `cpu` is below CPU_SETSIZE
+    // (checked above).
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: passes a valid cpu_set_t of the size given; pid 0 = this thread.
     let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
