@@ -46,7 +46,7 @@
 //! one segment-rights check), plus `naming.rs` (`Names`) and `group.rs`
 //! (`Groups`). The primitives are `impl Engine` blocks by concern:
 //! `procs.rs` (process table), `exchange.rs` (Send/Receive/Reply/Forward),
-//! `remote.rs` (datagrams in), `transmit.rs` (datagrams out), `bulk.rs`
+//! `remote.rs` (datagrams in), `transmit.rs` (datagrams out), `bulk/`
 //! (MoveTo/MoveFrom), `naming.rs`, `group.rs`.
 //!
 //! A new packet type: its number and fields in `wire.rs` (and
@@ -215,9 +215,9 @@ pub struct Engine {
     /// Local ids of the processes blocked in a remote MoveTo/MoveFrom (a
     /// superset, as `sending`): bulk timers look only at these.
     moving: idset::IdSet,
-    /// Write-behind MoveTos in flight, by transfer id (`bulk.rs`).
+    /// Write-behind MoveTos in flight, by transfer id (`bulk/`).
     behind: std::collections::HashMap<u32, bulk::Behind>,
-    /// Write-behind MoveTos started so far (their order, `bulk.rs`).
+    /// Write-behind MoveTos started so far (their order, `bulk/behind.rs`).
     behind_order: u64,
     /// Replies and Forwards held for write-behind MoveTos, oldest first.
     held: Vec<bulk::Held>,

@@ -1,7 +1,7 @@
 //! Datagrams in: authentication, decoding, the checks every packet
 //! passes, and the handlers of the one-to-one exchange packets
 //! (RemoteSend, RemoteReply, RemoteForward, NAck, ReplyPending). Bulk,
-//! naming and group packets are handed to `bulk.rs`, `naming.rs` and
+//! naming and group packets are handed to `bulk/`, `naming.rs` and
 //! `group.rs`.
 
 use std::net::SocketAddr;
