@@ -202,57 +202,97 @@ impl Tracer {
     }
 
     fn line(&self, kind: Kind) {
-        let e = Event {
-            t: now_us(),
-            host: self.host.load(Ordering::Relaxed),
-            kind,
-        };
         // Serialized straight into the buffered file: no allocation.
         if let Ok(mut w) = self.out.lock() {
-            if serde_json::to_writer(&mut *w, &e).is_ok() {
-                let _ = w.write_all(b"\n");
-            }
+            write_line(&mut *w, now_us(), self.host.load(Ordering::Relaxed), kind);
         }
     }
 
     /// A datagram sent (`tx`) or received; its header is read from the
     /// bytes (plaintext even when authenticated).
     pub(crate) fn datagram(&self, tx: bool, d: &[u8]) {
-        if d.len() < FIXED_BYTES {
-            return;
+        if let Some(k) = datagram_kind(tx, d) {
+            self.line(k);
         }
-        let Some(r) = RawHeader::new_checked(d) else {
-            return;
-        };
-        let g = Datagram {
-            packet: r.ptype().map_or(Packet::Unknown, Packet::from),
-            src: r.src().0,
-            dst: r.dst().0,
-            seq: r.seq(),
-            len: d.len() as u64,
-        };
-        self.line(if tx { Kind::Tx(g) } else { Kind::Rx(g) });
     }
 
     /// A phase of an exchange between `src` (the sender) and `dst`.
     pub(crate) fn phase(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
-        let x = Exchange {
-            src: src.0,
-            dst: dst.0,
-            err: !ok,
+        self.line(phase_kind(p, src, dst, ok));
+    }
+
+    /// Appends the lines an attached program traced for this host (its
+    /// exchanges outside the host: direct Sends, peer pages): each must be
+    /// an [`Event`] of this host's; the others are dropped. Returns how
+    /// many were kept.
+    pub(crate) fn append_reported(&self, lines: &[u8]) -> usize {
+        let host = self.host.load(Ordering::Relaxed);
+        let Ok(mut w) = self.out.lock() else {
+            return 0;
         };
-        self.line(match p {
-            Phase::Send => Kind::Send(x),
-            Phase::Deliver => Kind::Deliver(x),
-            Phase::Reply => Kind::Reply(x),
-            Phase::Complete => Kind::Complete(x),
-        });
+        let mut kept = 0;
+        for line in lines.split(|&b| b == b'\n') {
+            let Ok(text) = std::str::from_utf8(line) else {
+                continue;
+            };
+            if Event::parse(text).is_ok_and(|e| e.host == host) {
+                let _ = w.write_all(line);
+                let _ = w.write_all(b"\n");
+                kept += 1;
+            }
+        }
+        kept
     }
 
     pub(crate) fn flush(&self) {
         if let Ok(mut w) = self.out.lock() {
             let _ = w.flush();
         }
+    }
+}
+
+/// Writes one trace line (an [`Event`] and a newline) to `w`.
+pub(crate) fn write_line(w: &mut impl Write, t: u64, host: u16, kind: Kind) {
+    let e = Event { t, host, kind };
+    if serde_json::to_writer(&mut *w, &e).is_ok() {
+        let _ = w.write_all(b"\n");
+    }
+}
+
+/// Wall-clock microseconds now (an [`Event`]'s time).
+pub(crate) fn wall_us() -> u64 {
+    now_us()
+}
+
+/// What a datagram sent (`tx`) or received is in a trace (None: not a
+/// protocol datagram).
+pub(crate) fn datagram_kind(tx: bool, d: &[u8]) -> Option<Kind> {
+    if d.len() < FIXED_BYTES {
+        return None;
+    }
+    let r = RawHeader::new_checked(d)?;
+    let g = Datagram {
+        packet: r.ptype().map_or(Packet::Unknown, Packet::from),
+        src: r.src().0,
+        dst: r.dst().0,
+        seq: r.seq(),
+        len: d.len() as u64,
+    };
+    Some(if tx { Kind::Tx(g) } else { Kind::Rx(g) })
+}
+
+/// A phase of an exchange between `src` (the sender) and `dst`.
+pub(crate) fn phase_kind(p: Phase, src: Pid, dst: Pid, ok: bool) -> Kind {
+    let x = Exchange {
+        src: src.0,
+        dst: dst.0,
+        err: !ok,
+    };
+    match p {
+        Phase::Send => Kind::Send(x),
+        Phase::Deliver => Kind::Deliver(x),
+        Phase::Reply => Kind::Reply(x),
+        Phase::Complete => Kind::Complete(x),
     }
 }
 

@@ -686,3 +686,80 @@ fn a_keyed_host_lends_its_keys_to_its_own_programs_direct_path() {
         );
     }
 }
+
+#[test]
+fn a_tracing_host_records_its_programs_exchanges_outside_it() {
+    // ISSUE 49 item 3: a tracer switched the attached direct path off, and
+    // peer-page exchanges were never in the host's trace. The program now
+    // traces both and sends the lines to its host (TRACE records), which
+    // writes those of its own host id into its --trace file.
+    let dir = std::env::temp_dir().join(format!("vk-direct-{}-traced", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (path, file) = (dir.join("host.sock"), dir.join("host.jsonl"));
+    let host = Kernel::start(KernelConfig {
+        trace: Some(file.clone()),
+        ..KernelConfig::default()
+    })
+    .unwrap();
+    let srv = Some(host.serve_attach(&path, 0o600).unwrap());
+    let m = Machine { host, srv, path };
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    let b = Kernel::attach(&m.path).unwrap();
+    let p = b.create_process().unwrap();
+    let epid = p.pid();
+    let echo = std::thread::spawn(move || {
+        let mut msg = Message::zero();
+        while let Ok(i) = p.receive(&mut msg) {
+            let _ = p.reply(&msg, i.from);
+            if msg.code() == STOP {
+                break;
+            }
+        }
+    });
+    for n in 0..50u32 {
+        for to in [spid, epid] {
+            let mut msg = Message::with_code(1);
+            msg.set_word(2, n);
+            c.send(&mut msg, to).unwrap();
+        }
+    }
+    assert!(m.srv().direct_grants() > 0, "direct on a tracing host");
+    assert!(m.srv().peer_exchanges() > 0, "peer pages on a tracing host");
+    stop(&c, spid);
+    stop(&c, epid);
+    server.join().unwrap();
+    echo.join().unwrap();
+    drop((c, a, b));
+    let me = m.host.host_id().0;
+    drop(m);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let events: Vec<_> = text
+        .lines()
+        .map(|l| vkernel::trace::Event::parse(l).unwrap())
+        .collect();
+    assert!(events.iter().all(|e| e.host == me));
+    use vkernel::trace::Kind;
+    let count = |f: &dyn Fn(&Kind) -> bool| events.iter().filter(|e| f(&e.kind)).count();
+    let to_remote = count(&|k| matches!(k, Kind::Send(x) if x.dst == spid.0));
+    let to_page = count(&|k| matches!(k, Kind::Send(x) if x.dst == epid.0));
+    let delivered = count(&|k| matches!(k, Kind::Deliver(x) if x.dst == epid.0));
+    let tx = count(&|k| matches!(k, Kind::Tx(d) if d.dst == spid.0));
+    let rx = count(&|k| matches!(k, Kind::Rx(d) if d.src == spid.0));
+    eprintln!(
+        "traced: {to_remote} Sends to the remote server ({tx} tx, {rx} rx), \
+         {to_page} by peer page ({delivered} delivered)"
+    );
+    assert!(
+        to_remote >= 50 && tx >= 50 && rx >= 50,
+        "direct Sends traced"
+    );
+    assert!(
+        to_page >= 25 && delivered >= 25,
+        "peer-page exchanges traced"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

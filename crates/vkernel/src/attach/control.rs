@@ -43,6 +43,10 @@ pub(crate) mod kind {
     /// (`crate::direct::Ev::encode`), what its processes did outside the
     /// host, for the host's counters. No answer.
     pub(crate) const TALLY: u32 = 7;
+    /// Program → host: []; payload: trace lines (`trace::Event` JSON, one
+    /// per line) of what its processes did outside the host, for the
+    /// host's `--trace` file. No answer.
+    pub(crate) const TRACE: u32 = 8;
 }
 
 /// Questions (ASK's `what`).

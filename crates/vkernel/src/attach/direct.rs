@@ -37,6 +37,9 @@ const SLICE_US: u64 = 512_000;
 
 pub(crate) use crate::direct::Went;
 
+/// Traces a datagram sent (true) or received.
+pub(crate) type TraceFn<'a> = dyn Fn(bool, &[u8]) + 'a;
+
 /// What a process's wait on the direct path may use and must report.
 pub(crate) struct Waiting<'a> {
     pub(crate) pace: &'a Pace,
@@ -46,6 +49,8 @@ pub(crate) struct Waiting<'a> {
     pub(crate) gone: &'a dyn Fn() -> Option<IpcError>,
     /// The Send's deadline, a time of `pace.clock`.
     pub(crate) deadline: Deadline,
+    /// Traces each datagram sent (true) or received, if the host traces.
+    pub(crate) trace: Option<&'a TraceFn<'a>>,
 }
 
 /// A process's socket and what it knows for its direct Sends.
@@ -228,6 +233,7 @@ impl DirectPath {
             sock: &self.sock,
             faults: self.faults.as_ref(),
             counters,
+            trace: w.trace,
             pace: w.pace,
             gone: w.gone,
         };
@@ -285,6 +291,7 @@ struct SocketIo<'a> {
     sock: &'a Arc<UdpSocket>,
     faults: Option<&'a std::sync::Mutex<FaultState>>,
     counters: &'a NetCounters,
+    trace: Option<&'a TraceFn<'a>>,
     pace: &'a Pace,
     gone: &'a dyn Fn() -> Option<IpcError>,
 }
@@ -295,6 +302,9 @@ impl Io for SocketIo<'_> {
     }
 
     fn send(&mut self, to: SocketAddr, data: &[u8]) {
+        if let Some(t) = self.trace {
+            t(true, data);
+        }
         // A send that fails is as a datagram lost: retransmission and the
         // host timeout deal with it.
         let send = |_: Option<&Arc<UdpSocket>>, to: SocketAddr, d: &[u8]| {
@@ -338,7 +348,12 @@ impl Io for SocketIo<'_> {
         };
         match r {
             // (Empty: the host's wake-up; the driver looks at `gone`.)
-            Ok(n) if n > 0 => Some(n),
+            Ok(n) if n > 0 => {
+                if let Some(t) = self.trace {
+                    t(false, buf.get(..n).unwrap_or_default());
+                }
+                Some(n)
+            }
             _ => None,
         }
     }

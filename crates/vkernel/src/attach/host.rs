@@ -102,6 +102,9 @@ impl PeerEntry {
 #[derive(Default)]
 struct Peers {
     map: Mutex<HashMap<Pid, Arc<PeerEntry>>>,
+    /// The host is going: a Send waiting for a process that goes with it
+    /// fails with `HostLost`, as on the slot paths, not `NoSuchProcess`.
+    host_going: AtomicBool,
     /// Exchanges through the pages of processes now gone.
     retired: AtomicU64,
     /// Moves granted straight between programs.
@@ -122,9 +125,14 @@ impl Peers {
             let n = e.peer().exchanges.load(Ordering::Relaxed);
             self.retired.fetch_add(n, Ordering::Relaxed);
         }
+        let why = if self.host_going.load(Ordering::Acquire) {
+            IpcError::HostLost
+        } else {
+            IpcError::NoSuchProcess(pid)
+        };
         for e in m.values() {
             let p = e.peer();
-            p.fail_if_waiting_on(pid);
+            p.fail_if_waiting_on(pid, why);
             p.unclaim(pid);
         }
     }
@@ -250,6 +258,7 @@ impl AttachServer {
 impl Drop for AttachServer {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.peers.host_going.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.inner.listener, rustix::net::Shutdown::Both);
         if let Some(h) = self.accept.take() {
             let _ = h.join();
@@ -347,7 +356,8 @@ impl Inner {
             control::VERSION,
             u32::from(self.shared.host.0),
             principal,
-            0,
+            // Bit 0: this host traces (the program sends its lines).
+            u32::from(self.shared.tracer.is_some()),
             0,
             0,
         ];
@@ -361,6 +371,12 @@ impl Inner {
         );
         let mut procs: HashMap<Pid, Proxy> = HashMap::new();
         while let Ok(Some(r)) = control::recv(fd) {
+            if r.kind() == kind::TRACE {
+                if let Some(t) = &self.shared.tracer {
+                    t.append_reported(&r.payload);
+                }
+                continue;
+            }
             if r.kind() == kind::TALLY {
                 // What the program's processes did outside the host
                 // (direct Sends, peer-page exchanges): no answer.

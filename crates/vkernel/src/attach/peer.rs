@@ -322,11 +322,11 @@ impl Peer {
     }
 
     /// Host: `dead` was destroyed; if the owner waits for it, that Send
-    /// fails.
-    pub(crate) fn fail_if_waiting_on(&self, dead: Pid) {
+    /// fails with `why`.
+    pub(crate) fn fail_if_waiting_on(&self, dead: Pid, why: IpcError) {
         let r = self.rst.load(Ordering::Acquire);
         if r & 7 == WAITING && self.rpeer.load(Ordering::Acquire) == dead.0 {
-            self.finish(r >> 3, Outcome::Failed(IpcError::NoSuchProcess(dead)));
+            self.finish(r >> 3, Outcome::Failed(why));
         }
     }
 
@@ -418,9 +418,9 @@ mod tests {
         assert!(r.claim(sp));
         r.die(&IpcError::Destroyed);
         assert!(!r.fill(sp, 3, 0, sp, &Message::zero()), "dead owner");
-        s.fail_if_waiting_on(Pid(77));
+        s.fail_if_waiting_on(Pid(77), IpcError::NoSuchProcess(Pid(77)));
         assert_eq!(s.rst.load(Ordering::SeqCst) & 7, WAITING, "not on 77");
-        s.fail_if_waiting_on(rp);
+        s.fail_if_waiting_on(rp, IpcError::NoSuchProcess(rp));
         match s.outcome(s.rst.load(Ordering::SeqCst) & 7) {
             Outcome::Failed(e) => assert_eq!(e, IpcError::NoSuchProcess(rp)),
             _ => panic!("not failed"),

@@ -27,6 +27,7 @@ use super::wait::{publish, Pace, Waited};
 use super::{lock, MAX_WINDOW, MIN_WINDOW};
 use crate::deadline::Deadline;
 use crate::direct::Ev;
+use crate::trace::{self, Phase};
 use vkernel_proto::auth::{AuthConfig, Sealer};
 
 /// A process's call slot and peer page, as its program maps them.
@@ -68,6 +69,10 @@ pub(crate) struct Attachment {
     sealer: Mutex<Option<Option<Sealer>>>,
     /// What its processes' direct Sends know of peer hosts, together.
     peer_times: Arc<vkernel_proto::rtt::PeerTimes>,
+    /// The host traces (`--trace`): the program traces its exchanges
+    /// outside the host and sends the lines (TRACE records).
+    pub(crate) tracing: bool,
+    traces: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -144,6 +149,8 @@ impl Attachment {
             reports: Mutex::new(Vec::new()),
             sealer: Mutex::new(None),
             peer_times: Default::default(),
+            tracing: w.words[5] & 1 != 0,
+            traces: Mutex::new(Vec::new()),
         });
         let r = a.clone();
         std::thread::Builder::new()
@@ -310,6 +317,25 @@ impl Attachment {
         s
     }
 
+    /// Traces `kind` at wall-clock time `t` for the host's trace, sent in
+    /// batches of 32 KiB (and with each report sent now).
+    pub(crate) fn trace(&self, t: u64, kind: trace::Kind) {
+        let mut b = lock(&self.traces);
+        trace::write_line(&mut *b, t, self.host.0, kind);
+        if b.len() >= TRACE_BYTES {
+            let lines = std::mem::take(&mut *b);
+            drop(b);
+            self.send_record(kind::TRACE, &lines);
+        }
+    }
+
+    fn send_record(&self, what: u32, payload: &[u8]) {
+        let words = [what, 0, 0, 0, 0, 0, 0, 0];
+        let _g = lock(&self.send_lock);
+        // (Lost with the host: they go with it.)
+        let _ = control::send(&self.sock, &words, payload, &[]);
+    }
+
     /// Adds `evs` (emptied) to what is reported to the host, and sends
     /// the report if it has grown large or `now`.
     pub(crate) fn report(&self, evs: &mut Vec<Ev>, now: bool) {
@@ -322,10 +348,13 @@ impl Attachment {
         }
         let payload = std::mem::take(&mut *b);
         drop(b);
-        let words = [kind::TALLY, 0, 0, 0, 0, 0, 0, 0];
-        let _g = lock(&self.send_lock);
-        // (Lost with the host: the counts go with it.)
-        let _ = control::send(&self.sock, &words, &payload, &[]);
+        self.send_record(kind::TALLY, &payload);
+        if now && self.tracing {
+            let lines = std::mem::take(&mut *lock(&self.traces));
+            if !lines.is_empty() {
+                self.send_record(kind::TRACE, &lines);
+            }
+        }
     }
 
     /// Detaches: the host destroys this program's processes; their calls
@@ -353,6 +382,8 @@ fn enabled(var: &str) -> bool {
 /// of each process and 256 of the program, and whenever it asks the host
 /// for statistics or ends.
 const PENDING_EVENTS: usize = 64;
+/// Trace lines go to the host in batches of this many bytes (or sooner).
+const TRACE_BYTES: usize = 32 << 10;
 const REPORT_BYTES: usize = 256 * Ev::BYTES;
 
 /// Peer pages a process keeps mapped at most (beyond, it forgets them).
@@ -704,13 +735,23 @@ impl AttachedProcess {
         let (mut policy, mut waits) = (self.spin.get(), self.waits.get());
         // (The host marks the slot when it destroys the process.)
         let gone = || self.at.gone().or_else(|| self.slot().ended());
+        let trace = |tx: bool, d: &[u8]| {
+            if let Some(k) = trace::datagram_kind(tx, d) {
+                self.at.trace(trace::wall_us(), k);
+            }
+        };
         let mut w = Waiting {
             pace: &self.at.pace,
             policy: &mut policy,
             waits: &mut waits,
             gone: &gone,
             deadline: at,
+            trace: self
+                .at
+                .tracing
+                .then_some(&trace as &super::direct::TraceFn<'_>),
         };
+        let t0 = trace::wall_us();
         let went = path.send(
             &mut w,
             &self.at.net_counters,
@@ -723,6 +764,18 @@ impl AttachedProcess {
         self.counted(path.events());
         self.spin.set(policy);
         self.waits.set(waits);
+        if self.at.tracing && !matches!(went, Went::Forwarded { .. }) {
+            let by = match &went {
+                Went::Done(Ok(info)) => info.from,
+                _ => *to,
+            };
+            let ok = matches!(went, Went::Done(Ok(_)));
+            self.at
+                .trace(t0, trace::phase_kind(Phase::Send, self.pid, *to, true));
+            let end = trace::wall_us();
+            self.at
+                .trace(end, trace::phase_kind(Phase::Complete, self.pid, by, ok));
+        }
         match went {
             Went::Done(r) => Some(r.map(|info| {
                 *msg = info.msg;
@@ -867,6 +920,10 @@ impl AttachedProcess {
                 from: self.pid,
                 msg: *msg,
             };
+            if self.at.tracing {
+                let k = trace::phase_kind(Phase::Reply, to, self.pid, true);
+                self.at.trace(trace::wall_us(), k);
+            }
             return self.peer_finish(to, seq, how);
         }
         let s = self.slot();
@@ -1092,6 +1149,7 @@ impl AttachedProcess {
     /// Sends through `to`'s inbox if it waits there.
     fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Deadline) -> PeerSend {
         let start = self.at.pace.clock.now();
+        let t0 = if self.at.tracing { trace::wall_us() } else { 0 };
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
@@ -1179,6 +1237,15 @@ impl AttachedProcess {
                 *msg = m;
                 let latency = self.at.pace.clock.now().saturating_sub(start);
                 self.count(Ev::LocalExchange { latency });
+                if self.at.tracing {
+                    self.at
+                        .trace(t0, trace::phase_kind(Phase::Send, self.pid, to, true));
+                    let end = trace::wall_us();
+                    self.at.trace(
+                        end,
+                        trace::phase_kind(Phase::Complete, self.pid, from, true),
+                    );
+                }
                 PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
             }
             // (The host gone: that is why, whatever the receiver said.)
@@ -1277,6 +1344,10 @@ impl AttachedProcess {
                     };
                     self.peer_rx.borrow_mut().insert(i.from, i.seq);
                     *msg = i.msg;
+                    if self.at.tracing {
+                        let k = trace::phase_kind(Phase::Deliver, i.from, self.pid, true);
+                        self.at.trace(trace::wall_us(), k);
+                    }
                     break Some(Ok(Incoming {
                         from: i.from,
                         seg_bytes: 0,

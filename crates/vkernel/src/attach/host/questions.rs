@@ -59,13 +59,14 @@ impl Inner {
         if uid != 0 && uid != self.owner_uid {
             return Err(IpcError::AccessDenied(pid));
         }
-        // Every datagram must pass the host's keys, fault injector and
-        // tracer, which a program's own socket would bypass.
+        // A span exporter must see every exchange, which a program's own
+        // socket would bypass (keys are lent, faults and traces applied or
+        // reported by the program: docs/PROTOCOL.md §8f).
         #[cfg(feature = "otel")]
         let spans = self.shared.otel.is_some();
         #[cfg(not(feature = "otel"))]
         let spans = false;
-        if self.shared.tracer.is_some() || spans {
+        if spans {
             return Err(IpcError::Refused(pid));
         }
         // (Older programs send 0: they are not woken, and learn of their
@@ -79,7 +80,10 @@ impl Inner {
             // too (its own stream of the same faults).
             let faults = match self.shared.net.fault_config() {
                 Some(mut f) => {
-                    f.seed = f.seed.wrapping_mul(0x9e37_79b9).wrapping_add(u64::from(pid.0));
+                    f.seed = f
+                        .seed
+                        .wrapping_mul(0x9e37_79b9)
+                        .wrapping_add(u64::from(pid.0));
                     format!(";faults={}", f.spec())
                 }
                 None => String::new(),
