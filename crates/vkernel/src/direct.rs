@@ -44,6 +44,11 @@ impl Seqs {
         self.left > 0
     }
 
+    /// The number [`Seqs::take`] would give, if any is left.
+    pub(crate) fn peek(&self) -> Option<u32> {
+        (self.left > 0).then_some(self.next)
+    }
+
     /// The next number, if any is left.
     pub(crate) fn take(&mut self) -> Option<u32> {
         if self.left == 0 {

@@ -64,6 +64,16 @@ fn exchanges_between_two_hosts_become_spans() {
         client.send(&mut m, spid).expect("send");
         assert_eq!(m.word(1), 1);
     }
+    // (ISSUE 49: a span exporter switched direct Sends off. They make
+    // the same spans, keyed by the sequence number their RemoteSend
+    // carries.)
+    assert!(
+        a.net_counters()
+            .direct_sends
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2,
+        "the Sends went directly"
+    );
     // An async sender's exchange.
     let mut ac = a.create_async_process().expect("async client");
     let apid = ac.pid();

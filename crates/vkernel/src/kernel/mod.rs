@@ -121,13 +121,8 @@ impl Kernel {
         // the main socket; answer sockets are not: it sends from them too.)
         let answers = (cfg.answer_sockets && (side || net.has_faults()) && cfg.side_sockets)
             .then_some(me.ip());
-        #[cfg(feature = "otel")]
-        let spans = cfg.otel;
-        #[cfg(not(feature = "otel"))]
-        let spans = false;
         let direct = cfg.direct_sends
             && answers.is_some()
-            && !spans
             && std::env::var_os("VKERNEL_DIRECT_SENDS").is_none_or(|v| v != "off");
         let mut shared = Shared {
             state: Mutex::new(state),

@@ -136,6 +136,13 @@ impl Lease {
         }
     }
 
+    /// The sequence number the next direct Send will carry, if any is
+    /// left.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn next_seq(&self) -> Option<u32> {
+        self.seqs.peek()
+    }
+
     /// Whether a Send to `host` may go now without the engine: numbers
     /// left, and the host's location known.
     pub(crate) fn ready_for(&self, host: HostId) -> bool {

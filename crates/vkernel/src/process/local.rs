@@ -695,6 +695,11 @@ impl LocalProcess {
             block_at_once: spin_us == 0,
         };
         self.trace(Phase::Send, self.pid, to, true);
+        // The span's key is the sequence number the RemoteSend carries.
+        #[cfg(feature = "otel")]
+        if let Some(b) = self.otel.borrow_mut().send.as_mut() {
+            b.seq = lease.next_seq();
+        }
         // (So that destruction or shutdown wakes it: it is not parked.)
         self.waiter.set_answer_port(port);
         let (went, blocked) = ANSWER_BUF.with(|b| {
