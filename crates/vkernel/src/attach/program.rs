@@ -336,6 +336,12 @@ impl Attachment {
         let _ = control::send(&self.sock, &words, payload, &[]);
     }
 
+    /// Returns once the host has taken every record sent before (it takes
+    /// a connection's records in order; a question's answer follows them).
+    pub(crate) fn synced(&self) {
+        let _ = self.question(ask::PROCESS_EXISTS, 0, &[]);
+    }
+
     /// Adds `evs` (emptied) to what is reported to the host, and sends
     /// the report if it has grown large or `now`.
     pub(crate) fn report(&self, evs: &mut Vec<Ev>, now: bool) {
@@ -343,12 +349,13 @@ impl Attachment {
         for e in evs.drain(..) {
             e.encode(&mut b);
         }
-        if b.is_empty() || !(now || b.len() >= REPORT_BYTES) {
-            return;
+        if !b.is_empty() && (now || b.len() >= REPORT_BYTES) {
+            let payload = std::mem::take(&mut *b);
+            drop(b);
+            self.send_record(kind::TALLY, &payload);
+        } else {
+            drop(b);
         }
-        let payload = std::mem::take(&mut *b);
-        drop(b);
-        self.send_record(kind::TALLY, &payload);
         if now && self.tracing {
             let lines = std::mem::take(&mut *lock(&self.traces));
             if !lines.is_empty() {
@@ -1062,6 +1069,8 @@ impl AttachedProcess {
 
     pub(crate) fn host_stats(&self, host: HostId) -> Result<String, IpcError> {
         self.report_now();
+        // (The slot is another channel: wait until the host has the report.)
+        self.at.synced();
         for _ in 0..4 {
             self.slot().set_arg(0, u32::from(host.0));
             match self.call(Op::HostStats) {
