@@ -67,6 +67,65 @@ impl Rtt {
         }
     }
 
+    /// The state as words, to lend it to another clock's holder (an
+    /// attached program; [`Rtt::from_words`], [`Rtt::shifted`]): srtt
+    /// (`u64::MAX`: none), rttvar, held floor, then the times held_at,
+    /// answered_at, answered_newest, probe_at, heard_at, needless_at.
+    pub fn to_words(&self) -> [u64; 9] {
+        [
+            self.srtt.unwrap_or(u64::MAX),
+            self.rttvar,
+            self.held,
+            self.held_at,
+            self.answered_at,
+            self.answered_newest,
+            self.probe_at,
+            self.heard_at,
+            self.needless_at,
+        ]
+    }
+
+    /// The state of [`Rtt::to_words`].
+    pub fn from_words(w: [u64; 9]) -> Rtt {
+        Rtt {
+            srtt: (w[0] != u64::MAX).then_some(w[0]),
+            rttvar: w[1],
+            held: w[2],
+            held_at: w[3],
+            answered_at: w[4],
+            answered_newest: w[5],
+            probe_at: w[6],
+            heard_at: w[7],
+            needless_at: w[8],
+        }
+    }
+
+    /// The same state on a clock `delta` µs ahead of this one's (times
+    /// that are 0, "never", stay 0).
+    pub fn shifted(&self, delta: i64) -> Rtt {
+        let s = |t: Micros| {
+            if t == 0 {
+                0
+            } else {
+                t.saturating_add_signed(delta).max(1)
+            }
+        };
+        Rtt {
+            held_at: s(self.held_at),
+            answered_at: s(self.answered_at),
+            answered_newest: s(self.answered_newest),
+            probe_at: s(self.probe_at),
+            heard_at: s(self.heard_at),
+            needless_at: s(self.needless_at),
+            ..*self
+        }
+    }
+
+    /// When the peer last answered anything (0: never).
+    pub fn heard_at(&self) -> Micros {
+        self.heard_at
+    }
+
     /// A Send to the peer was retransmitted at `now`.
     pub fn probed(&mut self, now: Micros) {
         self.probe_at = now;
@@ -243,6 +302,20 @@ impl PeerTimes {
         self.shard(host).insert(host.0, r);
     }
 
+    /// Takes `r`, what another holder of this host's timing learned of
+    /// `host` (on this store's clock), if it heard from the peer more
+    /// recently than this store did.
+    pub fn merge(&self, host: crate::pid::HostId, r: Rtt) {
+        let mut g = self.shard(host);
+        match g.get_mut(&host.0) {
+            Some(mine) if mine.heard_at >= r.heard_at => {}
+            Some(mine) => *mine = r,
+            None => {
+                g.insert(host.0, r);
+            }
+        }
+    }
+
     /// Runs `f` on what is known of `host` (`init` if nothing yet).
     pub fn with<T>(
         &self,
@@ -257,6 +330,32 @@ impl PeerTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lent_state_comes_back_on_the_lenders_clock_and_the_newer_wins() {
+        let mut r = Rtt::new();
+        r.sample(2_000);
+        r.held(10_000, 4_000);
+        r.heard(10_500, true);
+        let back = Rtt::from_words(r.shifted(-7_000).to_words()).shifted(7_000);
+        assert_eq!(format!("{back:?}"), format!("{r:?}"));
+        assert_eq!(Rtt::new().shifted(-5).heard_at(), 0, "never stays never");
+        let t = PeerTimes::new();
+        let h = crate::pid::HostId(3);
+        t.merge(h, r);
+        let mut older = Rtt::new();
+        older.heard(9_000, false);
+        t.merge(h, older);
+        assert_eq!(
+            t.get(h).map(|x| x.heard_at()),
+            Some(10_500),
+            "the newer stays"
+        );
+        let mut newer = Rtt::new();
+        newer.heard(11_000, false);
+        t.merge(h, newer);
+        assert_eq!(t.get(h).map(|x| x.heard_at()), Some(11_000));
+    }
 
     #[test]
     fn one_store_is_seen_by_every_sender() {

@@ -19,6 +19,15 @@ impl Deadline {
         )
     }
 
+    /// `timeout` after the clock's time, read by `now` only if there is a
+    /// timeout (a fast path reads no clock it does not need).
+    pub(crate) fn after_now(now: impl FnOnce() -> u64, timeout: Option<Duration>) -> Deadline {
+        match timeout {
+            Some(_) => Deadline::after(now(), timeout),
+            None => Deadline::NONE,
+        }
+    }
+
     /// The instant, if any.
     pub(crate) fn at(self) -> Option<u64> {
         self.0

@@ -96,6 +96,12 @@ pub(crate) enum Ev {
     /// through its engine (an attached program's peer page), replied to
     /// after `latency` µs.
     LocalExchange { latency: u64 },
+    /// That many such exchanges (their latencies, if timed, follow as
+    /// [`Ev::LocalLatency`]).
+    LocalExchanges(u64),
+    /// `count` of those exchanges fell into latency bucket `bucket`
+    /// (`Histogram::bucket`), taking `sum` µs in all.
+    LocalLatency { bucket: u8, count: u64, sum: u64 },
 }
 
 impl Ev {
@@ -136,6 +142,14 @@ impl Ev {
                         s.local_latency_us.record(latency);
                     }
                 }
+                Ev::LocalExchanges(n) => s.local_exchanges += n,
+                Ev::LocalLatency { bucket, count, sum } => {
+                    let b = usize::from(bucket).min(s.local_latency_us.counts.len() - 1);
+                    if metrics {
+                        s.local_latency_us.counts[b] += count;
+                        s.local_latency_us.sums[b] += sum;
+                    }
+                }
             }
         }
         sends
@@ -165,11 +179,51 @@ impl Ev {
             Ev::TimedOut { deadline } => (8, u8::from(deadline), 0, 0, 0, 0),
             Ev::AuthReject(r) => (9, 0, 0, r as u8, 0, 0),
             Ev::LocalExchange { latency } => (10, 0, 0, 0, 0, latency),
+            Ev::LocalExchanges(n) => (11, 0, 0, 0, 0, n),
+            // (Two values: the count here, the sum in the peer field's
+            // place is too small, so the sum rides in a second record.)
+            Ev::LocalLatency { bucket, count, sum } => {
+                out.extend_from_slice(&[12, 0, 0, bucket, 0, 0, 0, 0]);
+                out.extend_from_slice(&count.to_le_bytes());
+                (13, 0, 0, bucket, 0, sum)
+            }
         };
         out.extend_from_slice(&[kind, flag, ptype, reason]);
         out.extend_from_slice(&peer.to_le_bytes());
         out.extend_from_slice(&[0, 0]);
         out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// The events of a run of records (a TALLY record's payload); any
+    /// record that is not one is skipped.
+    pub(crate) fn decode_all(b: &[u8]) -> Vec<Ev> {
+        let recs: Vec<&[u8]> = b.chunks_exact(Ev::BYTES).collect();
+        let mut out = Vec::with_capacity(recs.len());
+        let mut i = 0;
+        while i < recs.len() {
+            let r = recs[i];
+            if r[0] == 12 {
+                if let Some(s) = recs.get(i + 1).filter(|s| s[0] == 13 && s[3] == r[3]) {
+                    let v = |x: &[u8]| {
+                        x.get(8..16)
+                            .and_then(|b| b.try_into().ok())
+                            .map(u64::from_le_bytes)
+                    };
+                    if let (Some(count), Some(sum)) = (v(r), v(s)) {
+                        out.push(Ev::LocalLatency {
+                            bucket: r[3],
+                            count,
+                            sum,
+                        });
+                    }
+                    i += 2;
+                    continue;
+                }
+            }
+            out.extend(Ev::decode(r));
+            i += 1;
+        }
+        out
     }
 
     /// The event of a 16-byte record; None if it is not one.
@@ -197,6 +251,9 @@ impl Ev {
             },
             9 => Ev::AuthReject(*Reject::ALL.get(usize::from(reason))?),
             10 => Ev::LocalExchange { latency: value },
+            11 => Ev::LocalExchanges(value),
+            // The first half of a LocalLatency: see `Ev::decode_all`.
+            12 | 13 => return None,
             _ => return None,
         })
     }
@@ -466,15 +523,19 @@ mod tests {
             Ev::TimedOut { deadline: true },
             Ev::AuthReject(Reject::Stale),
             Ev::LocalExchange { latency: u64::MAX },
+            Ev::LocalExchanges(9),
+            Ev::LocalLatency {
+                bucket: 4,
+                count: 9,
+                sum: 70,
+            },
         ];
         let mut b = Vec::new();
         for e in &evs {
             e.encode(&mut b);
         }
-        assert_eq!(b.len(), evs.len() * Ev::BYTES);
-        for (e, r) in evs.iter().zip(b.chunks(Ev::BYTES)) {
-            assert_eq!(format!("{e:?}"), format!("{:?}", Ev::decode(r).unwrap()));
-        }
+        assert_eq!(b.len(), (evs.len() + 1) * Ev::BYTES, "a latency takes two");
+        assert_eq!(format!("{evs:?}"), format!("{:?}", Ev::decode_all(&b)));
         assert!(Ev::decode(&[0; 16]).is_none());
         assert!(Ev::decode(&[1, 0, 99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
         assert!(Ev::decode(&[6, 0, 0, 200, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
@@ -487,7 +548,7 @@ mod tests {
                 s.remote_exchanges,
                 s.retransmits_needless
             ),
-            (1, 1, 3)
+            (10, 1, 3)
         );
     }
 }

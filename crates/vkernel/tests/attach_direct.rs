@@ -769,3 +769,53 @@ fn a_tracing_host_records_its_programs_exchanges_outside_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_program_returns_what_it_learned_of_a_peer_with_its_next_block() {
+    // ISSUE 49 item 1: one timing store per logical host. The host lends
+    // its timing of the destination with each block of sequence numbers,
+    // and the program hands back what its direct Sends learned with its
+    // next question, so the host's engine knows round trips it never ran.
+    let m = machine("lend");
+    let remote = remote_of(&m, FaultConfig::default());
+    // Answers at once while warming up, then after 2 ms (word 3 = 1).
+    let (spid, server) = serve(&remote, |p| {
+        let mut msg = Message::zero();
+        while let Ok(i) = p.receive(&mut msg) {
+            if msg.word(3) == 1 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let _ = p.reply(&msg, i.from);
+            if msg.code() == STOP {
+                break;
+            }
+        }
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    let rh = remote.host_id();
+    let before = m.host.srtt(rh);
+    let engine = engine_sends(&m);
+    // Past one block (1024): the next question carries the program's
+    // timing back.
+    for n in 0..1100u32 {
+        let mut msg = Message::with_code(1);
+        msg.set_word(2, n);
+        msg.set_word(3, 1);
+        c.send(&mut msg, spid).unwrap();
+    }
+    let through = engine_sends(&m) - engine;
+    let after = m.host.srtt(rh);
+    eprintln!("host's srtt of the peer: {before:?} before, {after:?} after; {through} Sends through its engine");
+    assert!(
+        through < 20,
+        "the Sends went direct ({through} through the host)"
+    );
+    assert!(
+        after.is_some_and(|a| a >= Duration::from_micros(1_800)),
+        "the host's store has the program's 2 ms round trips: {after:?}"
+    );
+    stop(&c, spid);
+    server.join().unwrap();
+}

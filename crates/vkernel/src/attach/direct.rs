@@ -81,6 +81,9 @@ struct Known {
     events: Vec<Ev>,
     /// The keyed host's keys and counter.
     sealer: Option<vkernel_proto::auth::Sealer>,
+    /// How far the host's clock is ahead of this program's (µs), as of
+    /// its last answer.
+    host_ahead: Option<i64>,
 }
 
 impl Known {
@@ -108,6 +111,7 @@ impl DirectPath {
                 cfg: Config::default(),
                 events: Vec::new(),
                 sealer: None,
+                host_ahead: None,
             },
         })
     }
@@ -159,6 +163,38 @@ impl DirectPath {
                 self.faults = FaultState::for_config(f);
             }
         }
+    }
+
+    /// The host's clock read `text` (µs) when it answered at about `now`
+    /// here: their difference, to move lent timing between the clocks.
+    pub(crate) fn set_host_clock(&mut self, text: &str, now: Micros) {
+        if let Ok(t) = text.parse::<u64>() {
+            self.known.host_ahead =
+                Some((t as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64);
+        }
+    }
+
+    /// What the host lent of `host`'s timing (`words` as
+    /// `Rtt::to_words`, on its clock) joins what this program knows, if
+    /// newer.
+    pub(crate) fn take_lent(&mut self, host: HostId, words: &str, _now: Micros) {
+        let Some(ahead) = self.known.host_ahead else {
+            return;
+        };
+        let w: Vec<u64> = words.split(',').filter_map(|x| x.parse().ok()).collect();
+        if let Ok(w) = <[u64; 9]>::try_from(w) {
+            let r = Rtt::from_words(w).shifted(-ahead);
+            self.known.rtt.merge(host, r);
+        }
+    }
+
+    /// What this program learned of `host`'s timing, on the host's clock,
+    /// to hand back with its next question (`rtt=W0,…,W8`).
+    pub(crate) fn lend_back(&self, host: HostId) -> Option<String> {
+        let ahead = self.known.host_ahead?;
+        let r = self.known.rtt.get(host)?.shifted(ahead);
+        let w: Vec<String> = r.to_words().iter().map(u64::to_string).collect();
+        Some(format!("rtt={}", w.join(",")))
     }
 
     /// Seals with the keyed host's keys (None: the host has none).

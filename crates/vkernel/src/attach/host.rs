@@ -356,8 +356,10 @@ impl Inner {
             control::VERSION,
             u32::from(self.shared.host.0),
             principal,
-            // Bit 0: this host traces (the program sends its lines).
-            u32::from(self.shared.tracer.is_some()),
+            // Bit 0: this host traces (the program sends its lines); bit
+            // 1: it keeps latency histograms (the program times for them).
+            u32::from(self.shared.tracer.is_some())
+                | u32::from(self.shared.with_engine(|e, _| e.config().metrics)) << 1,
             0,
             0,
         ];

@@ -73,6 +73,9 @@ pub(crate) struct Attachment {
     /// outside the host and sends the lines (TRACE records).
     pub(crate) tracing: bool,
     traces: Mutex<Vec<u8>>,
+    /// The host keeps latency histograms (`--metrics`): peer-page
+    /// exchanges are timed for them.
+    pub(crate) metrics: bool,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -150,6 +153,7 @@ impl Attachment {
             sealer: Mutex::new(None),
             peer_times: Default::default(),
             tracing: w.words[5] & 1 != 0,
+            metrics: w.words[5] & 2 != 0,
             traces: Mutex::new(Vec::new()),
         });
         let r = a.clone();
@@ -271,6 +275,8 @@ impl Attachment {
             windows: RefCell::new(HashMap::new()),
             direct: RefCell::new(None),
             pending: RefCell::new(Vec::new()),
+            local_n: Cell::new(0),
+            local_hist: RefCell::new(Default::default()),
             _not_sync: PhantomData,
         };
         Ok(p)
@@ -389,6 +395,8 @@ fn enabled(var: &str) -> bool {
 /// of each process and 256 of the program, and whenever it asks the host
 /// for statistics or ends.
 const PENDING_EVENTS: usize = 64;
+/// Peer-page exchanges counted before they go to `pending` as one event.
+const LOCAL_BATCH: u64 = 4096;
 /// Trace lines go to the host in batches of this many bytes (or sooner).
 const TRACE_BYTES: usize = 32 << 10;
 const REPORT_BYTES: usize = 256 * Ev::BYTES;
@@ -453,6 +461,11 @@ pub(crate) struct AttachedProcess {
     /// What it did outside the host (direct Sends, peer-page exchanges)
     /// and has not handed to the attachment's reports yet.
     pending: RefCell<Vec<Ev>>,
+    /// Peer-page exchanges not yet in `pending` (without the host's
+    /// latency histograms, one event reports many).
+    local_n: Cell<u64>,
+    /// Their latencies, if the host keeps histograms.
+    local_hist: RefCell<vkernel_proto::stats::Histogram>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -628,7 +641,7 @@ impl AttachedProcess {
     ) -> Result<Reply, IpcError> {
         let (mut to, mut fwd) = (to, self.pid);
         let clock = &self.at.pace.clock;
-        let at = Deadline::after(clock.now(), deadline);
+        let at = Deadline::after_now(|| clock.now(), deadline);
         loop {
             match self.peer_send(msg, to, fwd, at) {
                 PeerSend::Done(r) => return r,
@@ -707,7 +720,9 @@ impl AttachedProcess {
                 u32::from(path.port()),
                 0,
             ];
-            match self.at.ask(words, &[], &[]) {
+            // What it learned of `host` goes back with the question.
+            let back = path.lend_back(host).unwrap_or_default();
+            match self.at.ask(words, back.as_bytes(), &[]) {
                 Ok(r) => {
                     // ADDR;timers=…[;keyed][;faults=SPEC] (PROTOCOL.md §8f)
                     let doc = std::str::from_utf8(&r.payload).unwrap_or_default();
@@ -717,6 +732,8 @@ impl AttachedProcess {
                     for p in parts {
                         match p.split_once('=') {
                             Some(("timers", t)) => path.set_timers(t),
+                            Some(("now", t)) => path.set_host_clock(t, now),
+                            Some(("rtt", w)) => path.take_lent(host, w, now),
                             Some(("faults", f)) => path.set_faults(f),
                             None if p == "keyed" => keyed = true,
                             _ => {}
@@ -1157,7 +1174,12 @@ impl AttachedProcess {
 
     /// Sends through `to`'s inbox if it waits there.
     fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Deadline) -> PeerSend {
-        let start = self.at.pace.clock.now();
+        // (The clock only when the host keeps latency histograms.)
+        let start = if self.at.metrics {
+            self.at.pace.clock.now()
+        } else {
+            0
+        };
         let t0 = if self.at.tracing { trace::wall_us() } else { 0 };
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
@@ -1244,8 +1266,17 @@ impl AttachedProcess {
         match mine.outcome(state) {
             Outcome::Replied { from, msg: m } => {
                 *msg = m;
-                let latency = self.at.pace.clock.now().saturating_sub(start);
-                self.count(Ev::LocalExchange { latency });
+                // Counted here and reported in a few events per batch
+                // (no report, so no host wake-up, per exchange).
+                if self.at.metrics {
+                    let latency = self.at.pace.clock.now().saturating_sub(start);
+                    self.local_hist.borrow_mut().record(latency);
+                }
+                let n = self.local_n.get() + 1;
+                self.local_n.set(n);
+                if n >= LOCAL_BATCH {
+                    self.flush_local();
+                }
                 if self.at.tracing {
                     self.at
                         .trace(t0, trace::phase_kind(Phase::Send, self.pid, to, true));
@@ -1491,17 +1522,30 @@ impl AttachedProcess {
         }
     }
 
-    /// [`AttachedProcess::counted`] of one event.
-    fn count(&self, e: Ev) {
-        let mut p = self.pending.borrow_mut();
-        p.push(e);
-        if p.len() >= PENDING_EVENTS {
-            self.at.report(&mut p, false);
+
+    /// Moves the peer-page exchanges counted so far into `pending`.
+    fn flush_local(&self) {
+        let n = self.local_n.replace(0);
+        if n == 0 {
+            return;
         }
+        let h = std::mem::take(&mut *self.local_hist.borrow_mut());
+        let mut evs = vec![Ev::LocalExchanges(n)];
+        for (b, (&count, &sum)) in h.counts.iter().zip(&h.sums).enumerate() {
+            if count > 0 {
+                evs.push(Ev::LocalLatency {
+                    bucket: b as u8,
+                    count,
+                    sum,
+                });
+            }
+        }
+        self.counted(&mut evs);
     }
 
     /// Sends what this process counted to the host now.
     fn report_now(&self) {
+        self.flush_local();
         self.at.report(&mut self.pending.borrow_mut(), true);
     }
 }

@@ -71,7 +71,8 @@ impl Pace {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
         }
-        let gone = || gone() || deadline.passed(self.clock.now());
+        // (The clock is read only for a deadline.)
+        let gone = || gone() || deadline.at().is_some_and(|d| self.clock.now() >= d);
         if !policy.is_adaptive() && !policy.wants_to_spin() {
             // Told never to spin: block at once (a zero budget still
             // spins a little below, which "block" must not; an adaptive

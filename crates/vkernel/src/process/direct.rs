@@ -95,10 +95,7 @@ impl Tally {
     /// records; any that are not events are skipped) as the host's own
     /// direct Sends' are added.
     pub(crate) fn report(&self, sh: &crate::kernel::Shared, payload: &[u8]) {
-        let evs: Vec<Ev> = payload
-            .chunks_exact(Ev::BYTES)
-            .filter_map(Ev::decode)
-            .collect();
+        let evs = Ev::decode_all(payload);
         let metrics = sh.with_engine(|e, _| e.config().metrics);
         let n = Ev::apply(&mut lock(&self.0), &evs, metrics);
         sh.net.counters.direct_sends.fetch_add(n, Ordering::Relaxed);

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use vkernel_proto::rtt::Rtt;
 use vkernel_proto::{HostId, IpcError, Pid};
 
 use super::super::control::{self, ask, Record};
@@ -50,6 +51,15 @@ impl Inner {
         procs: &HashMap<Pid, Proxy>,
     ) -> Result<([u32; 2], Vec<u8>), IpcError> {
         let (target, pid) = (HostId(r.words[3] as u16), Pid(r.words[4]));
+        // What the program learned of `target` since the host last lent
+        // it (docs/PROTOCOL.md §8f), on the host's clock.
+        let back = std::str::from_utf8(&r.payload)
+            .ok()
+            .and_then(|t| t.strip_prefix("rtt="))
+            .and_then(|w| {
+                let w: Vec<u64> = w.split(',').filter_map(|x| x.parse().ok()).collect();
+                <[u64; 9]>::try_from(w).ok()
+            });
         let n = r.words[5].min(DIRECT_LEASE_MAX);
         if !procs.contains_key(&pid) {
             return Err(IpcError::NoSuchProcess(pid));
@@ -74,8 +84,20 @@ impl Inner {
         if let Ok(port @ 1..) = u16::try_from(r.words[6]) {
             self.shared.note_direct_port(pid, port);
         }
-        self.shared.with_engine(|e, _| {
+        self.shared.with_engine(|e, now| {
+            if let Some(w) = back {
+                e.peer_times().merge(target, Rtt::from_words(w));
+            }
             let keyed = if e.is_keyed() { ";keyed" } else { "" };
+            // The host's timing of `target`, lent (its clock now, to
+            // translate it).
+            let lent: Vec<String> = e
+                .rtt_of(now, target)
+                .to_words()
+                .iter()
+                .map(u64::to_string)
+                .collect();
+            let lent = format!(";now={now};rtt={}", lent.join(","));
             // The host's fault injector applies to the program's socket
             // too (its own stream of the same faults).
             let faults = match self.shared.net.fault_config() {
@@ -101,7 +123,7 @@ impl Inner {
             // as the host's own (docs/PROTOCOL.md §8f).
             let c = e.config();
             let doc = format!(
-                "{};timers={},{},{},{},{}{keyed}{faults}",
+                "{};timers={},{},{},{},{}{keyed}{faults}{lent}",
                 at.unwrap_or_default(),
                 c.host_timeout,
                 c.min_rto,
