@@ -381,6 +381,25 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     host.add_peer(remote.local_addr());
     threads.add_peer(remote.local_addr());
     remote.add_peer(threads.local_addr());
+    // The same with a cluster key (MAC): a keyed machine host lends its
+    // key to its programs' own sockets (docs/SECURITY.md).
+    let key = vkernel::auth::Key {
+        id: 1,
+        secret: [0x42; 32],
+    };
+    let keyed = |peers: Vec<std::net::SocketAddr>| KernelConfig {
+        keys: vec![key.clone()],
+        peers,
+        ..KernelConfig::default()
+    };
+    let kpath = dir.join("keyed.sock");
+    let khost = Kernel::start(keyed(vec![])).map_err(|e| e.to_string())?;
+    let ksrv = khost
+        .serve_attach(&kpath, 0o600)
+        .map_err(|e| e.to_string())?;
+    let ka = Kernel::attach(&kpath).map_err(|e| e.to_string())?;
+    let kremote = Kernel::start(keyed(vec![khost.local_addr()])).map_err(|e| e.to_string())?;
+    khost.add_peer(kremote.local_addr());
     let mut rows = Vec::new();
     for spin in [true, false] {
         let wait = if spin { "spin" } else { "block" };
@@ -408,12 +427,16 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 pair(&remote, &a, spin, n)?,
             ),
             (
+                "attached program to a remote host, keyed",
+                pair(&kremote, &ka, spin, n)?,
+            ),
+            (
                 "embedded program to a remote host",
                 pair(&remote, &threads, spin, n)?,
             ),
             ("raw UDP ping-pong", (udp.median_us, udp.p99_us)),
         ] {
-            AttachRow::push(&mut rows, (34, 5), what, wait, r);
+            AttachRow::push(&mut rows, (40, 5), what, wait, r);
         }
         println!(
             "  ({wait}: {peer} of {} exchanges between the attached programs went through \
@@ -433,7 +456,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     }
     let crowded = pair(&a, &b, false, n)?;
     let crowd_what = format!("two attached programs among {many}");
-    AttachRow::push(&mut rows, (34, 5), &crowd_what, "block", crowded);
+    AttachRow::push(&mut rows, (40, 5), &crowd_what, "block", crowded);
     drop(crowd);
     let rounds = if c.quick { 3 } else { 7 };
     let move_mbps = big_move(&a, &b, rounds)?;
@@ -443,6 +466,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         move_mbps / memcpy
     );
     drop(srv);
+    drop(ksrv);
     let _ = std::fs::remove_dir_all(&dir);
     let med = |what: &str, wait: &str| {
         rows.iter()
@@ -481,6 +505,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             "remote from attached / raw UDP, block",
             med(rem, "block") / med(udp, "block"),
             1.3,
+            "×",
+        ),
+        Goal::at_most(
+            "keyed / unkeyed remote from attached, spin",
+            med("attached program to a remote host, keyed", "spin") / med(rem, "spin"),
+            1.15,
             "×",
         ),
         Goal::at_most(
