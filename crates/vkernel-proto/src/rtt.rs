@@ -274,7 +274,9 @@ const SHARDS: usize = 16;
 /// copy on any path sees what every other path has learned.
 #[derive(Debug, Default)]
 pub struct PeerTimes {
-    shards: [std::sync::Mutex<std::collections::HashMap<u16, Rtt>>; SHARDS],
+    /// A few peers per shard: a short list is searched faster than a
+    /// hash map is hashed.
+    shards: [std::sync::Mutex<Vec<(u16, Rtt)>>; SHARDS],
 }
 
 impl PeerTimes {
@@ -283,10 +285,7 @@ impl PeerTimes {
         PeerTimes::default()
     }
 
-    fn shard(
-        &self,
-        host: crate::pid::HostId,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u16, Rtt>> {
+    fn shard(&self, host: crate::pid::HostId) -> std::sync::MutexGuard<'_, Vec<(u16, Rtt)>> {
         let m = &self.shards[usize::from(host.0) % SHARDS];
         // (A thread that panicked holding it left whole `Rtt`s behind.)
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -294,26 +293,30 @@ impl PeerTimes {
 
     /// What is known of `host`, if anything.
     pub fn get(&self, host: crate::pid::HostId) -> Option<Rtt> {
-        self.shard(host).get(&host.0).copied()
+        self.shard(host)
+            .iter()
+            .find(|(h, _)| *h == host.0)
+            .map(|(_, r)| *r)
     }
 
     /// Records `r` as what is known of `host`.
     pub fn set(&self, host: crate::pid::HostId, r: Rtt) {
-        self.shard(host).insert(host.0, r);
+        self.with(host, || r, |mine| *mine = r);
     }
 
     /// Takes `r`, what another holder of this host's timing learned of
     /// `host` (on this store's clock), if it heard from the peer more
     /// recently than this store did.
     pub fn merge(&self, host: crate::pid::HostId, r: Rtt) {
-        let mut g = self.shard(host);
-        match g.get_mut(&host.0) {
-            Some(mine) if mine.heard_at >= r.heard_at => {}
-            Some(mine) => *mine = r,
-            None => {
-                g.insert(host.0, r);
-            }
-        }
+        self.with(
+            host,
+            || r,
+            |mine| {
+                if r.heard_at > mine.heard_at {
+                    *mine = r;
+                }
+            },
+        );
     }
 
     /// Runs `f` on what is known of `host` (`init` if nothing yet).
@@ -323,7 +326,15 @@ impl PeerTimes {
         init: impl FnOnce() -> Rtt,
         f: impl FnOnce(&mut Rtt) -> T,
     ) -> T {
-        f(self.shard(host).entry(host.0).or_insert_with(init))
+        let mut g = self.shard(host);
+        let i = match g.iter().position(|(h, _)| *h == host.0) {
+            Some(i) => i,
+            None => {
+                g.push((host.0, init()));
+                g.len() - 1
+            }
+        };
+        f(&mut g[i].1)
     }
 }
 

@@ -391,15 +391,20 @@ fn enabled(var: &str) -> bool {
 
 /// A process hands its events to the attachment's report this many at a
 /// time ([`AttachedProcess::counted`]), and the report goes to the host at
-/// [`REPORT_BYTES`]: a program's counts reach its host within 64 events
-/// of each process and 256 of the program, and whenever it asks the host
-/// for statistics or ends.
-const PENDING_EVENTS: usize = 64;
+/// [`REPORT_BYTES`] (just under a record's 128 KiB): a program's counts
+/// reach its host within 1024 events of each process and 7680 of the
+/// program (a direct Send makes about 4), and whenever it asks the host
+/// for statistics or ends. Rarely: a report wakes a host thread, which on
+/// a small machine takes a CPU from the exchanges it counts.
+const PENDING_EVENTS: usize = 1024;
+const REPORT_BYTES: usize = 7680 * Ev::BYTES;
+/// One peer-page exchange in this many is timed for the host's latency
+/// histogram, standing for them all (the count is exact).
+const LATENCY_SAMPLE: u64 = 8;
 /// Peer-page exchanges counted before they go to `pending` as one event.
 const LOCAL_BATCH: u64 = 4096;
 /// Trace lines go to the host in batches of this many bytes (or sooner).
 const TRACE_BYTES: usize = 32 << 10;
-const REPORT_BYTES: usize = 256 * Ev::BYTES;
 
 /// Peer pages a process keeps mapped at most (beyond, it forgets them).
 const PEER_CACHE: usize = 1024;
@@ -1175,11 +1180,10 @@ impl AttachedProcess {
     /// Sends through `to`'s inbox if it waits there.
     fn peer_send(&self, msg: &mut Message, to: Pid, fwd: Pid, deadline: Deadline) -> PeerSend {
         // (The clock only when the host keeps latency histograms.)
-        let start = if self.at.metrics {
-            self.at.pace.clock.now()
-        } else {
-            0
-        };
+        // One exchange in LATENCY_SAMPLE is timed for the host's
+        // histogram (two clock reads are a tenth of a peer-page exchange).
+        let timed = self.at.metrics && self.local_n.get().is_multiple_of(LATENCY_SAMPLE);
+        let start = if timed { self.at.pace.clock.now() } else { 0 };
         let t0 = if self.at.tracing { trace::wall_us() } else { 0 };
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
@@ -1268,9 +1272,13 @@ impl AttachedProcess {
                 *msg = m;
                 // Counted here and reported in a few events per batch
                 // (no report, so no host wake-up, per exchange).
-                if self.at.metrics {
+                if timed {
                     let latency = self.at.pace.clock.now().saturating_sub(start);
-                    self.local_hist.borrow_mut().record(latency);
+                    // (Standing for the LATENCY_SAMPLE exchanges around it.)
+                    let mut h = self.local_hist.borrow_mut();
+                    let b = vkernel_proto::stats::Histogram::bucket(latency);
+                    h.counts[b] += LATENCY_SAMPLE;
+                    h.sums[b] += latency * LATENCY_SAMPLE;
                 }
                 let n = self.local_n.get() + 1;
                 self.local_n.set(n);
@@ -1521,7 +1529,6 @@ impl AttachedProcess {
             self.at.report(&mut p, false);
         }
     }
-
 
     /// Moves the peer-page exchanges counted so far into `pending`.
     fn flush_local(&self) {
