@@ -1,0 +1,371 @@
+//! Exchanges between programs of one uid through their peer pages
+//! (`attach/peer.rs`), bypassing the host.
+
+use super::*;
+
+/// The shared-memory path (see `peer.rs`).
+impl AttachedProcess {
+    pub(super) fn own_peer(&self) -> Option<&Peer> {
+        // SAFETY: the page mapping is PEER_BYTES long, page-aligned, and
+        // lives as long as `self`.
+        self.peer.as_ref().map(|p| unsafe { Peer::at(p.as_ptr()) })
+    }
+
+    /// `pid`'s peer page, asked of the host once.
+    pub(super) fn peer_of(&self, pid: Pid) -> Option<Arc<Shm>> {
+        if let Some(v) = self.peers.borrow().get(&pid) {
+            return v.clone();
+        }
+        let v = self.at.peer_page(pid);
+        let mut m = self.peers.borrow_mut();
+        if m.len() >= PEER_CACHE {
+            m.clear();
+        }
+        m.insert(pid, v.clone());
+        v
+    }
+
+    /// Sends through `to`'s inbox if it waits there.
+    pub(super) fn peer_send(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        fwd: Pid,
+        deadline: Deadline,
+    ) -> PeerSend {
+        // (The clock only when the host keeps latency histograms.)
+        // One exchange in LATENCY_SAMPLE is timed for the host's
+        // histogram (two clock reads are a tenth of a peer-page exchange).
+        let timed = self.at.metrics && self.local_n.get().is_multiple_of(LATENCY_SAMPLE);
+        let start = if timed { self.at.pace.clock.now() } else { 0 };
+        let t0 = if self.at.tracing { trace::wall_us() } else { 0 };
+        let Some(mine) = self.own_peer() else {
+            return PeerSend::NotHere;
+        };
+        if to.host() != self.at.host
+            || !to.is_process()
+            || to == self.pid
+            || self.at.gone().is_some()
+        {
+            return PeerSend::NotHere;
+        }
+        let Some(page) = self.peer_of(to) else {
+            return PeerSend::NotHere;
+        };
+        // SAFETY: adopted as exactly PEER_BYTES, page-aligned, held here.
+        let p = unsafe { Peer::at(page.as_ptr()) };
+        let seq = peer::next_seq(self.peer_seq.get());
+        self.peer_seq.set(seq);
+        mine.rpeer.store(to.0, Ordering::Relaxed);
+        mine.rst
+            .store(peer::rst(seq, peer::WAITING), Ordering::SeqCst);
+        if !self.claim_soon(p) {
+            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+            if p.tag() == peer::DEAD {
+                self.peers.borrow_mut().remove(&to);
+            }
+            return PeerSend::NotHere;
+        }
+        // As the engine does for a Send without a segment: no segment
+        // flags, and words 6 and 7 (the kernel's segment words) zero.
+        let mut out = *msg;
+        out.set_segment(vkernel_proto::SegAccess::NONE, 0);
+        if !p.fill(self.pid, seq, self.principal.get(), fwd, &out) {
+            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+            self.peers.borrow_mut().remove(&to);
+            return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
+        }
+        let mut policy = self.spin.get();
+        let mut w = self.waits.get();
+        let mut deadline = deadline;
+        let state = loop {
+            let r = mine.rst.load(Ordering::Acquire);
+            let state = r & 7;
+            if r >> 3 != seq || !matches!(state, peer::WAITING | peer::REPLYING) {
+                break state;
+            }
+            match self.at.pace.wait_until(
+                &mine.rst,
+                &mine.tx_parked,
+                r,
+                &mut policy,
+                || self.at.gone().is_some(),
+                deadline,
+            ) {
+                Waited::Spun => w.unblocked += 1,
+                Waited::Blocked => w.blocked += 1,
+                Waited::Gone => {
+                    // Abandon the exchange, unless its answer is already
+                    // being written (then it is taken, as the engine takes
+                    // a reply that beat the deadline).
+                    let cancelled = mine
+                        .rst
+                        .compare_exchange(
+                            peer::rst(seq, peer::WAITING),
+                            peer::rst(seq, peer::IDLE),
+                            Ordering::SeqCst,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok();
+                    if let Some(e) = self.at.gone() {
+                        return PeerSend::Done(Err(e));
+                    }
+                    if cancelled {
+                        // Not taken yet? Then the receiver never sees it.
+                        p.withdraw(self.pid);
+                        return PeerSend::Done(Err(IpcError::Deadline(to)));
+                    }
+                    deadline = Deadline::NONE;
+                }
+            }
+        };
+        self.spin.set(policy);
+        self.waits.set(w);
+        match mine.outcome(state) {
+            Outcome::Replied { from, msg: m } => {
+                *msg = m;
+                // Counted here and reported in a few events per batch
+                // (no report, so no host wake-up, per exchange).
+                if timed {
+                    let latency = self.at.pace.clock.now().saturating_sub(start);
+                    // (Standing for the LATENCY_SAMPLE exchanges around it.)
+                    let mut h = self.local_hist.borrow_mut();
+                    let b = vkernel_proto::stats::Histogram::bucket(latency);
+                    h.counts[b] += LATENCY_SAMPLE;
+                    h.sums[b] += latency * LATENCY_SAMPLE;
+                }
+                let n = self.local_n.get() + 1;
+                self.local_n.set(n);
+                if n >= LOCAL_BATCH {
+                    self.flush_local();
+                }
+                if self.at.tracing {
+                    self.at
+                        .trace(t0, trace::phase_kind(Phase::Send, self.pid, to, true));
+                    let end = trace::wall_us();
+                    self.at.trace(
+                        end,
+                        trace::phase_kind(Phase::Complete, self.pid, from, true),
+                    );
+                }
+                PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
+            }
+            // (The host gone: that is why, whatever the receiver said.)
+            Outcome::Failed(e) => PeerSend::Done(Err(self.at.gone().unwrap_or(e))),
+            Outcome::Forwarded {
+                to,
+                forwarder,
+                msg: m,
+            } => {
+                *msg = m;
+                PeerSend::Forwarded { to, forwarder }
+            }
+        }
+    }
+
+    /// Claims `p`'s inbox, waiting a little for a receiver that is busy
+    /// but will soon receive again (a server between Reply and Receive).
+    pub(super) fn claim_soon(&self, p: &Peer) -> bool {
+        if p.claim(self.pid) {
+            return true;
+        }
+        let policy = self.spin.get();
+        let spin = policy.wants_to_spin();
+        // An adaptive policy that stopped spinning has learned that waits
+        // here are long: go through the host at once, as before.
+        if !spin && policy.is_adaptive() {
+            return false;
+        }
+        let clock = &self.at.pace.clock;
+        let start = clock.now();
+        let limit = CLAIM_SPIN.as_micros() as u64;
+        let mut i: u32 = 0;
+        // Only while the receiver is busy and nothing queues ahead of us.
+        while p.tag() == peer::CLOSED && p.queued.load(Ordering::Relaxed) == 0 {
+            i = i.wrapping_add(1);
+            if !spin {
+                // Told not to spin, but the receiver may be one this
+                // thread's wake-up preempted on this CPU just before it
+                // opened its inbox: let it run, briefly. (Without this,
+                // most blocking exchanges went through the host.)
+                if i > CLAIM_YIELDS {
+                    return false;
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            if i.is_multiple_of(64) && clock.now().saturating_sub(start) >= limit {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        p.claim(self.pid)
+    }
+
+    /// A plain Receive through the inbox, unless messages wait in the
+    /// engine (or the engine must check senders).
+    pub(super) fn peer_receive(&self, msg: &mut Message) -> Option<Result<Incoming, IpcError>> {
+        let p = self.own_peer()?;
+        if self.restricted.get() || p.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let mut bell = p.bell.load(Ordering::SeqCst);
+        if !p.open() {
+            return (p.tag() == peer::DEAD).then(|| Err(p.dead_error()));
+        }
+        // A message the host queued meanwhile goes first (it closes an
+        // open inbox when it queues one; this covers the moment before).
+        if p.queued.load(Ordering::SeqCst) != 0 && p.close_if_open() {
+            return None;
+        }
+        let mut policy = self.spin.get();
+        let mut w = self.waits.get();
+        let r = loop {
+            match p.tag() {
+                peer::OPEN | peer::CLAIMED => {
+                    match self
+                        .at
+                        .pace
+                        .wait(&p.bell, &p.rx_parked, bell, &mut policy, || {
+                            self.at.gone().is_some()
+                        }) {
+                        Waited::Spun => w.unblocked += 1,
+                        Waited::Blocked => w.blocked += 1,
+                        Waited::Gone => {
+                            p.close_if_open();
+                            break Some(Err(self.at.gone().unwrap_or(IpcError::HostLost)));
+                        }
+                    }
+                    bell = p.bell.load(Ordering::SeqCst);
+                }
+                peer::FULL => {
+                    let Some(i): Option<Inbound> = p.take() else {
+                        // Withdrawn by its sender: the inbox is open again.
+                        bell = p.bell.load(Ordering::SeqCst);
+                        continue;
+                    };
+                    self.peer_rx.borrow_mut().insert(i.from, i.seq);
+                    *msg = i.msg;
+                    if self.at.tracing {
+                        let k = trace::phase_kind(Phase::Deliver, i.from, self.pid, true);
+                        self.at.trace(trace::wall_us(), k);
+                    }
+                    break Some(Ok(Incoming {
+                        from: i.from,
+                        seg_bytes: 0,
+                        forwarder: i.forwarder,
+                        principal: i.principal,
+                    }));
+                }
+                peer::DEAD => break Some(Err(p.dead_error())),
+                // The host closed it: a message waits in the engine.
+                _ => break None,
+            }
+        };
+        self.spin.set(policy);
+        self.waits.set(w);
+        r
+    }
+
+    /// MoveTo/MoveFrom straight between this program's memory and the
+    /// other process's window, mapped here, if the host grants it (same
+    /// uid, peer pages, the other's Send lending its window now): one copy
+    /// instead of two. `None`: not granted; move through the host.
+    pub(super) fn granted_move(
+        &self,
+        other: Pid,
+        offset: u32,
+        n: usize,
+        copy: impl FnOnce(&mut [u8]),
+    ) -> Option<Result<usize, IpcError>> {
+        self.grant(other, offset, n, true).map(|r| {
+            r.map(|(w, off)| {
+                // SAFETY: the host granted [off, off + n) of the window for
+                // the other's outstanding Send, during which it does not
+                // touch those bytes; bytes are only copied.
+                copy(unsafe { &mut w.bytes_mut(off + n)[off..] });
+                n
+            })
+        })
+    }
+
+    pub(super) fn granted_move_from(
+        &self,
+        other: Pid,
+        offset: u32,
+        dest: &mut [u8],
+    ) -> Option<Result<usize, IpcError>> {
+        let n = dest.len();
+        self.grant(other, offset, n, false).map(|r| {
+            r.map(|(w, off)| {
+                // SAFETY: as in `granted_move`.
+                dest.copy_from_slice(unsafe { &w.bytes_mut(off + n)[off..] });
+                n
+            })
+        })
+    }
+
+    /// Asks the host for a grant; returns the other's window (mapped,
+    /// checked to hold the range) and the range's start.
+    pub(super) fn grant(
+        &self,
+        other: Pid,
+        offset: u32,
+        n: usize,
+        write: bool,
+    ) -> Option<Result<(Arc<Shm>, usize), IpcError>> {
+        if n < GRANT_MIN || self.peer.is_none() || other.host() != self.at.host {
+            return None;
+        }
+        let s = self.slot();
+        s.set_arg(0, other.0);
+        s.set_arg(1, offset);
+        s.set_arg(2, clamp32(n));
+        s.set_arg(3, u32::from(write));
+        match self.call(Op::MoveGrant) {
+            Ok(()) => {}
+            Err(IpcError::Refused(_)) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+        let generation = s.out(0);
+        let cached = self
+            .windows
+            .borrow()
+            .get(&other)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, w)| w.clone());
+        let w = match cached {
+            Some(w) => w,
+            None => {
+                let (g, w) = self.at.window_of(other)?;
+                let mut m = self.windows.borrow_mut();
+                if m.len() >= GRANT_CACHE {
+                    m.clear();
+                }
+                m.insert(other, (g, w.clone()));
+                if g != generation {
+                    // It grew meanwhile: the host's answer is stale.
+                    return None;
+                }
+                w
+            }
+        };
+        let off = offset as usize;
+        if off.checked_add(n).is_none_or(|end| end > w.len()) {
+            return Some(Err(IpcError::OutOfBounds(other)));
+        }
+        Some(Ok((w, off)))
+    }
+
+    /// Ends exchange `seq` of `to`, received through the inbox.
+    pub(super) fn peer_finish(&self, to: Pid, seq: u32, how: Outcome) -> Result<(), IpcError> {
+        let page = self.peer_of(to).ok_or(IpcError::NotAwaitingReply(to))?;
+        // SAFETY: adopted as exactly PEER_BYTES, page-aligned, held here.
+        let p = unsafe { Peer::at(page.as_ptr()) };
+        if p.finish(seq, how) {
+            Ok(())
+        } else {
+            Err(IpcError::NotAwaitingReply(to))
+        }
+    }
+}
