@@ -819,3 +819,66 @@ fn a_program_returns_what_it_learned_of_a_peer_with_its_next_block() {
     stop(&c, spid);
     server.join().unwrap();
 }
+
+#[test]
+fn a_due_copy_behind_a_busy_server_waits_on_the_attached_path_too() {
+    // ISSUE 49, divergence 4: an attached program's direct Sends ran a
+    // plain timer with a store per process, so a first copy fell due and
+    // went out while the server was busy with the program's other Sends
+    // (the embedded and engine paths wait: ARCHITECTURE.md, "When not to
+    // retransmit"). They run the engine's rules now, with one store per
+    // program.
+    let m = machine("busy");
+    let remote = remote_of(&m, FaultConfig::default());
+    // One request at a time, 15 ms each (code 0, the warm-up: at once).
+    let (spid, server) = serve(&remote, |p| {
+        let mut msg = Message::zero();
+        while let Ok(i) = p.receive(&mut msg) {
+            if msg.code() == 1 {
+                std::thread::sleep(Duration::from_millis(15));
+            }
+            let _ = p.reply(&msg, i.from);
+            if msg.code() == STOP {
+                break;
+            }
+        }
+    });
+    let a = Kernel::attach(&m.path).unwrap();
+    let clients: Vec<Process> = (0..3).map(|_| a.create_process().unwrap()).collect();
+    for c in &clients {
+        wait_for(Duration::from_secs(5), "the direct path", || {
+            let before = engine_sends(&m);
+            c.send(&mut Message::with_code(0), spid).unwrap();
+            (engine_sends(&m) == before).then_some(())
+        });
+    }
+    let dups = remote.stats().duplicates;
+    let threads: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                for _ in 0..8 {
+                    c.send(&mut Message::with_code(1), spid).unwrap();
+                }
+                // (Its counts reach the host as it ends.)
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A question returns once the host has taken the program's reports.
+    let _ = a.create_process().unwrap();
+    let r = m.srv().reported();
+    let copies_seen = remote.stats().duplicates - dups;
+    eprintln!(
+        "attached direct Sends behind a busy server: {} deferred, {} sent again, \
+         {copies_seen} copies reached the server",
+        r.retransmits_deferred, r.retransmits
+    );
+    assert!(r.retransmits_deferred > 0, "due first copies waited");
+    assert_eq!(copies_seen, 0, "no needless copy reached the busy server");
+    let c = a.create_process().unwrap();
+    stop(&c, spid);
+    server.join().unwrap();
+}
