@@ -92,12 +92,9 @@ pub(crate) enum Ev {
     TimedOut { deadline: bool },
     /// A datagram read that failed authentication.
     AuthReject(Reject),
-    /// An exchange between two processes of the host that did not pass
-    /// through its engine (an attached program's peer page), replied to
-    /// after `latency` µs.
-    LocalExchange { latency: u64 },
-    /// That many such exchanges (their latencies, if timed, follow as
-    /// [`Ev::LocalLatency`]).
+    /// That many exchanges between two processes of the host that did not
+    /// pass through its engine (an attached program's peer pages); their
+    /// latencies, if timed, follow as [`Ev::LocalLatency`].
     LocalExchanges(u64),
     /// `count` of those exchanges fell into latency bucket `bucket`
     /// (`Histogram::bucket`), taking `sum` µs in all.
@@ -136,12 +133,6 @@ impl Ev {
                     }
                 }
                 Ev::AuthReject(r) => s.auth_rejects[r as usize] += 1,
-                Ev::LocalExchange { latency } => {
-                    s.local_exchanges += 1;
-                    if metrics {
-                        s.local_latency_us.record(latency);
-                    }
-                }
                 Ev::LocalExchanges(n) => s.local_exchanges += n,
                 Ev::LocalLatency { bucket, count, sum } => {
                     let b = usize::from(bucket).min(s.local_latency_us.counts.len() - 1);
@@ -178,7 +169,6 @@ impl Ev {
             Ev::Exchange { latency } => (7, 0, 0, 0, 0, latency),
             Ev::TimedOut { deadline } => (8, u8::from(deadline), 0, 0, 0, 0),
             Ev::AuthReject(r) => (9, 0, 0, r as u8, 0, 0),
-            Ev::LocalExchange { latency } => (10, 0, 0, 0, 0, latency),
             Ev::LocalExchanges(n) => (11, 0, 0, 0, 0, n),
             // (Two values: the count here, the sum in the peer field's
             // place is too small, so the sum rides in a second record.)
@@ -250,7 +240,6 @@ impl Ev {
                 deadline: flag != 0,
             },
             9 => Ev::AuthReject(*Reject::ALL.get(usize::from(reason))?),
-            10 => Ev::LocalExchange { latency: value },
             11 => Ev::LocalExchanges(value),
             // The first half of a LocalLatency: see `Ev::decode_all`.
             12 | 13 => return None,
@@ -522,7 +511,6 @@ mod tests {
             Ev::Exchange { latency: 12 },
             Ev::TimedOut { deadline: true },
             Ev::AuthReject(Reject::Stale),
-            Ev::LocalExchange { latency: u64::MAX },
             Ev::LocalExchanges(9),
             Ev::LocalLatency {
                 bucket: 4,
@@ -548,7 +536,7 @@ mod tests {
                 s.remote_exchanges,
                 s.retransmits_needless
             ),
-            (10, 1, 3)
+            (9, 1, 3)
         );
     }
 }
