@@ -207,6 +207,9 @@ pub struct Stats {
     pub local_exchanges: u64,
     /// Remote exchanges completed (as sender).
     pub remote_exchanges: u64,
+    /// Remote Sends that ran outside the engine: direct Sends of this
+    /// host's processes and of the programs attached to it.
+    pub direct_sends: u64,
     /// Aliens currently in use.
     pub aliens_in_use: u64,
     /// Bytes moved by MoveTo/MoveFrom.
@@ -334,6 +337,7 @@ impl Stats {
             (&mut self.deadlines, o.deadlines),
             (&mut self.local_exchanges, o.local_exchanges),
             (&mut self.remote_exchanges, o.remote_exchanges),
+            (&mut self.direct_sends, o.direct_sends),
             (&mut self.aliens_in_use, o.aliens_in_use),
             (&mut self.bulk_bytes, o.bulk_bytes),
             (&mut self.group_sends, o.group_sends),

@@ -114,7 +114,10 @@ impl Ev {
                     ptype,
                     bytes,
                 } => s.count_datagram(tx, peer.0, ptype, bytes, metrics),
-                Ev::Begun => sends += 1,
+                Ev::Begun => {
+                    sends += 1;
+                    s.direct_sends += 1;
+                }
                 Ev::Retransmit => s.retransmits += 1,
                 Ev::Needless(n) => s.retransmits_needless += u64::from(n),
                 Ev::Deferred => s.retransmits_deferred += 1,
