@@ -67,6 +67,9 @@ struct Inner {
     /// The page of the host's packet counter, when it has keys, to hand
     /// to programs that send for it.
     counter: Option<Arc<OwnedFd>>,
+    /// The host keeps latency histograms (`Config::metrics`), as of its
+    /// start.
+    metrics: bool,
 }
 
 /// An attached process's peer page, as the host keeps it.
@@ -188,6 +191,7 @@ impl AttachServer {
         } else {
             None
         };
+        let metrics = shared.with_engine(|e, _| e.config().metrics);
         let inner = Arc::new(Inner {
             shared,
             listener,
@@ -198,6 +202,7 @@ impl AttachServer {
             owner_uid: rustix::process::geteuid().as_raw(),
             peers: Arc::new(Peers::default()),
             counter,
+            metrics,
         });
         let i = inner.clone();
         let accept = std::thread::Builder::new()
@@ -358,8 +363,7 @@ impl Inner {
             principal,
             // Bit 0: this host traces (the program sends its lines); bit
             // 1: it keeps latency histograms (the program times for them).
-            u32::from(self.shared.tracer.is_some())
-                | u32::from(self.shared.with_engine(|e, _| e.config().metrics)) << 1,
+            u32::from(self.shared.tracer.is_some()) | u32::from(self.metrics) << 1,
             0,
             0,
         ];
@@ -382,7 +386,11 @@ impl Inner {
             if r.kind() == kind::TALLY {
                 // What the program's processes did outside the host
                 // (direct Sends, peer-page exchanges): no answer.
-                self.shared.attach_tally.report(&self.shared, &r.payload);
+                // (Not through the engine: a host thread that is no
+                // process's must not run the engine's calls here.)
+                self.shared
+                    .attach_tally
+                    .report(&self.shared, &r.payload, self.metrics);
                 continue;
             }
             let id = r.words[1];

@@ -94,9 +94,8 @@ impl Tally {
     /// Adds the events an attached program reported (`payload`, 16-byte
     /// records; any that are not events are skipped) as the host's own
     /// direct Sends' are added.
-    pub(crate) fn report(&self, sh: &crate::kernel::Shared, payload: &[u8]) {
+    pub(crate) fn report(&self, sh: &crate::kernel::Shared, payload: &[u8], metrics: bool) {
         let evs = Ev::decode_all(payload);
-        let metrics = sh.with_engine(|e, _| e.config().metrics);
         let n = Ev::apply(&mut lock(&self.0), &evs, metrics);
         sh.net.counters.direct_sends.fetch_add(n, Ordering::Relaxed);
     }
