@@ -418,7 +418,7 @@ fn demo_and_bench_run_and_report() {
     assert!(pos(&s["section12"]["rows"][2]["moveto_mbps"]), "{s}");
     // Section 13: every row measured, the move's data arrived.
     let r13 = s["section13"]["rows"].as_array().unwrap();
-    assert_eq!(r13.len(), 15, "{s}");
+    assert_eq!(r13.len(), 17, "{s}");
     assert!(r13.iter().all(|r| pos(&r["median_us"])), "{s}");
     assert!(pos(&s["section13"]["move_mbps"]), "{s}");
     assert!(pos(&s["section11"]["program_load"][1]["mbps"]), "{s}");
