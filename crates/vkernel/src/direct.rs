@@ -329,7 +329,7 @@ pub(crate) struct Call {
 
 /// Runs `c` on `io` until it is answered, fails, its deadline passes, or
 /// it is forwarded out of reach; `buf` is where datagrams are read.
-/// Whether it blocked, too. Call only when `route` has a sequence number
+/// Whether it blocked, too, and whether a copy was sent. Call only when `route` has a sequence number
 /// and the destination's location.
 pub(crate) fn send<R: Route>(
     route: &mut R,
@@ -337,7 +337,7 @@ pub(crate) fn send<R: Route>(
     buf: &mut [u8],
     out: &mut Vec<u8>,
     c: &Call,
-) -> (Went, bool) {
+) -> (Went, bool, bool) {
     let (me, to) = (c.me, c.to);
     let (Some(at), Some(seq)) = (route.location(to.host()), route.take_seq()) else {
         return (
@@ -346,6 +346,7 @@ pub(crate) fn send<R: Route>(
                 forwarder: c.forwarder,
                 msg: c.msg,
             },
+            false,
             false,
         );
     };
@@ -485,7 +486,9 @@ pub(crate) fn send<R: Route>(
             break Went::Done(Err(e));
         }
     };
-    (went, blocked)
+    // (Whether a copy went: the wait then includes a retransmission
+    // timeout, which says nothing of how long to spin.)
+    (went, blocked, d.retx().retransmitted())
 }
 
 fn datagram(tx: bool, peer: HostId, ptype: PacketType, bytes: usize) -> Ev {

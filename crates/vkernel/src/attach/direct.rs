@@ -273,9 +273,13 @@ impl DirectPath {
             pace: w.pace,
             gone: w.gone,
         };
-        let (went, blocked) =
+        let (went, blocked, resent) =
             direct::send(&mut self.known, &mut io, &mut self.rx, &mut self.out, &call);
-        w.policy.record(w.pace.clock.now().saturating_sub(start));
+        // (A wait that ran through a retransmission timeout says nothing
+        // of how long an answer takes: the policy does not learn from it.)
+        if !resent {
+            w.policy.record(w.pace.clock.now().saturating_sub(start));
+        }
         if blocked {
             w.waits.blocked += 1;
         } else {

@@ -70,7 +70,7 @@ impl LocalProcess {
         }
         // (So that destruction or shutdown wakes it: it is not parked.)
         self.waiter.set_answer_port(port);
-        let (went, blocked) = ANSWER_BUF.with(|b| {
+        let (went, blocked, resent) = ANSWER_BUF.with(|b| {
             let mut b = b.borrow_mut();
             let host = Host {
                 peers: &sh.direct_peers,
@@ -87,7 +87,19 @@ impl LocalProcess {
             r
         });
         self.waiter.set_answer_port(0);
-        self.waited(policy, start, blocked, false);
+        // (A wait that ran through a retransmission timeout says nothing
+        // of how long an answer takes: the policy does not learn from it.)
+        if resent {
+            let mut n = self.waits.get();
+            if blocked {
+                n.blocked += 1;
+            } else {
+                n.unblocked += 1;
+            }
+            self.waits.set(n);
+        } else {
+            self.waited(policy, start, blocked, false);
+        }
         lease.flush(&sh.direct_tally, &sh.net.counters.direct_sends, false);
         if matches!(went, Went::Forwarded { .. }) {
             lease.end();
