@@ -13,7 +13,9 @@ use common::BIN;
 /// (both block for a retransmission timeout) left client and server in
 /// lockstep, each always blocked when the other's datagram came, so every
 /// later wait blocked too (median 111–150 µs against 7 µs clean). With the
-/// adaptive default, only about the lost exchanges' waits block.
+/// adaptive default, only about the lost exchanges' waits block. (A second
+/// lockstep, of 1 ms a datagram, came from a raised spin holding the CPU
+/// that its woken peer was queued on: long spins yield, `spin::yields`.)
 #[test]
 fn under_ten_percent_loss_most_waits_do_not_block() {
     let (_echo, addr, _) = common::echo(&[]);

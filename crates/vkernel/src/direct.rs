@@ -481,6 +481,9 @@ pub(crate) fn send<R: Route>(
         }
         if !blocked {
             turn = turn.wrapping_add(1);
+            if crate::spin::yields(c.spin_us, turn) {
+                std::thread::yield_now();
+            }
             blocked = io.crowded(turn);
         } else if let Some(e) = io.gone() {
             break Went::Done(Err(e));

@@ -170,10 +170,14 @@ impl LocalProcess {
                     if i == 64 && counted.is_none() {
                         counted = Some(Counted::enter(&sh.spinners, SPIN_BEGINS));
                     }
-                    // More runnable threads than CPUs: let the one that
-                    // would answer run (the server, a peer spinner)
-                    // rather than hold the CPU for a whole time slice.
-                    if i.is_multiple_of(64) && sh.run_queue.contended(sh.now(), sh.cpus) {
+                    // More runnable threads than CPUs, or a long budget
+                    // (the answerer may be queued behind this thread):
+                    // let the one that would answer run (the server, a
+                    // peer spinner) rather than hold the CPU for a whole
+                    // time slice.
+                    if crate::spin::yields(spin_us, i)
+                        || (i.is_multiple_of(64) && sh.run_queue.contended(sh.now(), sh.cpus))
+                    {
                         std::thread::yield_now();
                     } else if !polled {
                         // A turn that made a syscall has waited long enough.
