@@ -180,18 +180,44 @@ fn cycle(sock: &Path, rounds: usize) {
     }
 }
 
+/// A machine host with an attached echo, warmed by a few short pings
+/// (whatever the host makes once, pools and tables, exists then), and
+/// its settled use of resources.
+struct Warm {
+    dir: PathBuf,
+    sock: PathBuf,
+    hp: u32,
+    base: Usage,
+    _h: Proc,
+    _echo: Proc,
+}
+
+impl Warm {
+    fn start(name: &str) -> Warm {
+        let dir = temp_dir(name);
+        let sock = dir.join("host.sock");
+        let h = host(&sock);
+        let hp = h.0.id();
+        let echo = attached_echo(&sock);
+        for _ in 0..5 {
+            short_ping(&sock);
+        }
+        let base = settled(hp, usage(hp), 0);
+        Warm {
+            dir,
+            sock,
+            hp,
+            base,
+            _h: h,
+            _echo: echo,
+        }
+    }
+}
+
 #[test]
 fn a_host_keeps_nothing_of_programs_that_ended() {
-    let dir = temp_dir("leak");
-    let sock = dir.join("host.sock");
-    let h = host(&sock);
-    let hp = h.0.id();
-    let _echo = attached_echo(&sock);
-    // Warm: whatever the host makes once (pools, tables) exists now.
-    for _ in 0..5 {
-        short_ping(&sock);
-    }
-    let base = settled(hp, usage(hp), 0);
+    let w = Warm::start("leak");
+    let (dir, sock, hp, base) = (&w.dir, &w.sock, w.hp, w.base);
     let n = 300;
     cycle(&sock, n);
     let end = settled(hp, base, 5);
@@ -224,15 +250,8 @@ fn many_attach_exit_cycles() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let dir = temp_dir("many");
-    let sock = dir.join("host.sock");
-    let h = host(&sock);
-    let hp = h.0.id();
-    let _echo = attached_echo(&sock);
-    for _ in 0..5 {
-        short_ping(&sock);
-    }
-    let base = settled(hp, usage(hp), 0);
+    let w = Warm::start("many");
+    let (dir, sock, hp, base) = (&w.dir, &w.sock, w.hp, w.base);
     let t = Instant::now();
     for i in 0..n {
         short_ping(&sock);

@@ -73,6 +73,19 @@ fn serve<T: Send + 'static>(
     (p.pid(), std::thread::spawn(move || f(p)))
 }
 
+/// An echo server that first sleeps for what `delay` says of each
+/// request, until STOP.
+fn echo_after(p: Process, delay: impl Fn(&Message) -> Duration) {
+    let mut msg = Message::zero();
+    while let Ok(i) = p.receive(&mut msg) {
+        std::thread::sleep(delay(&msg));
+        let _ = p.reply(&msg, i.from);
+        if msg.code() == STOP {
+            break;
+        }
+    }
+}
+
 /// A server that answers word 1 + 1 and counts each request id (word 2)
 /// it executed, until STOP.
 fn counting_server(p: Process) -> HashMap<u32, u32> {
@@ -711,15 +724,7 @@ fn a_tracing_host_records_its_programs_exchanges_outside_it() {
     let b = Kernel::attach(&m.path).unwrap();
     let p = b.create_process().unwrap();
     let epid = p.pid();
-    let echo = std::thread::spawn(move || {
-        let mut msg = Message::zero();
-        while let Ok(i) = p.receive(&mut msg) {
-            let _ = p.reply(&msg, i.from);
-            if msg.code() == STOP {
-                break;
-            }
-        }
-    });
+    let echo = std::thread::spawn(move || echo_after(p, |_| Duration::ZERO));
     for n in 0..50u32 {
         for to in [spid, epid] {
             let mut msg = Message::with_code(1);
@@ -780,16 +785,9 @@ fn a_program_returns_what_it_learned_of_a_peer_with_its_next_block() {
     let remote = remote_of(&m, FaultConfig::default());
     // Answers at once while warming up, then after 2 ms (word 3 = 1).
     let (spid, server) = serve(&remote, |p| {
-        let mut msg = Message::zero();
-        while let Ok(i) = p.receive(&mut msg) {
-            if msg.word(3) == 1 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let _ = p.reply(&msg, i.from);
-            if msg.code() == STOP {
-                break;
-            }
-        }
+        echo_after(p, |m| {
+            Duration::from_millis(if m.word(3) == 1 { 2 } else { 0 })
+        })
     });
     let a = Kernel::attach(&m.path).unwrap();
     let c = a.create_process().unwrap();
@@ -832,16 +830,9 @@ fn a_due_copy_behind_a_busy_server_waits_on_the_attached_path_too() {
     let remote = remote_of(&m, FaultConfig::default());
     // One request at a time, 15 ms each (code 0, the warm-up: at once).
     let (spid, server) = serve(&remote, |p| {
-        let mut msg = Message::zero();
-        while let Ok(i) = p.receive(&mut msg) {
-            if msg.code() == 1 {
-                std::thread::sleep(Duration::from_millis(15));
-            }
-            let _ = p.reply(&msg, i.from);
-            if msg.code() == STOP {
-                break;
-            }
-        }
+        echo_after(p, |m| {
+            Duration::from_millis(if m.code() == 1 { 15 } else { 0 })
+        })
     });
     let a = Kernel::attach(&m.path).unwrap();
     let clients: Vec<Process> = (0..3).map(|_| a.create_process().unwrap()).collect();

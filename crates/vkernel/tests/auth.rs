@@ -78,15 +78,30 @@ fn exchange(c: &Process, s: vkernel::Pid, bulk: usize) -> Result<(), IpcError> {
     Ok(())
 }
 
+/// Two hosts with key 1 (sealed, or `encrypt`ed), a server on the first
+/// and a client process on the second.
+fn keyed_pair(
+    encrypt: bool,
+) -> (
+    Kernel,
+    Kernel,
+    vkernel::Pid,
+    std::thread::JoinHandle<()>,
+    vkernel::Process,
+) {
+    let a = host(vec![key(1, 7)], None, encrypt, vec![]);
+    let b = host(vec![key(1, 7)], None, encrypt, vec![a.local_addr()]);
+    a.add_peer(b.local_addr());
+    let (s, h) = a.spawn("srv", serve).unwrap();
+    let c = b.create_process().unwrap();
+    (a, b, s, h, c)
+}
+
 #[test]
 fn keyed_hosts_exchange_in_mac_and_aead_modes() {
     let mut keep = Vec::new();
     for encrypt in [false, true] {
-        let a = host(vec![key(1, 7)], None, encrypt, vec![]);
-        let b = host(vec![key(1, 7)], None, encrypt, vec![a.local_addr()]);
-        a.add_peer(b.local_addr());
-        let (s, h) = a.spawn("srv", serve).unwrap();
-        let c = b.create_process().unwrap();
+        let (a, b, s, h, c) = keyed_pair(encrypt);
         for _ in 0..50 {
             exchange(&c, s, 100).unwrap();
         }
@@ -254,11 +269,7 @@ fn keyed_hosts_keep_the_direct_path() {
     // engine), in both modes.
     let mut keep = Vec::new();
     for encrypt in [false, true] {
-        let a = host(vec![key(1, 7)], None, encrypt, vec![]);
-        let b = host(vec![key(1, 7)], None, encrypt, vec![a.local_addr()]);
-        a.add_peer(b.local_addr());
-        let (s, h) = a.spawn("srv", serve).unwrap();
-        let c = b.create_process().unwrap();
+        let (a, b, s, h, c) = keyed_pair(encrypt);
         let direct = || {
             b.net_counters()
                 .direct_sends

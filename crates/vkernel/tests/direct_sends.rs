@@ -80,6 +80,28 @@ fn warm_up(b: &Kernel, to: Pid) {
     b.net_counters().direct_sends.store(0, Relaxed);
 }
 
+/// Four processes of `b` send 50 requests each to `server` at once; then
+/// the server is stopped: what it counted.
+fn four_clients_then_stop(
+    b: &Kernel,
+    server: Pid,
+    h: std::thread::JoinHandle<HashMap<u32, u32>>,
+) -> HashMap<u32, u32> {
+    std::thread::scope(|sc| {
+        for t in 0..4u32 {
+            let c = b.create_process().unwrap();
+            sc.spawn(move || {
+                for i in 0..50 {
+                    echo(&c, server, t * 1000 + i).unwrap();
+                }
+            });
+        }
+    });
+    let p = b.create_process().unwrap();
+    stop(&p, server);
+    h.join().unwrap()
+}
+
 fn stop(c: &Process, to: Pid) {
     let mut m = Message::with_code(STOP);
     let _ = c.send(&mut m, to);
@@ -173,19 +195,7 @@ fn direct_sends_execute_exactly_once_under_loss_at_the_server() {
     let (server, h) = serve(&a);
     warm_up(&b, server);
     let retx = b.stats().retransmits;
-    std::thread::scope(|sc| {
-        for t in 0..4u32 {
-            let c = b.create_process().unwrap();
-            sc.spawn(move || {
-                for i in 0..50 {
-                    echo(&c, server, t * 1000 + i).unwrap();
-                }
-            });
-        }
-    });
-    let p = b.create_process().unwrap();
-    stop(&p, server);
-    let seen = h.join().unwrap();
+    let seen = four_clients_then_stop(&b, server, h);
     assert_eq!(seen.len(), 201, "every request executed");
     assert!(
         seen.values().all(|&n| n == 1),
@@ -231,19 +241,7 @@ fn a_client_host_that_injects_faults_keeps_its_direct_sends() {
     let (server, h) = serve(&a);
     warm_up(&b, server);
     let before = b.net_counters().direct_sends.load(Relaxed);
-    std::thread::scope(|sc| {
-        for t in 0..4u32 {
-            let c = b.create_process().unwrap();
-            sc.spawn(move || {
-                for i in 0..50 {
-                    echo(&c, server, t * 1000 + i).unwrap();
-                }
-            });
-        }
-    });
-    let p = b.create_process().unwrap();
-    stop(&p, server);
-    let seen = h.join().unwrap();
+    let seen = four_clients_then_stop(&b, server, h);
     assert!(
         seen.values().all(|&n| n == 1),
         "each exactly once: {:?}",
