@@ -217,7 +217,7 @@ impl Warm {
 #[test]
 fn a_host_keeps_nothing_of_programs_that_ended() {
     let w = Warm::start("leak");
-    let (dir, sock, hp, base) = (&w.dir, &w.sock, w.hp, w.base);
+    let (dir, sock, hp, base) = (w.dir.clone(), w.sock.clone(), w.hp, w.base);
     let n = 300;
     cycle(&sock, n);
     let end = settled(hp, base, 5);
@@ -251,7 +251,7 @@ fn many_attach_exit_cycles() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let w = Warm::start("many");
-    let (dir, sock, hp, base) = (&w.dir, &w.sock, w.hp, w.base);
+    let (dir, sock, hp, base) = (w.dir.clone(), w.sock.clone(), w.hp, w.base);
     let t = Instant::now();
     for i in 0..n {
         short_ping(&sock);
