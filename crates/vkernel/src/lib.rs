@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod net;
 #[cfg(feature = "otel")]
 pub mod otel;
+mod peer_exchange;
 mod process;
 pub mod service;
 mod spin;

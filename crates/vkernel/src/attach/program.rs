@@ -354,14 +354,6 @@ const GRANT_CACHE: usize = 64;
 /// (smaller ones go through the host, which costs a copy less to set up).
 const GRANT_MIN: usize = 64 << 10;
 
-/// How long a sender spins for a busy receiver's inbox to open before it
-/// lets the engine queue its message.
-const CLAIM_SPIN: Duration = Duration::from_micros(20);
-
-/// How often a sender that does not spin yields its CPU for a busy
-/// receiver's inbox to open before it lets the engine queue its message.
-const CLAIM_YIELDS: u32 = 4;
-
 /// What a Send through a peer page came to.
 enum PeerSend {
     Done(Result<Reply, IpcError>),

@@ -2,6 +2,7 @@
 //! (`attach/peer.rs`), bypassing the host.
 
 use super::*;
+use crate::peer_exchange::Sent;
 
 /// The shared-memory path (see `peer.rs`).
 impl AttachedProcess {
@@ -56,72 +57,35 @@ impl AttachedProcess {
         let p = unsafe { Peer::at(page.as_ptr()) };
         let seq = peer::next_seq(self.peer_seq.get());
         self.peer_seq.set(seq);
-        mine.rpeer.store(to.0, Ordering::Relaxed);
-        mine.rst
-            .store(peer::rst(seq, peer::WAITING), Ordering::SeqCst);
-        if !self.claim_soon(p) {
-            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
-            if p.tag() == peer::DEAD {
-                self.peers.borrow_mut().remove(&to);
-            }
-            return PeerSend::NotHere;
-        }
-        // As the engine does for a Send without a segment: no segment
-        // flags, and words 6 and 7 (the kernel's segment words) zero.
-        let mut out = *msg;
-        out.set_segment(vkernel_proto::SegAccess::NONE, 0);
-        if !p.fill(self.pid, seq, self.principal.get(), fwd, &out) {
-            mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
-            self.peers.borrow_mut().remove(&to);
-            return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
-        }
-        let mut policy = self.spin.get();
-        let mut w = self.waits.get();
-        let mut deadline = deadline;
-        let state = loop {
-            let r = mine.rst.load(Ordering::Acquire);
-            let state = r & 7;
-            if r >> 3 != seq || !matches!(state, peer::WAITING | peer::REPLYING) {
-                break state;
-            }
-            match self.at.pace.wait_until(
-                &mine.rst,
-                &mine.tx_parked,
-                r,
-                &mut policy,
-                || self.at.gone().is_some(),
-                deadline,
-            ) {
-                Waited::Spun => w.unblocked += 1,
-                Waited::Blocked => w.blocked += 1,
-                Waited::Gone => {
-                    // Abandon the exchange, unless its answer is already
-                    // being written (then it is taken, as the engine takes
-                    // a reply that beat the deadline).
-                    let cancelled = mine
-                        .rst
-                        .compare_exchange(
-                            peer::rst(seq, peer::WAITING),
-                            peer::rst(seq, peer::IDLE),
-                            Ordering::SeqCst,
-                            Ordering::Relaxed,
-                        )
-                        .is_ok();
-                    if let Some(e) = self.at.gone() {
-                        return PeerSend::Done(Err(e));
-                    }
-                    if cancelled {
-                        // Not taken yet? Then the receiver never sees it.
-                        p.withdraw(self.pid);
-                        return PeerSend::Done(Err(IpcError::Deadline(to)));
-                    }
-                    deadline = Deadline::NONE;
+        let side = self.side();
+        let how = match crate::peer_exchange::send(
+            &side,
+            mine,
+            p,
+            self.pid,
+            to,
+            seq,
+            self.principal.get(),
+            fwd,
+            msg,
+            deadline,
+            || self.at.gone(),
+        ) {
+            Sent::Ended(how) => how,
+            Sent::NotHere { dead } => {
+                if dead {
+                    self.peers.borrow_mut().remove(&to);
                 }
+                return PeerSend::NotHere;
             }
+            Sent::NoSuchProcess => {
+                self.peers.borrow_mut().remove(&to);
+                return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
+            }
+            Sent::Deadline => return PeerSend::Done(Err(IpcError::Deadline(to))),
+            Sent::Gone(e) => return PeerSend::Done(Err(e)),
         };
-        self.spin.set(policy);
-        self.waits.set(w);
-        match mine.outcome(state) {
+        match how {
             Outcome::Replied { from, msg: m } => {
                 *msg = m;
                 // Counted here and reported in a few events per batch
@@ -163,45 +127,6 @@ impl AttachedProcess {
         }
     }
 
-    /// Claims `p`'s inbox, waiting a little for a receiver that is busy
-    /// but will soon receive again (a server between Reply and Receive).
-    pub(super) fn claim_soon(&self, p: &Peer) -> bool {
-        if p.claim(self.pid) {
-            return true;
-        }
-        let policy = self.spin.get();
-        let spin = policy.wants_to_spin();
-        // An adaptive policy that stopped spinning has learned that waits
-        // here are long: go through the host at once, as before.
-        if !spin && policy.is_adaptive() {
-            return false;
-        }
-        let clock = &self.at.pace.clock;
-        let start = clock.now();
-        let limit = CLAIM_SPIN.as_micros() as u64;
-        let mut i: u32 = 0;
-        // Only while the receiver is busy and nothing queues ahead of us.
-        while p.tag() == peer::CLOSED && p.queued.load(Ordering::Relaxed) == 0 {
-            i = i.wrapping_add(1);
-            if !spin {
-                // Told not to spin, but the receiver may be one this
-                // thread's wake-up preempted on this CPU just before it
-                // opened its inbox: let it run, briefly. (Without this,
-                // most blocking exchanges went through the host.)
-                if i > CLAIM_YIELDS {
-                    return false;
-                }
-                std::thread::yield_now();
-                continue;
-            }
-            if i.is_multiple_of(64) && clock.now().saturating_sub(start) >= limit {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-        p.claim(self.pid)
-    }
-
     /// A plain Receive through the inbox, unless messages wait in the
     /// engine (or the engine must check senders).
     pub(super) fn peer_receive(&self, msg: &mut Message) -> Option<Result<Incoming, IpcError>> {
@@ -209,62 +134,31 @@ impl AttachedProcess {
         if self.restricted.get() || p.queued.load(Ordering::SeqCst) != 0 {
             return None;
         }
-        let mut bell = p.bell.load(Ordering::SeqCst);
-        if !p.open() {
-            return (p.tag() == peer::DEAD).then(|| Err(p.dead_error()));
-        }
-        // A message the host queued meanwhile goes first (it closes an
-        // open inbox when it queues one; this covers the moment before).
-        if p.queued.load(Ordering::SeqCst) != 0 && p.close_if_open() {
-            return None;
-        }
-        let mut policy = self.spin.get();
-        let mut w = self.waits.get();
-        let r = loop {
-            match p.tag() {
-                peer::OPEN | peer::CLAIMED => {
-                    match self
-                        .at
-                        .pace
-                        .wait(&p.bell, &p.rx_parked, bell, &mut policy, || {
-                            self.at.gone().is_some()
-                        }) {
-                        Waited::Spun => w.unblocked += 1,
-                        Waited::Blocked => w.blocked += 1,
-                        Waited::Gone => {
-                            p.close_if_open();
-                            break Some(Err(self.at.gone().unwrap_or(IpcError::HostLost)));
-                        }
-                    }
-                    bell = p.bell.load(Ordering::SeqCst);
-                }
-                peer::FULL => {
-                    let Some(i): Option<Inbound> = p.take() else {
-                        // Withdrawn by its sender: the inbox is open again.
-                        bell = p.bell.load(Ordering::SeqCst);
-                        continue;
-                    };
-                    self.peer_rx.borrow_mut().insert(i.from, i.seq);
-                    *msg = i.msg;
-                    if self.at.tracing {
-                        let k = trace::phase_kind(Phase::Deliver, i.from, self.pid, true);
-                        self.at.trace(trace::wall_us(), k);
-                    }
-                    break Some(Ok(Incoming {
-                        from: i.from,
-                        seg_bytes: 0,
-                        forwarder: i.forwarder,
-                        principal: i.principal,
-                    }));
-                }
-                peer::DEAD => break Some(Err(p.dead_error())),
-                // The host closed it: a message waits in the engine.
-                _ => break None,
+        let side = self.side();
+        let r = crate::peer_exchange::receive(&side, p, || self.at.gone())?;
+        Some(r.map(|i: Inbound| {
+            self.peer_rx.borrow_mut().insert(i.from, i.seq);
+            *msg = i.msg;
+            if self.at.tracing {
+                let k = trace::phase_kind(Phase::Deliver, i.from, self.pid, true);
+                self.at.trace(trace::wall_us(), k);
             }
-        };
-        self.spin.set(policy);
-        self.waits.set(w);
-        r
+            Incoming {
+                from: i.from,
+                seg_bytes: 0,
+                forwarder: i.forwarder,
+                principal: i.principal,
+            }
+        }))
+    }
+
+    /// How this process waits, for the peer-page exchange.
+    fn side(&self) -> crate::peer_exchange::Side<'_> {
+        crate::peer_exchange::Side {
+            pace: &self.at.pace,
+            spin: &self.spin,
+            waits: &self.waits,
+        }
     }
 
     /// MoveTo/MoveFrom straight between this program's memory and the

@@ -1,0 +1,227 @@
+//! A Send and a plain Receive through peer pages (`attach/peer.rs`), for
+//! any process that has one: an attached program's process (its page is
+//! shared memory) and a thread's process of an embedded host (its page is
+//! on the heap). Both run this one mechanism: the same claim, the same
+//! wait, the same withdrawal at a deadline; each kind of process only
+//! says where pages are, when it is gone, and what it counts.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use vkernel_proto::{IpcError, Message, Pid};
+
+use crate::attach::peer::{self, Inbound, Outcome, Peer};
+use crate::attach::wait::{Pace, Waited};
+use crate::deadline::Deadline;
+use crate::spin::SpinPolicy;
+use crate::vocab::WaitCounts;
+
+/// How long a sender spins for a busy receiver's inbox to open before it
+/// lets the engine queue its message.
+const CLAIM_SPIN: Duration = Duration::from_micros(20);
+
+/// How often a sender that does not spin yields its CPU for a busy
+/// receiver's inbox to open before it lets the engine queue its message.
+const CLAIM_YIELDS: u32 = 4;
+
+/// The waiting side of a process: how it waits and what it learned.
+pub(crate) struct Side<'a> {
+    /// Its clock, run queue and CPUs.
+    pub(crate) pace: &'a Pace,
+    /// Its spin policy.
+    pub(crate) spin: &'a Cell<SpinPolicy>,
+    /// How its waits ended.
+    pub(crate) waits: &'a Cell<WaitCounts>,
+}
+
+/// What a Send through a peer page came to.
+pub(crate) enum Sent {
+    /// The receiver does not wait in its inbox (`dead`: it never will).
+    NotHere { dead: bool },
+    /// Ended: replied, failed or forwarded.
+    Ended(Outcome),
+    /// The receiver died before taking it.
+    NoSuchProcess,
+    /// The deadline passed before the receiver took it (withdrawn).
+    Deadline,
+    /// The caller went (`gone`) meanwhile.
+    Gone(IpcError),
+}
+
+/// Sends `msg` as `me` (exchange `seq`, `principal`, forwarded by `fwd`)
+/// into the inbox `to_page` of `to`, if it waits there, and waits in
+/// `mine`'s reply area for the answer. `gone` says why to stop waiting.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send(
+    side: &Side<'_>,
+    mine: &Peer,
+    to_page: &Peer,
+    me: Pid,
+    to: Pid,
+    seq: u32,
+    principal: u32,
+    fwd: Pid,
+    msg: &Message,
+    deadline: Deadline,
+    gone: impl Fn() -> Option<IpcError>,
+) -> Sent {
+    let p = to_page;
+    mine.rpeer.store(to.0, Ordering::Relaxed);
+    mine.rst
+        .store(peer::rst(seq, peer::WAITING), Ordering::SeqCst);
+    if !claim_soon(side, p, me) {
+        mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+        return Sent::NotHere {
+            dead: p.tag() == peer::DEAD,
+        };
+    }
+    // As the engine does for a Send without a segment: no segment flags,
+    // and words 6 and 7 (the kernel's segment words) zero.
+    let mut out = *msg;
+    out.set_segment(vkernel_proto::SegAccess::NONE, 0);
+    if !p.fill(me, seq, principal, fwd, &out) {
+        mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
+        return Sent::NoSuchProcess;
+    }
+    let mut policy = side.spin.get();
+    let mut w = side.waits.get();
+    let mut deadline = deadline;
+    let r = loop {
+        let r = mine.rst.load(Ordering::Acquire);
+        let state = r & 7;
+        if r >> 3 != seq || !matches!(state, peer::WAITING | peer::REPLYING) {
+            break Sent::Ended(mine.outcome(state));
+        }
+        match side.pace.wait_until(
+            &mine.rst,
+            &mine.tx_parked,
+            r,
+            &mut policy,
+            || gone().is_some(),
+            deadline,
+        ) {
+            Waited::Spun => w.unblocked += 1,
+            Waited::Blocked => w.blocked += 1,
+            Waited::Gone => {
+                // Abandon the exchange, unless its answer is already being
+                // written (then it is taken, as the engine takes a reply
+                // that beat the deadline).
+                let cancelled = mine
+                    .rst
+                    .compare_exchange(
+                        peer::rst(seq, peer::WAITING),
+                        peer::rst(seq, peer::IDLE),
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok();
+                if let Some(e) = gone() {
+                    break Sent::Gone(e);
+                }
+                if cancelled {
+                    // Not taken yet? Then the receiver never sees it.
+                    p.withdraw(me);
+                    break Sent::Deadline;
+                }
+                deadline = Deadline::NONE;
+            }
+        }
+    };
+    side.spin.set(policy);
+    side.waits.set(w);
+    r
+}
+
+/// Claims `p`'s inbox for `me`, waiting a little for a receiver that is
+/// busy but will soon receive again (a server between Reply and Receive).
+fn claim_soon(side: &Side<'_>, p: &Peer, me: Pid) -> bool {
+    if p.claim(me) {
+        return true;
+    }
+    let policy = side.spin.get();
+    let spin = policy.wants_to_spin();
+    // An adaptive policy that stopped spinning has learned that waits here
+    // are long: go through the engine at once, as before.
+    if !spin && policy.is_adaptive() {
+        return false;
+    }
+    let clock = &side.pace.clock;
+    let start = clock.now();
+    let limit = CLAIM_SPIN.as_micros() as u64;
+    let mut i: u32 = 0;
+    // Only while the receiver is busy and nothing queues ahead of us.
+    while p.tag() == peer::CLOSED && p.queued.load(Ordering::Relaxed) == 0 {
+        i = i.wrapping_add(1);
+        if !spin {
+            // Told not to spin, but the receiver may be one this thread's
+            // wake-up preempted on this CPU just before it opened its
+            // inbox: let it run, briefly. (Without this, most blocking
+            // exchanges went through the host.)
+            if i > CLAIM_YIELDS {
+                return false;
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        if i.is_multiple_of(64) && clock.now().saturating_sub(start) >= limit {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+    p.claim(me)
+}
+
+/// A plain Receive through the inbox `p`, unless messages wait in the
+/// engine. None: receive through the engine (a message waits there, or
+/// the inbox was closed for one meanwhile).
+pub(crate) fn receive(
+    side: &Side<'_>,
+    p: &Peer,
+    gone: impl Fn() -> Option<IpcError>,
+) -> Option<Result<Inbound, IpcError>> {
+    if p.queued.load(Ordering::SeqCst) != 0 {
+        return None;
+    }
+    let mut bell = p.bell.load(Ordering::SeqCst);
+    if !p.open() {
+        return (p.tag() == peer::DEAD).then(|| Err(p.dead_error()));
+    }
+    // A message the engine queued meanwhile goes first (whoever queues one
+    // closes an open inbox; this covers the moment before).
+    if p.queued.load(Ordering::SeqCst) != 0 && p.close_if_open() {
+        return None;
+    }
+    let mut policy = side.spin.get();
+    let mut w = side.waits.get();
+    let r = loop {
+        match p.tag() {
+            peer::OPEN | peer::CLAIMED => {
+                match side
+                    .pace
+                    .wait(&p.bell, &p.rx_parked, bell, &mut policy, || {
+                        gone().is_some()
+                    }) {
+                    Waited::Spun => w.unblocked += 1,
+                    Waited::Blocked => w.blocked += 1,
+                    Waited::Gone => {
+                        p.close_if_open();
+                        break Some(Err(gone().unwrap_or(IpcError::HostLost)));
+                    }
+                }
+                bell = p.bell.load(Ordering::SeqCst);
+            }
+            peer::FULL => match p.take() {
+                Some(i) => break Some(Ok(i)),
+                // Withdrawn by its sender: the inbox is open again.
+                None => bell = p.bell.load(Ordering::SeqCst),
+            },
+            peer::DEAD => break Some(Err(p.dead_error())),
+            // Closed for us: a message waits in the engine.
+            _ => break None,
+        }
+    };
+    side.spin.set(policy);
+    side.waits.set(w);
+    r
+}
