@@ -12,7 +12,7 @@ use std::time::Duration;
 use vkernel_proto::{IpcError, Message, Pid};
 
 use crate::attach::peer::{self, Inbound, Outcome, Peer};
-use crate::attach::wait::{Pace, Waited};
+use crate::attach::wait::{OnBlock, Pace, Waited};
 use crate::deadline::Deadline;
 use crate::spin::SpinPolicy;
 use crate::vocab::WaitCounts;
@@ -33,6 +33,26 @@ pub(crate) struct Side<'a> {
     pub(crate) spin: &'a Cell<SpinPolicy>,
     /// How its waits ended.
     pub(crate) waits: &'a Cell<WaitCounts>,
+    /// Where to count hand-offs (a message that woke a blocked
+    /// receiver), if its host counts them here.
+    pub(crate) handoffs: Option<&'a std::sync::atomic::AtomicU64>,
+    /// What a sender's wait for its answer does when it stops spinning.
+    pub(crate) on_block: OnBlock<'a>,
+    /// Whether a Receive blocks in the inbox (else it closes the inbox and
+    /// receives through the engine, which blocks as the host's socket
+    /// reader, when its spin ends).
+    pub(crate) block_in_inbox: bool,
+}
+
+impl Side<'_> {
+    /// Counts a hand-off if `parked` says the other side blocked.
+    pub(crate) fn handed_off(&self, parked: &std::sync::atomic::AtomicU32) {
+        if let Some(h) = self.handoffs {
+            if parked.load(Ordering::Relaxed) != 0 {
+                h.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// What a Send through a peer page came to.
@@ -84,6 +104,7 @@ pub(crate) fn send(
         mine.rst.store(peer::rst(seq, peer::IDLE), Ordering::SeqCst);
         return Sent::NoSuchProcess;
     }
+    side.handed_off(&p.rx_parked);
     let mut policy = side.spin.get();
     let mut w = side.waits.get();
     let mut deadline = deadline;
@@ -100,8 +121,9 @@ pub(crate) fn send(
             &mut policy,
             || gone().is_some(),
             deadline,
+            side.on_block,
         ) {
-            Waited::Spun => w.unblocked += 1,
+            Waited::Spun | Waited::NotYet => w.unblocked += 1,
             Waited::Blocked => w.blocked += 1,
             Waited::Gone => {
                 // Abandon the exchange, unless its answer is already being
@@ -197,13 +219,28 @@ pub(crate) fn receive(
     let r = loop {
         match p.tag() {
             peer::OPEN | peer::CLAIMED => {
-                match side
-                    .pace
-                    .wait(&p.bell, &p.rx_parked, bell, &mut policy, || {
-                        gone().is_some()
-                    }) {
+                match side.pace.wait_until(
+                    &p.bell,
+                    &p.rx_parked,
+                    bell,
+                    &mut policy,
+                    || gone().is_some(),
+                    Deadline::NONE,
+                    if side.block_in_inbox {
+                        side.on_block
+                    } else {
+                        OnBlock::Return
+                    },
+                ) {
                     Waited::Spun => w.unblocked += 1,
                     Waited::Blocked => w.blocked += 1,
+                    // Nothing came while it spun: through the engine,
+                    // unless a sender has claimed the inbox meanwhile.
+                    Waited::NotYet => {
+                        if p.close_if_open() {
+                            break None;
+                        }
+                    }
                     Waited::Gone => {
                         p.close_if_open();
                         break Some(Err(gone().unwrap_or(IpcError::HostLost)));

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use vkernel_proto::engine::Completion;
-use vkernel_proto::Pid;
+use vkernel_proto::{IpcError, Pid};
 
 use crate::sys::EventFd;
 
@@ -50,6 +50,9 @@ pub(crate) struct Waiter {
     /// destroys the process or stops the host wakes that thread with an
     /// empty datagram, as it is not parked.
     answer_port: std::sync::atomic::AtomicU32,
+    /// The process's peer page, if its thread exchanges through pages
+    /// (`process/local/peer.rs`): set once.
+    peer: OnceLock<Arc<crate::process::LocalPeer>>,
 }
 
 /// Takes completions for a process that nobody waits for in this program:
@@ -83,6 +86,7 @@ impl Waiter {
             armed: AtomicBool::new(false),
             sink_wake: AtomicBool::new(false),
             answer_port: std::sync::atomic::AtomicU32::new(0),
+            peer: OnceLock::new(),
         }
     }
 
@@ -303,12 +307,28 @@ impl Waiter {
         if let Some(s) = self.sink.get() {
             s.queue_state(nonempty);
         }
+        if let Some(p) = self.peer.get() {
+            p.page.set_queued(nonempty);
+        }
+    }
+
+    /// Gives the process its peer page (once).
+    pub(crate) fn set_peer(&self, p: Arc<crate::process::LocalPeer>) {
+        let _ = self.peer.set(p);
+    }
+
+    /// The process's peer page, if it has one.
+    pub(crate) fn peer(&self) -> Option<&Arc<crate::process::LocalPeer>> {
+        self.peer.get()
     }
 
     pub(crate) fn destroy(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
         if let Some(s) = self.sink.get() {
             s.destroyed();
+        }
+        if let Some(p) = self.peer.get() {
+            p.page.die(&IpcError::Destroyed);
         }
         self.wake();
     }

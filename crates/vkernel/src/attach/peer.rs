@@ -59,7 +59,8 @@ pub(crate) const FAILED: u32 = 4;
 /// The receiver forwarded the message (`rmsg`) to `rfrom`.
 pub(crate) const FORWARDED: u32 = 5;
 
-/// The peer page.
+/// The peer page (all zero: an inbox CLOSED, no reply awaited).
+#[derive(Default)]
 #[repr(C, align(64))]
 pub(crate) struct Peer {
     /// Inbox tag | claimer pid << 32.

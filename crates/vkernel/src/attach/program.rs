@@ -450,7 +450,7 @@ impl AttachedProcess {
         self.spin.set(policy);
         let mut w = self.waits.get();
         match r {
-            Waited::Spun => w.unblocked += 1,
+            Waited::Spun | Waited::NotYet => w.unblocked += 1,
             Waited::Blocked => w.blocked += 1,
             Waited::Gone => {
                 return Err(self.at.gone().unwrap_or(IpcError::HostLost));

@@ -25,6 +25,20 @@ pub(crate) enum Waited {
     Blocked,
     /// `gone` said stop.
     Gone,
+    /// The spin ended and the caller said not to block ([`OnBlock::Return`]).
+    NotYet,
+}
+
+/// What a wait does when it stops spinning.
+#[derive(Clone, Copy)]
+pub(crate) enum OnBlock<'a> {
+    /// Blocks on the word.
+    Block,
+    /// Signals the eventfd, then blocks (an embedded host's thread tells
+    /// its background thread that it no longer looks at the socket).
+    Nudge(&'a crate::sys::EventFd),
+    /// Returns [`Waited::NotYet`]: the caller blocks some other way.
+    Return,
 }
 
 /// What a side needs to decide how to wait.
@@ -54,11 +68,21 @@ impl Pace {
         policy: &mut SpinPolicy,
         gone: impl Fn() -> bool,
     ) -> Waited {
-        self.wait_until(word, parked, old, policy, gone, Deadline::NONE)
+        self.wait_until(
+            word,
+            parked,
+            old,
+            policy,
+            gone,
+            Deadline::NONE,
+            OnBlock::Block,
+        )
     }
 
     /// [`Pace::wait`] that also ends (as `Gone`) at `deadline`, a time of
-    /// `self.clock` in µs.
+    /// `self.clock` in µs, and does as `on_block` says when it stops
+    /// spinning.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait_until(
         &self,
         word: &AtomicU32,
@@ -67,6 +91,7 @@ impl Pace {
         policy: &mut SpinPolicy,
         gone: impl Fn() -> bool,
         deadline: Deadline,
+        on_block: OnBlock<'_>,
     ) -> Waited {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
@@ -77,7 +102,7 @@ impl Pace {
             // Told never to spin: block at once (a zero budget still
             // spins a little below, which "block" must not; an adaptive
             // policy goes on below, to keep learning).
-            return self.block(word, parked, old, &gone, deadline);
+            return self.stop_spinning(word, parked, old, &gone, deadline, on_block);
         }
         let start = self.clock.now();
         let crowded = self.run_queue.contended(start, self.cpus);
@@ -91,7 +116,7 @@ impl Pace {
             i = i.wrapping_add(1);
             if i.is_multiple_of(64) {
                 if gone() || self.clock.now() - start >= spin_us {
-                    break self.block(word, parked, old, &gone, deadline);
+                    break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
                 }
                 // With more threads runnable than CPUs, the other side of
                 // a call is often one waiting for a CPU (the host's proxy):
@@ -107,6 +132,23 @@ impl Pace {
         };
         policy.record(self.clock.now().saturating_sub(start));
         r
+    }
+
+    fn stop_spinning(
+        &self,
+        word: &AtomicU32,
+        parked: &AtomicU32,
+        old: u32,
+        gone: &impl Fn() -> bool,
+        deadline: Deadline,
+        on_block: OnBlock<'_>,
+    ) -> Waited {
+        match on_block {
+            OnBlock::Return if !gone() => return Waited::NotYet,
+            OnBlock::Nudge(n) => n.signal(),
+            _ => {}
+        }
+        self.block(word, parked, old, gone, deadline)
     }
 
     fn block(

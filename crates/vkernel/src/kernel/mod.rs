@@ -150,6 +150,8 @@ impl Kernel {
             spin: cfg.spin_policy(),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
             run_queue: crate::spin::RunQueue::new(),
+            pace: crate::attach::wait::Pace::new(),
+            peer_retired: AtomicU64::new(0),
             send_deadline: cfg.send_deadline,
             host: HostId(0),
             tracer: match &cfg.trace {
@@ -349,6 +351,7 @@ impl Kernel {
                 let pid = e.shared.with_engine(|e, _| e.create_process())?;
                 Ok(LocalProcess::new(e.shared.clone(), pid)?
                     .allow_direct()
+                    .allow_peer()
                     .into())
             }
             Imp::Attached(a) => Ok(a.create_process()?.into()),
@@ -465,6 +468,17 @@ impl Kernel {
         }
     }
 
+    /// Exchanges between this program's threads' processes that went
+    /// through their peer pages, not the engine; they count among
+    /// `local_exchanges`. (0 for an attached program: its machine host's
+    /// `AttachServer::peer_exchanges` counts those of attached programs.)
+    pub fn peer_exchanges(&self) -> u64 {
+        match &self.imp {
+            Imp::Embedded(e) => e.shared.peer_exchanges(),
+            Imp::Attached(_) => 0,
+        }
+    }
+
     /// Stops the host; blocked operations fail with `Shutdown`.
     pub fn shutdown(&mut self) {
         let e = match &mut self.imp {
@@ -478,6 +492,10 @@ impl Kernel {
         let direct: Vec<_> = e.shared.lock().waiters.values().cloned().collect();
         for w in &direct {
             e.shared.wake_direct(w);
+            // (Wakes its thread if it waits in a page: `gone` says why.)
+            if let Some(p) = w.peer() {
+                p.page.die(&IpcError::HostLost);
+            }
         }
         e.shared.resolver.stop();
         e.shared.bg_efd.signal();
@@ -501,6 +519,7 @@ pub(crate) fn destroy_local(shared: &Shared, pid: Pid) -> Result<(), IpcError> {
     if let Some(w) = shared.unregister(pid) {
         w.destroy();
         shared.wake_direct(&w);
+        shared.peer_died(&w, pid);
     }
     Ok(())
 }

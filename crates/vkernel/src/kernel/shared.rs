@@ -61,7 +61,7 @@ pub(crate) struct Shared {
     pub(crate) async_left: AtomicBool,
     /// An async process stopped reading the socket to sleep.
     pub(crate) async_asleep: AtomicBool,
-    pub(super) bg_efd: EventFd,
+    pub(crate) bg_efd: EventFd,
     pub(super) stop: AtomicBool,
     /// The last datagram read was a bulk chunk: more are likely, so the
     /// next is peeked at to receive its data in place.
@@ -91,6 +91,10 @@ pub(crate) struct Shared {
     pub(crate) cpus: u64,
     /// Whether the machine has more runnable threads than CPUs.
     pub(crate) run_queue: crate::spin::RunQueue,
+    /// How threads wait in peer-page exchanges (`process/local/peer.rs`).
+    pub(crate) pace: crate::attach::wait::Pace,
+    /// Exchanges through the pages of processes since destroyed.
+    pub(crate) peer_retired: AtomicU64,
     pub(crate) send_deadline: Option<Duration>,
     pub(crate) host: HostId,
     pub(crate) tracer: Option<crate::trace::Tracer>,
@@ -336,7 +340,13 @@ impl Shared {
                                     }
                                     continue;
                                 }
-                                Err(c) => w.deliver(c),
+                                Err(c) => {
+                                    // (Its inbox, if any, must know.)
+                                    if receive {
+                                        w.queue_state(st.engine.has_queued(p));
+                                    }
+                                    w.deliver(c)
+                                }
                             }
                         }
                         // A spinning process sees the flag; only one
@@ -367,9 +377,15 @@ impl Shared {
 
     /// The counters and gauges, copied under the lock.
     pub(crate) fn snapshot(&self) -> (Stats, crate::metrics::Gauges) {
+        // Exchanges through live processes' peer pages count there.
+        let waiters: Vec<_> = self.lock().waiters.values().cloned().collect();
         self.with_engine(|e, now| {
             let mut s = e.stats().clone();
             self.direct_tally.fold_into(&mut s);
+            let metrics = e.config().metrics;
+            for p in waiters.iter().filter_map(|w| w.peer()) {
+                p.fold_into(&mut s, metrics);
+            }
             self.attach_tally.fold_into(&mut s);
             (
                 s,
@@ -389,6 +405,47 @@ impl Shared {
 
     pub(crate) fn unregister(&self, pid: Pid) -> Option<Arc<Waiter>> {
         self.lock().waiters.remove(&pid)
+    }
+
+    /// Exchanges between this host's threads' processes through their
+    /// peer pages so far.
+    pub(crate) fn peer_exchanges(&self) -> u64 {
+        let live: u64 = (self.lock().waiters.values())
+            .filter_map(|w| w.peer())
+            .map(|p| p.exchanges())
+            .sum();
+        live + self.peer_retired.load(Ordering::Relaxed)
+    }
+
+    /// `pid`'s peer page, if it is a process of this host with one.
+    pub(crate) fn peer_of(&self, pid: Pid) -> Option<Arc<crate::process::LocalPeer>> {
+        self.lock().waiters.get(&pid)?.peer().cloned()
+    }
+
+    /// `dead` was destroyed: its page's counts go to the host's, and
+    /// every Send waiting on it through a page fails.
+    pub(crate) fn peer_died(&self, dead: &Waiter, pid: Pid) {
+        let Some(page) = dead.peer() else {
+            return;
+        };
+        // (Once: a destroyed process is dropped later.)
+        if page.page.owner.swap(0, Ordering::AcqRel) == 0 {
+            return;
+        }
+        let metrics = self.with_engine(|e, _| e.config().metrics);
+        self.direct_tally.fold_peer(page, metrics);
+        self.peer_retired
+            .fetch_add(page.exchanges(), Ordering::Relaxed);
+        let why = if self.stopping() {
+            vkernel_proto::IpcError::Shutdown
+        } else {
+            vkernel_proto::IpcError::NoSuchProcess(pid)
+        };
+        let all: Vec<_> = self.lock().waiters.values().cloned().collect();
+        for p in all.iter().filter_map(|w| w.peer()) {
+            p.page.fail_if_waiting_on(pid, why);
+            p.page.unclaim(pid);
+        }
     }
 
     /// Wakes `w`'s thread if it reads its own socket in a direct Send

@@ -100,6 +100,11 @@ impl Tally {
         sh.net.counters.direct_sends.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Keeps what a destroyed process's peer page counted.
+    pub(crate) fn fold_peer(&self, p: &crate::process::LocalPeer, metrics: bool) {
+        p.fold_into(&mut lock(&self.0), metrics);
+    }
+
     /// Adds the counters to `s`, the engine's.
     pub(crate) fn fold_into(&self, s: &mut Stats) {
         s.merge_from(&lock(&self.0));

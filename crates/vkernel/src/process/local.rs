@@ -29,7 +29,12 @@ use super::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 
 mod direct_send;
 mod host_ops;
+#[cfg(feature = "otel")]
+mod otel;
+mod peer;
 mod wait;
+
+pub(crate) use peer::LocalPeer;
 
 use direct_send::ANSWER_BUF;
 
@@ -91,6 +96,8 @@ pub(crate) struct LocalProcess {
     /// batches them ([`super::Process::set_reply_batching`]); boxed, so
     /// that a process is no larger for it.
     held: std::cell::Cell<Option<Box<Held>>>,
+    /// Its peer page and what it knows of others' (`local/peer.rs`).
+    peer: Option<Box<peer::PeerSide>>,
     /// Exchange spans in progress (OpenTelemetry); boxed, so that a
     /// process is no larger for it.
     #[cfg(feature = "otel")]
@@ -158,6 +165,7 @@ impl LocalProcess {
             direct_ok: std::cell::Cell::new(false),
             lease: std::cell::Cell::new(None),
             held: std::cell::Cell::new(None),
+            peer: None,
             #[cfg(feature = "otel")]
             otel: std::cell::RefCell::default(),
             _not_sync: PhantomData,
@@ -198,6 +206,7 @@ impl LocalProcess {
     /// `userNumber`): it travels with every Send and services may decide
     /// by it.
     pub(crate) fn set_principal(&self, principal: u32) {
+        self.peer_principal(principal);
         let _ = self
             .shared
             .with_engine(|e, _| e.set_principal(self.pid, principal));
@@ -206,6 +215,9 @@ impl LocalProcess {
     /// Only senders running as one of `principals` may Send to this
     /// process (`None`: anyone); others get [`IpcError::AccessDenied`].
     pub(crate) fn restrict_senders(&self, principals: Option<Vec<u32>>) {
+        if let Some(ps) = &self.peer {
+            ps.restricted.set(principals.is_some());
+        }
         let _ = self
             .shared
             .with_engine(|e, _| e.restrict_senders(self.pid, principals));
@@ -263,6 +275,10 @@ impl LocalProcess {
         forwarder: Pid,
     ) -> Result<Reply, IpcError> {
         msg.set_flag(SEGMENT | SEG_READ | SEG_WRITE, false);
+        let (to, forwarder, deadline) = match self.send_by_pages(msg, to, forwarder, deadline) {
+            Ok(r) => return r,
+            Err(rest) => rest,
+        };
         if forwarder == self.pid {
             if let Some(r) = self.try_direct(msg, to, deadline) {
                 return r;
@@ -437,73 +453,6 @@ impl LocalProcess {
         }
         #[cfg(feature = "otel")]
         self.otel_phase(p, src, dst, ok);
-    }
-
-    /// Begins or ends an exchange span (Send and Complete are the
-    /// sender's, Deliver and Reply the receiver's; `src` is the sender).
-    #[cfg(feature = "otel")]
-    fn otel_phase(&self, p: Phase, src: Pid, dst: Pid, ok: bool) {
-        use crate::otel::Begun;
-        let Some(spans) = &self.shared.otel else {
-            return;
-        };
-        let at = std::time::SystemTime::now();
-        match p {
-            Phase::Send => {
-                self.otel.borrow_mut().send = Some(Begun {
-                    at,
-                    peer: dst,
-                    seq: None,
-                });
-            }
-            Phase::Deliver => {
-                let seq = self.shared.with_engine(|e, _| e.exchange_seq(src));
-                self.otel
-                    .borrow_mut()
-                    .delivered(Begun { at, peer: src, seq });
-            }
-            Phase::Reply => {
-                let b = self.otel.borrow_mut().replied(src);
-                if let Some(b) = b {
-                    spans.receive(self.pid, b);
-                }
-            }
-            // An async Send's end (a blocking one's span has ended in
-            // `finish_send`, with the error's text).
-            Phase::Complete => {
-                let b = self.otel.borrow_mut().send.take();
-                if let Some(b) = b {
-                    let by = if ok {
-                        Ok(dst)
-                    } else {
-                        Err("the Send failed".to_string())
-                    };
-                    spans.send(self.pid, b, by);
-                }
-            }
-        }
-    }
-
-    /// The Send has gone to the engine: note its sequence number (under
-    /// the engine's lock, before a reply can end the exchange).
-    #[cfg(feature = "otel")]
-    pub(crate) fn otel_sent(&self, e: &vkernel_proto::Engine) {
-        if self.shared.otel.is_some() {
-            if let Some(b) = self.otel.borrow_mut().send.as_mut() {
-                b.seq = e.exchange_seq(self.pid);
-            }
-        }
-    }
-
-    /// The Send returned: replied to by `by`, or failed.
-    #[cfg(feature = "otel")]
-    fn otel_complete(&self, by: Result<Pid, String>) {
-        if let Some(spans) = &self.shared.otel {
-            let b = self.otel.borrow_mut().send.take();
-            if let Some(b) = b {
-                spans.send(self.pid, b, by);
-            }
-        }
     }
 
     /// Completions of operations started with `*_direct` go to `sink`.
@@ -706,6 +655,11 @@ impl LocalProcess {
         buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Result<Incoming, IpcError> {
+        if from.is_none() {
+            if let Some(r) = self.peer_receive(msg) {
+                return r;
+            }
+        }
         let mut buf = buf;
         let mut lease = None;
         let sh = &*self.shared;
@@ -725,6 +679,7 @@ impl LocalProcess {
             };
             if let Ok(Some(_)) = &r {
                 sh.note_busy(e.queue_len(self.pid));
+                self.waiter.queue_state(e.has_queued(self.pid));
             }
             r
         });
@@ -768,6 +723,9 @@ impl LocalProcess {
     pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
+        if let Some(r) = self.peer_reply(&m, to) {
+            return r;
+        }
         let Some(mut h) = self.held.take() else {
             return self
                 .shared
@@ -852,6 +810,14 @@ impl LocalProcess {
         offset: u32,
         data: &[u8],
     ) -> Result<(), IpcError> {
+        if self.peer_holds(to) {
+            // Its sender lent no segment (it would have come through the
+            // engine): as the engine says.
+            return match data.is_empty() {
+                true => self.reply(msg, to),
+                false => Err(IpcError::AccessDenied(to)),
+            };
+        }
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
         if data.len() <= vkernel_proto::MAX_APPEND {
@@ -872,6 +838,9 @@ impl LocalProcess {
     /// Forward: passes `from`'s request (as `msg`) to `to` as if `from` had
     /// sent it; `from` must be awaiting reply from this process.
     pub(crate) fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
+        if let Some(r) = self.peer_forward(msg, from, to) {
+            return r;
+        }
         let m = *msg;
         self.shared
             .with_engine(|e, now| e.forward(now, self.pid, from, to, m))
@@ -879,6 +848,9 @@ impl LocalProcess {
 
     /// MoveTo: copies `src` into `to`'s write-granted segment at `offset`.
     pub(crate) fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+        if self.peer_holds(to) {
+            return Err(IpcError::AccessDenied(to));
+        }
         let (lease, lent) = Lease::shared(src);
         let r = self
             .shared
@@ -912,6 +884,9 @@ impl LocalProcess {
         offset: u32,
         dest: &mut [u8],
     ) -> Result<usize, IpcError> {
+        if self.peer_holds(from) {
+            return Err(IpcError::AccessDenied(from));
+        }
         let (lease, lent) = Lease::exclusive(dest);
         let r = self
             .shared
@@ -953,6 +928,11 @@ impl Drop for LocalProcess {
                 .with_engine(|e, now| e.destroy_process(now, pid));
         }
         self.shared.unregister(pid);
+        // Its page dies too: Sends waiting on it fail, its counts stay.
+        if let Some(p) = self.waiter.peer() {
+            p.page.die(&IpcError::Destroyed);
+            self.shared.peer_died(&self.waiter, pid);
+        }
     }
 }
 

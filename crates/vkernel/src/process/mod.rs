@@ -12,7 +12,7 @@ use std::time::Duration;
 use vkernel_proto::{IpcError, Message, Pid, Scope};
 
 use crate::attach::program::AttachedProcess;
-pub(crate) use local::LocalProcess;
+pub(crate) use local::{LocalPeer, LocalProcess};
 // The plain types of the API live in `crate::vocab`; this path stays for
 // the modules that name them here.
 pub use crate::vocab::{HostLoad, Incoming, Reply, Segment, WaitCounts};

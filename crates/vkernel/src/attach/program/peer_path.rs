@@ -158,6 +158,9 @@ impl AttachedProcess {
             pace: &self.at.pace,
             spin: &self.spin,
             waits: &self.waits,
+            handoffs: None,
+            on_block: crate::attach::wait::OnBlock::Block,
+            block_in_inbox: true,
         }
     }
 
