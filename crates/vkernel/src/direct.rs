@@ -325,6 +325,8 @@ pub(crate) struct Call {
     pub(crate) spin_us: u64,
     /// Block at once, with no empty read first.
     pub(crate) block_at_once: bool,
+    /// Yield the CPU now and then while spinning (`SpinPolicy::yields_at`).
+    pub(crate) may_yield: bool,
 }
 
 /// Runs `c` on `io` until it is answered, fails, its deadline passes, or
@@ -481,7 +483,7 @@ pub(crate) fn send<R: Route>(
         }
         if !blocked {
             turn = turn.wrapping_add(1);
-            if crate::spin::yields(c.spin_us, turn) {
+            if crate::spin::yields(c.may_yield, turn) {
                 std::thread::yield_now();
             }
             blocked = io.crowded(turn);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use vkernel_proto::{IpcError, Message, Pid};
 
 use crate::attach::peer::{self, Inbound, Outcome, Peer};
-use crate::attach::wait::{OnBlock, Pace, Waited};
+use crate::attach::wait::{OnBlock, Pace, Tick, Waited};
 use crate::deadline::Deadline;
 use crate::spin::SpinPolicy;
 use crate::vocab::WaitCounts;
@@ -42,6 +42,8 @@ pub(crate) struct Side<'a> {
     /// receives through the engine, which blocks as the host's socket
     /// reader, when its spin ends).
     pub(crate) block_in_inbox: bool,
+    /// What a Receive spinning in the inbox does now and then.
+    pub(crate) tick: Option<&'a dyn Tick>,
 }
 
 impl Side<'_> {
@@ -122,6 +124,7 @@ pub(crate) fn send(
             || gone().is_some(),
             deadline,
             side.on_block,
+            None,
         ) {
             Waited::Spun | Waited::NotYet => w.unblocked += 1,
             Waited::Blocked => w.blocked += 1,
@@ -231,6 +234,7 @@ pub(crate) fn receive(
                     } else {
                         OnBlock::Return
                     },
+                    side.tick,
                 ) {
                     Waited::Spun => w.unblocked += 1,
                     Waited::Blocked => w.blocked += 1,

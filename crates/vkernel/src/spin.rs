@@ -95,6 +95,22 @@ impl SpinPolicy {
             .clamp(FLOOR_US.min(self.cap_us), self.cap_us)
     }
 
+    /// Whether a spin of `budget_us` by this policy yields its CPU now and
+    /// then ([`yields`]): an adaptive budget raised by a long wait (at
+    /// least [`YIELD_BUDGET_US`]). The peer it waits for may then be
+    /// queued behind it on this CPU (a thread woken by this one's datagram
+    /// is often placed on the waker's CPU), and a spinner that never
+    /// yields holds it off for the whole budget: after each loss two hosts
+    /// fell into a lockstep of 1 ms a datagram. Steady short waits (and a
+    /// stray one of tens of µs) keep the budget low: two spinners on
+    /// separate CPUs pay no syscalls for nothing (yielding at any raised
+    /// budget doubled the p99 of a clean ping). A fixed spin is the
+    /// user's choice and never yields (at 500 µs it made a remote
+    /// exchange 2.5× slower).
+    pub(crate) fn yields_at(&self, budget_us: u64) -> bool {
+        self.adaptive && budget_us >= YIELD_BUDGET_US
+    }
+
     /// Learns from a finished wait: how long it lasted.
     pub(crate) fn record(&mut self, waited_us: u64) {
         if !self.adaptive {
@@ -110,18 +126,10 @@ impl SpinPolicy {
     }
 }
 
-/// Whether a spin with a budget of `budget_us` should give its CPU away
-/// at its `turn`-th look: every 16th, while the budget is raised by a
-/// long wait (at least [`YIELD_BUDGET_US`]). The peer it waits for may then be queued
-/// behind it on this CPU (a thread woken by this one's datagram is often
-/// placed on the waker's CPU) and a spinner that never yields holds it off
-/// for the whole budget: after each loss two hosts fell into a lockstep of
-/// 1 ms a datagram. Steady short waits (and a stray one of tens of µs)
-/// keep the budget low and never yield: two spinners on separate CPUs then
-/// pay no syscalls for nothing (yielding at any raised budget doubled the
-/// p99 of a clean ping).
-pub(crate) fn yields(budget_us: u64, turn: u32) -> bool {
-    budget_us >= YIELD_BUDGET_US && turn.is_multiple_of(16)
+/// Whether a spin that may yield ([`SpinPolicy::yields_at`]) gives its
+/// CPU away at its `turn`-th look: every 16th.
+pub(crate) fn yields(may: bool, turn: u32) -> bool {
+    may && turn.is_multiple_of(16)
 }
 
 /// The least budget at which a spin yields ([`yields`]).
@@ -315,20 +323,22 @@ mod tests {
 
     #[test]
     fn a_spin_yields_only_when_its_budget_grew() {
-        assert!(!yields(0, 16));
-        assert!(!yields(FLOOR_US, 16));
-        assert!(!yields(YIELD_BUDGET_US - 1, 16));
-        assert!(yields(YIELD_BUDGET_US, 16));
+        let p = SpinPolicy::adaptive(CAP);
+        assert!(!p.yields_at(FLOOR_US));
+        assert!(!p.yields_at(YIELD_BUDGET_US - 1));
+        assert!(p.yields_at(YIELD_BUDGET_US));
+        assert!(yields(true, 16) && !yields(true, 17) && !yields(false, 16));
         // A lost datagram raises the budget to the cap: it yields then.
         let mut p = SpinPolicy::adaptive(CAP);
         p.record(6_000);
-        assert!(yields(p.budget_us(0, 2, false), 16));
-        // A stray wait of tens of µs does not.
+        assert!(p.yields_at(p.budget_us(0, 2, false)));
+        // A stray wait of a few hundred µs does not.
         let mut p = SpinPolicy::adaptive(CAP);
         p.record(200);
-        assert!(!yields(p.budget_us(0, 2, false), 16));
-        assert!(!yields(900, 17));
-        assert!(yields(900, 32));
+        assert!(!p.yields_at(p.budget_us(0, 2, false)));
+        // Nor does a fixed spin, however long.
+        let p = SpinPolicy::fixed(CAP);
+        assert!(!p.yields_at(p.budget_us(0, 2, false)));
     }
 
     #[test]

@@ -170,10 +170,12 @@ fn a_restricted_receiver_is_checked_by_the_engine() {
 
 #[test]
 fn a_remote_send_reaches_a_receiver_that_waits_in_its_inbox() {
-    // Host a's server mostly waits in its inbox (a local client keeps it
-    // busy); requests from host b go through a's engine, which closes the
-    // inbox for them. Each must be answered promptly, not at a
-    // retransmission or by chance.
+    // Host a's server waits in its inbox after a local request (a server
+    // of remote clients waits in the engine, reading the socket); a
+    // request from host b then reaches a's socket, which the spinning
+    // server reads now and then, and a's engine queues it and closes the
+    // inbox. Each must be answered promptly, not at a retransmission or by
+    // chance.
     let a = host(true);
     let b = Kernel::start(KernelConfig {
         peers: vec![a.local_addr()],
@@ -188,6 +190,9 @@ fn a_remote_send_reaches_a_receiver_that_waits_in_its_inbox() {
     let retx = b.stats().retransmits;
     let mut worst = Duration::ZERO;
     for i in 0..300 {
+        // Two local ones: the second through the inbox, and the server
+        // waits there again when the remote one comes.
+        echo(&local, s, i).unwrap();
         echo(&local, s, i).unwrap();
         let t = Instant::now();
         echo(&remote, s, i).unwrap();

@@ -264,6 +264,7 @@ impl DirectPath {
             spin_us,
             // Told never to spin: block at once (no empty read first).
             block_at_once: spin_us == 0 && !adaptive,
+            may_yield: w.policy.yields_at(spin_us),
         };
         let mut io = SocketIo {
             sock: &self.sock,

@@ -29,6 +29,16 @@ pub(crate) enum Waited {
     NotYet,
 }
 
+/// Work a spinning wait does now and then (an embedded host's thread in
+/// its inbox reads the host's socket when nobody else does).
+pub(crate) trait Tick {
+    /// Called every [`TICK_SPINS`] turns of a spin.
+    fn tick(&self);
+}
+
+/// Turns of a spin between two [`Tick::tick`]s (a few µs).
+const TICK_SPINS: u32 = 1024;
+
 /// What a wait does when it stops spinning.
 #[derive(Clone, Copy)]
 pub(crate) enum OnBlock<'a> {
@@ -76,6 +86,7 @@ impl Pace {
             gone,
             Deadline::NONE,
             OnBlock::Block,
+            None,
         )
     }
 
@@ -92,6 +103,7 @@ impl Pace {
         gone: impl Fn() -> bool,
         deadline: Deadline,
         on_block: OnBlock<'_>,
+        tick: Option<&dyn Tick>,
     ) -> Waited {
         if word.load(Ordering::Acquire) != old {
             return Waited::Spun;
@@ -114,6 +126,9 @@ impl Pace {
                 break Waited::Spun;
             }
             i = i.wrapping_add(1);
+            if let Some(t) = tick.filter(|_| i.is_multiple_of(TICK_SPINS)) {
+                t.tick();
+            }
             if i.is_multiple_of(64) {
                 if gone() || self.clock.now() - start >= spin_us {
                     break self.stop_spinning(word, parked, old, &gone, deadline, on_block);

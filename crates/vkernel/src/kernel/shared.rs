@@ -470,3 +470,14 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 }
+
+/// A thread spinning in its inbox reads the host's socket now and then if
+/// nobody else does: a datagram for its process (a remote Send) is queued
+/// by the engine, which closes the inbox and so ends the spin.
+impl crate::attach::wait::Tick for Shared {
+    fn tick(&self) {
+        if self.readers() == 0 {
+            let _ = self.poll_socket_as(None, 1);
+        }
+    }
+}

@@ -161,6 +161,7 @@ impl AttachedProcess {
             handoffs: None,
             on_block: crate::attach::wait::OnBlock::Block,
             block_in_inbox: true,
+            tick: None,
         }
     }
 

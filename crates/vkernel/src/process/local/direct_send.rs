@@ -61,6 +61,7 @@ impl LocalProcess {
             deadline: due,
             spin_us,
             block_at_once: spin_us == 0,
+            may_yield: policy.yields_at(spin_us),
         };
         self.trace(Phase::Send, self.pid, to, true);
         // The span's key is the sequence number the RemoteSend carries.

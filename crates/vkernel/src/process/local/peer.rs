@@ -140,6 +140,7 @@ impl LocalProcess {
             // the background thread must look at who does.
             on_block: crate::attach::wait::OnBlock::Nudge(&self.shared.bg_efd),
             block_in_inbox: false,
+            tick: Some(&*self.shared),
         }
     }
 
@@ -291,7 +292,9 @@ impl LocalProcess {
     /// engine (or the engine must check senders). None: through the engine.
     pub(super) fn peer_receive(&self, msg: &mut Message) -> Option<Result<Incoming, IpcError>> {
         let ps = self.peer.as_ref()?;
-        if ps.restricted.get() {
+        // (A server of remote clients waits for datagrams: in the engine,
+        // reading the socket.)
+        if ps.restricted.get() || self.last_from_remote.get() {
             return None;
         }
         let r = crate::peer_exchange::receive(&self.side(), &ps.own.page, || self.gone())?;

@@ -78,6 +78,7 @@ impl LocalProcess {
             Expect::Local => 8,
         };
         let mut next_poll = start + gap;
+        let may_yield = self.spin.get().yields_at(spin_us);
         // While spinning this thread reads the socket itself.
         if !spin.is_zero() {
             Waiter::spinning(sh.net.socket());
@@ -175,7 +176,7 @@ impl LocalProcess {
                     // let the one that would answer run (the server, a
                     // peer spinner) rather than hold the CPU for a whole
                     // time slice.
-                    if crate::spin::yields(spin_us, i)
+                    if crate::spin::yields(may_yield, i)
                         || (i.is_multiple_of(64) && sh.run_queue.contended(sh.now(), sh.cpus))
                     {
                         std::thread::yield_now();
