@@ -126,10 +126,12 @@ impl Pace {
                 break Waited::Spun;
             }
             i = i.wrapping_add(1);
-            if let Some(t) = tick.filter(|_| i.is_multiple_of(TICK_SPINS)) {
-                t.tick();
-            }
             if i.is_multiple_of(64) {
+                // (Inside: the turn that finds the word changed stays a
+                // load and a compare.)
+                if let Some(t) = tick.filter(|_| i.is_multiple_of(TICK_SPINS)) {
+                    t.tick();
+                }
                 if gone() || self.clock.now() - start >= spin_us {
                     break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
                 }
