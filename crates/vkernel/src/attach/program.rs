@@ -487,20 +487,16 @@ impl AttachedProcess {
     /// Copies `data` to the start of the window.
     fn put(&self, data: &[u8]) -> Result<(), IpcError> {
         self.window_for(data.len())?;
-        let w = self.window.borrow();
-        // SAFETY: no call is in flight, so the host does not use the
-        // window now; bytes are only copied.
-        unsafe { w.bytes_mut(data.len()) }.copy_from_slice(data);
+        // (No call is in flight: the host does not use the window now.)
+        self.window.borrow().write_at(0, data);
         Ok(())
     }
 
     /// Copies the start of the window into `out` (at most `n` bytes).
     fn get(&self, out: &mut [u8], n: usize) -> usize {
-        let w = self.window.borrow();
-        let n = n.min(out.len()).min(w.len());
-        // SAFETY: as in `put`: the call has completed.
-        out[..n].copy_from_slice(unsafe { &w.bytes_mut(n)[..n] });
-        n
+        let n = n.min(out.len());
+        // (The call has completed.)
+        self.window.borrow().read_at(0, &mut out[..n])
     }
 
     pub(crate) fn pid(&self) -> Pid {
@@ -781,7 +777,7 @@ impl AttachedProcess {
         if self.peer_rx.borrow().contains_key(&to) {
             return Err(IpcError::AccessDenied(to));
         }
-        if let Some(r) = self.granted_move(to, offset, src.len(), |w| w.copy_from_slice(src)) {
+        if let Some(r) = self.granted_move(to, offset, src) {
             return r;
         }
         self.put(src)?;

@@ -145,6 +145,35 @@ impl Shm {
         self.ptr.as_ptr()
     }
 
+    /// Copies `src` into the mapping at `off`, as much as fits; returns how
+    /// much. A raw copy: no slice is ever made over memory another program
+    /// may write meanwhile (which would only tear the bytes copied).
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) -> usize {
+        let n = src.len().min(self.len.saturating_sub(off));
+        if n > 0 {
+            // SAFETY: [off, off + n) is inside the mapping (n is clamped
+            // to what follows off), `src` is a separate allocation of at
+            // least n bytes, and only bytes are copied.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), n);
+            }
+        }
+        n
+    }
+
+    /// Copies from the mapping at `off` into `dst`, as much as there is;
+    /// returns how much. A raw copy, as in [`Shm::write_at`].
+    pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.len.saturating_sub(off));
+        if n > 0 {
+            // SAFETY: as in `write_at`, in the other direction.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), n);
+            }
+        }
+        n
+    }
+
     /// `len` bytes at the start, as a slice the caller may read and write.
     ///
     /// # Safety
@@ -204,6 +233,18 @@ mod tests {
             a.bytes_mut(4)[..4].copy_from_slice(b"abcd");
             assert_eq!(&b.bytes_mut(4)[..4], b"abcd");
         }
+    }
+
+    #[test]
+    fn raw_copies_stay_inside_the_mapping() {
+        let (a, fd) = Shm::create("r", 4096).unwrap();
+        let b = Shm::adopt(&fd, 4096, 1 << 20).unwrap();
+        assert_eq!(a.write_at(4090, b"0123456789"), 6, "clamped at the end");
+        let mut out = [0u8; 10];
+        assert_eq!(b.read_at(4090, &mut out), 6);
+        assert_eq!(&out[..6], b"012345");
+        assert_eq!(a.write_at(5000, b"x"), 0, "past the end: nothing");
+        assert_eq!(b.read_at(usize::MAX, &mut out), 0);
     }
 
     #[test]

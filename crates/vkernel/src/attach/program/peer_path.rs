@@ -173,18 +173,13 @@ impl AttachedProcess {
         &self,
         other: Pid,
         offset: u32,
-        n: usize,
-        copy: impl FnOnce(&mut [u8]),
+        src: &[u8],
     ) -> Option<Result<usize, IpcError>> {
-        self.grant(other, offset, n, true).map(|r| {
-            r.map(|(w, off)| {
-                // SAFETY: the host granted [off, off + n) of the window for
-                // the other's outstanding Send, during which it does not
-                // touch those bytes; bytes are only copied.
-                copy(unsafe { &mut w.bytes_mut(off + n)[off..] });
-                n
-            })
-        })
+        // The host granted [off, off + n) of the window for the other's
+        // outstanding Send, during which it does not touch those bytes
+        // (`grant` checked the range against the mapping).
+        self.grant(other, offset, src.len(), true)
+            .map(|r| r.map(|(w, off)| w.write_at(off, src)))
     }
 
     pub(super) fn granted_move_from(
@@ -194,13 +189,9 @@ impl AttachedProcess {
         dest: &mut [u8],
     ) -> Option<Result<usize, IpcError>> {
         let n = dest.len();
-        self.grant(other, offset, n, false).map(|r| {
-            r.map(|(w, off)| {
-                // SAFETY: as in `granted_move`.
-                dest.copy_from_slice(unsafe { &w.bytes_mut(off + n)[off..] });
-                n
-            })
-        })
+        // (As in `granted_move`.)
+        self.grant(other, offset, n, false)
+            .map(|r| r.map(|(w, off)| w.read_at(off, dest)))
     }
 
     /// Asks the host for a grant; returns the other's window (mapped,
