@@ -655,7 +655,9 @@ impl LocalProcess {
         buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Result<Incoming, IpcError> {
-        if from.is_none() {
+        if from.is_none() && self.peer.is_some() {
+            // (Held replies leave before this process waits.)
+            self.flush_replies();
             if let Some(r) = self.peer_receive(msg) {
                 return r;
             }

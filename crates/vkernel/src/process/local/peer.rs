@@ -39,10 +39,16 @@ pub(crate) struct LocalPeer {
 }
 
 impl LocalPeer {
+    /// Counts one exchange (only the owner's thread writes: plain stores,
+    /// no locked read-modify-write on the exchange's path).
     fn record(&self, bucket: usize, latency: u64) {
         let b = bucket.min(31);
-        self.counts[b].fetch_add(1, Ordering::Relaxed);
-        self.sums[b].fetch_add(latency, Ordering::Relaxed);
+        let (c, s) = (&self.counts[b], &self.sums[b]);
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        s.store(
+            s.load(Ordering::Relaxed).saturating_add(latency),
+            Ordering::Relaxed,
+        );
     }
 
     /// Exchanges this process's Sends completed through pages.
