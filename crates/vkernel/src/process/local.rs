@@ -655,9 +655,7 @@ impl LocalProcess {
         buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Result<Incoming, IpcError> {
-        if from.is_none() && self.peer.is_some() {
-            // (Held replies leave before this process waits.)
-            self.flush_replies();
+        if from.is_none() {
             if let Some(r) = self.peer_receive(msg) {
                 return r;
             }

@@ -300,9 +300,15 @@ impl LocalProcess {
         let ps = self.peer.as_ref()?;
         // (A server of remote clients waits for datagrams: in the engine,
         // reading the socket.)
-        if ps.restricted.get() || self.last_from_remote.get() {
+        if ps.restricted.get()
+            || self.last_from_remote.get()
+            || ps.own.page.queued.load(Ordering::Relaxed) != 0
+        {
             return None;
         }
+        // Held replies leave before this process waits (nothing is
+        // queued: it would).
+        self.flush_replies();
         let r = crate::peer_exchange::receive(&self.side(), &ps.own.page, || self.gone())?;
         Some(match r {
             Ok(i) => {
