@@ -5,7 +5,8 @@
 //! wait, the same withdrawal at a deadline; each kind of process only
 //! says where pages are, when it is gone, and what it counts.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,7 +16,51 @@ use crate::attach::peer::{self, Inbound, Outcome, Peer};
 use crate::attach::wait::{OnBlock, Pace, Tick, Waited};
 use crate::deadline::Deadline;
 use crate::spin::SpinPolicy;
-use crate::vocab::WaitCounts;
+use crate::vocab::{Reply, WaitCounts};
+
+/// Other processes' pages a process remembers at most (beyond, it
+/// forgets them all).
+const PAGE_CACHE: usize = 1024;
+
+/// The pages of other processes a process has looked up, by pid (None:
+/// that process has none for it).
+pub(crate) struct Pages<T>(RefCell<HashMap<Pid, Option<T>>>);
+
+impl<T: Clone> Pages<T> {
+    /// None looked up yet.
+    pub(crate) fn new() -> Pages<T> {
+        Pages(RefCell::new(HashMap::new()))
+    }
+
+    /// `pid`'s page, fetched once.
+    pub(crate) fn get(&self, pid: Pid, fetch: impl FnOnce() -> Option<T>) -> Option<T> {
+        if let Some(v) = self.0.borrow().get(&pid) {
+            return v.clone();
+        }
+        let v = fetch();
+        let mut m = self.0.borrow_mut();
+        if m.len() >= PAGE_CACHE {
+            m.clear();
+        }
+        m.insert(pid, v.clone());
+        v
+    }
+
+    /// Forgets `pid`'s page (it died).
+    pub(crate) fn forget(&self, pid: Pid) {
+        self.0.borrow_mut().remove(&pid);
+    }
+}
+
+/// What a Send through a peer page came to, for its caller.
+pub(crate) enum PeerSend {
+    /// Replied to, or failed.
+    Done(Result<Reply, IpcError>),
+    /// The receiver forwarded it: send it on to `to` as from `forwarder`.
+    Forwarded { to: Pid, forwarder: Pid },
+    /// Not this way: through the host's engine.
+    NotHere,
+}
 
 /// How long a sender spins for a busy receiver's inbox to open before it
 /// lets the engine queue its message.
@@ -69,6 +114,33 @@ pub(crate) enum Sent {
     Deadline,
     /// The caller went (`gone`) meanwhile.
     Gone(IpcError),
+}
+
+impl Sent {
+    /// How the exchange with `to` ended, if it went through the page;
+    /// else Err(None) (send through the engine) or the error. A dead
+    /// page is forgotten from `pages`.
+    pub(crate) fn outcome<T: Clone>(
+        self,
+        to: Pid,
+        pages: &Pages<T>,
+    ) -> Result<Outcome, Option<IpcError>> {
+        match self {
+            Sent::Ended(how) => Ok(how),
+            Sent::NotHere { dead } => {
+                if dead {
+                    pages.forget(to);
+                }
+                Err(None)
+            }
+            Sent::NoSuchProcess => {
+                pages.forget(to);
+                Err(Some(IpcError::NoSuchProcess(to)))
+            }
+            Sent::Deadline => Err(Some(IpcError::Deadline(to))),
+            Sent::Gone(e) => Err(Some(e)),
+        }
+    }
 }
 
 /// Sends `msg` as `me` (exchange `seq`, `principal`, forwarded by `fwd`)

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use vkernel_proto::{HostId, IpcError, Message, Pid, Scope};
 
+use crate::peer_exchange::PeerSend;
 use crate::process::{HostLoad, Incoming, Reply, Segment, WaitCounts};
 use crate::spin::SpinPolicy;
 
@@ -271,7 +272,7 @@ impl Attachment {
             waits: Cell::new(WaitCounts::default()),
             send_deadline: Cell::new(self.send_deadline),
             peer,
-            peers: RefCell::new(HashMap::new()),
+            peers: crate::peer_exchange::Pages::new(),
             peer_rx: RefCell::new(HashMap::new()),
             peer_seq: Cell::new(0),
             principal: Cell::new(self.principal),
@@ -344,27 +345,12 @@ const LOCAL_BATCH: u64 = 4096;
 /// Trace lines go to the host in batches of this many bytes (or sooner).
 const TRACE_BYTES: usize = 32 << 10;
 
-/// Peer pages a process keeps mapped at most (beyond, it forgets them).
-const PEER_CACHE: usize = 1024;
-
 /// Other processes' windows a process keeps mapped at most.
 const GRANT_CACHE: usize = 64;
 
 /// Moves at least this long copy straight into the other's window
 /// (smaller ones go through the host, which costs a copy less to set up).
 const GRANT_MIN: usize = 64 << 10;
-
-/// What a Send through a peer page came to.
-enum PeerSend {
-    Done(Result<Reply, IpcError>),
-    /// The receiver forwarded it: send it on to `to` as from `forwarder`.
-    Forwarded {
-        to: Pid,
-        forwarder: Pid,
-    },
-    /// Not this way: through the host.
-    NotHere,
-}
 
 /// A process of the machine host, driven from this program.
 pub(crate) struct AttachedProcess {
@@ -380,7 +366,7 @@ pub(crate) struct AttachedProcess {
     /// This process's peer page (none if the host did not take it).
     peer: Option<Arc<Shm>>,
     /// Other processes' peer pages (None: not given; use the host).
-    peers: RefCell<HashMap<Pid, Option<Arc<Shm>>>>,
+    peers: crate::peer_exchange::Pages<Arc<Shm>>,
     /// Senders received through the inbox and not yet answered, with
     /// their exchange sequence.
     peer_rx: RefCell<HashMap<Pid, u32>>,

@@ -2,7 +2,7 @@
 //! (`attach/peer.rs`), bypassing the host.
 
 use super::*;
-use crate::peer_exchange::Sent;
+use crate::peer_exchange::PeerSend;
 
 /// The shared-memory path (see `peer.rs`).
 impl AttachedProcess {
@@ -14,16 +14,7 @@ impl AttachedProcess {
 
     /// `pid`'s peer page, asked of the host once.
     pub(super) fn peer_of(&self, pid: Pid) -> Option<Arc<Shm>> {
-        if let Some(v) = self.peers.borrow().get(&pid) {
-            return v.clone();
-        }
-        let v = self.at.peer_page(pid);
-        let mut m = self.peers.borrow_mut();
-        if m.len() >= PEER_CACHE {
-            m.clear();
-        }
-        m.insert(pid, v.clone());
-        v
+        self.peers.get(pid, || self.at.peer_page(pid))
     }
 
     /// Sends through `to`'s inbox if it waits there.
@@ -58,7 +49,7 @@ impl AttachedProcess {
         let seq = peer::next_seq(self.peer_seq.get());
         self.peer_seq.set(seq);
         let side = self.side();
-        let how = match crate::peer_exchange::send(
+        let how = crate::peer_exchange::send(
             &side,
             mine,
             p,
@@ -70,20 +61,12 @@ impl AttachedProcess {
             msg,
             deadline,
             || self.at.gone(),
-        ) {
-            Sent::Ended(how) => how,
-            Sent::NotHere { dead } => {
-                if dead {
-                    self.peers.borrow_mut().remove(&to);
-                }
-                return PeerSend::NotHere;
-            }
-            Sent::NoSuchProcess => {
-                self.peers.borrow_mut().remove(&to);
-                return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
-            }
-            Sent::Deadline => return PeerSend::Done(Err(IpcError::Deadline(to))),
-            Sent::Gone(e) => return PeerSend::Done(Err(e)),
+        )
+        .outcome(to, &self.peers);
+        let how = match how {
+            Ok(how) => how,
+            Err(None) => return PeerSend::NotHere,
+            Err(Some(e)) => return PeerSend::Done(Err(e)),
         };
         match how {
             Outcome::Replied { from, msg: m } => {

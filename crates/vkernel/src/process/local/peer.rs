@@ -18,16 +18,13 @@ use vkernel_proto::{IpcError, Message, Pid, Stats};
 use super::LocalProcess;
 use crate::attach::peer::{self, Outcome, Peer};
 use crate::deadline::Deadline;
-use crate::peer_exchange::{Sent, Side};
+use crate::peer_exchange::{Pages, PeerSend, Side};
 use crate::trace::Phase;
 use crate::vocab::{Incoming, Reply};
 
 /// One exchange in this many is timed for the latency histogram; the
 /// others count in the bucket of the last one timed (the count is exact).
 const LATENCY_SAMPLE: u64 = 8;
-
-/// Other processes' pages a process remembers at most.
-const PAGE_CACHE: usize = 1024;
 
 /// A process's peer page on the heap, and what its Sends through pages
 /// counted (read by the host's statistics while it lives).
@@ -79,7 +76,7 @@ impl LocalPeer {
 pub(super) struct PeerSide {
     own: Arc<LocalPeer>,
     /// Other processes' pages (None: not one of this host's threads).
-    pages: RefCell<HashMap<Pid, Option<Arc<LocalPeer>>>>,
+    pages: Pages<Arc<LocalPeer>>,
     /// Senders received through the inbox and not yet answered, with their
     /// exchange sequence.
     rx: RefCell<HashMap<Pid, u32>>,
@@ -90,18 +87,6 @@ pub(super) struct PeerSide {
     /// Exchanges begun, and the last timed latency and its bucket.
     n: Cell<u64>,
     last: Cell<(usize, u64)>,
-}
-
-/// What a Send through a peer page came to.
-pub(super) enum PeerSend {
-    Done(Result<Reply, IpcError>),
-    /// The receiver forwarded it: send it on to `to` as from `forwarder`.
-    Forwarded {
-        to: Pid,
-        forwarder: Pid,
-    },
-    /// Not this way: through the engine.
-    NotHere,
 }
 
 impl LocalProcess {
@@ -125,7 +110,7 @@ impl LocalProcess {
         self.waiter.set_peer(own.clone());
         self.peer = Some(Box::new(PeerSide {
             own,
-            pages: RefCell::default(),
+            pages: Pages::new(),
             rx: RefCell::default(),
             seq: Cell::new(0),
             principal: Cell::new(principal),
@@ -170,16 +155,7 @@ impl LocalProcess {
 
     /// `pid`'s page, if it is one of this host's threads' processes.
     fn page_of(&self, ps: &PeerSide, pid: Pid) -> Option<Arc<LocalPeer>> {
-        if let Some(v) = ps.pages.borrow().get(&pid) {
-            return v.clone();
-        }
-        let v = self.shared.peer_of(pid);
-        let mut m = ps.pages.borrow_mut();
-        if m.len() >= PAGE_CACHE {
-            m.clear();
-        }
-        m.insert(pid, v.clone());
-        v
+        ps.pages.get(pid, || self.shared.peer_of(pid))
     }
 
     /// Sends `msg` through `to`'s inbox, if it waits there.
@@ -219,20 +195,10 @@ impl LocalProcess {
             deadline,
             || self.gone(),
         );
-        let how = match sent {
-            Sent::Ended(how) => how,
-            Sent::NotHere { dead } => {
-                if dead {
-                    ps.pages.borrow_mut().remove(&to);
-                }
-                return PeerSend::NotHere;
-            }
-            Sent::NoSuchProcess => {
-                ps.pages.borrow_mut().remove(&to);
-                return PeerSend::Done(Err(IpcError::NoSuchProcess(to)));
-            }
-            Sent::Deadline => return PeerSend::Done(Err(IpcError::Deadline(to))),
-            Sent::Gone(e) => return PeerSend::Done(Err(e)),
+        let how = match sent.outcome(to, &ps.pages) {
+            Ok(how) => how,
+            Err(None) => return PeerSend::NotHere,
+            Err(Some(e)) => return PeerSend::Done(Err(e)),
         };
         match how {
             Outcome::Replied { from, msg: m } => {
