@@ -29,6 +29,15 @@ fn host(pages: bool) -> Kernel {
 /// engine carries the exchange, as it should).
 const SPIN: Duration = Duration::from_millis(2);
 
+/// One test at a time: each spins two or three threads for [`SPIN`] at a
+/// time, and four at once on a small machine would hold each other off
+/// the CPUs for longer than a retransmission timeout.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A server process of `k` spinning [`SPIN`], on a thread of its own.
 fn spawn_server(k: &Kernel) -> (Pid, std::thread::JoinHandle<()>) {
     let p = k.create_process().unwrap();
@@ -86,6 +95,7 @@ fn stop(c: &Process, to: Pid) {
 
 #[test]
 fn threads_exchange_through_pages_and_are_counted_as_local() {
+    let _one = serial();
     let k = host(true);
     let (s, h) = spawn_server(&k);
     let c = client(&k);
@@ -122,6 +132,7 @@ fn threads_exchange_through_pages_and_are_counted_as_local() {
 
 #[test]
 fn a_receiver_may_not_move_or_write_into_a_sender_that_lent_nothing() {
+    let _one = serial();
     // Through a page or through the engine, the same errors.
     let mut seen = Vec::new();
     for pages in [true, false] {
@@ -154,6 +165,7 @@ fn a_receiver_may_not_move_or_write_into_a_sender_that_lent_nothing() {
 
 #[test]
 fn a_restricted_receiver_is_checked_by_the_engine() {
+    let _one = serial();
     let k = host(true);
     let p = k.create_process().unwrap();
     let to = p.pid();
@@ -170,6 +182,7 @@ fn a_restricted_receiver_is_checked_by_the_engine() {
 
 #[test]
 fn a_remote_send_reaches_a_receiver_that_waits_in_its_inbox() {
+    let _one = serial();
     // Host a's server waits in its inbox after a local request (a server
     // of remote clients waits in the engine, reading the socket); a
     // request from host b then reaches a's socket, which the spinning
