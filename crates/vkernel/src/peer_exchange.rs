@@ -294,6 +294,13 @@ pub(crate) fn receive(
     let r = loop {
         match p.tag() {
             peer::OPEN | peer::CLAIMED => {
+                // A message queued in the engine while the inbox could not
+                // be closed (claimed by a sender that then died, or whose
+                // deadline withdrew its message) goes first: the engine
+                // closed nothing, and the inbox is open again.
+                if p.queued.load(Ordering::SeqCst) != 0 && p.close_if_open() {
+                    break None;
+                }
                 match side.pace.wait_until(
                     &p.bell,
                     &p.rx_parked,
@@ -337,4 +344,64 @@ pub(crate) fn receive(
     side.spin.set(policy);
     side.waits.set(w);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn a_message_queued_behind_a_dead_claim_is_not_left_waiting() {
+        // The engine queued a message while a sender held the inbox
+        // claimed; the sender died and the host reopened the inbox. The
+        // receiver must take the message from the engine, not wait on.
+        let page = std::sync::Arc::new(Peer::default());
+        let pace = Pace::new();
+        let (spin, waits) = (
+            Cell::new(SpinPolicy::fixed(Duration::ZERO)),
+            Cell::new(WaitCounts::default()),
+        );
+        let stop = std::sync::Arc::new(AtomicU64::new(0));
+        let (p2, stop2) = (page.clone(), stop.clone());
+        let owner = std::thread::spawn(move || {
+            let side = Side {
+                pace: &pace,
+                spin: &spin,
+                waits: &waits,
+                handoffs: None,
+                on_block: OnBlock::Block,
+                block_in_inbox: true,
+                tick: None,
+            };
+            let gone = || (stop2.load(Ordering::SeqCst) != 0).then_some(IpcError::HostLost);
+            receive(&side, &p2, gone).map(|r| r.map(|i| i.seq))
+        });
+        // The owner opens its inbox and blocks.
+        let t = std::time::Instant::now();
+        while page.tag() != peer::OPEN || page.rx_parked.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the owner never waited"
+            );
+            std::thread::yield_now();
+        }
+        let dead = Pid(0x0001_0009);
+        assert!(page.claim(dead));
+        page.set_queued(true);
+        assert_eq!(page.tag(), peer::CLAIMED, "a claimed inbox is not closed");
+        page.unclaim(dead);
+        let t = std::time::Instant::now();
+        while !owner.is_finished() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // (Ends the wait if the owner is still in it, so the test ends.)
+        stop.store(1, Ordering::SeqCst);
+        page.unclaim(Pid(0));
+        page.bell.fetch_add(1, Ordering::SeqCst);
+        crate::attach::shm::futex_wake(&page.bell);
+        let r = owner.join().expect("the owner's thread");
+        assert!(r.is_none(), "through the engine, not waiting on: {r:?}");
+        assert_eq!(page.tag(), peer::CLOSED);
+    }
 }
