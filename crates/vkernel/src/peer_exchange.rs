@@ -351,20 +351,18 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
 
-    #[test]
-    fn a_message_queued_behind_a_dead_claim_is_not_left_waiting() {
-        // The engine queued a message while a sender held the inbox
-        // claimed; the sender died and the host reopened the inbox. The
-        // receiver must take the message from the engine, not wait on.
-        let page = std::sync::Arc::new(Peer::default());
-        let pace = Pace::new();
-        let (spin, waits) = (
-            Cell::new(SpinPolicy::fixed(Duration::ZERO)),
-            Cell::new(WaitCounts::default()),
-        );
-        let stop = std::sync::Arc::new(AtomicU64::new(0));
+    /// The owner of `page`, receiving on its own thread until `stop`.
+    fn owner_receiving(
+        page: &std::sync::Arc<Peer>,
+        stop: &std::sync::Arc<AtomicU64>,
+    ) -> std::thread::JoinHandle<Option<Result<u32, IpcError>>> {
         let (p2, stop2) = (page.clone(), stop.clone());
         let owner = std::thread::spawn(move || {
+            let pace = Pace::new();
+            let (spin, waits) = (
+                Cell::new(SpinPolicy::fixed(Duration::ZERO)),
+                Cell::new(WaitCounts::default()),
+            );
             let side = Side {
                 pace: &pace,
                 spin: &spin,
@@ -386,22 +384,67 @@ mod tests {
             );
             std::thread::yield_now();
         }
-        let dead = Pid(0x0001_0009);
-        assert!(page.claim(dead));
-        page.set_queued(true);
-        assert_eq!(page.tag(), peer::CLAIMED, "a claimed inbox is not closed");
-        page.unclaim(dead);
+        owner
+    }
+
+    /// Waits up to 5 s for `owner` to end; then ends its wait if it is
+    /// still in it (so the test ends) and returns what it received.
+    fn ended(
+        owner: std::thread::JoinHandle<Option<Result<u32, IpcError>>>,
+        page: &Peer,
+        stop: &AtomicU64,
+    ) -> Option<Result<u32, IpcError>> {
         let t = std::time::Instant::now();
         while !owner.is_finished() && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        // (Ends the wait if the owner is still in it, so the test ends.)
         stop.store(1, Ordering::SeqCst);
-        page.unclaim(Pid(0));
         page.bell.fetch_add(1, Ordering::SeqCst);
         crate::attach::shm::futex_wake(&page.bell);
-        let r = owner.join().expect("the owner's thread");
+        owner.join().expect("the owner's thread")
+    }
+
+    #[test]
+    fn a_message_queued_behind_a_dead_claim_is_not_left_waiting() {
+        // The engine queued a message while a sender held the inbox
+        // claimed; the sender died and the host reopened the inbox. The
+        // receiver must take the message from the engine, not wait on.
+        let page = std::sync::Arc::new(Peer::default());
+        let stop = std::sync::Arc::new(AtomicU64::new(0));
+        let owner = owner_receiving(&page, &stop);
+        let dead = Pid(0x0001_0009);
+        assert!(page.claim(dead));
+        page.set_queued(true);
+        assert_eq!(page.tag(), peer::CLAIMED, "a claimed inbox is not closed");
+        page.sender_died(dead);
+        let r = ended(owner, &page, &stop);
         assert!(r.is_none(), "through the engine, not waiting on: {r:?}");
         assert_eq!(page.tag(), peer::CLOSED);
+    }
+
+    #[test]
+    fn a_sender_killed_between_filling_and_ringing_leaves_no_hang() {
+        // A program killed after its CAS to FULL but before it rang the
+        // bell: the owner, blocked on the bell, never learns of the
+        // message, and no other sender can claim the full inbox. The
+        // host's handling of the death must reopen it, rung.
+        let page = std::sync::Arc::new(Peer::default());
+        let stop = std::sync::Arc::new(AtomicU64::new(0));
+        let owner = owner_receiving(&page, &stop);
+        let dead = Pid(0x0001_0009);
+        assert!(page.claim(dead));
+        // (fill's CAS, without its ring)
+        page.st.store(peer::st(peer::FULL, dead), Ordering::SeqCst);
+        page.sender_died(dead);
+        assert_eq!(page.tag(), peer::OPEN, "the dead sender's message is gone");
+        let live = Pid(0x0001_000a);
+        let t = std::time::Instant::now();
+        while !page.claim(live) {
+            assert!(t.elapsed() < Duration::from_secs(5), "never open again");
+            std::thread::yield_now();
+        }
+        assert!(page.fill(live, 77, 0, live, &Message::zero()));
+        let r = ended(owner, &page, &stop);
+        assert_eq!(r, Some(Ok(77)), "the next sender's message is received");
     }
 }

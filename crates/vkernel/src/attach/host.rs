@@ -120,7 +120,8 @@ struct Peers {
 impl Peers {
     /// `pid` was destroyed: its inbox closes for good and its own Send (if
     /// waiting there) fails, both with `err`; every Send waiting for it
-    /// there fails; a claim it left half done is undone.
+    /// there fails (also one it was replying to); a claim or a message it
+    /// left in an inbox is taken back.
     fn died(&self, pid: Pid, err: &IpcError) {
         let mut m = lock(&self.map);
         if let Some(e) = m.remove(&pid) {
@@ -136,7 +137,9 @@ impl Peers {
         for e in m.values() {
             let p = e.peer();
             p.fail_if_waiting_on(pid, why);
-            p.unclaim(pid);
+            // (A program's processes end with it: `pid` writes no more.)
+            p.fail_if_replying(pid, why);
+            p.sender_died(pid);
         }
     }
 }

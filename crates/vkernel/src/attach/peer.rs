@@ -12,15 +12,19 @@
 //! Invariants (docs/PROTOCOL.md, "Attach: the peer page"):
 //! - The inbox's state word `st` holds a tag and, while claimed or full,
 //!   the claiming sender's pid. Only its owner moves CLOSED→OPEN and
-//!   FULL→CLOSED; only a sender OPEN→CLAIMED→FULL; only the host
-//!   OPEN→CLOSED (a message waits in the engine) and anything→DEAD. Every
-//!   move is a compare-and-swap, so no two parties both win.
+//!   FULL→CLOSED; only a sender OPEN→CLAIMED→FULL (and FULL→OPEN, taking
+//!   back its own message at a deadline); only the host OPEN→CLOSED (a
+//!   message waits in the engine), CLAIMED/FULL→OPEN for a sender that
+//!   died (it may die between its move and its ring) and anything→DEAD.
+//!   Every move is a compare-and-swap, so no two parties both win.
 //! - `bell` changes after every move the owner must see, and is the word
 //!   the owner blocks on; a side wakes the other only if it parked.
 //! - The reply word `rst` holds a state and the exchange's sequence. Only
 //!   the waiting owner moves it to WAITING; the replier (or the host, when
 //!   the receiver died) moves WAITING→REPLYING→REPLIED/FAILED/FORWARDED,
-//!   so a late reply to a cancelled or later exchange loses its CAS.
+//!   so a late reply to a cancelled or later exchange loses its CAS; the
+//!   host also moves REPLYING→FAILED when the replier's program ended
+//!   between the two.
 //! - The host vouches for nothing on this page: programs share it only
 //!   with programs of their own uid, which could already trace each
 //!   other. Every word is an atomic and every value read is checked, so a
@@ -262,9 +266,14 @@ impl Peer {
         }
     }
 
-    /// Host: a claim by `who` (who died) will never be filled: reopen.
-    pub(crate) fn unclaim(&self, who: Pid) {
-        if self.cas_st(st(CLAIMED, who), st(OPEN, Pid(0))) {
+    /// Host: `who` died. A claim it left will never be filled, and a
+    /// message it left the owner has not taken is taken back (its Send is
+    /// over; and it may have died between filling the inbox and ringing,
+    /// so the owner was never told): the inbox opens again, rung.
+    pub(crate) fn sender_died(&self, who: Pid) {
+        if self.cas_st(st(CLAIMED, who), st(OPEN, Pid(0)))
+            || self.cas_st(st(FULL, who), st(OPEN, Pid(0)))
+        {
             self.ring();
         }
     }
@@ -328,6 +337,29 @@ impl Peer {
         let r = self.rst.load(Ordering::Acquire);
         if r & 7 == WAITING && self.rpeer.load(Ordering::Acquire) == dead.0 {
             self.finish(r >> 3, Outcome::Failed(why));
+        }
+    }
+
+    /// Host: `dead`, a program that is gone, was writing the reply the
+    /// owner waits for (it died between claiming the reply area and
+    /// marking it written): that Send fails with `why`. Only for a
+    /// process whose every thread is gone: a live replier's last store
+    /// would land on the owner's next exchange.
+    pub(crate) fn fail_if_replying(&self, dead: Pid, why: IpcError) {
+        let r = self.rst.load(Ordering::Acquire);
+        if r & 7 != REPLYING || self.rpeer.load(Ordering::Acquire) != dead.0 {
+            return;
+        }
+        let (c, a) = why.code();
+        self.rcode.store(c, Ordering::Relaxed);
+        self.rarg.store(a, Ordering::Relaxed);
+        if self
+            .rst
+            .compare_exchange(r, rst(r >> 3, FAILED), Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+            && self.tx_parked.load(Ordering::SeqCst) != 0
+        {
+            futex_wake(&self.rst);
         }
     }
 
@@ -412,7 +444,7 @@ mod tests {
         r.set_queued(false);
         assert!(r.open());
         assert!(r.claim(sp));
-        r.unclaim(sp);
+        r.sender_died(sp);
         assert_eq!(r.tag(), OPEN, "a dead claimer's claim is undone");
         s.rpeer.store(rp.0, Ordering::Relaxed);
         s.rst.store(rst(3, WAITING), Ordering::SeqCst);
@@ -426,6 +458,46 @@ mod tests {
             Outcome::Failed(e) => assert_eq!(e, IpcError::NoSuchProcess(rp)),
             _ => panic!("not failed"),
         }
+    }
+
+    #[test]
+    fn a_reply_whose_writer_died_midway_fails() {
+        let sm = page();
+        // SAFETY: as above.
+        let s = unsafe { Peer::at(sm.as_ptr()) };
+        let rp = Pid(0x0001_0005);
+        s.rpeer.store(rp.0, Ordering::Relaxed);
+        s.rst.store(rst(9, WAITING), Ordering::SeqCst);
+        // The replier's first CAS, then it is killed.
+        s.rst.store(rst(9, REPLYING), Ordering::SeqCst);
+        s.fail_if_replying(Pid(77), IpcError::NoSuchProcess(Pid(77)));
+        assert_eq!(s.rst.load(Ordering::SeqCst) & 7, REPLYING, "not 77's");
+        s.fail_if_replying(rp, IpcError::NoSuchProcess(rp));
+        assert_eq!(s.rst.load(Ordering::SeqCst), rst(9, FAILED));
+        match s.outcome(FAILED) {
+            Outcome::Failed(e) => assert_eq!(e, IpcError::NoSuchProcess(rp)),
+            _ => panic!("not failed"),
+        }
+        // A finished reply is left alone.
+        s.rst.store(rst(10, REPLIED), Ordering::SeqCst);
+        s.fail_if_replying(rp, IpcError::NoSuchProcess(rp));
+        assert_eq!(s.rst.load(Ordering::SeqCst), rst(10, REPLIED));
+    }
+
+    #[test]
+    fn a_dead_senders_claim_or_message_is_taken_back() {
+        let rm = page();
+        // SAFETY: as above.
+        let r = unsafe { Peer::at(rm.as_ptr()) };
+        let (a, b) = (Pid(0x0001_0006), Pid(0x0001_0007));
+        assert!(r.open() && r.claim(a) && r.fill(a, 1, 0, a, &Message::zero()));
+        r.sender_died(b);
+        assert_eq!(r.tag(), FULL, "another sender's message stays");
+        let bell = r.bell.load(Ordering::SeqCst);
+        r.sender_died(a);
+        assert_eq!(r.tag(), OPEN, "the dead sender's message is taken back");
+        assert_ne!(r.bell.load(Ordering::SeqCst), bell, "and the owner rung");
+        assert!(r.take().is_none());
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl Shared {
         let all: Vec<_> = self.lock().waiters.values().cloned().collect();
         for p in all.iter().filter_map(|w| w.peer()) {
             p.page.fail_if_waiting_on(pid, why);
-            p.page.unclaim(pid);
+            p.page.sender_died(pid);
         }
     }
 
