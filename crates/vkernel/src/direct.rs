@@ -18,6 +18,7 @@ use vkernel_proto::wire::PacketType;
 use vkernel_proto::{DropReason, HostId, IpcError, Message, Pid, ReplyInfo, Stats};
 
 use crate::deadline::Deadline;
+use crate::spin::Spin;
 
 /// Sequence numbers a process reserves at a time.
 pub(crate) const LEASE: u32 = 1024;
@@ -99,6 +100,25 @@ pub(crate) enum Ev {
     /// `count` of those exchanges fell into latency bucket `bucket`
     /// (`Histogram::bucket`), taking `sum` µs in all.
     LocalLatency { bucket: u8, count: u64, sum: u64 },
+    /// An exchange's span, for a host that exports them (`otel.rs`).
+    Span(SpanEv),
+}
+
+/// One side of an exchange outside the host's engine, for its span: the
+/// Send of `sender` to `receiver` (`receive`: the receiver's handling of
+/// it), keyed by `seq` (a peer page's, if `page`; else the RemoteSend's),
+/// from `start` for `dur` µs of wall-clock time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SpanEv {
+    pub(crate) receive: bool,
+    pub(crate) ok: bool,
+    pub(crate) page: bool,
+    pub(crate) sender: Pid,
+    pub(crate) receiver: Pid,
+    pub(crate) seq: u32,
+    /// µs since the Unix epoch.
+    pub(crate) start: u64,
+    pub(crate) dur: u32,
 }
 
 impl Ev {
@@ -144,6 +164,8 @@ impl Ev {
                         s.local_latency_us.sums[b] += sum;
                     }
                 }
+                // (For the host's exporter, not its counters.)
+                Ev::Span(_) => {}
             }
         }
         sends
@@ -180,6 +202,19 @@ impl Ev {
                 out.extend_from_slice(&count.to_le_bytes());
                 (13, 0, 0, bucket, 0, sum)
             }
+            // Two records of their own layout: flags, sender, start; then
+            // receiver, sequence number, duration.
+            Ev::Span(sp) => {
+                let flags = u8::from(sp.receive) | u8::from(!sp.ok) << 1 | u8::from(sp.page) << 2;
+                out.extend_from_slice(&[14, flags, 0, 0]);
+                out.extend_from_slice(&sp.sender.0.to_le_bytes());
+                out.extend_from_slice(&sp.start.to_le_bytes());
+                out.extend_from_slice(&[15, 0, 0, 0]);
+                out.extend_from_slice(&sp.receiver.0.to_le_bytes());
+                out.extend_from_slice(&sp.seq.to_le_bytes());
+                out.extend_from_slice(&sp.dur.to_le_bytes());
+                return;
+            }
         };
         out.extend_from_slice(&[kind, flag, ptype, reason]);
         out.extend_from_slice(&peer.to_le_bytes());
@@ -209,6 +244,13 @@ impl Ev {
                             sum,
                         });
                     }
+                    i += 2;
+                    continue;
+                }
+            }
+            if r[0] == 14 {
+                if let Some(span) = recs.get(i + 1).and_then(|s| span(r, s)) {
+                    out.push(Ev::Span(span));
                     i += 2;
                     continue;
                 }
@@ -244,11 +286,30 @@ impl Ev {
             },
             9 => Ev::AuthReject(*Reject::ALL.get(usize::from(reason))?),
             11 => Ev::LocalExchanges(value),
-            // The first half of a LocalLatency: see `Ev::decode_all`.
-            12 | 13 => return None,
+            // Halves of a LocalLatency or a Span: see `Ev::decode_all`.
+            12..=15 => return None,
             _ => return None,
         })
     }
+}
+
+/// The span of a record pair (kinds 14 and 15), if it is one.
+fn span(a: &[u8], b: &[u8]) -> Option<SpanEv> {
+    let u32_at = |x: &[u8], i: usize| Some(u32::from_le_bytes(x.get(i..i + 4)?.try_into().ok()?));
+    if a.first() != Some(&14) || b.first() != Some(&15) || a.get(1)? & !7 != 0 {
+        return None;
+    }
+    let flags = a[1];
+    Some(SpanEv {
+        receive: flags & 1 != 0,
+        ok: flags & 2 == 0,
+        page: flags & 4 != 0,
+        sender: Pid(u32_at(a, 4)?),
+        receiver: Pid(u32_at(b, 4)?),
+        seq: u32_at(b, 8)?,
+        start: u64::from_le_bytes(a.get(8..16)?.try_into().ok()?),
+        dur: u32_at(b, 12)?,
+    })
 }
 
 /// How a direct Send ended.
@@ -278,9 +339,9 @@ pub(crate) trait Io {
     fn recv(&mut self, buf: &mut [u8], wait_us: u64, exact: bool) -> Option<usize>;
     /// Why to stop waiting (the process was destroyed, the host went).
     fn gone(&self) -> Option<IpcError>;
-    /// After a spinning wait's `turn`-th empty look: whether to block
-    /// now, as other threads wait for the CPU (the server, say).
-    fn crowded(&mut self, turn: u32) -> bool;
+    /// Whether more threads are runnable than CPUs at `now` (a spinning
+    /// wait then blocks: other threads wait for the CPU, the server say).
+    fn contended(&mut self, now: u64) -> bool;
 }
 
 /// What the sending process's host provides for its direct Sends.
@@ -321,12 +382,10 @@ pub(crate) struct Call {
     pub(crate) principal: u32,
     /// When it fails with `Deadline` (engine time).
     pub(crate) deadline: Deadline,
-    /// How long to read without waiting before blocking (µs).
-    pub(crate) spin_us: u64,
+    /// How long to read without waiting before blocking, and how.
+    pub(crate) spin: Spin,
     /// Block at once, with no empty read first.
     pub(crate) block_at_once: bool,
-    /// Yield the CPU now and then while spinning (`SpinPolicy::yields_at`).
-    pub(crate) may_yield: bool,
 }
 
 /// Runs `c` on `io` until it is answered, fails, its deadline passes, or
@@ -381,7 +440,7 @@ pub(crate) fn send<R: Route>(
     route.count(Ev::Begun);
     route.count(datagram(true, dest.0, PacketType::RemoteSend, out.len()));
     let mut blocked = c.block_at_once;
-    let mut turn: u32 = 0;
+    let mut spin = c.spin.costly_turns(8);
     let went = loop {
         let now = io.now();
         let due = now >= d.next_timer();
@@ -478,15 +537,8 @@ pub(crate) fn send<R: Route>(
                 Timer::Idle => {}
             }
         }
-        if !blocked && now.saturating_sub(start) >= c.spin_us {
-            blocked = true;
-        }
         if !blocked {
-            turn = turn.wrapping_add(1);
-            if crate::spin::yields(c.may_yield, turn) {
-                std::thread::yield_now();
-            }
-            blocked = io.crowded(turn);
+            blocked = !spin.again(|| now, |t| io.contended(t));
         } else if let Some(e) = io.gone() {
             break Went::Done(Err(e));
         }
@@ -528,17 +580,38 @@ mod tests {
                 count: 9,
                 sum: 70,
             },
+            Ev::Span(SpanEv {
+                receive: true,
+                ok: false,
+                page: true,
+                sender: Pid(0x0001_0002),
+                receiver: Pid(0x0001_0003),
+                seq: 77,
+                start: 1_800_000_000_000_000,
+                dur: 12,
+            }),
         ];
         let mut b = Vec::new();
         for e in &evs {
             e.encode(&mut b);
         }
-        assert_eq!(b.len(), (evs.len() + 1) * Ev::BYTES, "a latency takes two");
+        assert_eq!(
+            b.len(),
+            (evs.len() + 2) * Ev::BYTES,
+            "a latency, a span take two"
+        );
         assert_eq!(format!("{evs:?}"), format!("{:?}", Ev::decode_all(&b)));
         assert!(Ev::decode(&[0; 16]).is_none());
         assert!(Ev::decode(&[1, 0, 99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
         assert!(Ev::decode(&[6, 0, 0, 200, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
         assert!(Ev::decode(&[2; 15]).is_none());
+        // A span's first half alone, or with bad flags, is skipped.
+        let mut half = vec![14, 0, 0, 0];
+        half.extend_from_slice(&[0; 12]);
+        assert!(Ev::decode_all(&half).is_empty());
+        let mut bad = b[b.len() - 2 * Ev::BYTES..].to_vec();
+        bad[1] = 0x80;
+        assert!(Ev::decode_all(&bad).is_empty());
         let mut s = Stats::default();
         assert_eq!(Ev::apply(&mut s, &evs, true), 1);
         assert_eq!(

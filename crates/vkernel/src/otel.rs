@@ -11,6 +11,8 @@
 //! "Trace context"): both spans carry the exchange's key instead, the
 //! sender's pid and the sequence number its datagrams carry
 //! (`vkernel.sender`, `vkernel.seq`), by which a collector joins them.
+//! An exchange through peer pages (threads of one host) is keyed by the
+//! pages' sequence number and marked `vkernel.page`.
 
 use std::time::SystemTime;
 
@@ -33,6 +35,9 @@ pub(crate) struct Begun {
     pub(crate) at: SystemTime,
     pub(crate) peer: Pid,
     pub(crate) seq: Option<u32>,
+    /// Through peer pages (the sequence number is then the pages', not
+    /// a datagram's).
+    pub(crate) page: bool,
 }
 
 /// A process's spans in progress: its Send, and the messages it has
@@ -63,6 +68,20 @@ impl InProgress {
     }
 }
 
+impl Begun {
+    /// The exchange's key attributes: its sequence number, and whether it
+    /// went through peer pages (`vkernel.page`; the two kinds of number
+    /// are counted apart).
+    fn keys(&self, attrs: &mut Vec<KeyValue>) {
+        if let Some(s) = self.seq {
+            attrs.push(KeyValue::new("vkernel.seq", i64::from(s)));
+        }
+        if self.page {
+            attrs.push(KeyValue::new("vkernel.page", true));
+        }
+    }
+}
+
 fn pid(p: Pid) -> String {
     format!("{:08x}", p.0)
 }
@@ -77,15 +96,39 @@ impl Spans {
     /// A Send of `sender` begun at `b` ended now, replied to by `replier`
     /// (`Err`: the Send failed).
     pub(crate) fn send(&self, sender: Pid, b: Begun, replier: Result<Pid, String>) {
+        self.send_until(sender, b, replier, SystemTime::now());
+    }
+
+    /// The span an attached program reported of an exchange outside the
+    /// engine (a peer page's, or a direct Send's).
+    pub(crate) fn reported(&self, sp: &crate::direct::SpanEv) {
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(sp.start);
+        let end = at + std::time::Duration::from_micros(u64::from(sp.dur));
+        let b = |peer| Begun {
+            at,
+            peer,
+            seq: Some(sp.seq),
+            page: sp.page,
+        };
+        if sp.receive {
+            self.receive_until(sp.receiver, b(sp.sender), end);
+        } else {
+            let by = match sp.ok {
+                true => Ok(sp.receiver),
+                false => Err("the Send failed".to_string()),
+            };
+            self.send_until(sp.sender, b(sp.receiver), by, end);
+        }
+    }
+
+    fn send_until(&self, sender: Pid, b: Begun, replier: Result<Pid, String>, end: SystemTime) {
         let mut attrs = vec![
             KeyValue::new("vkernel.host", format!("{:04x}", sender.host().0)),
             KeyValue::new("vkernel.sender", pid(sender)),
             KeyValue::new("vkernel.receiver", pid(b.peer)),
             KeyValue::new("vkernel.remote", b.peer.host() != sender.host()),
         ];
-        if let Some(s) = b.seq {
-            attrs.push(KeyValue::new("vkernel.seq", i64::from(s)));
-        }
+        b.keys(&mut attrs);
         if let Ok(r) = &replier {
             if *r != b.peer {
                 attrs.push(KeyValue::new("vkernel.replier", pid(*r)));
@@ -101,20 +144,22 @@ impl Spans {
         if let Err(e) = replier {
             span.set_status(Status::error(e));
         }
-        span.end_with_timestamp(SystemTime::now().max(b.at));
+        span.end_with_timestamp(end.max(b.at));
     }
 
     /// `receiver` replied now to the message delivered at `b`.
     pub(crate) fn receive(&self, receiver: Pid, b: Begun) {
+        self.receive_until(receiver, b, SystemTime::now());
+    }
+
+    fn receive_until(&self, receiver: Pid, b: Begun, end: SystemTime) {
         let mut attrs = vec![
             KeyValue::new("vkernel.host", format!("{:04x}", receiver.host().0)),
             KeyValue::new("vkernel.sender", pid(b.peer)),
             KeyValue::new("vkernel.receiver", pid(receiver)),
             KeyValue::new("vkernel.remote", b.peer.host() != receiver.host()),
         ];
-        if let Some(s) = b.seq {
-            attrs.push(KeyValue::new("vkernel.seq", i64::from(s)));
-        }
+        b.keys(&mut attrs);
         let mut span = self
             .tracer
             .span_builder("vkernel.receive")
@@ -122,7 +167,7 @@ impl Spans {
             .with_start_time(b.at)
             .with_attributes(attrs)
             .start(&self.tracer);
-        span.end_with_timestamp(SystemTime::now().max(b.at));
+        span.end_with_timestamp(end.max(b.at));
     }
 }
 
@@ -136,6 +181,7 @@ mod tests {
             at: SystemTime::now(),
             peer: Pid(p),
             seq: Some(p),
+            page: false,
         };
         let mut ip = InProgress::default();
         for p in 0..200 {

@@ -96,7 +96,7 @@ impl SpinPolicy {
     }
 
     /// Whether a spin of `budget_us` by this policy yields its CPU now and
-    /// then ([`yields`]): an adaptive budget raised by a long wait (at
+    /// then ([`Spin::again`]): an adaptive budget raised by a long wait (at
     /// least [`YIELD_BUDGET_US`]). The peer it waits for may then be
     /// queued behind it on this CPU (a thread woken by this one's datagram
     /// is often placed on the waker's CPU), and a spinner that never
@@ -126,13 +126,126 @@ impl SpinPolicy {
     }
 }
 
-/// Whether a spin that may yield ([`SpinPolicy::yields_at`]) gives its
-/// CPU away at its `turn`-th look: every 16th.
-pub(crate) fn yields(may: bool, turn: u32) -> bool {
-    may && turn.is_multiple_of(16)
+/// One wait's spin: the turns of every busy-polling wait of the crate
+/// (a call slot's or peer page's futex word, an embedded process's
+/// completion and socket, a direct Send's datagrams, an async operation's
+/// poll) are paced here, so they share one rule for how long to spin,
+/// when to look at the clock and when to give the CPU away. What a turn
+/// looks at, and how the wait blocks after, is the waiter's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spin {
+    start: u64,
+    budget_us: u64,
+    may_yield: bool,
+    /// The clock and the run queue are looked at every `every`-th turn.
+    every: u32,
+    /// With more threads runnable than CPUs: stop spinning (else yield).
+    crowded_stops: bool,
+    turn: u32,
 }
 
-/// The least budget at which a spin yields ([`yields`]).
+impl Spin {
+    /// A wait begun at `start` (µs) by a process with `policy`, with
+    /// `spinners` of its host already spinning on `cpus` CPUs; `contended`
+    /// says whether more threads are runnable than CPUs (asked only of an
+    /// adaptive policy that would spin).
+    pub(crate) fn begin(
+        policy: &SpinPolicy,
+        start: u64,
+        spinners: u64,
+        cpus: u64,
+        contended: impl FnOnce() -> bool,
+    ) -> Spin {
+        let budget_us = if policy.wants_to_spin() {
+            let busy = policy.is_adaptive() && contended();
+            policy.budget_us(spinners, cpus, busy)
+        } else {
+            0
+        };
+        Spin {
+            start,
+            budget_us,
+            may_yield: policy.yields_at(budget_us),
+            every: 64,
+            crowded_stops: false,
+            turn: 0,
+        }
+    }
+
+    /// Turns that each make a system call: the clock and the run queue
+    /// are looked at every `n`-th, and a crowded machine stops the spin
+    /// (the answer wakes a blocked reader as soon as a spinning one).
+    pub(crate) fn costly_turns(mut self, n: u32) -> Spin {
+        self.every = n.max(1);
+        self.crowded_stops = true;
+        self
+    }
+
+    /// When the wait began (µs).
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// How long it may spin (µs); 0: it blocks at once.
+    pub(crate) fn budget_us(&self) -> u64 {
+        self.budget_us
+    }
+
+    /// Empty looks so far.
+    pub(crate) fn turns(&self) -> u32 {
+        self.turn
+    }
+
+    /// After an empty look: whether to look again (having paused, or
+    /// given the CPU away), or stop spinning and block. `now` reads the
+    /// clock (µs) and `contended` says whether more threads are runnable
+    /// than CPUs; both are asked only every few turns. A spin whose
+    /// budget was raised by a long wait ([`SpinPolicy::yields_at`])
+    /// yields every 16th turn: the peer it waits for may be queued behind
+    /// it on this CPU.
+    pub(crate) fn again(
+        &mut self,
+        now: impl FnOnce() -> u64,
+        contended: impl FnOnce(u64) -> bool,
+    ) -> bool {
+        if self.budget_us == 0 {
+            return false;
+        }
+        self.turn = self.turn.wrapping_add(1);
+        if self.turn.is_multiple_of(self.every) {
+            let t = now();
+            if t.saturating_sub(self.start) >= self.budget_us {
+                return false;
+            }
+            // More runnable threads than CPUs: the answerer is often one
+            // waiting for a CPU (a server, the host's proxy); let it run.
+            // Not otherwise: two spinners the scheduler put on one CPU
+            // would yield to each other for good instead of being spread
+            // by the idle CPU's load balancing.
+            if contended(t) {
+                if self.crowded_stops {
+                    return false;
+                }
+                std::thread::yield_now();
+                return true;
+            }
+        }
+        if self.may_yield && self.turn.is_multiple_of(16) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        true
+    }
+
+    /// Teaches `policy` how long the wait (spin and block) took, ending
+    /// at `now`.
+    pub(crate) fn end(&self, policy: &mut SpinPolicy, now: u64) {
+        policy.record(now.saturating_sub(self.start));
+    }
+}
+
+/// The least budget at which a spin yields ([`SpinPolicy::yields_at`]).
 const YIELD_BUDGET_US: u64 = 10 * FLOOR_US;
 
 fn micros(d: Duration) -> u64 {
@@ -321,13 +434,56 @@ mod tests {
         assert_eq!(p.budget_us(1, 1, false), 0);
     }
 
+    /// Turns `spin` takes before it stops, the clock advancing `step` µs
+    /// a look and the run queue `contended` (at most `limit`).
+    fn turns_until_stop(mut spin: Spin, step: u64, contended: bool, limit: u32) -> u32 {
+        let clock = std::cell::Cell::new(spin.start());
+        let mut looks = 0;
+        while looks < limit {
+            clock.set(clock.get() + step);
+            if !spin.again(|| clock.get(), |_| contended) {
+                break;
+            }
+            looks += 1;
+        }
+        looks
+    }
+
+    #[test]
+    fn one_spin_paces_every_wait() {
+        let fixed = |us| SpinPolicy::fixed(Duration::from_micros(us));
+        // A zero budget blocks at once, and never asks the clock.
+        let mut z = Spin::begin(&fixed(0), 0, 0, 2, || panic!("not asked"));
+        assert!(!z.again(|| panic!("no clock"), |_| panic!("no run queue")));
+        // The budget ends it: the clock is read every 64th look.
+        let s = Spin::begin(&fixed(100), 1_000, 0, 2, || false);
+        assert_eq!(s.budget_us(), 100);
+        let n = turns_until_stop(s, 1, false, 10_000);
+        assert_eq!(n, 127, "stops at the first 64th look past 100 µs");
+        // Costly turns look every n-th.
+        let n = turns_until_stop(s.costly_turns(8), 10, false, 10_000);
+        assert_eq!(n, 15, "stops at the 16th look, 160 µs in");
+        // Crowded: a cheap spin yields and goes on; a costly one stops.
+        assert_eq!(turns_until_stop(s, 0, true, 1_000), 1_000);
+        assert_eq!(turns_until_stop(s.costly_turns(8), 0, true, 1_000), 7);
+        // An adaptive policy asks the run queue, and spins nothing when
+        // crowded; with more spinners than CPUs too.
+        let a = SpinPolicy::adaptive(CAP);
+        assert_eq!(Spin::begin(&a, 0, 0, 2, || true).budget_us(), 0);
+        assert_eq!(Spin::begin(&a, 0, 2, 2, || false).budget_us(), 0);
+        assert_eq!(Spin::begin(&a, 0, 0, 2, || false).budget_us(), FLOOR_US);
+        // It learns from the whole wait.
+        let mut p = SpinPolicy::adaptive(CAP);
+        Spin::begin(&p, 0, 0, 2, || false).end(&mut p, 6_000);
+        assert_eq!(Spin::begin(&p, 0, 0, 2, || false).budget_us(), 1000);
+    }
+
     #[test]
     fn a_spin_yields_only_when_its_budget_grew() {
         let p = SpinPolicy::adaptive(CAP);
         assert!(!p.yields_at(FLOOR_US));
         assert!(!p.yields_at(YIELD_BUDGET_US - 1));
         assert!(p.yields_at(YIELD_BUDGET_US));
-        assert!(yields(true, 16) && !yields(true, 17) && !yields(false, 16));
         // A lost datagram raises the budget to the cap: it yields then.
         let mut p = SpinPolicy::adaptive(CAP);
         p.record(6_000);

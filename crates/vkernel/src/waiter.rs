@@ -71,6 +71,13 @@ pub(crate) trait Sink: Send + Sync {
     fn queue_state(&self, _nonempty: bool) {}
     /// The process was destroyed (not under the engine lock).
     fn destroyed(&self) {}
+    /// Takes the span of the Send just started for this sink (feature
+    /// `otel`; under the engine lock, before it can complete), to end it
+    /// when it completes; `Some` gives it back (the waiting side ends it).
+    #[cfg(feature = "otel")]
+    fn send_begun(&self, b: crate::otel::Begun) -> Option<crate::otel::Begun> {
+        Some(b)
+    }
 }
 
 impl Waiter {
@@ -273,6 +280,12 @@ impl Waiter {
         let _ = self.sink.set(s);
     }
 
+    /// Where armed operations complete, if anywhere.
+    #[cfg(feature = "otel")]
+    pub(crate) fn sink(&self) -> Option<&Arc<dyn Sink>> {
+        self.sink.get()
+    }
+
     /// The next completion goes to the sink (call under the engine lock,
     /// before starting the operation); returns the previous setting, to
     /// put back if the operation did not start (an operation still in
@@ -280,6 +293,12 @@ impl Waiter {
     pub(crate) fn arm(&self, on: bool) -> bool {
         self.armed
             .swap(on && self.sink.get().is_some(), Ordering::Relaxed)
+    }
+
+    /// Whether the operation in progress completes into the sink.
+    #[cfg(feature = "otel")]
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
     }
 
     /// Hands `c` to the sink if an operation is armed: true if it took it

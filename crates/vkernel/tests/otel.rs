@@ -92,8 +92,155 @@ fn exchanges_between_two_hosts_become_spans() {
     let mut m = Message::with_code(1);
     assert!(client.send(&mut m, gone).is_err());
 
+    // Threads of one host: exchanges through peer pages make spans too
+    // (ISSUE 49: a span exporter switched peer pages off).
+    let local = a.create_process().expect("local server");
+    let lpid = local.pid();
+    let rounds = 200;
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for _ in 0..rounds {
+            let i = local.receive(&mut m).expect("receive");
+            local.reply(&m, i.from).expect("reply");
+        }
+    });
+    let lc = a.create_process().expect("local client");
+    let lcpid = lc.pid();
+    let before = a.peer_exchanges();
+    for _ in 0..rounds {
+        let mut m = Message::with_code(1);
+        lc.send(&mut m, lpid).expect("local send");
+    }
+    t.join().expect("local server thread");
+    let paged = a.peer_exchanges() - before;
+    assert!(paged > 0, "no exchange went through the peer pages");
+
+    // Attached programs of a machine host that exports spans: their
+    // exchanges through peer pages, and their direct Sends to another
+    // host, are reported to the host, which makes the same spans (ISSUE
+    // 49: an exporter refused the direct path, and page exchanges made
+    // none).
+    let dir = std::env::temp_dir().join(format!("vk-otel-{}", std::process::id()));
+    let sock = dir.join("host.sock");
+    let srv = a.serve_attach(&sock, 0o600).expect("serve_attach");
+    let prog = Kernel::attach(&sock).expect("attach");
+    let aserver = prog.create_process().expect("attached server");
+    let aspid = aserver.pid();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for _ in 0..rounds {
+            let i = aserver.receive(&mut m).expect("receive");
+            aserver.reply(&m, i.from).expect("reply");
+        }
+    });
+    let aclient = prog.create_process().expect("attached client");
+    let acpid = aclient.pid();
+    for _ in 0..rounds {
+        let mut m = Message::with_code(1);
+        aclient.send(&mut m, aspid).expect("attached send");
+    }
+    t.join().expect("attached server thread");
+    let apaged = srv.peer_exchanges();
+    assert!(
+        apaged > 0,
+        "no attached exchange went through the peer pages"
+    );
+    // A remote server on b, for the attached client's direct Sends.
+    let rserver = b.create_process().expect("remote server");
+    let rspid = rserver.pid();
+    let t = std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for _ in 0..2 {
+            let i = rserver.receive(&mut m).expect("receive");
+            rserver.reply(&m, i.from).expect("reply");
+        }
+    });
+    let rc = prog.create_process().expect("attached remote client");
+    let rcpid = rc.pid();
+    for _ in 0..2 {
+        let mut m = Message::with_code(1);
+        rc.send(&mut m, rspid).expect("attached remote send");
+    }
+    t.join().expect("remote server thread");
+    assert!(srv.direct_grants() > 0, "the attached client went directly");
+    // (Their reports reach the host when the processes end.)
+    drop((aclient, rc));
+
     provider.force_flush().expect("flush");
-    let spans = exporter.get_finished_spans().expect("spans");
+    let mut spans = exporter.get_finished_spans().expect("spans");
+    let by = |spans: &[SpanData], name: &str, sender: Pid| -> Vec<i64> {
+        let mut v: Vec<i64> = spans
+            .iter()
+            .filter(|s| s.name == name && attr(s, "vkernel.sender") == Some(hex(sender)))
+            .map(|s| match attr(s, "vkernel.seq") {
+                Some(Value::I64(v)) => v,
+                _ => -1,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let t0 = std::time::Instant::now();
+    while by(&spans, "vkernel.send", rcpid).len() < 2 && t0.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        provider.force_flush().expect("flush");
+        spans = exporter.get_finished_spans().expect("spans");
+    }
+    // Every attached Send has its client span, and so has every message
+    // its server took; they are joined by sequence number.
+    let (asend, arecv) = (
+        by(&spans, "vkernel.send", acpid),
+        by(&spans, "vkernel.receive", acpid),
+    );
+    assert_eq!(asend.len(), rounds, "every attached Send has a span");
+    assert_eq!(asend, arecv, "and the receiver's span, joined");
+    let paged_spans = spans
+        .iter()
+        .filter(|s| attr(s, "vkernel.sender") == Some(hex(acpid)))
+        .filter(|s| attr(s, "vkernel.page") == Some(Value::Bool(true)))
+        .count() as u64;
+    assert_eq!(paged_spans, 2 * apaged, "two spans per paged exchange");
+    let (rsend, rrecv) = (
+        by(&spans, "vkernel.send", rcpid),
+        by(&spans, "vkernel.receive", rcpid),
+    );
+    assert_eq!(rsend.len(), 2, "{spans:#?}");
+    assert_eq!(rsend, rrecv, "direct spans share the RemoteSend's number");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Every local exchange has its two spans; those through the pages are
+    // marked, and joined by the pages' sequence number.
+    let local_of = |name: &str, page: bool| -> Vec<i64> {
+        let mut v: Vec<i64> = spans
+            .iter()
+            .filter(|s| s.name == name && attr(s, "vkernel.sender") == Some(hex(lcpid)))
+            .filter(|s| (attr(s, "vkernel.page") == Some(Value::Bool(true))) == page)
+            .map(|s| match attr(s, "vkernel.seq") {
+                Some(Value::I64(v)) => v,
+                _ => -1,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let (psend, precv) = (
+        local_of("vkernel.send", true),
+        local_of("vkernel.receive", true),
+    );
+    assert_eq!(
+        psend.len() as u64,
+        paged,
+        "one send span per paged exchange"
+    );
+    assert_eq!(psend, precv, "paged spans are joined by sequence number");
+    assert!(psend.iter().all(|&s| s > 0), "{psend:?}");
+    let esend = local_of("vkernel.send", false);
+    assert_eq!(
+        esend.len() + psend.len(),
+        rounds,
+        "every local Send has a span"
+    );
     let of = |name: &str, kind: SpanKind| -> Vec<&SpanData> {
         spans
             .iter()

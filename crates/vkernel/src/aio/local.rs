@@ -12,6 +12,7 @@ use vkernel_proto::{IpcError, Pid};
 
 use crate::lent::{Lease, LentBuf};
 use crate::process::LocalProcess;
+use crate::spin::{Spin, SpinPolicy};
 use crate::vocab::WaitCounts;
 use crate::waiter::Sink;
 
@@ -106,12 +107,12 @@ pub(super) struct LocalAsync {
     pub(super) sink: Arc<FutureSink>,
     /// A message a dropped Receive took: the next Receive returns it.
     pub(super) stash: Option<Received>,
-    /// Busy-poll budget of a wait, µs.
-    pub(super) spin: u64,
+    /// How long a wait busy-polls (a fixed budget).
+    pub(super) spin: SpinPolicy,
     /// How the operation in progress may busy-poll, if at all.
     pub(super) spin_wanted: Option<SpinKind>,
-    /// When this wait's busy-polling ends (host clock).
-    pub(super) spin_until: Option<u64>,
+    /// This wait's busy-polling, once begun.
+    pub(super) spinning: Option<Spin>,
     /// Counted among the host's spinners of this kind.
     pub(super) counted: Option<SpinKind>,
     /// The last message received came from another host.
@@ -135,9 +136,9 @@ impl LocalAsync {
             p,
             sink,
             stash: None,
-            spin: crate::AUTO_SPIN_CAP.as_micros() as u64,
+            spin: SpinPolicy::fixed(crate::AUTO_SPIN_CAP),
             spin_wanted: None,
-            spin_until: None,
+            spinning: None,
             counted: None,
             last_remote: false,
             waits: WaitCounts::default(),
@@ -232,12 +233,11 @@ impl LocalAsync {
     pub(super) fn spin_turn(&mut self) -> Option<SpinKind> {
         let kind = self.spin_wanted?;
         let now = self.p.now();
-        if self.spin == 0 {
-            self.spin_wanted = None;
-            return None;
-        }
-        let until = *self.spin_until.get_or_insert(now.saturating_add(self.spin));
-        if now >= until {
+        // (Each turn is a whole poll of the task: costly.)
+        let mut spin = self
+            .spinning
+            .unwrap_or_else(|| Spin::begin(&self.spin, now, 0, 1, || false).costly_turns(1));
+        if !spin.again(|| now, |_| false) {
             self.stop_spin_for(true);
             self.spin_wanted = None;
             return None;
@@ -258,6 +258,7 @@ impl LocalAsync {
             }
             self.counted = Some(kind);
         }
+        self.spinning = Some(spin);
         Some(kind)
     }
 
@@ -273,7 +274,7 @@ impl LocalAsync {
             Some(SpinKind::Local) => self.p.leave_local_spin(),
             None => {}
         }
-        self.spin_until = None;
+        self.spinning = None;
     }
 
     pub(super) async fn moved(

@@ -123,7 +123,7 @@ impl AsyncProcess {
     /// Default 1 ms. No effect on a machine host's processes.
     pub fn set_spin(&mut self, d: Duration) {
         if let Imp::Local(l) = &mut self.imp {
-            l.spin = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            l.spin = crate::spin::SpinPolicy::fixed(d);
         }
     }
 

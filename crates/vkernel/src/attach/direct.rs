@@ -24,7 +24,7 @@ use crate::deadline::Deadline;
 use crate::direct::{self, Ev, Io, Route, Seqs, LEASE};
 use crate::net::{FaultConfig, FaultState, NetCounters};
 use crate::process::WaitCounts;
-use crate::spin::SpinPolicy;
+use crate::spin::{Spin, SpinPolicy};
 
 use super::wait::Pace;
 
@@ -132,6 +132,12 @@ impl DirectPath {
             Some((Some(_), _)) if n == 0 => None,
             _ => Some(n),
         }
+    }
+
+    /// The sequence number the next Send takes, if any is left (its
+    /// span's key, as the engine's).
+    pub(crate) fn next_seq(&self) -> Option<u32> {
+        self.known.seqs.peek()
     }
 
     /// Whether a Send to `host` goes the direct way now.
@@ -248,12 +254,9 @@ impl DirectPath {
     ) -> Went {
         let start = w.pace.clock.now();
         let adaptive = w.policy.is_adaptive();
-        let spin_us = if adaptive || w.policy.wants_to_spin() {
-            let busy = adaptive && w.pace.run_queue.contended(start, w.pace.cpus);
-            w.policy.budget_us(0, w.pace.cpus, busy)
-        } else {
-            0
-        };
+        let spin = Spin::begin(&*w.policy, start, 0, w.pace.cpus, || {
+            w.pace.run_queue.contended(start, w.pace.cpus)
+        });
         let call = direct::Call {
             me: src,
             to,
@@ -261,10 +264,9 @@ impl DirectPath {
             msg,
             principal,
             deadline: w.deadline,
-            spin_us,
+            spin,
             // Told never to spin: block at once (no empty read first).
-            block_at_once: spin_us == 0 && !adaptive,
-            may_yield: w.policy.yields_at(spin_us),
+            block_at_once: spin.budget_us() == 0 && !adaptive,
         };
         let mut io = SocketIo {
             sock: &self.sock,
@@ -279,7 +281,7 @@ impl DirectPath {
         // (A wait that ran through a retransmission timeout says nothing
         // of how long an answer takes: the policy does not learn from it.)
         if !resent {
-            w.policy.record(w.pace.clock.now().saturating_sub(start));
+            spin.end(w.policy, w.pace.clock.now());
         }
         if blocked {
             w.waits.blocked += 1;
@@ -403,7 +405,7 @@ impl Io for SocketIo<'_> {
         (self.gone)()
     }
 
-    fn crowded(&mut self, turn: u32) -> bool {
-        turn.is_multiple_of(8) && self.pace.run_queue.contended(self.now(), self.pace.cpus)
+    fn contended(&mut self, now: u64) -> bool {
+        self.pace.run_queue.contended(now, self.pace.cpus)
     }
 }

@@ -365,8 +365,11 @@ impl Inner {
             u32::from(self.shared.host.0),
             principal,
             // Bit 0: this host traces (the program sends its lines); bit
-            // 1: it keeps latency histograms (the program times for them).
-            u32::from(self.shared.tracer.is_some()) | u32::from(self.metrics) << 1,
+            // 1: it keeps latency histograms (the program times for them);
+            // bit 2: it exports spans (the program reports its own).
+            u32::from(self.shared.tracer.is_some())
+                | u32::from(self.metrics) << 1
+                | u32::from(self.shared.exports_spans()) << 2,
             0,
             0,
         ];
@@ -494,6 +497,11 @@ impl Inner {
             peer: peer.as_ref().map(|(page, _)| page.clone()),
             pid,
             peers: self.peers.clone(),
+            #[cfg(feature = "otel")]
+            spans: self
+                .shared
+                .exports_spans()
+                .then(|| (Arc::downgrade(&self.shared), Mutex::new(None))),
         });
         p.set_sink(sink.clone());
         let entry = peer.as_ref().map(|(page, f)| {

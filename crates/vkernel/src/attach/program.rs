@@ -34,6 +34,7 @@ use vkernel_proto::auth::{AuthConfig, Sealer};
 mod peer_path;
 mod remote;
 mod report;
+mod spans;
 
 /// A process's call slot and peer page, as its program maps them.
 type Pages = (Arc<Shm>, Option<Arc<Shm>>);
@@ -81,6 +82,9 @@ pub(crate) struct Attachment {
     /// The host keeps latency histograms (`--metrics`): peer-page
     /// exchanges are timed for them.
     pub(crate) metrics: bool,
+    /// The host exports spans: the program reports those of its
+    /// exchanges outside the host (TALLY records).
+    pub(crate) spans: bool,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -159,6 +163,7 @@ impl Attachment {
             peer_times: Default::default(),
             tracing: w.words[5] & 1 != 0,
             metrics: w.words[5] & 2 != 0,
+            spans: w.words[5] & 4 != 0,
             traces: Mutex::new(Vec::new()),
         });
         let r = a.clone();
@@ -368,8 +373,9 @@ pub(crate) struct AttachedProcess {
     /// Other processes' peer pages (None: not given; use the host).
     peers: crate::peer_exchange::Pages<Arc<Shm>>,
     /// Senders received through the inbox and not yet answered, with
-    /// their exchange sequence.
-    peer_rx: RefCell<HashMap<Pid, u32>>,
+    /// their exchange sequence and when it came (wall-clock µs, for its
+    /// span; 0 if the host takes none).
+    peer_rx: RefCell<HashMap<Pid, (u32, u64)>>,
     peer_seq: Cell<u32>,
     principal: Cell<u32>,
     /// `restrict_senders` is in force: the engine must check senders.
@@ -698,7 +704,8 @@ impl AttachedProcess {
     }
 
     pub(crate) fn reply(&self, msg: &Message, to: Pid) -> Result<(), IpcError> {
-        if let Some(seq) = self.peer_rx.borrow_mut().remove(&to) {
+        if let Some((seq, at)) = self.peer_rx.borrow_mut().remove(&to) {
+            self.span_answered(to, seq, at);
             let how = Outcome::Replied {
                 from: self.pid,
                 msg: *msg,
@@ -740,7 +747,8 @@ impl AttachedProcess {
     }
 
     pub(crate) fn forward(&self, msg: &Message, from: Pid, to: Pid) -> Result<(), IpcError> {
-        if let Some(seq) = self.peer_rx.borrow_mut().remove(&from) {
+        if let Some((seq, at)) = self.peer_rx.borrow_mut().remove(&from) {
+            self.span_answered(from, seq, at);
             if !to.is_process() {
                 return Err(IpcError::InvalidPid(to));
             }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::spin::{RunQueue, SpinPolicy};
+use crate::spin::{RunQueue, Spin, SpinPolicy};
 
 use super::shm::{futex_wait, futex_wake};
 
@@ -117,37 +117,28 @@ impl Pace {
             return self.stop_spinning(word, parked, old, &gone, deadline, on_block);
         }
         let start = self.clock.now();
-        let crowded = self.run_queue.contended(start, self.cpus);
-        let busy = policy.is_adaptive() && crowded;
-        let spin_us = policy.budget_us(0, self.cpus, busy);
-        let mut i: u32 = 0;
+        let contended = |t| self.run_queue.contended(t, self.cpus);
+        let mut spin = Spin::begin(policy, start, 0, self.cpus, || contended(start));
         let r = loop {
             if word.load(Ordering::Acquire) != old {
                 break Waited::Spun;
             }
-            i = i.wrapping_add(1);
+            if !spin.again(|| self.clock.now(), contended) {
+                break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
+            }
+            // (Every 64th turn: the turn that finds the word changed stays
+            // a load and a compare.)
+            let i = spin.turns();
             if i.is_multiple_of(64) {
-                // (Inside: the turn that finds the word changed stays a
-                // load and a compare.)
                 if let Some(t) = tick.filter(|_| i.is_multiple_of(TICK_SPINS)) {
                     t.tick();
                 }
-                if gone() || self.clock.now() - start >= spin_us {
+                if gone() {
                     break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
                 }
-                // With more threads runnable than CPUs, the other side of
-                // a call is often one waiting for a CPU (the host's proxy):
-                // let it run. Not otherwise: two spinners that the
-                // scheduler put on one CPU would yield to each other for
-                // good (a context switch per message) instead of being
-                // spread by the idle CPU's load balancing.
-                if crowded {
-                    std::thread::yield_now();
-                }
             }
-            std::hint::spin_loop();
         };
-        policy.record(self.clock.now().saturating_sub(start));
+        spin.end(policy, self.clock.now());
         r
     }
 

@@ -417,6 +417,14 @@ impl Shared {
         live + self.peer_retired.load(Ordering::Relaxed)
     }
 
+    /// Whether this host exports exchange spans (`KernelConfig::otel`).
+    pub(crate) fn exports_spans(&self) -> bool {
+        #[cfg(feature = "otel")]
+        return self.otel.is_some();
+        #[cfg(not(feature = "otel"))]
+        false
+    }
+
     /// `pid`'s peer page, if it is a process of this host with one.
     pub(crate) fn peer_of(&self, pid: Pid) -> Option<Arc<crate::process::LocalPeer>> {
         self.lock().waiters.get(&pid)?.peer().cloned()

@@ -93,11 +93,19 @@ pub(crate) struct Tally(Mutex<Stats>);
 impl Tally {
     /// Adds the events an attached program reported (`payload`, 16-byte
     /// records; any that are not events are skipped) as the host's own
-    /// direct Sends' are added.
+    /// direct Sends' are added; its spans go to the host's exporter.
     pub(crate) fn report(&self, sh: &crate::kernel::Shared, payload: &[u8], metrics: bool) {
         let evs = Ev::decode_all(payload);
         let n = Ev::apply(&mut lock(&self.0), &evs, metrics);
         sh.net.counters.direct_sends.fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "otel")]
+        if let Some(spans) = &sh.otel {
+            for e in &evs {
+                if let Ev::Span(sp) = e {
+                    spans.reported(sp);
+                }
+            }
+        }
     }
 
     /// Keeps what a destroyed process's peer page counted.

@@ -20,7 +20,7 @@ use crate::deadline::Deadline;
 use crate::kernel::{destroy_local, Reading, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
 use crate::lent::Lease;
-use crate::spin::SpinPolicy;
+use crate::spin::{Spin, SpinPolicy};
 use crate::sys::poll2;
 use crate::trace::Phase;
 use crate::waiter::Waiter;

@@ -69,16 +69,6 @@ impl Inner {
         if uid != 0 && uid != self.owner_uid {
             return Err(IpcError::AccessDenied(pid));
         }
-        // A span exporter must see every exchange, which a program's own
-        // socket would bypass (keys are lent, faults and traces applied or
-        // reported by the program: docs/PROTOCOL.md §8f).
-        #[cfg(feature = "otel")]
-        let spans = self.shared.otel.is_some();
-        #[cfg(not(feature = "otel"))]
-        let spans = false;
-        if spans {
-            return Err(IpcError::Refused(pid));
-        }
         // (Older programs send 0: they are not woken, and learn of their
         // process's end from the slot at their next timer.)
         if let Ok(port @ 1..) = u16::try_from(r.words[6]) {

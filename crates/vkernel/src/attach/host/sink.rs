@@ -24,6 +24,14 @@ pub(super) struct SlotSink {
     pub(super) peer: Option<Arc<Shm>>,
     pub(super) pid: Pid,
     pub(super) peers: Arc<Peers>,
+    /// The host's span exporter and the span of the Send in progress
+    /// (feature `otel`): ended here, as the proxy does not wait for it.
+    /// (Weak: the host's state holds this sink.)
+    #[cfg(feature = "otel")]
+    pub(super) spans: Option<(
+        std::sync::Weak<crate::kernel::Shared>,
+        std::sync::Mutex<Option<crate::otel::Begun>>,
+    )>,
 }
 
 impl crate::waiter::Sink for SlotSink {
@@ -31,6 +39,10 @@ impl crate::waiter::Sink for SlotSink {
         // SAFETY: the slot mapping is SLOT_BYTES long, page-aligned, and
         // kept by this sink.
         let s = unsafe { Slot::at(self.slot.as_ptr()) };
+        #[cfg(feature = "otel")]
+        if let Completion::Send(r) = &c {
+            self.end_span(r.as_ref().map(|r| r.from).map_err(|e| e.to_string()));
+        }
         let r = match c {
             Completion::Send(Ok(r)) => {
                 s.set_rmsg(&r.msg);
@@ -53,6 +65,17 @@ impl crate::waiter::Sink for SlotSink {
         s.done
             .store(self.seq.load(Ordering::Relaxed), Ordering::SeqCst);
         s.prog_parked.load(Ordering::SeqCst) != 0
+    }
+
+    #[cfg(feature = "otel")]
+    fn send_begun(&self, b: crate::otel::Begun) -> Option<crate::otel::Begun> {
+        match &self.spans {
+            Some((_, begun)) => {
+                *super::lock(begun) = Some(b);
+                None
+            }
+            None => Some(b),
+        }
     }
 
     fn wake(&self) {
@@ -82,6 +105,21 @@ impl crate::waiter::Sink for SlotSink {
         unsafe { Slot::at(self.slot.as_ptr()) }.set_ended(&err);
         if self.peer.is_some() {
             self.peers.died(self.pid, &err);
+        }
+    }
+}
+
+impl SlotSink {
+    /// Ends the span of the Send that completed, `by` whom or failed.
+    #[cfg(feature = "otel")]
+    fn end_span(&self, by: Result<Pid, String>) {
+        if let Some((sh, begun)) = &self.spans {
+            let b = super::lock(begun).take();
+            if let (Some(sh), Some(b)) = (sh.upgrade(), b) {
+                if let Some(spans) = &sh.otel {
+                    spans.send(self.pid, b, by);
+                }
+            }
         }
     }
 }

@@ -30,7 +30,11 @@ impl AttachedProcess {
         // histogram (two clock reads are a tenth of a peer-page exchange).
         let timed = self.at.metrics && self.local_n.get().is_multiple_of(LATENCY_SAMPLE);
         let start = if timed { self.at.pace.clock.now() } else { 0 };
-        let t0 = if self.at.tracing { trace::wall_us() } else { 0 };
+        let t0 = if self.at.tracing || self.at.spans {
+            trace::wall_us()
+        } else {
+            0
+        };
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
@@ -71,6 +75,7 @@ impl AttachedProcess {
         match how {
             Outcome::Replied { from, msg: m } => {
                 *msg = m;
+                self.span_sent(to, seq, t0, true, true);
                 // Counted here and reported in a few events per batch
                 // (no report, so no host wake-up, per exchange).
                 if timed {
@@ -98,7 +103,10 @@ impl AttachedProcess {
                 PeerSend::Done(Ok(Reply { from, seg_bytes: 0 }))
             }
             // (The host gone: that is why, whatever the receiver said.)
-            Outcome::Failed(e) => PeerSend::Done(Err(self.at.gone().unwrap_or(e))),
+            Outcome::Failed(e) => {
+                self.span_sent(to, seq, t0, false, true);
+                PeerSend::Done(Err(self.at.gone().unwrap_or(e)))
+            }
             Outcome::Forwarded {
                 to,
                 forwarder,
@@ -120,7 +128,8 @@ impl AttachedProcess {
         let side = self.side();
         let r = crate::peer_exchange::receive(&side, p, || self.at.gone())?;
         Some(r.map(|i: Inbound| {
-            self.peer_rx.borrow_mut().insert(i.from, i.seq);
+            let at = self.span_delivered();
+            self.peer_rx.borrow_mut().insert(i.from, (i.seq, at));
             *msg = i.msg;
             if self.at.tracing {
                 let k = trace::phase_kind(Phase::Deliver, i.from, self.pid, true);

@@ -106,6 +106,7 @@ impl AttachedProcess {
                 .then_some(&trace as &crate::attach::direct::TraceFn<'_>),
         };
         let t0 = trace::wall_us();
+        let seq = path.next_seq();
         let went = path.send(
             &mut w,
             &self.at.net_counters,
@@ -116,6 +117,9 @@ impl AttachedProcess {
             self.principal.get(),
         );
         self.counted(path.events());
+        if let (Some(seq), Went::Done(r)) = (seq, &went) {
+            self.span_sent(*to, seq, t0, r.is_ok(), false);
+        }
         self.spin.set(policy);
         self.waits.set(waits);
         if self.at.tracing && !matches!(went, Went::Forwarded { .. }) {

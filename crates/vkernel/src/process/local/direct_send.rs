@@ -40,12 +40,14 @@ impl LocalProcess {
         let mut lease = slot?;
         let start = sh.now();
         let policy = self.spin.get();
-        let spin_us = if policy.wants_to_spin() {
-            let busy = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
-            policy.budget_us(sh.spinning(), sh.cpus, busy)
+        let spinners = if policy.wants_to_spin() {
+            sh.spinning()
         } else {
             0
         };
+        let spin = Spin::begin(&policy, start, spinners, sh.cpus, || {
+            sh.run_queue.contended(start, sh.cpus)
+        });
         let due = Deadline::after(start, deadline);
         let mut io = ThreadIo {
             sh,
@@ -59,9 +61,8 @@ impl LocalProcess {
             msg: *msg,
             principal: lease.principal,
             deadline: due,
-            spin_us,
-            block_at_once: spin_us == 0,
-            may_yield: policy.yields_at(spin_us),
+            spin,
+            block_at_once: spin.budget_us() == 0,
         };
         self.trace(Phase::Send, self.pid, to, true);
         // The span's key is the sequence number the RemoteSend carries.
@@ -182,8 +183,8 @@ impl crate::direct::Io for ThreadIo<'_> {
         n
     }
 
-    fn crowded(&mut self, turn: u32) -> bool {
-        turn.is_multiple_of(8) && self.sh.run_queue.contended(self.sh.now(), self.sh.cpus)
+    fn contended(&mut self, now: u64) -> bool {
+        self.sh.run_queue.contended(now, self.sh.cpus)
     }
 
     fn gone(&self) -> Option<IpcError> {

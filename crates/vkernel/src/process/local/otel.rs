@@ -18,13 +18,17 @@ impl LocalProcess {
                     at,
                     peer: dst,
                     seq: None,
+                    page: false,
                 });
             }
             Phase::Deliver => {
                 let seq = self.shared.with_engine(|e, _| e.exchange_seq(src));
-                self.otel
-                    .borrow_mut()
-                    .delivered(Begun { at, peer: src, seq });
+                self.otel.borrow_mut().delivered(Begun {
+                    at,
+                    peer: src,
+                    seq,
+                    page: false,
+                });
             }
             Phase::Reply => {
                 let b = self.otel.borrow_mut().replied(src);
@@ -49,11 +53,19 @@ impl LocalProcess {
     }
 
     /// The Send has gone to the engine: note its sequence number (under
-    /// the engine's lock, before a reply can end the exchange).
+    /// the engine's lock, before a reply can end the exchange). A sink
+    /// that completes it (an attached program's call slot) takes the
+    /// span, to end it then.
     pub(crate) fn otel_sent(&self, e: &vkernel_proto::Engine) {
         if self.shared.otel.is_some() {
-            if let Some(b) = self.otel.borrow_mut().send.as_mut() {
+            let mut ip = self.otel.borrow_mut();
+            if let Some(b) = ip.send.as_mut() {
                 b.seq = e.exchange_seq(self.pid);
+            }
+            if let (Some(sink), Some(b)) = (self.waiter.sink(), ip.send) {
+                if self.waiter.is_armed() {
+                    ip.send = sink.send_begun(b);
+                }
             }
         }
     }
@@ -65,6 +77,39 @@ impl LocalProcess {
             if let Some(b) = b {
                 spans.send(self.pid, b, by);
             }
+        }
+    }
+
+    /// A Send through peer pages begun at `at` (exchange `seq` with `to`)
+    /// returned: its span, as [`LocalProcess::otel_complete`] ends one.
+    pub(super) fn otel_page_send(
+        &self,
+        at: std::time::SystemTime,
+        to: Pid,
+        seq: u32,
+        by: Result<Pid, String>,
+    ) {
+        if let Some(spans) = &self.shared.otel {
+            let b = crate::otel::Begun {
+                at,
+                peer: to,
+                seq: Some(seq),
+                page: true,
+            };
+            spans.send(self.pid, b, by);
+        }
+    }
+
+    /// A message from `from` (its exchange `seq`) taken from the inbox:
+    /// its span begins (the Reply ends it, as for the engine's).
+    pub(super) fn otel_page_deliver(&self, from: Pid, seq: u32) {
+        if self.shared.otel.is_some() {
+            self.otel.borrow_mut().delivered(crate::otel::Begun {
+                at: std::time::SystemTime::now(),
+                peer: from,
+                seq: Some(seq),
+                page: true,
+            });
         }
     }
 }

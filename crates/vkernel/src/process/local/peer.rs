@@ -91,13 +91,9 @@ pub(super) struct PeerSide {
 
 impl LocalProcess {
     /// Gives this process a peer page, if the host allows the path
-    /// (`KernelConfig::direct_sends`, no exported spans).
+    /// (`KernelConfig::direct_sends`).
     pub(crate) fn allow_peer(mut self) -> LocalProcess {
         let sh = &self.shared;
-        #[cfg(feature = "otel")]
-        if sh.otel.is_some() {
-            return self;
-        }
         if !sh.direct {
             return self;
         }
@@ -243,14 +239,23 @@ impl LocalProcess {
         }
         let clock = &self.shared.pace.clock;
         let at = Deadline::after_now(|| clock.now(), deadline);
+        #[cfg(feature = "otel")]
+        let t0 = self.shared.otel.is_some().then(std::time::SystemTime::now);
         let (mut to, mut fwd) = (to, fwd);
         loop {
             match self.peer_send(msg, to, fwd, at) {
                 PeerSend::Done(r) => {
-                    if self.shared.tracer.is_some() {
-                        self.trace(Phase::Send, self.pid, to, true);
-                        let by = r.as_ref().map_or(to, |r| r.from);
-                        self.trace(Phase::Complete, self.pid, by, r.is_ok());
+                    let by = r.as_ref().map_or(to, |r| r.from);
+                    #[cfg(feature = "otel")]
+                    if let (Some(t0), Some(ps)) = (t0, &self.peer) {
+                        let by = r.as_ref().map(|r| r.from).map_err(|e| e.to_string());
+                        self.otel_page_send(t0, to, ps.seq.get(), by);
+                    }
+                    // (Recorded once it is over: a trace event is only
+                    // made for an exchange that went this way.)
+                    if let Some(t) = &self.shared.tracer {
+                        t.phase(Phase::Send, self.pid, to, true);
+                        t.phase(Phase::Complete, self.pid, by, r.is_ok());
                     }
                     return Ok(r);
                 }
@@ -281,7 +286,11 @@ impl LocalProcess {
                 ps.rx.borrow_mut().insert(i.from, i.seq);
                 *msg = i.msg;
                 self.last_from_remote.set(false);
-                self.trace(Phase::Deliver, i.from, self.pid, true);
+                if let Some(t) = &self.shared.tracer {
+                    t.phase(Phase::Deliver, i.from, self.pid, true);
+                }
+                #[cfg(feature = "otel")]
+                self.otel_page_deliver(i.from, i.seq);
                 Ok(Incoming {
                     from: i.from,
                     seg_bytes: 0,

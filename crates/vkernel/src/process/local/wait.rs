@@ -25,16 +25,19 @@ impl LocalProcess {
         let sh = &self.shared;
         let start = sh.now();
         let policy = self.spin.get();
-        let (spin_us, crowded) = if policy.wants_to_spin() {
-            let spinners = sh.spinning();
-            let busy = policy.is_adaptive() && sh.run_queue.contended(start, sh.cpus);
-            let crowded = policy.is_adaptive() && (busy || spinners >= sh.cpus);
-            (policy.budget_us(spinners, sh.cpus, busy), crowded)
+        let spinners = if policy.wants_to_spin() {
+            sh.spinning()
         } else {
-            (0, false)
+            0
         };
+        let mut busy = false;
+        let spin = Spin::begin(&policy, start, spinners, sh.cpus, || {
+            busy = sh.run_queue.contended(start, sh.cpus);
+            busy
+        });
+        let crowded = policy.is_adaptive() && (busy || spinners >= sh.cpus);
         let mut blocked = false;
-        let r = self.wait_spin_then_block(expect, answer, due, start, spin_us, &mut blocked);
+        let r = self.wait_spin_then_block(expect, answer, due, spin, &mut blocked);
         self.waited(policy, start, blocked, crowded);
         r
     }
@@ -61,13 +64,12 @@ impl LocalProcess {
         expect: Expect,
         answer: Option<&Arc<std::net::UdpSocket>>,
         mut due: OwnDue,
-        start: u64,
-        spin_us: u64,
+        mut spin: Spin,
         blocked: &mut bool,
     ) -> Result<Completion, IpcError> {
         let sh = &self.shared;
         let w = &self.waiter;
-        let spin = Duration::from_micros(spin_us);
+        let start = spin.start();
         // Microseconds between socket polls while spinning: none when a
         // datagram is expected; when a local hand-over is, polls are rare,
         // since a recv syscall in progress delays seeing the hand-over.
@@ -78,12 +80,11 @@ impl LocalProcess {
             Expect::Local => 8,
         };
         let mut next_poll = start + gap;
-        let may_yield = self.spin.get().yields_at(spin_us);
+        let mut spinning = spin.budget_us() > 0;
         // While spinning this thread reads the socket itself.
-        if !spin.is_zero() {
+        if spinning {
             Waiter::spinning(sh.net.socket());
         }
-        let mut spinning = !spin.is_zero();
         // Counted as a spinner only once the wait has lasted a while: the
         // count is a hint (whether the socket needs another reader), and
         // two writes to its shared line on every short wait cost more than
@@ -91,7 +92,6 @@ impl LocalProcess {
         // (A wait for a remote answer counts in at once: with no spinner
         // counted the background thread would compete for each datagram.)
         let mut counted = (spinning && gap == 0).then(|| Counted::enter(&sh.spinners, SPIN_BEGINS));
-        let mut i: u32 = 0;
         loop {
             if w.ready.swap(false, Ordering::AcqRel) {
                 if let Some(c) = w.take() {
@@ -157,32 +157,18 @@ impl LocalProcess {
                     // instead of paying another empty recv first. (With an
                     // answer socket the main one is only looked at every
                     // eighth turn: the reply comes to the other.)
-                    if answer.is_none() || i.is_multiple_of(8) {
+                    if answer.is_none() || spin.turns().is_multiple_of(8) {
                         if let (_, Some(c)) = sh.poll_socket_as(Some(self.pid), 1) {
                             return Ok(c);
                         }
                     }
                 }
-                if i.is_multiple_of(32) {
+                if spin.turns().is_multiple_of(32) {
                     sh.run_timers_if_due();
                 }
-                i = i.wrapping_add(1);
-                if !i.is_multiple_of(64) || sh.now().saturating_sub(start) < spin_us {
-                    if i == 64 && counted.is_none() {
+                if spin.again(|| sh.now(), |t| sh.run_queue.contended(t, sh.cpus)) {
+                    if spin.turns() == 64 && counted.is_none() {
                         counted = Some(Counted::enter(&sh.spinners, SPIN_BEGINS));
-                    }
-                    // More runnable threads than CPUs, or a long budget
-                    // (the answerer may be queued behind this thread):
-                    // let the one that would answer run (the server, a
-                    // peer spinner) rather than hold the CPU for a whole
-                    // time slice.
-                    if crate::spin::yields(may_yield, i)
-                        || (i.is_multiple_of(64) && sh.run_queue.contended(sh.now(), sh.cpus))
-                    {
-                        std::thread::yield_now();
-                    } else if !polled {
-                        // A turn that made a syscall has waited long enough.
-                        std::hint::spin_loop();
                     }
                     continue;
                 }
