@@ -266,6 +266,19 @@ int vk_set_spin(struct vk_process *p, uint32_t micros, int adaptive);
 int vk_send(struct vk_process *p, struct vk_message *msg, uint32_t to, struct vk_reply_info *reply);
 
 /**
+ * [`vk_send`] that fails with code 17 (the deadline passed) if no reply came within
+ * `deadline_us` microseconds (0: no deadline, as `vk_send`).
+ *
+ * # Safety
+ * As for `vk_send`.
+ */
+int vk_send_within(struct vk_process *p,
+                   struct vk_message *msg,
+                   uint32_t to,
+                   uint64_t deadline_us,
+                   struct vk_reply_info *reply);
+
+/**
  * Sends with a segment of `len` bytes at `seg` that the receiver may
  * access as `access` (a `vk_access`) says while this process awaits the
  * reply.

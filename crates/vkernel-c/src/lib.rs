@@ -470,6 +470,32 @@ pub unsafe extern "C" fn vk_send(
     })
 }
 
+/// [`vk_send`] that fails with code 17 (the deadline passed) if no reply came within
+/// `deadline_us` microseconds (0: no deadline, as `vk_send`).
+///
+/// # Safety
+/// As for `vk_send`.
+#[no_mangle]
+pub unsafe extern "C" fn vk_send_within(
+    p: *mut vk_process,
+    msg: *mut vk_message,
+    to: u32,
+    deadline_us: u64,
+    reply: *mut vk_reply_info,
+) -> c_int {
+    guard(|| {
+        // SAFETY: as the function's contract says.
+        let (p, msg) = unsafe { (r(p, "process")?, m(msg, "msg")?) };
+        let mut mm = Message(msg.w);
+        let d = (deadline_us > 0).then(|| std::time::Duration::from_micros(deadline_us));
+        let rep = p.p.send_within(&mut mm, Pid(to), d)?;
+        msg.w = mm.0;
+        // SAFETY: as the function's contract says.
+        unsafe { put_reply(reply, &rep) };
+        Ok(())
+    })
+}
+
 /// Sends with a segment of `len` bytes at `seg` that the receiver may
 /// access as `access` (a `vk_access`) says while this process awaits the
 /// reply.

@@ -13,6 +13,10 @@
 //! listed in [`KNOWN_GAPS`] with the reason.
 //!
 //! `cargo test --release -p vkernel --test conformance -- --nocapture`
+//! (`CONFORMANCE_ONLY=a,b`: only the rows or columns whose names contain
+//! `a` or `b`). The C ABI's and Python's rows run another program as the
+//! client: `eval "$(scripts/conformance-clients.sh DIR [PYTHON])"` first
+//! (.ci/run does).
 
 mod common;
 
@@ -34,12 +38,6 @@ use vkernel::{
 /// kernel, or of a path by design, that the table reports; a cell listed
 /// here that passes is reported as "stale" (take it out).
 const KNOWN_GAPS: &[(&str, &str, &str)] = &[];
-
-/// Paths covered by other suites: (row, where).
-const ELSEWHERE: &[(&str, &str)] = &[
-    ("C ABI", "crates/vkernel-c/tests/c_examples.rs (examples/c)"),
-    ("Python", "python/tests (pytest)"),
-];
 
 const WORK: u32 = 1;
 const WARM: u32 = 2;
@@ -172,6 +170,9 @@ struct World {
     lose_srv: bool,
     /// Clients are async processes driven on this runtime.
     rt: Option<Arc<tokio::runtime::Runtime>>,
+    /// Clients are processes of another program, run by this command
+    /// with the attach socket's path (the C ABI's and Python's rows).
+    external: Option<Vec<String>>,
     attached: bool,
     /// The receiver is on another host than the client's engine.
     remote: bool,
@@ -192,6 +193,9 @@ impl World {
     }
 
     fn client(&self) -> Client {
+        if let (Some(cmd), Some(srv)) = (&self.external, &self.srv) {
+            return Client::External(External::spawn(cmd, srv.path()));
+        }
         let k = self.k(self.client);
         match &self.rt {
             Some(rt) => Client::Async(rt.clone(), k.create_async_process().expect("client")),
@@ -209,12 +213,21 @@ impl World {
     fn snap(&self) -> Option<Snap> {
         let ch = self.ks[self.client_host].as_ref()?;
         let (s, reported) = stats_and_reported(ch, self.srv.as_ref());
-        let direct = self.ks[self.client].as_ref()?.net_counters();
+        // (An external client has no counters here: what it did outside
+        // the host is reported to it.)
+        let direct = match &self.external {
+            Some(_) => 0,
+            None => self.ks[self.client]
+                .as_ref()?
+                .net_counters()
+                .direct_sends
+                .load(Relaxed),
+        };
         Some(Snap {
             rsend: s.tx[2] - reported.tx[2],
             local: s.local_exchanges,
             remote: s.remote_exchanges,
-            direct: direct.direct_sends.load(Relaxed),
+            direct,
             peer: self.srv.as_ref().map_or(0, |s| s.peer_exchanges()),
             grants: self.srv.as_ref().map_or(0, |s| s.direct_grants()),
         })
@@ -298,10 +311,11 @@ fn carried(w: &World, d: &Snap, n: u64, completed: bool) -> &'static str {
     "?"
 }
 
-/// A client process, blocking or async.
+/// A client process, blocking, async, or another program's.
 enum Client {
     Sync(Process),
     Async(Arc<tokio::runtime::Runtime>, AsyncProcess),
+    External(External),
 }
 
 impl Client {
@@ -309,6 +323,7 @@ impl Client {
         match self {
             Client::Sync(p) => p.send(m, to),
             Client::Async(rt, p) => rt.block_on(p.send(m, to)),
+            Client::External(x) => x.send(m, to, None),
         }
     }
 
@@ -316,7 +331,85 @@ impl Client {
         match self {
             Client::Sync(p) => p.send_within(m, to, Some(d)),
             Client::Async(rt, p) => rt.block_on(p.send_within(m, to, d)),
+            Client::External(x) => x.send(m, to, Some(d)),
         }
+    }
+}
+
+/// A client process of another program (examples/c/conformance_client.c,
+/// python/tests/conformance_client.py) attached to the world's machine
+/// host, its Sends run by a line protocol on its stdin and stdout:
+/// `send TO DEADLINE_US W0..W7` answered by `ok FROM W0..W7` or
+/// `err CODE`.
+struct External {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl External {
+    fn spawn(cmd: &[String], sock: &std::path::Path) -> External {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .arg(sock)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let input = child.stdin.take().expect("stdin");
+        let mut output = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let _ = output.read_line(&mut line);
+        assert!(line.starts_with("pid "), "{cmd:?} said {line:?}");
+        External {
+            child,
+            input,
+            output,
+        }
+    }
+
+    fn send(&mut self, m: &mut Message, to: Pid, d: Option<Duration>) -> Result<Reply, IpcError> {
+        use std::io::{BufRead, Write};
+        let us = d.map_or(0, |d| d.as_micros().max(1) as u64);
+        let words: Vec<String> = m.0.iter().map(u32::to_string).collect();
+        writeln!(self.input, "send {:08x} {us} {}", to.0, words.join(" ")).expect("to the client");
+        let mut line = String::new();
+        self.output.read_line(&mut line).expect("from the client");
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["ok", from, ws @ ..] if ws.len() == 8 => {
+                for (w, v) in m.0.iter_mut().zip(ws) {
+                    *w = v.parse().expect("a word");
+                }
+                Ok(Reply {
+                    from: Pid(u32::from_str_radix(from, 16).expect("a pid")),
+                    seg_bytes: 0,
+                })
+            }
+            // (The codes are `IpcError::code`'s; the pid they name is the
+            // receiver's.)
+            ["err", code] => Err(IpcError::from_code(code.parse().expect("a code"), to.0)),
+            _ => panic!("the client said {line:?}"),
+        }
+    }
+}
+
+impl Drop for External {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = writeln!(self.input, "quit");
+        let _ = self.input.flush();
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -338,6 +431,10 @@ trait Transport: Sync {
     fn warm(&self, w: &World, c: &mut Client, to: Pid) {
         let _ = w;
         warm_once(c, to);
+    }
+    /// Why this path cannot run here (its cells are then n/a).
+    fn unavailable(&self) -> Option<String> {
+        None
     }
 }
 
@@ -395,6 +492,7 @@ impl Transport for EmbeddedLocal {
             lose: 0,
             lose_srv: false,
             rt: None,
+            external: None,
             attached: false,
             remote: false,
         }
@@ -420,6 +518,7 @@ fn two_hosts(o: &Opts, direct: bool, rt: bool) -> World {
         lose: 0,
         lose_srv: false,
         rt: rt.then(async_rt),
+        external: None,
         attached: false,
         remote: true,
     }
@@ -496,6 +595,7 @@ fn slot_world(o: &Opts, rt: bool) -> World {
         lose: 0,
         lose_srv: true,
         rt: rt.then(async_rt),
+        external: None,
         attached: true,
         remote: false,
     }
@@ -560,9 +660,38 @@ impl Transport for PeerPage {
             lose: 0,
             lose_srv: true,
             rt: None,
+            external: None,
             attached: true,
             remote: false,
         }
+    }
+}
+
+/// A machine host and a receiver's host; the client's Sends come from an
+/// attached program (this test program's attachment, or `external`'s).
+fn attached_remote_world(o: &Opts, external: Option<Vec<String>>) -> World {
+    let programs = usize::from(external.is_none());
+    let (m, srv, ps) = machine(o, Role::Client, programs);
+    let r = start(o, Role::Receiver, true);
+    mesh(&[&m, &r]);
+    let mut ks = vec![Some(m), Some(r)];
+    ks.extend(ps.into_iter().map(Some));
+    let third = add_third(&mut ks, o, &[0, 1]);
+    World {
+        srv: Some(srv),
+        ks,
+        // (An external client's counts are the machine host's.)
+        client: if external.is_some() { 0 } else { 2 },
+        server: 1,
+        client_host: 0,
+        receiver_host: 1,
+        third,
+        lose: 1,
+        lose_srv: false,
+        rt: None,
+        external,
+        attached: true,
+        remote: true,
     }
 }
 
@@ -580,45 +709,65 @@ impl Transport for AttachedDirect {
         false
     }
     fn setup(&self, o: &Opts) -> World {
-        let (m, srv, mut ps) = machine(o, Role::Client, 1);
-        let r = start(o, Role::Receiver, true);
-        mesh(&[&m, &r]);
-        let mut ks = vec![Some(m), Some(r), Some(ps.remove(0))];
-        let third = add_third(&mut ks, o, &[0, 1]);
-        World {
-            srv: Some(srv),
-            ks,
-            client: 2,
-            server: 1,
-            client_host: 0,
-            receiver_host: 1,
-            third,
-            lose: 1,
-            lose_srv: false,
-            rt: None,
-            attached: true,
-            remote: true,
-        }
+        attached_remote_world(o, None)
     }
-    /// `until_direct` of tests/attach_direct.rs, bounded: Sends until the
-    /// host has granted the direct path (a keyed or faulty host never
-    /// does: then the cell reports the path that ran).
     fn warm(&self, w: &World, c: &mut Client, to: Pid) {
-        let m = w.k(w.client_host);
-        let end = Instant::now() + Duration::from_secs(2);
-        let engine_sends = || {
-            let (s, r) = stats_and_reported(m, w.srv.as_ref());
-            s.tx[2] - r.tx[2]
-        };
-        for _ in 0..20 {
-            let before = engine_sends();
-            warm_once(c, to);
-            let grants = w.srv.as_ref().unwrap().direct_grants();
-            if engine_sends() == before && grants > 0 || Instant::now() > end {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        until_direct(w, c, to);
+    }
+}
+
+/// Paths 9 and 10: an attached program in C (through the C ABI,
+/// `libvkernel`) or Python (the `vkernel` module) Sending to another
+/// host: the attached direct path, driven from that language. The
+/// client's command comes from `env` (set by .ci/run, which builds it);
+/// without it the row is n/a.
+struct ExternalAttached {
+    name: &'static str,
+    env: &'static str,
+}
+impl Transport for ExternalAttached {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn expected(&self) -> &'static str {
+        "attached direct"
+    }
+    fn one_host(&self) -> bool {
+        false
+    }
+    fn unavailable(&self) -> Option<String> {
+        std::env::var_os(self.env)
+            .is_none()
+            .then(|| format!("{} not set (.ci/run sets it)", self.env))
+    }
+    fn setup(&self, o: &Opts) -> World {
+        let cmd = std::env::var(self.env).unwrap_or_default();
+        let cmd = cmd.split_whitespace().map(str::to_string).collect();
+        attached_remote_world(o, Some(cmd))
+    }
+    fn warm(&self, w: &World, c: &mut Client, to: Pid) {
+        until_direct(w, c, to);
+    }
+}
+
+/// `until_direct` of tests/attach_direct.rs, bounded: Sends until the
+/// host has granted the direct path (a keyed or faulty host never does:
+/// then the cell reports the path that ran).
+fn until_direct(w: &World, c: &mut Client, to: Pid) {
+    let m = w.k(w.client_host);
+    let end = Instant::now() + Duration::from_secs(2);
+    let engine_sends = || {
+        let (s, r) = stats_and_reported(m, w.srv.as_ref());
+        s.tx[2] - r.tx[2]
+    };
+    for _ in 0..20 {
+        let before = engine_sends();
+        warm_once(c, to);
+        let grants = w.srv.as_ref().map_or(0, |s| s.direct_grants());
+        if engine_sends() == before && grants > 0 || Instant::now() > end {
+            return;
         }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -1180,17 +1329,27 @@ fn counted(t: &dyn Transport) -> Result<Cell, String> {
         work(&mut c, to, id)?;
     }
     drop(c);
-    let s1 = k.stats();
+    let grew = |s1: &vkernel::Stats| {
+        if w.remote {
+            (
+                "remote_exchanges",
+                s1.remote_exchanges - s0.remote_exchanges,
+            )
+        } else {
+            ("local_exchanges", s1.local_exchanges - s0.local_exchanges)
+        }
+    };
+    // (Another program's report reaches the host after it ended.)
+    let settle = Instant::now() + Duration::from_secs(3);
+    let (what, n) = loop {
+        let g = grew(&k.stats());
+        if g.1 >= SMALL_N.into() || w.external.is_none() || Instant::now() > settle {
+            break g;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     stop(w.k(w.server), to);
     join_within(h, Duration::from_secs(5), "the receiver")?;
-    let (what, n) = if w.remote {
-        (
-            "remote_exchanges",
-            s1.remote_exchanges - s0.remote_exchanges,
-        )
-    } else {
-        ("local_exchanges", s1.local_exchanges - s0.local_exchanges)
-    };
     let whose = if w.attached {
         "the machine host's"
     } else {
@@ -1250,7 +1409,7 @@ fn run_cell(t: &'static dyn Transport, f: Scenario) -> Cell {
 
 #[test]
 fn every_path_every_scenario() {
-    let transports: [&'static dyn Transport; 8] = [
+    let transports: [&'static dyn Transport; 10] = [
         &EmbeddedLocal,
         &EmbeddedEngine,
         &EmbeddedDirect,
@@ -1259,6 +1418,14 @@ fn every_path_every_scenario() {
         &AttachedDirect,
         &AsyncEmbedded,
         &AsyncAttached,
+        &ExternalAttached {
+            name: "C ABI",
+            env: "VKERNEL_CONFORMANCE_C",
+        },
+        &ExternalAttached {
+            name: "Python",
+            env: "VKERNEL_CONFORMANCE_PYTHON",
+        },
     ];
     let only = std::env::var("CONFORMANCE_ONLY").ok();
     let t0 = Instant::now();
@@ -1266,12 +1433,15 @@ fn every_path_every_scenario() {
     for t in transports {
         let mut cells = Vec::new();
         for (sname, f) in SCENARIOS {
-            let skip = only
-                .as_deref()
-                .is_some_and(|o| !t.name().contains(o) && !sname.contains(o));
+            let skip = only.as_deref().is_some_and(|o| {
+                !o.split(',')
+                    .any(|o| t.name().contains(o) || sname.contains(o))
+            });
             let c0 = Instant::now();
             let c = if skip {
                 Cell::Na("skipped (CONFORMANCE_ONLY)".into())
+            } else if let Some(why) = t.unavailable() {
+                Cell::Na(why)
             } else {
                 run_cell(t, *f)
             };
@@ -1337,9 +1507,6 @@ fn every_path_every_scenario() {
             }
         }
         out.push('\n');
-    }
-    for (p, where_) in ELSEWHERE {
-        let _ = writeln!(out, "{p:w0$}│ covered by {where_}");
     }
     let _ = writeln!(out, "\nCells:\n{notes}");
     let _ = writeln!(out, "Known gaps (KNOWN_GAPS, not failures):");
