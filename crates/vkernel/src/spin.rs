@@ -137,10 +137,13 @@ pub(crate) struct Spin {
     start: u64,
     budget_us: u64,
     may_yield: bool,
-    /// The clock and the run queue are looked at every `every`-th turn.
-    every: u32,
-    /// With more threads runnable than CPUs: stop spinning (else yield).
-    crowded_stops: bool,
+    /// The clock and the run queue are looked at when `turn & mask` is 0
+    /// (every 64th turn, or every `costly_turns`-th; a power of two, so no
+    /// division on a turn).
+    mask: u32,
+    /// Each turn makes a system call (or a task's poll): no pause after
+    /// it, and a crowded machine stops the spin (else it yields).
+    costly: bool,
     turn: u32,
 }
 
@@ -166,18 +169,20 @@ impl Spin {
             start,
             budget_us,
             may_yield: policy.yields_at(budget_us),
-            every: 64,
-            crowded_stops: false,
+            mask: 63,
+            costly: false,
             turn: 0,
         }
     }
 
-    /// Turns that each make a system call: the clock and the run queue
-    /// are looked at every `n`-th, and a crowded machine stops the spin
-    /// (the answer wakes a blocked reader as soon as a spinning one).
+    /// Turns that each make a system call (or are a task's poll): the
+    /// clock and the run queue are looked at every `n`-th (rounded up to a
+    /// power of two), a turn does not pause, and a crowded machine stops
+    /// the spin (the answer wakes a blocked reader as soon as a spinning
+    /// one).
     pub(crate) fn costly_turns(mut self, n: u32) -> Spin {
-        self.every = n.max(1);
-        self.crowded_stops = true;
+        self.mask = n.max(1).next_power_of_two() - 1;
+        self.costly = true;
         self
     }
 
@@ -203,8 +208,21 @@ impl Spin {
     /// budget was raised by a long wait ([`SpinPolicy::yields_at`])
     /// yields every 16th turn: the peer it waits for may be queued behind
     /// it on this CPU.
+    #[inline]
     pub(crate) fn again(
         &mut self,
+        now: impl FnOnce() -> u64,
+        contended: impl FnOnce(u64) -> bool,
+    ) -> bool {
+        self.again_after(false, now, contended)
+    }
+
+    /// [`Spin::again`] after a look that made a system call (`called`):
+    /// then no pause (it has waited long enough).
+    #[inline]
+    pub(crate) fn again_after(
+        &mut self,
+        called: bool,
         now: impl FnOnce() -> u64,
         contended: impl FnOnce(u64) -> bool,
     ) -> bool {
@@ -212,7 +230,7 @@ impl Spin {
             return false;
         }
         self.turn = self.turn.wrapping_add(1);
-        if self.turn.is_multiple_of(self.every) {
+        if self.turn & self.mask == 0 {
             let t = now();
             if t.saturating_sub(self.start) >= self.budget_us {
                 return false;
@@ -223,7 +241,7 @@ impl Spin {
             // would yield to each other for good instead of being spread
             // by the idle CPU's load balancing.
             if contended(t) {
-                if self.crowded_stops {
+                if self.costly {
                     return false;
                 }
                 std::thread::yield_now();
@@ -232,7 +250,7 @@ impl Spin {
         }
         if self.may_yield && self.turn.is_multiple_of(16) {
             std::thread::yield_now();
-        } else {
+        } else if !self.costly && !called {
             std::hint::spin_loop();
         }
         true

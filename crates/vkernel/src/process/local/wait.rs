@@ -166,7 +166,7 @@ impl LocalProcess {
                 if spin.turns().is_multiple_of(32) {
                     sh.run_timers_if_due();
                 }
-                if spin.again(|| sh.now(), |t| sh.run_queue.contended(t, sh.cpus)) {
+                if spin.again_after(polled, || sh.now(), |t| sh.run_queue.contended(t, sh.cpus)) {
                     if spin.turns() == 64 && counted.is_none() {
                         counted = Some(Counted::enter(&sh.spinners, SPIN_BEGINS));
                     }
