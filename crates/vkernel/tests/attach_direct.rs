@@ -873,3 +873,45 @@ fn a_due_copy_behind_a_busy_server_waits_on_the_attached_path_too() {
     stop(&c, spid);
     server.join().unwrap();
 }
+
+#[test]
+fn a_program_that_closes_its_kernel_first_still_reports() {
+    // Found by the conformance suite's Python row: a program whose kernel
+    // closed before its process lost what the process had counted outside
+    // the host (it reports as it ends, over the kernel's connection, which
+    // closing shut down). Now the kernel detaches (DETACH) and the host
+    // takes reports until the connection closes.
+    let m = machine("detach");
+    let remote = remote_of(&m, FaultConfig::default());
+    let (spid, server) = serve(&remote, counting_server);
+    let before = m.host.stats().remote_exchanges;
+    let a = Kernel::attach(&m.path).unwrap();
+    let c = a.create_process().unwrap();
+    until_direct(&m, &c, spid);
+    const N: u32 = 50;
+    for n in 0..N {
+        let mut msg = Message::with_code(1);
+        msg.set_word(1, n);
+        msg.set_word(2, n);
+        c.send(&mut msg, spid).unwrap();
+    }
+    let cpid = c.pid();
+    drop(a);
+    // Its processes went with it...
+    wait_for(Duration::from_secs(5), "the process's end", || {
+        (!m.host.process_exists(cpid)).then_some(())
+    });
+    // ...and what the one still held counted arrives as it ends.
+    drop(c);
+    wait_for(Duration::from_secs(5), "the process's report", || {
+        let n = m.host.stats().remote_exchanges - before;
+        (n >= u64::from(N)).then_some(())
+    });
+    stop(&remote.create_process().unwrap(), spid);
+    server.join().unwrap();
+    wait_for(
+        Duration::from_secs(5),
+        "the program's connection to close",
+        || (m.srv().attached() == 0).then_some(()),
+    );
+}

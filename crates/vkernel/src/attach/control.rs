@@ -47,6 +47,13 @@ pub(crate) mod kind {
     /// per line) of what its processes did outside the host, for the
     /// host's `--trace` file. No answer.
     pub(crate) const TRACE: u32 = 8;
+    /// Program → host: []. The program closed its kernel: its processes
+    /// go now. The host shuts its side for writing (the program's reader
+    /// ends, and its processes' calls with it) and takes only reports
+    /// (TALLY, TRACE) until the connection closes: processes the program
+    /// still holds report what they counted when they end. Sent only to a
+    /// host whose WELCOME says it takes it (flags bit 3).
+    pub(crate) const DETACH: u32 = 9;
 }
 
 /// Questions (ASK's `what`).

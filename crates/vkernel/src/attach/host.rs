@@ -366,10 +366,12 @@ impl Inner {
             principal,
             // Bit 0: this host traces (the program sends its lines); bit
             // 1: it keeps latency histograms (the program times for them);
-            // bit 2: it exports spans (the program reports its own).
+            // bit 2: it exports spans (the program reports its own); bit
+            // 3: it takes DETACH.
             u32::from(self.shared.tracer.is_some())
                 | u32::from(self.metrics) << 1
-                | u32::from(self.shared.exports_spans()) << 2,
+                | u32::from(self.shared.exports_spans()) << 2
+                | 1 << 3,
             0,
             0,
         ];
@@ -382,22 +384,14 @@ impl Inner {
             "attach: program attached"
         );
         let mut procs: HashMap<Pid, Proxy> = HashMap::new();
+        let mut detached = false;
         while let Ok(Some(r)) = control::recv(fd) {
-            if r.kind() == kind::TRACE {
-                if let Some(t) = &self.shared.tracer {
-                    t.append_reported(&r.payload);
-                }
+            if self.take_report(&r) {
                 continue;
             }
-            if r.kind() == kind::TALLY {
-                // What the program's processes did outside the host
-                // (direct Sends, peer-page exchanges): no answer.
-                // (Not through the engine: a host thread that is no
-                // process's must not run the engine's calls here.)
-                self.shared
-                    .attach_tally
-                    .report(&self.shared, &r.payload, self.metrics);
-                continue;
+            if r.kind() == kind::DETACH {
+                detached = true;
+                break;
             }
             let id = r.words[1];
             let mut file = None;
@@ -453,6 +447,38 @@ impl Inner {
         // must not hold up this cleanup (or the host's shutdown).
         drop(procs);
         tracing::debug!(uid, "attach: program detached");
+        if detached {
+            // Its reader ends (and its processes' calls); the reports of
+            // processes it still holds come until it closes the socket.
+            let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Write);
+            while let Ok(Some(r)) = control::recv(fd) {
+                self.take_report(&r);
+            }
+        }
+    }
+
+    /// Takes a report record (TALLY, TRACE; no answer); false if `r` is
+    /// not one.
+    fn take_report(&self, r: &Record) -> bool {
+        match r.kind() {
+            kind::TRACE => {
+                if let Some(t) = &self.shared.tracer {
+                    t.append_reported(&r.payload);
+                }
+                true
+            }
+            kind::TALLY => {
+                // What the program's processes did outside the host
+                // (direct Sends, peer-page exchanges): no answer.
+                // (Not through the engine: a host thread that is no
+                // process's must not run the engine's calls here.)
+                self.shared
+                    .attach_tally
+                    .report(&self.shared, &r.payload, self.metrics);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn create(

@@ -85,6 +85,8 @@ pub(crate) struct Attachment {
     /// The host exports spans: the program reports those of its
     /// exchanges outside the host (TALLY records).
     pub(crate) spans: bool,
+    /// The host takes DETACH (else closing shuts the socket down).
+    detach_record: bool,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -164,6 +166,7 @@ impl Attachment {
             tracing: w.words[5] & 1 != 0,
             metrics: w.words[5] & 2 != 0,
             spans: w.words[5] & 4 != 0,
+            detach_record: w.words[5] & 8 != 0,
             traces: Mutex::new(Vec::new()),
         });
         let r = a.clone();
@@ -319,7 +322,13 @@ impl Attachment {
     pub(crate) fn close(&self) {
         self.report(&mut Vec::new(), true);
         self.closed.store(true, Ordering::SeqCst);
-        let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
+        if self.detach_record {
+            // The host ends the processes and closes its side; what the
+            // processes still held here count reaches it as they end.
+            self.send_record(kind::DETACH, &[]);
+        } else {
+            let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
+        }
     }
 }
 
