@@ -123,19 +123,18 @@ impl Pace {
             if word.load(Ordering::Acquire) != old {
                 break Waited::Spun;
             }
-            if !spin.again(|| self.clock.now(), contended) {
-                break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
-            }
+            let mut go_on = spin.again(|| self.clock.now(), contended);
             // (Every 64th turn: the turn that finds the word changed stays
             // a load and a compare.)
             let i = spin.turns();
-            if i.is_multiple_of(64) {
+            if go_on && i.is_multiple_of(64) {
                 if let Some(t) = tick.filter(|_| i.is_multiple_of(TICK_SPINS)) {
                     t.tick();
                 }
-                if gone() {
-                    break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
-                }
+                go_on = !gone();
+            }
+            if !go_on {
+                break self.stop_spinning(word, parked, old, &gone, deadline, on_block);
             }
         };
         spin.end(policy, self.clock.now());
