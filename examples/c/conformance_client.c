@@ -25,6 +25,11 @@ int main(int argc, char **argv) {
     }
     /* Bounded: the suite's cells end in seconds. */
     alarm(300);
+    if (strcmp(vk_version(), VK_VERSION) != 0) {
+        fprintf(stderr, "conformance_client: built with vkernel.h %s, running libvkernel %s\n",
+                VK_VERSION, vk_version());
+        return 1;
+    }
     vk_kernel *k = NULL;
     int rc = vk_attach(argv[1], &k);
     if (rc) {

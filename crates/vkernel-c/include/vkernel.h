@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#define VK_VERSION "0.1.0"
+
 /**
  * Word 0 of a message: the request code.
  */
@@ -38,6 +40,96 @@
  * The process does not exist.
  */
 #define VK_ENOSUCHPROCESS 1
+
+/**
+ * The process's host did not answer (timeout).
+ */
+#define VK_ETIMEOUT 2
+
+/**
+ * The process is not awaiting a reply from the caller.
+ */
+#define VK_ENOTAWAITINGREPLY 3
+
+/**
+ * The segment does not grant this access.
+ */
+#define VK_EACCESS 4
+
+/**
+ * An access outside the segment.
+ */
+#define VK_EOUTOFBOUNDS 5
+
+/**
+ * The segment is too large.
+ */
+#define VK_ESEGMENTTOOLARGE 6
+
+/**
+ * Not a valid process id.
+ */
+#define VK_EINVALIDPID 7
+
+/**
+ * The caller is not a process of this logical host.
+ */
+#define VK_ENOTAPROCESS 8
+
+/**
+ * The process is already blocked in an operation.
+ */
+#define VK_EBUSY 9
+
+/**
+ * The logical host id is not yet allocated.
+ */
+#define VK_ENOHOSTID 10
+
+/**
+ * The process table is full.
+ */
+#define VK_ETABLEFULL 11
+
+/**
+ * Out of file descriptors.
+ */
+#define VK_ENODESCRIPTORS 12
+
+/**
+ * The remote kernel has no resources.
+ */
+#define VK_ENORESOURCES 13
+
+/**
+ * The process was destroyed.
+ */
+#define VK_EDESTROYED 14
+
+/**
+ * Group ids are not supported by this operation.
+ */
+#define VK_EGROUPUNSUPPORTED 15
+
+/**
+ * Refused as malformed.
+ */
+#define VK_EREFUSED 16
+
+/**
+ * No reply within the deadline.
+ */
+#define VK_EDEADLINE 17
+
+/**
+ * The kernel shut down.
+ */
+#define VK_ESHUTDOWN 18
+
+/**
+ * The machine host has gone (attach again).
+ */
+#define VK_EHOSTLOST 19
 
 /**
  * A bad argument: a null pointer, text that is not UTF-8, an address
@@ -160,7 +252,9 @@ extern "C" {
 
 /**
  * Starts an embedded kernel: this program is its own logical host.
- * `bind` is the UDP address to bind (NULL: 0.0.0.0, any port); `peers`
+ * `bind` is the UDP address to bind (NULL: 127.0.0.1, any port, which
+ * only this machine reaches; give "0.0.0.0:0" to exchange with other
+ * machines); `peers`
  * a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
  * HOST an IP address or a DNS name standing for all its addresses
  * (looked up again every 10 s; one that does not resolve yet is
@@ -266,7 +360,7 @@ int vk_set_spin(struct vk_process *p, uint32_t micros, int adaptive);
 int vk_send(struct vk_process *p, struct vk_message *msg, uint32_t to, struct vk_reply_info *reply);
 
 /**
- * [`vk_send`] that fails with code 17 (the deadline passed) if no reply came within
+ * [`vk_send`] that fails with `VK_EDEADLINE` if no reply came within
  * `deadline_us` microseconds (0: no deadline, as `vk_send`).
  *
  * # Safety
@@ -444,6 +538,12 @@ int vk_group_leave(struct vk_process *p, uint32_t group, uint32_t pid);
  * A code's name and meaning (static text; never NULL).
  */
 const char *vk_strerror(int code);
+
+/**
+ * The library's version ("MAJOR.MINOR.PATCH", static text); the header
+ * it was built with says `VK_VERSION`.
+ */
+const char *vk_version(void);
 
 /**
  * What this thread's last failed call said (static until this thread's

@@ -109,6 +109,42 @@ const _: () = assert!(
 
 /// The process does not exist.
 pub const VK_ENOSUCHPROCESS: c_int = 1;
+/// The process's host did not answer (timeout).
+pub const VK_ETIMEOUT: c_int = 2;
+/// The process is not awaiting a reply from the caller.
+pub const VK_ENOTAWAITINGREPLY: c_int = 3;
+/// The segment does not grant this access.
+pub const VK_EACCESS: c_int = 4;
+/// An access outside the segment.
+pub const VK_EOUTOFBOUNDS: c_int = 5;
+/// The segment is too large.
+pub const VK_ESEGMENTTOOLARGE: c_int = 6;
+/// Not a valid process id.
+pub const VK_EINVALIDPID: c_int = 7;
+/// The caller is not a process of this logical host.
+pub const VK_ENOTAPROCESS: c_int = 8;
+/// The process is already blocked in an operation.
+pub const VK_EBUSY: c_int = 9;
+/// The logical host id is not yet allocated.
+pub const VK_ENOHOSTID: c_int = 10;
+/// The process table is full.
+pub const VK_ETABLEFULL: c_int = 11;
+/// Out of file descriptors.
+pub const VK_ENODESCRIPTORS: c_int = 12;
+/// The remote kernel has no resources.
+pub const VK_ENORESOURCES: c_int = 13;
+/// The process was destroyed.
+pub const VK_EDESTROYED: c_int = 14;
+/// Group ids are not supported by this operation.
+pub const VK_EGROUPUNSUPPORTED: c_int = 15;
+/// Refused as malformed.
+pub const VK_EREFUSED: c_int = 16;
+/// No reply within the deadline.
+pub const VK_EDEADLINE: c_int = 17;
+/// The kernel shut down.
+pub const VK_ESHUTDOWN: c_int = 18;
+/// The machine host has gone (attach again).
+pub const VK_EHOSTLOST: c_int = 19;
 /// A bad argument: a null pointer, text that is not UTF-8, an address
 /// that does not parse.
 pub const VK_EINVAL: c_int = 100;
@@ -236,7 +272,9 @@ fn scope(s: c_int) -> Result<Scope, Fail> {
 }
 
 /// Starts an embedded kernel: this program is its own logical host.
-/// `bind` is the UDP address to bind (NULL: 0.0.0.0, any port); `peers`
+/// `bind` is the UDP address to bind (NULL: 127.0.0.1, any port, which
+/// only this machine reaches; give "0.0.0.0:0" to exchange with other
+/// machines); `peers`
 /// a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
 /// HOST an IP address or a DNS name standing for all its addresses
 /// (looked up again every 10 s; one that does not resolve yet is
@@ -470,7 +508,7 @@ pub unsafe extern "C" fn vk_send(
     })
 }
 
-/// [`vk_send`] that fails with code 17 (the deadline passed) if no reply came within
+/// [`vk_send`] that fails with `VK_EDEADLINE` if no reply came within
 /// `deadline_us` microseconds (0: no deadline, as `vk_send`).
 ///
 /// # Safety
@@ -854,28 +892,40 @@ pub extern "C" fn vk_strerror(code: c_int) -> *const c_char {
         VK_ESTART => c"the kernel could not start or attach",
         VK_EPANIC => c"internal error (a bug in vkernel)",
         VK_ERANGE => c"buffer too small",
-        1 => c"process does not exist",
-        2 => c"host of the process did not answer (timeout)",
-        3 => c"process is not awaiting reply from the caller",
-        4 => c"segment does not grant this access",
-        5 => c"access outside the segment",
-        6 => c"segment too large",
-        7 => c"not a valid process id",
-        8 => c"caller is not a process of this logical host",
-        9 => c"process is already blocked in an operation",
-        10 => c"logical host id not yet allocated",
-        11 => c"process table full",
-        12 => c"out of file descriptors",
-        13 => c"remote kernel has no resources",
-        14 => c"process destroyed",
-        15 => c"group ids are not supported by this operation",
-        16 => c"refused as malformed",
-        17 => c"no reply within the deadline",
-        18 => c"kernel shut down",
-        19 => c"the machine host has gone (attach again)",
+        VK_ENOSUCHPROCESS => c"process does not exist",
+        VK_ETIMEOUT => c"host of the process did not answer (timeout)",
+        VK_ENOTAWAITINGREPLY => c"process is not awaiting reply from the caller",
+        VK_EACCESS => c"segment does not grant this access",
+        VK_EOUTOFBOUNDS => c"access outside the segment",
+        VK_ESEGMENTTOOLARGE => c"segment too large",
+        VK_EINVALIDPID => c"not a valid process id",
+        VK_ENOTAPROCESS => c"caller is not a process of this logical host",
+        VK_EBUSY => c"process is already blocked in an operation",
+        VK_ENOHOSTID => c"logical host id not yet allocated",
+        VK_ETABLEFULL => c"process table full",
+        VK_ENODESCRIPTORS => c"out of file descriptors",
+        VK_ENORESOURCES => c"remote kernel has no resources",
+        VK_EDESTROYED => c"process destroyed",
+        VK_EGROUPUNSUPPORTED => c"group ids are not supported by this operation",
+        VK_EREFUSED => c"refused as malformed",
+        VK_EDEADLINE => c"no reply within the deadline",
+        VK_ESHUTDOWN => c"kernel shut down",
+        VK_EHOSTLOST => c"the machine host has gone (attach again)",
         _ => c"unknown error code",
     };
     s.as_ptr()
+}
+
+/// The library's version ("MAJOR.MINOR.PATCH", static text); the header
+/// it was built with says `VK_VERSION`.
+#[no_mangle]
+pub extern "C" fn vk_version() -> *const c_char {
+    const V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"?",
+        };
+    V.as_ptr()
 }
 
 /// What this thread's last failed call said (static until this thread's
@@ -893,6 +943,46 @@ mod tests {
         // SAFETY: vk_last_error returns a NUL-terminated string that lives
         // until this thread's next failing call; it is copied at once.
         assert_eq!(c, 0, "{:?}", unsafe { CStr::from_ptr(vk_last_error()) });
+    }
+
+    #[test]
+    fn the_version_is_the_crates() {
+        // SAFETY: vk_version returns static NUL-terminated text.
+        let v = unsafe { CStr::from_ptr(vk_version()) };
+        assert_eq!(v.to_str(), Ok(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn every_error_code_has_its_name() {
+        use vkernel::IpcError as E;
+        let p = vkernel::Pid(7);
+        let named = [
+            (VK_ENOSUCHPROCESS, E::NoSuchProcess(p)),
+            (VK_ETIMEOUT, E::Timeout(p)),
+            (VK_ENOTAWAITINGREPLY, E::NotAwaitingReply(p)),
+            (VK_EACCESS, E::AccessDenied(p)),
+            (VK_EOUTOFBOUNDS, E::OutOfBounds(p)),
+            (VK_ESEGMENTTOOLARGE, E::SegmentTooLarge { max: 1 }),
+            (VK_EINVALIDPID, E::InvalidPid(p)),
+            (VK_ENOTAPROCESS, E::NotAProcess(p)),
+            (VK_EBUSY, E::Busy(p)),
+            (VK_ENOHOSTID, E::NoHostId),
+            (VK_ETABLEFULL, E::TableFull),
+            (VK_ENODESCRIPTORS, E::OutOfDescriptors),
+            (VK_ENORESOURCES, E::NoResources),
+            (VK_EDESTROYED, E::Destroyed),
+            (VK_EGROUPUNSUPPORTED, E::GroupUnsupported),
+            (VK_EREFUSED, E::Refused(p)),
+            (VK_EDEADLINE, E::Deadline(p)),
+            (VK_ESHUTDOWN, E::Shutdown),
+            (VK_EHOSTLOST, E::HostLost),
+        ];
+        for (c, e) in named {
+            assert_eq!(c as u32, e.code().0, "{e:?}");
+            // SAFETY: vk_strerror returns static NUL-terminated text.
+            let s = unsafe { CStr::from_ptr(vk_strerror(c)) };
+            assert_ne!(s.to_bytes(), b"unknown error code", "{e:?}");
+        }
     }
 
     #[test]
