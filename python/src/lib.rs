@@ -14,33 +14,33 @@ use pyo3::prelude::*;
 
 use vkernel::{IpcError, KernelConfig, Pid, Scope, Segment};
 
-create_exception!(_vkernel, VkernelError, PyException, "Any vkernel failure: `.code` is the IpcError code (0 for start-up failures), `.pid` the process it names.");
+create_exception!(vkernel, VkernelError, PyException, "Any vkernel failure: `.code` is the IpcError code (0 for start-up failures), `.pid` the process it names.");
 create_exception!(
-    _vkernel,
+    vkernel,
     NoSuchProcess,
     VkernelError,
     "The process does not exist."
 );
 create_exception!(
-    _vkernel,
+    vkernel,
     NotAwaitingReply,
     VkernelError,
     "The process awaits no reply from the caller."
 );
 create_exception!(
-    _vkernel,
+    vkernel,
     DeadlineExceeded,
     VkernelError,
     "No reply came within the Send's deadline."
 );
 create_exception!(
-    _vkernel,
+    vkernel,
     HostLost,
     VkernelError,
     "The machine host this program attached to has gone, or the kernel shut down."
 );
 create_exception!(
-    _vkernel,
+    vkernel,
     AccessDenied,
     VkernelError,
     "The segment does not grant that access, or the access lies outside it."
@@ -683,5 +683,6 @@ fn _vkernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DeadlineExceeded", py.get_type::<DeadlineExceeded>())?;
     m.add("HostLost", py.get_type::<HostLost>())?;
     m.add("AccessDenied", py.get_type::<AccessDenied>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -195,3 +195,24 @@ def test_the_example_runs():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("2000 exchanges: median"), out.stdout
     assert "'segment bytes'" in out.stdout
+
+
+def test_errors_carry_code_and_pid_and_pickle():
+    import pickle
+
+    with Kernel.start("127.0.0.1:0") as k:
+        p = k.create_process()
+        gone = (k.host_id << 16) | 0x7777
+        with pytest.raises(vkernel.NoSuchProcess) as e:
+            p.send(Message(1), gone)
+    assert (e.value.code, e.value.pid) == (1, gone)
+    assert type(e.value).__module__ == "vkernel"
+    again = pickle.loads(pickle.dumps(e.value))
+    assert type(again) is vkernel.NoSuchProcess
+    assert (again.code, again.pid, str(again)) == (1, gone, str(e.value))
+    assert isinstance(again, vkernel.VkernelError)
+
+
+def test_the_module_has_its_version():
+    parts = vkernel.__version__.split(".")
+    assert len(parts) == 3 and all(x.isdigit() for x in parts)

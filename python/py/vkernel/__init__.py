@@ -34,8 +34,15 @@ from ._vkernel import (
     NotAwaitingReply,
     Process,
     VkernelError,
+    __version__,
     service_id,
 )
+
+# The exceptions are the `vkernel` module's (so they pickle by name);
+# their arguments are (message, code, pid): the IpcError code (0 for
+# start-up failures) and the process it names.
+VkernelError.code = property(lambda e: e.args[1] if len(e.args) > 1 else 0, doc="The IpcError code.")
+VkernelError.pid = property(lambda e: e.args[2] if len(e.args) > 2 else 0, doc="The process it names.")
 
 __all__ = [
     "AccessDenied",
@@ -49,5 +56,6 @@ __all__ = [
     "NotAwaitingReply",
     "Process",
     "VkernelError",
+    "__version__",
     "service_id",
 ]
