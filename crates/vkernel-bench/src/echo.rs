@@ -102,10 +102,15 @@ impl Timing {
     /// The outcome of a run in words.
     pub fn describe(&self, s: &Summary, failures: usize) -> String {
         match self.bulk {
+            // (No rate when nothing completed: there is no median.)
+            Some(b) if s.n == 0 || s.median_us <= 0.0 => format!(
+                "{} bulk exchanges of {b} bytes (MoveFrom + MoveTo): {s}  failures {failures}\n  none completed: no rate",
+                self.count
+            ),
             Some(b) => format!(
                 "{} bulk exchanges of {b} bytes (MoveFrom + MoveTo): {s}  failures {failures}\n  {:.1} MB/s moved at the median",
                 self.count,
-                b as f64 * 2.0 / (s.median_us.max(1e-9) * 1e-6) / 1e6
+                b as f64 * 2.0 / (s.median_us * 1e-6) / 1e6
             ),
             None => format!(
                 "{} exchanges of {} bytes: {s}  failures {failures}",
@@ -179,4 +184,30 @@ pub fn time_exchanges(
     let elapsed = started.elapsed();
     let s = Summary::of(&mut samples);
     Ok((s, failures, last_err, elapsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bulk_run_with_no_exchange_reports_no_rate() {
+        let t = Timing {
+            count: 3,
+            warmup: 0,
+            size: 32,
+            bulk: Some(1 << 20),
+            stop_on_error: false,
+        };
+        let none = Summary::of(&mut []);
+        let d = t.describe(&none, 3);
+        assert!(d.contains("none completed"), "{d}");
+        assert!(!d.contains("MB/s"), "{d}");
+        let one = Summary::of(&mut [Duration::from_micros(1000)]);
+        assert!(
+            t.describe(&one, 0).contains("2097.2 MB/s"),
+            "{}",
+            t.describe(&one, 0)
+        );
+    }
 }

@@ -115,6 +115,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // (No colour codes in pipes, files and the journal.)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let root = Cli::command();
     // Settings from the configuration file become flags before the real
