@@ -361,7 +361,8 @@ int vk_send(struct vk_process *p, struct vk_message *msg, uint32_t to, struct vk
 
 /**
  * [`vk_send`] that fails with `VK_EDEADLINE` if no reply came within
- * `deadline_us` microseconds (0: no deadline, as `vk_send`).
+ * `deadline_us` microseconds (0: the process's own deadline, none unless
+ * the kernel was configured with one, as `vk_send`).
  *
  * # Safety
  * As for `vk_send`.

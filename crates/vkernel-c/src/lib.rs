@@ -496,20 +496,13 @@ pub unsafe extern "C" fn vk_send(
     to: u32,
     reply: *mut vk_reply_info,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: as the function's contract says.
-        let (p, msg) = unsafe { (r(p, "process")?, m(msg, "msg")?) };
-        let mut mm = Message(msg.w);
-        let rep = p.p.send(&mut mm, Pid(to))?;
-        msg.w = mm.0;
-        // SAFETY: as the function's contract says.
-        unsafe { put_reply(reply, &rep) };
-        Ok(())
-    })
+    // SAFETY: the same contract.
+    unsafe { vk_send_within(p, msg, to, 0, reply) }
 }
 
 /// [`vk_send`] that fails with `VK_EDEADLINE` if no reply came within
-/// `deadline_us` microseconds (0: no deadline, as `vk_send`).
+/// `deadline_us` microseconds (0: the process's own deadline, none unless
+/// the kernel was configured with one, as `vk_send`).
 ///
 /// # Safety
 /// As for `vk_send`.
@@ -525,7 +518,10 @@ pub unsafe extern "C" fn vk_send_within(
         // SAFETY: as the function's contract says.
         let (p, msg) = unsafe { (r(p, "process")?, m(msg, "msg")?) };
         let mut mm = Message(msg.w);
-        let d = (deadline_us > 0).then(|| std::time::Duration::from_micros(deadline_us));
+        let d = match deadline_us {
+            0 => p.p.send_deadline(),
+            us => Some(std::time::Duration::from_micros(us)),
+        };
         let rep = p.p.send_within(&mut mm, Pid(to), d)?;
         msg.w = mm.0;
         // SAFETY: as the function's contract says.

@@ -52,6 +52,12 @@ impl<T: Clone> Pages<T> {
     }
 }
 
+/// Whether `me`, a process of `host`, may send to `to` through a peer
+/// page: another process of the same host (not a group, not itself).
+pub(crate) fn reachable(me: Pid, host: vkernel_proto::HostId, to: Pid) -> bool {
+    to.host() == host && to.is_process() && to != me
+}
+
 /// What a Send through a peer page came to, for its caller.
 pub(crate) enum PeerSend {
     /// Replied to, or failed.

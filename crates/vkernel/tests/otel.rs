@@ -21,6 +21,17 @@ fn hex(p: Pid) -> Value {
     Value::from(format!("{:08x}", p.0))
 }
 
+/// `p` answers `n` messages with themselves, on a thread of its own.
+fn echo(p: vkernel::Process, n: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut m = Message::zero();
+        for _ in 0..n {
+            let i = p.receive(&mut m).expect("receive");
+            p.reply(&m, i.from).expect("reply");
+        }
+    })
+}
+
 #[test]
 fn exchanges_between_two_hosts_become_spans() {
     let exporter = InMemorySpanExporter::default();
@@ -97,13 +108,7 @@ fn exchanges_between_two_hosts_become_spans() {
     let local = a.create_process().expect("local server");
     let lpid = local.pid();
     let rounds = 200;
-    let t = std::thread::spawn(move || {
-        let mut m = Message::zero();
-        for _ in 0..rounds {
-            let i = local.receive(&mut m).expect("receive");
-            local.reply(&m, i.from).expect("reply");
-        }
-    });
+    let t = echo(local, rounds);
     let lc = a.create_process().expect("local client");
     let lcpid = lc.pid();
     let before = a.peer_exchanges();
@@ -126,13 +131,7 @@ fn exchanges_between_two_hosts_become_spans() {
     let prog = Kernel::attach(&sock).expect("attach");
     let aserver = prog.create_process().expect("attached server");
     let aspid = aserver.pid();
-    let t = std::thread::spawn(move || {
-        let mut m = Message::zero();
-        for _ in 0..rounds {
-            let i = aserver.receive(&mut m).expect("receive");
-            aserver.reply(&m, i.from).expect("reply");
-        }
-    });
+    let t = echo(aserver, rounds);
     let aclient = prog.create_process().expect("attached client");
     let acpid = aclient.pid();
     for _ in 0..rounds {
@@ -148,13 +147,7 @@ fn exchanges_between_two_hosts_become_spans() {
     // A remote server on b, for the attached client's direct Sends.
     let rserver = b.create_process().expect("remote server");
     let rspid = rserver.pid();
-    let t = std::thread::spawn(move || {
-        let mut m = Message::zero();
-        for _ in 0..2 {
-            let i = rserver.receive(&mut m).expect("receive");
-            rserver.reply(&m, i.from).expect("reply");
-        }
-    });
+    let t = echo(rserver, 2);
     let rc = prog.create_process().expect("attached remote client");
     let rcpid = rc.pid();
     for _ in 0..2 {

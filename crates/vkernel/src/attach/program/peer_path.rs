@@ -38,10 +38,7 @@ impl AttachedProcess {
         let Some(mine) = self.own_peer() else {
             return PeerSend::NotHere;
         };
-        if to.host() != self.at.host
-            || !to.is_process()
-            || to == self.pid
-            || self.at.gone().is_some()
+        if !crate::peer_exchange::reachable(self.pid, self.at.host, to) || self.at.gone().is_some()
         {
             return PeerSend::NotHere;
         }

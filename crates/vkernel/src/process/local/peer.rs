@@ -166,7 +166,7 @@ impl LocalProcess {
             return PeerSend::NotHere;
         };
         let sh = &self.shared;
-        if to.host() != sh.host || !to.is_process() || to == self.pid || self.gone().is_some() {
+        if !crate::peer_exchange::reachable(self.pid, sh.host, to) || self.gone().is_some() {
             return PeerSend::NotHere;
         }
         let Some(dest) = self.page_of(ps, to) else {
