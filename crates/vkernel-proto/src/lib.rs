@@ -32,5 +32,5 @@ pub use engine::{Completion, Engine, Event, OwnDue, Received, ReplyInfo, Scope, 
 pub use error::IpcError;
 pub use message::{GroupMode, Message, SegAccess};
 pub use pid::{HostId, Pid};
-pub use segment::{Seg, SegMem, SharedBuf, SharedSeg};
+pub use segment::{RawBytes, RawBytesMut, Seg, SegMem, SharedBuf, SharedSeg, Slice, SliceMut};
 pub use stats::{DropReason, Stats};

@@ -11,17 +11,19 @@ use crate::wire;
 
 /// Takes everything `e` has to send. With `gather`, bulk chunks are taken
 /// as the runtime takes them (header and data still in the lent buffer,
-/// [`Engine::send_chunks`]) and joined here into one datagram; the rest
+/// [`Engine::send_chunk_batch`]) and joined here into one datagram; the rest
 /// comes from [`Engine::poll_transmit`]. Also returns how many were
 /// gathered.
 pub fn take_output(e: &mut Engine, gather: bool) -> (Vec<Transmit>, usize) {
     let mut out = Vec::new();
     if gather {
-        e.send_chunks(|to, head, data| {
-            out.push(Transmit {
-                to,
-                data: [head, data].concat(),
-            })
+        e.send_chunk_batch(|batch| {
+            for g in batch {
+                let mut data = g.head.to_vec();
+                if g.copy_data(&mut data) {
+                    out.push(Transmit { to: g.to, data });
+                }
+            }
         });
     }
     let gathered = out.len();
@@ -37,13 +39,8 @@ pub fn deliver(e: &mut Engine, now: Micros, from: SocketAddr, data: &[u8], in_pl
     let fixed = wire::FIXED_BYTES;
     let head = data.get(..fixed).unwrap_or(&[]);
     let placed = in_place
-        && match e.placement(head) {
-            Some(slot) if slot.len() == data.len() - fixed => {
-                slot.copy_from_slice(&data[fixed..]);
-                true
-            }
-            _ => false,
-        };
+        && e.placement(head)
+            .is_some_and(|mut place| place.fill(data.get(fixed..).unwrap_or(&[])));
     if placed {
         e.handle_placed(now, from, head);
     } else {

@@ -6,11 +6,12 @@
 //! (gathered), as in a single send. If the kernel refuses segmentation
 //! offload once, it is not tried again on that socket.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vkernel_proto::engine::Gathered;
+use vkernel_proto::{RawBytes, RawBytesMut};
 
 /// Largest payload of one segmented send: the IPv4 total length (65,535)
 /// less the IP and UDP headers.
@@ -31,6 +32,57 @@ pub(crate) struct Batcher {
     pub(crate) gso_datagrams: AtomicU64,
     /// `sendmmsg` calls made.
     pub(crate) mmsg_calls: AtomicU64,
+}
+
+/// An iovec for bytes given by address: lent memory, perhaps a window
+/// another program may write, over which no `&[u8]` is made.
+pub(crate) fn iovec(b: RawBytes<'_>) -> libc::iovec {
+    libc::iovec {
+        iov_base: b.as_ptr().cast_mut().cast(),
+        iov_len: b.len(),
+    }
+}
+
+/// `iovs` as the `IoSlice`s (or arrays of them) the socket calls take.
+/// Every iovec in `iovs` must address memory readable for `'a`.
+pub(crate) fn as_io_slices<'a, T: IoVecs>(iovs: &'a [T]) -> &'a [T::Slices<'a>] {
+    // SAFETY: std guarantees `IoSlice` is ABI-compatible with `iovec` on
+    // Unix, so `T` and `T::Slices` have one layout; each iovec addresses
+    // memory lent for the call (`iovec`'s callers), which outlives the
+    // borrow of `iovs`, and only the kernel reads through it.
+    unsafe { std::slice::from_raw_parts(iovs.as_ptr().cast(), iovs.len()) }
+}
+
+/// A writable iovec for bytes given by address (see [`iovec`]).
+pub(crate) fn iovec_mut(mut b: RawBytesMut<'_>) -> libc::iovec {
+    libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: b.len(),
+    }
+}
+
+/// `iovs` as the `IoSliceMut`s a receive takes. Every iovec in `iovs` must
+/// address memory writable for `'a`.
+pub(crate) fn as_io_slices_mut<'a>(iovs: &'a mut [libc::iovec]) -> &'a mut [IoSliceMut<'a>] {
+    // SAFETY: std guarantees `IoSliceMut` is ABI-compatible with `iovec` on
+    // Unix; each iovec addresses memory writable for `'a` (the callers'
+    // own buffers, or a range lent to the engine whose lock the caller
+    // holds), written only by the kernel.
+    unsafe { std::slice::from_raw_parts_mut(iovs.as_mut_ptr().cast(), iovs.len()) }
+}
+
+/// An iovec, or an array of them, and its `IoSlice` twin.
+pub(crate) trait IoVecs {
+    /// The same layout as `IoSlice`s.
+    type Slices<'a>;
+}
+
+impl IoVecs for libc::iovec {
+    type Slices<'a> = IoSlice<'a>;
+}
+
+impl<const N: usize> IoVecs for [libc::iovec; N] {
+    type Slices<'a> = [IoSlice<'a>; N];
 }
 
 /// The length of one chunk's datagram.
@@ -145,15 +197,16 @@ impl Batcher {
     /// last).
     fn send_segmented(&self, sock: &UdpSocket, run: &[Gathered<'_>]) -> io::Result<()> {
         let size = len(&run[0]);
-        let bufs: Vec<IoSlice<'_>> = run
+        let iovs: Vec<libc::iovec> = run
             .iter()
-            .flat_map(|g| [IoSlice::new(g.head), IoSlice::new(g.data)])
+            .flat_map(|g| [iovec(RawBytes::of(g.head)), iovec(g.data)])
             .collect();
+        let bufs = as_io_slices(&iovs);
         let control = gso_control(size as u16);
         let addr = socket2::SockAddr::from(run[0].to);
         let msg = socket2::MsgHdr::new()
             .with_addr(&addr)
-            .with_buffers(&bufs)
+            .with_buffers(bufs)
             .with_control(&control);
         let s = socket2::SockRef::from(sock);
         loop {
@@ -172,11 +225,11 @@ impl Batcher {
     /// `sendmmsg` of `msgs`; returns how many were sent (the caller sends
     /// the rest one by one).
     fn send_many(&self, sock: &UdpSocket, msgs: &[Gathered<'_>]) -> usize {
-        let iovs: Vec<[IoSlice<'_>; 2]> = msgs
+        let iovs: Vec<[libc::iovec; 2]> = msgs
             .iter()
-            .map(|g| [IoSlice::new(g.head), IoSlice::new(g.data)])
+            .map(|g| [iovec(RawBytes::of(g.head)), iovec(g.data)])
             .collect();
-        let (done, calls) = sendmmsg(sock, msgs.iter().map(|g| g.to), &iovs);
+        let (done, calls) = sendmmsg(sock, msgs.iter().map(|g| g.to), as_io_slices(&iovs));
         self.mmsg_calls.fetch_add(calls, Ordering::Relaxed);
         done
     }
@@ -220,9 +273,16 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
     use std::time::{Duration, Instant};
+    use vkernel_proto::Slice;
 
-    fn gathered<'a>(to: SocketAddr, head: &'a [u8], data: &'a [u8]) -> Gathered<'a> {
-        Gathered { to, head, data }
+    fn gathered<'a>(to: SocketAddr, head: &'a [u8], data: &'a Slice<'a>) -> Gathered<'a> {
+        Gathered::new(to, head, data, 0..data.0.len()).unwrap()
+    }
+
+    fn joined(g: &Gathered<'_>) -> Vec<u8> {
+        let mut v = g.head.to_vec();
+        assert!(g.copy_data(&mut v));
+        v
     }
 
     /// Receives datagrams on `rx` until `n` arrived or a second passed.
@@ -245,6 +305,7 @@ mod tests {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
         let (h, d, short) = ([0u8; 4], [0u8; 1000], [0u8; 10]);
+        let (d, short) = (Slice(&d), Slice(&short));
         let run = [
             gathered(a, &h, &d),
             gathered(a, &h, &d),
@@ -255,6 +316,7 @@ mod tests {
         let mixed = [gathered(a, &h, &d), gathered(b, &h, &d)];
         assert_eq!(gso_run(&mixed), 1);
         let big = [0u8; 40_000];
+        let big = Slice(&big);
         assert_eq!(gso_run(&[gathered(a, &h, &big), gathered(a, &h, &big)]), 0);
         let many: Vec<_> = (0..100).map(|_| gathered(a, &h, &d)).collect();
         assert_eq!(gso_run(&many), 64);
@@ -284,12 +346,13 @@ mod tests {
                     vec![k as u8 ^ 0x5a; n]
                 })
                 .collect();
-            let batch: Vec<_> = (0..30).map(|k| gathered(to, &heads[k], &data[k])).collect();
+            let lent: Vec<Slice<'_>> = data.iter().map(|d| Slice(d)).collect();
+            let batch: Vec<_> = (0..30).map(|k| gathered(to, &heads[k], &lent[k])).collect();
             let b = Batcher::new(gso);
             let singles = AtomicU64::new(0);
             b.send(&tx, &batch, |g| {
                 singles.fetch_add(1, Ordering::Relaxed);
-                let _ = tx.send_to(&[g.head, g.data].concat(), g.to);
+                let _ = tx.send_to(&joined(g), g.to);
             });
             let got = receive(&rx, 30);
             assert_eq!(got.len(), 30, "gso {gso}");

@@ -205,16 +205,20 @@ impl Engine {
             };
         let msg = o.msg;
         let append = rights::appends(o.access, &o.msg);
-        let (data, total): (&[u8], u32) = match (&o.seg, append) {
-            (Some(s), true) => {
-                let b = s.bytes();
-                (&b[..b.len().min(MAX_APPEND).min(o.append)], b.len() as u32)
-            }
-            (Some(s), false) => (&[], s.len() as u32),
-            _ => (&[], 0),
+        let (n, total) = match (&o.seg, append) {
+            (Some(s), true) => (s.len().min(MAX_APPEND).min(o.append), s.len() as u32),
+            (Some(s), false) => (0, s.len() as u32),
+            _ => (0, 0),
         };
         h.total_length = total;
-        wire::encode_into(&h, &msg, data, &mut bytes);
+        match &o.seg {
+            Some(s) if !encode_lent(&h, &msg, &**s, 0..n, &mut bytes) => {
+                self.recycle(bytes);
+                return None;
+            }
+            Some(_) => {}
+            None => wire::encode_into(&h, &msg, &[], &mut bytes),
+        }
         Some((dst, bytes))
     }
 
@@ -300,7 +304,12 @@ impl Engine {
         else {
             return false;
         };
-        let r = self.deliver(pid, pend, buf.as_mut().map(|b| b.bytes_mut()), upto);
+        let r = self.deliver(
+            pid,
+            pend,
+            buf.as_deref_mut().map(|b| b as &mut dyn SegMem),
+            upto,
+        );
         self.complete(pid, Completion::Receive(Ok(r)));
         true
     }
@@ -346,7 +355,7 @@ impl Engine {
         &mut self,
         receiver: Pid,
         pend: Pending,
-        mut buf: Option<&mut [u8]>,
+        mut buf: Option<&mut dyn SegMem>,
         upto: usize,
     ) -> Received {
         match pend {
@@ -360,7 +369,9 @@ impl Engine {
                 let seg = o.seg.as_ref().filter(|s| s.len() <= upto);
                 if let (Some(b), Some(seg), true) = (buf.as_mut(), seg, append) {
                     n = b.len().min(seg.len()).min(o.append);
-                    b[..n].copy_from_slice(&seg.bytes()[..n]);
+                    if !b.copy_from(0, &**seg, 0, n) {
+                        n = 0;
+                    }
                 }
                 let _ = receiver;
                 Received {
@@ -378,7 +389,9 @@ impl Engine {
                 let mut n = 0;
                 if let Some(b) = buf.as_mut() {
                     n = b.len().min(data.len());
-                    b[..n].copy_from_slice(&data[..n]);
+                    if !b.write_at(0, &data[..n]) {
+                        n = 0;
+                    }
                 }
                 Received {
                     from: src,
@@ -396,7 +409,9 @@ impl Engine {
                 let mut n = 0;
                 if let Some(b) = buf.as_mut().filter(|_| a.seg_total as usize <= upto) {
                     n = b.len().min(data.len());
-                    b[..n].copy_from_slice(&data[..n]);
+                    if !b.write_at(0, &data[..n]) {
+                        n = 0;
+                    }
                 }
                 Received {
                     from: a.src,
@@ -456,6 +471,20 @@ impl Engine {
         buf: Option<&mut [u8]>,
         upto: usize,
     ) -> Result<Option<Received>, IpcError> {
+        let mut lent = buf.map(SliceMut);
+        let buf = lent.as_mut().map(|b| b as &mut dyn SegMem);
+        self.receive_queued_into(pid, from, buf, upto)
+    }
+
+    /// [`Engine::receive_queued`] into any lent memory (a window of
+    /// another program's, which is only copied into).
+    pub fn receive_queued_into(
+        &mut self,
+        pid: Pid,
+        from: Option<Pid>,
+        buf: Option<&mut dyn SegMem>,
+        upto: usize,
+    ) -> Result<Option<Received>, IpcError> {
         self.check_receive(pid, from)?;
         let Some(pend) = self.take_queued(pid, from) else {
             return Ok(None);
@@ -510,37 +539,9 @@ impl Engine {
             }
         }
         if self.is_local(to) {
-            let Some(o) = self.outgoing_mut(to) else {
-                return Err(IpcError::NotAwaitingReply(to));
-            };
-            if o.dst != replier || !o.received || o.remote.is_some() {
-                return Err(IpcError::NotAwaitingReply(to));
-            }
-            let mut n = 0;
-            if let Some((off, d)) = seg {
-                if !d.is_empty() {
-                    rights::write(o.access, o.seg.as_mut(), off as usize, d.len())
-                        .map_err(|e| e.error(to))?
-                        .copy_from_slice(d);
-                    n = d.len();
-                }
-            }
-            let started = o.started;
-            self.stats.local_exchanges += 1;
-            if self.cfg.metrics {
-                self.stats
-                    .local_latency_us
-                    .record(now.saturating_sub(started));
-            }
-            self.complete(
-                to,
-                Completion::Send(Ok(ReplyInfo {
-                    msg,
-                    seg_bytes: n,
-                    from: replier,
-                })),
-            );
-            return Ok(());
+            let data = seg.map(|(off, d)| (off, Slice(d)));
+            let data = data.as_ref().map(|(off, d)| (*off, d as &dyn SegMem));
+            return self.reply_local(now, replier, to, msg, data);
         }
         let i = match alien {
             Some(i) => i,
@@ -562,6 +563,70 @@ impl Engine {
             return Ok(());
         }
         self.reply_alien(now, replier, to, i, msg, seg)
+    }
+
+    /// The reply to a local sender awaiting `replier`, its data (if any)
+    /// copied once into the sender's write-granted segment.
+    fn reply_local(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        msg: Message,
+        seg: Option<(u32, &dyn SegMem)>,
+    ) -> Result<(), IpcError> {
+        let Some(o) = self.outgoing_mut(to) else {
+            return Err(IpcError::NotAwaitingReply(to));
+        };
+        if o.dst != replier || !o.received || o.remote.is_some() {
+            return Err(IpcError::NotAwaitingReply(to));
+        }
+        let mut n = 0;
+        if let Some((off, d)) = seg.filter(|(_, d)| !d.is_empty()) {
+            let seg = rights::write(o.access, o.seg.as_mut(), off as usize, d.len())
+                .map_err(|e| e.error(to))?;
+            if !seg.copy_from(off as usize, d, 0, d.len()) {
+                return Err(IpcError::OutOfBounds(to));
+            }
+            n = d.len();
+        }
+        let started = o.started;
+        self.stats.local_exchanges += 1;
+        if self.cfg.metrics {
+            self.stats
+                .local_latency_us
+                .record(now.saturating_sub(started));
+        }
+        self.complete(
+            to,
+            Completion::Send(Ok(ReplyInfo {
+                msg,
+                seg_bytes: n,
+                from: replier,
+            })),
+        );
+        Ok(())
+    }
+
+    /// [`Engine::reply`] to a local sender with data from lent memory (of
+    /// any size), copied once into the sender's segment.
+    pub(super) fn reply_lent(
+        &mut self,
+        now: Micros,
+        replier: Pid,
+        to: Pid,
+        msg: Message,
+        off: u32,
+        data: &dyn SegMem,
+    ) -> Result<(), IpcError> {
+        self.check_ready_caller(replier)?;
+        if self.in_exchange_with(to, replier) {
+            return self.reply_local(now, replier, to, msg, Some((off, data)));
+        }
+        // (A group's sender: its replies' data is copied anyway.)
+        let mut v = Vec::with_capacity(data.len());
+        data.append_to(0, data.len(), &mut v);
+        self.reply(now, replier, to, msg, Some((off, &v)))
     }
 
     /// Replies to the remote sender `to` of alien `i`, received by

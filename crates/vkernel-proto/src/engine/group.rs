@@ -395,14 +395,10 @@ impl Engine {
         );
         // Local members get their copies without the network.
         let append = rights::appends(msg.seg_access(), &msg);
-        let data: &[u8] = match seg {
-            Some(s) if append => {
-                let b = s.bytes();
-                &b[..b.len().min(MAX_APPEND)]
-            }
-            _ => &[],
-        };
-        let data = data.to_vec();
+        let mut data = Vec::new();
+        if let Some(s) = seg.filter(|_| append) {
+            s.append_to(0, s.len().min(MAX_APPEND), &mut data);
+        }
         let members = self.group_members(group);
         let principal = self.principal_of(src);
         for m in members {
@@ -695,10 +691,10 @@ impl Engine {
             Some(PState::Sending(o)) if o.seq == seq => {
                 if !data.is_empty() {
                     match rights::write(o.access, o.seg.as_mut(), off as usize, data.len()) {
-                        Ok(place) => {
-                            place.copy_from_slice(data);
-                            n = data.len();
-                        }
+                        Ok(seg) => match seg.write_at(off as usize, data) {
+                            true => n = data.len(),
+                            false => self.stats.drop(DropReason::SegmentViolation),
+                        },
                         Err(_) => self.stats.drop(DropReason::SegmentViolation),
                     }
                 }

@@ -26,7 +26,7 @@
 //!    answer is returned; otherwise the process is blocked until a
 //!    completion. Lent buffers ([`Seg`]) stay lent until then.
 //! 4. **Outputs** (`poll_*`), until empty, under the same borrow as the
-//!    calls that produced them: [`Engine::send_chunks`] (bulk chunks from
+//!    calls that produced them: [`Engine::send_chunk_batch`] (bulk chunks from
 //!    lent memory; optional), [`Engine::poll_transmit`] or
 //!    [`Engine::poll_transmit_into`] (datagrams; hand buffers back with
 //!    [`Engine::recycle`]), [`Engine::poll_event`] (on
@@ -84,7 +84,7 @@ use crate::config::{Config, Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::{Message, SegAccess};
 use crate::pid::{HostId, Pid};
-use crate::segment::Seg;
+use crate::segment::{RawBytes, RawBytesMut, Seg, SegMem, Slice, SliceMut};
 use crate::stats::{DropReason, Stats};
 use crate::wire::{self, Header, Packet, PacketType, Status, F_RETRANSMIT};
 
@@ -111,15 +111,80 @@ pub struct Transmit {
 }
 
 /// A bulk chunk handed to the runtime by [`Engine::send_chunk_batch`]: its
-/// header, and its data still in the lent buffer.
-#[derive(Clone, Copy, Debug)]
+/// header, and where its data lies in the lent buffer.
+#[derive(Clone, Copy)]
 pub struct Gathered<'a> {
     /// Destination address.
     pub to: SocketAddr,
     /// The encoded header and message ([`crate::wire::FIXED_BYTES`]).
     pub head: &'a [u8],
-    /// The chunk's data.
-    pub data: &'a [u8],
+    /// Where the chunk's data lies in the lent buffer (memory another
+    /// program may write: only the OS reads it).
+    pub data: RawBytes<'a>,
+    lent: &'a dyn SegMem,
+    start: usize,
+}
+
+impl<'a> Gathered<'a> {
+    /// The chunk of `head` and `lent`'s bytes `range`, to `to`; `None` if
+    /// the range is not within `lent`.
+    pub fn new(
+        to: SocketAddr,
+        head: &'a [u8],
+        lent: &'a dyn SegMem,
+        range: std::ops::Range<usize>,
+    ) -> Option<Gathered<'a>> {
+        Some(Gathered {
+            to,
+            head,
+            data: lent.raw(range.start, range.len())?,
+            lent,
+            start: range.start,
+        })
+    }
+
+    /// Appends a copy of the chunk's data to `out` (for a runtime that
+    /// cannot gather, and for tests).
+    pub fn copy_data(&self, out: &mut Vec<u8>) -> bool {
+        self.lent.append_to(self.start, self.data.len(), out)
+    }
+}
+
+/// Where the data of a bulk datagram belongs ([`Engine::placement`]): a
+/// range of a lent buffer, to receive straight into.
+pub struct Place<'a> {
+    lent: &'a mut dyn SegMem,
+    off: usize,
+    len: usize,
+}
+
+impl Place<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The range's address, for the OS to receive into.
+    pub fn raw(&mut self) -> Option<RawBytesMut<'_>> {
+        self.lent.raw_mut(self.off, self.len)
+    }
+
+    /// Appends the range's first `n` bytes to `out` (to put a datagram
+    /// back together that was received here but was not the chunk).
+    pub fn append_to(&self, n: usize, out: &mut Vec<u8>) -> bool {
+        self.lent.append_to(self.off, n.min(self.len), out)
+    }
+
+    /// Copies `data` (exactly the range's length) in: for a runtime that
+    /// cannot receive into an address, and for tests.
+    pub fn fill(&mut self, data: &[u8]) -> bool {
+        data.len() == self.len && self.lent.write_at(self.off, data)
+    }
 }
 
 /// Something the runtime must act on.
@@ -777,3 +842,25 @@ pub struct OwnDue {
 
 #[cfg(test)]
 mod tests;
+
+/// Encodes into `out` (cleared first) a packet whose data is `seg`'s bytes
+/// `range`, copied once. False, with `out` empty, if `range` is not
+/// within `seg`.
+fn encode_lent(
+    h: &Header,
+    msg: &Message,
+    seg: &dyn SegMem,
+    range: std::ops::Range<usize>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let n = range.len();
+    out.clear();
+    // Room for the authentication trailer too: sealing never reallocates.
+    out.reserve(wire::FIXED_BYTES + n + crate::auth::TRAILER_BYTES);
+    wire::encode_head(h, msg, n, out);
+    if seg.append_to(range.start, n, out) {
+        return true;
+    }
+    out.clear();
+    false
+}

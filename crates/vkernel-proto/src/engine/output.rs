@@ -4,7 +4,7 @@
 //! ([`Output::recycle`]; [`super::Engine::poll_transmit_into`] swaps them in
 //! one call), so a steady exchange allocates none. Bulk chunks are queued
 //! as a header and a byte range of a lent buffer, not encoded: the runtime
-//! may send them straight from that buffer (`Engine::send_chunks`), or
+//! may send them straight from that buffer (`Engine::send_chunk_batch`), or
 //! `Engine::poll_transmit` encodes them. Authentication-failure notices
 //! go out unsealed, at most one per [`NOTICE_GAP`].
 

@@ -94,7 +94,7 @@ impl Engine {
     /// checked before data lands). The runtime may then receive the
     /// datagram's data straight there and call [`Engine::handle_placed`]
     /// while it still holds this borrow's lock.
-    pub fn placement(&mut self, head: &[u8]) -> Option<&mut [u8]> {
+    pub fn placement(&mut self, head: &[u8]) -> Option<Place<'_>> {
         if self.auth.is_some() {
             return None;
         }
@@ -353,10 +353,10 @@ impl Engine {
         if !pkt.data.is_empty() {
             let off = h.remote_addr as usize;
             match rights::write(o.access, o.seg.as_mut(), off, pkt.data.len()) {
-                Ok(place) => {
-                    place.copy_from_slice(pkt.data);
-                    n += pkt.data.len();
-                }
+                Ok(seg) => match seg.write_at(off, pkt.data) {
+                    true => n += pkt.data.len(),
+                    false => violation = true,
+                },
                 Err(_) => violation = true,
             }
         }

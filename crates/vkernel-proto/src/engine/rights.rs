@@ -13,7 +13,7 @@ use std::ops::Range;
 use crate::error::IpcError;
 use crate::message::{Message, SegAccess, FLAG_MASK, NO_APPEND};
 use crate::pid::Pid;
-use crate::segment::Seg;
+use crate::segment::{Seg, SegMem};
 use crate::wire::Status;
 
 /// The right an access needs.
@@ -76,31 +76,31 @@ pub(crate) fn check(
     }
 }
 
-/// The bytes `off..off + len` of a lent segment, to read, if `access`
-/// allows (see [`check`]).
+/// The lent segment, if `access` allows reading its bytes
+/// `off..off + len` (see [`check`]); the caller copies them out.
 #[inline]
 pub(crate) fn read(
     access: SegAccess,
     seg: Option<&Seg>,
     off: usize,
     len: usize,
-) -> Result<&[u8], Denied> {
-    let r = check(access, seg.map(|s| s.len()), Need::Read, off, len)?;
-    seg.and_then(|s| s.bytes().get(r)).ok_or(Denied::Access)
+) -> Result<&dyn SegMem, Denied> {
+    check(access, seg.map(|s| s.len()), Need::Read, off, len)?;
+    seg.map(|s| &**s as &dyn SegMem).ok_or(Denied::Access)
 }
 
-/// The bytes `off..off + len` of a lent segment, to write, if `access`
-/// allows (see [`check`]).
+/// The lent segment, if `access` allows writing its bytes
+/// `off..off + len` (see [`check`]); the caller copies them in.
 #[inline]
 pub(crate) fn write(
     access: SegAccess,
     seg: Option<&mut Seg>,
     off: usize,
     len: usize,
-) -> Result<&mut [u8], Denied> {
+) -> Result<&mut dyn SegMem, Denied> {
     let seg_len = seg.as_ref().map(|s| s.len());
-    let r = check(access, seg_len, Need::Write, off, len)?;
-    seg.and_then(|s| s.bytes_mut().get_mut(r))
+    check(access, seg_len, Need::Write, off, len)?;
+    seg.map(|s| &mut **s as &mut dyn SegMem)
         .ok_or(Denied::Access)
 }
 

@@ -77,57 +77,42 @@ impl Engine {
         self.out.push(to, bytes);
     }
 
-    /// The bytes a queued chunk carries, if their buffer is still lent.
-    pub(super) fn chunk_data(&self, c: &Chunk) -> Option<&[u8]> {
-        let bytes = match c.from {
+    /// The buffer a queued chunk's bytes are in, if it is still lent.
+    pub(super) fn chunk_data(&self, c: &Chunk) -> Option<&dyn SegMem> {
+        Some(match c.from {
             ChunkSrc::Moving(p) => match &self.procs.get(p.local())?.state {
                 PState::Moving(op) => op.buffer_of(c.header.seq)?,
                 _ => return None,
             },
             ChunkSrc::Behind(x) => self.behind.get(&x)?.buffer_of(c.header.seq)?,
-            ChunkSrc::Lent(p, seq) => self
-                .outgoing(p)
-                .filter(|o| o.seq == seq)?
-                .seg
-                .as_ref()?
-                .bytes(),
-            ChunkSrc::Reply => self.reply_src.as_ref()?.bytes(),
-        };
-        bytes.get(c.start..c.end)
+            ChunkSrc::Lent(p, seq) => &**self.outgoing(p).filter(|o| o.seq == seq)?.seg.as_ref()?,
+            ChunkSrc::Reply => &**self.reply_src.as_ref()?,
+        })
     }
 
     /// Encodes the queued chunks into ordinary datagrams (a copy each).
     pub(super) fn encode_chunks(&mut self) {
         while let Some(c) = self.out.pop_chunk() {
             let mut b = self.out.buffer();
-            let Some(data) = self.chunk_data(&c) else {
+            let lent = self.chunk_data(&c);
+            if !lent.is_some_and(|s| encode_lent(&c.header, &c.msg, s, c.start..c.end, &mut b)) {
                 self.recycle(b);
                 continue;
-            };
-            crate::wire::encode_into(&c.header, &c.msg, data, &mut b);
+            }
             self.emit_raw(c.to, c.header.ptype, b);
         }
         // Its chunks are out: the reply's data is no longer needed.
         self.reply_src = None;
     }
 
-    /// Hands each queued bulk chunk to `send` as a header and the data
-    /// still in the lent buffer, so it is sent with no copy in user space.
-    /// Must be called under the same borrow of the engine that queued
-    /// them (the runtime's engine lock): the data is lent memory. Without
-    /// a cluster key only (a sealed datagram is made whole first);
-    /// otherwise [`Engine::poll_transmit`] encodes them.
-    pub fn send_chunks(&mut self, mut send: impl FnMut(SocketAddr, &[u8], &[u8])) {
-        self.send_chunk_batch(|batch| {
-            for g in batch {
-                send(g.to, g.head, g.data);
-            }
-        });
-    }
-
-    /// Like [`Engine::send_chunks`], but hands every queued chunk over in
-    /// one slice, in order, so the runtime can send them with one call
-    /// (segmentation offload, `sendmmsg`).
+    /// Hands every queued bulk chunk to `send`, in order in one slice, as
+    /// a header and where its data lies in the lent buffer, so the runtime
+    /// sends them with no copy in user space and with one call
+    /// (segmentation offload, `sendmmsg`). Must be called under the same
+    /// borrow of the engine that queued them (the runtime's engine lock):
+    /// the data is lent memory. Without a cluster key only (a sealed
+    /// datagram is made whole first); otherwise [`Engine::poll_transmit`]
+    /// encodes them.
     pub fn send_chunk_batch(&mut self, send: impl FnOnce(&[Gathered<'_>])) {
         if self.auth.is_some() || !self.out.has_chunks() {
             return;
@@ -146,17 +131,17 @@ impl Engine {
         {
             let mut batch = Vec::with_capacity(chunks.len());
             for (k, c) in chunks.iter().enumerate() {
-                let (Some(data), Some(head)) =
-                    (self.chunk_data(c), heads.get(k * fixed..(k + 1) * fixed))
-                else {
+                let g = self
+                    .chunk_data(c)
+                    .zip(heads.get(k * fixed..(k + 1) * fixed));
+                let Some(g) = g.and_then(|(lent, head)| {
+                    Gathered::new(c.to, head, lent, c.start..c.end.max(c.start))
+                }) else {
                     continue;
                 };
-                sent.push((c.header.ptype, fixed + data.len(), data.len(), c.header.dst));
-                batch.push(Gathered {
-                    to: c.to,
-                    head,
-                    data,
-                });
+                let n = g.data.len();
+                sent.push((c.header.ptype, fixed + n, n, c.header.dst));
+                batch.push(g);
             }
             send(&batch);
         }

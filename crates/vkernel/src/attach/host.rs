@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vkernel_proto::{HostId, IpcError, Message, Pid};
+use vkernel_proto::{HostId, IpcError, Message, Pid, SegAccess};
 
 use crate::kernel::{destroy_local, Shared};
+use crate::lent::Loan;
 use crate::process::LocalProcess;
 use crate::spin::SpinPolicy;
-use crate::vocab::Segment;
 
 use super::control::{self, ask, kind, Record};
 use super::peer::{Peer, PEER_BYTES};
@@ -727,18 +727,12 @@ impl Ctx {
         }
     }
 
-    /// A slice of the window, lent to the engine for a Send's segment, a
-    /// Receive's buffer, a reply's or a move's data. The program may
-    /// scribble on it meanwhile, which only garbles its own data (the
-    /// engine only copies bytes). Not yet raw copies (issue 49 item 7):
-    /// the engine's lending (`lent.rs`) takes slices; what the proxy only
-    /// copies in goes through `Shm::write_at`.
-    #[allow(clippy::mut_from_ref)]
-    fn win(&self, n: usize) -> &mut [u8] {
-        // SAFETY: `n` was checked against the window's length; the slice
-        // lives for one call of this proxy, the only user of this mapping
-        // in the host (see `Shm::bytes_mut` on the program's writes).
-        unsafe { self.window.bytes_mut(n) }
+    /// The window's first `n` bytes, lent to the engine for a Send's
+    /// segment, a Receive's buffer, a reply's or a move's data: by
+    /// address, reached only by copies. The program may scribble on it
+    /// meanwhile, which only garbles its own data.
+    fn win(&self, n: usize, writable: bool) -> Loan<'_> {
+        self.window.loan(n, writable)
     }
 
     fn call(&mut self, op: Op, s: &Slot) -> Result<Answer, IpcError> {
@@ -775,23 +769,24 @@ impl Ctx {
                 self.may_ask_kernel_server(&s.msg(), me, Pid(s.arg(0)))?;
                 let n = len_in(&self.window, s.arg(2), me)?;
                 let append = usize::try_from(s.arg64(3)).unwrap_or(usize::MAX);
-                let buf = self.win(n);
-                let seg = match s.arg(1) {
-                    1 => Segment::Read(buf),
-                    2 => Segment::Write(buf),
-                    3 => Segment::ReadWrite(buf),
+                let access = match s.arg(1) {
+                    1 => SegAccess::READ,
+                    2 => SegAccess::WRITE,
+                    3 => SegAccess::READ_WRITE,
                     _ => return Err(IpcError::Refused(me)),
                 };
+                let seg = self.win(n, access != SegAccess::READ);
                 let mut m = s.msg();
                 // Movers of this uid may copy into the window itself
                 // while the Send is outstanding (Op::MoveGrant).
                 if let Some(e) = &self.entry {
                     lock(&e.win).segment = Some(n);
                 }
-                let r = p.send_with_segment_within(
+                let r = p.send_loan_within(
                     &mut m,
                     Pid(s.arg(0)),
                     seg,
+                    access,
                     append,
                     deadline(s.arg64(5)),
                 );
@@ -814,7 +809,7 @@ impl Ctx {
                 } else if s.arg(0) != 0 {
                     let n = len_in(&self.window, s.arg(1), me)?;
                     let upto = usize::try_from(s.arg64(2)).unwrap_or(usize::MAX);
-                    Some(p.receive_with_segment_upto(&mut m, self.win(n), upto)?)
+                    Some(p.receive_loan_upto(&mut m, self.win(n, true), upto)?)
                 } else {
                     Some(p.receive(&mut m)?)
                 };
@@ -830,7 +825,7 @@ impl Ctx {
             Op::Reply => p.reply(&s.msg(), Pid(s.arg(0)))?,
             Op::ReplySegment => {
                 let n = len_in(&self.window, s.arg(2), me)?;
-                p.reply_with_segment(&s.msg(), Pid(s.arg(0)), s.arg(1), self.win(n))?;
+                p.reply_loan(&s.msg(), Pid(s.arg(0)), s.arg(1), self.win(n, false))?;
             }
             Op::Forward => {
                 let (from, to) = (Pid(s.arg(0)), Pid(s.arg(1)));
@@ -839,12 +834,12 @@ impl Ctx {
             }
             Op::MoveTo => {
                 let n = len_in(&self.window, s.arg(2), me)?;
-                let k = p.move_to(Pid(s.arg(0)), s.arg(1), self.win(n))?;
+                let k = p.move_to_loan(Pid(s.arg(0)), s.arg(1), self.win(n, false))?;
                 s.set_out(0, k as u32);
             }
             Op::MoveFrom => {
                 let n = len_in(&self.window, s.arg(2), me)?;
-                let k = p.move_from(Pid(s.arg(0)), s.arg(1), self.win(n))?;
+                let k = p.move_from_loan(Pid(s.arg(0)), s.arg(1), self.win(n, true))?;
                 s.set_out(0, k as u32);
             }
             Op::SetPid => {
@@ -906,8 +901,9 @@ impl Ctx {
                     p.restrict_senders(None);
                 } else {
                     let bytes = len_in(&self.window, n.saturating_mul(4), me)?;
-                    let list = self
-                        .win(bytes)
+                    let mut raw = vec![0u8; bytes];
+                    self.window.read_at(0, &mut raw);
+                    let list = raw
                         .chunks_exact(4)
                         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();

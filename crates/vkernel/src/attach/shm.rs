@@ -15,6 +15,8 @@ use std::time::Duration;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+use crate::lent::{Loan, Window};
+
 /// A host's packet counter on a page of its own, shared by the host and
 /// the programs of its uid that send for it (docs/PROTOCOL.md §8f).
 pub(crate) struct CounterPage(Shm);
@@ -174,19 +176,14 @@ impl Shm {
         n
     }
 
-    /// `len` bytes at the start, as a slice the caller may read and write.
-    ///
-    /// # Safety
-    /// The caller must own the range for the slice's life by the slot
-    /// protocol (no other thread of this program touches it), and must
-    /// only copy bytes in and out of it: the other side may write the same
-    /// memory at any time if it breaks the protocol, which can tear the
-    /// data but, for byte copies, not memory safety.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn bytes_mut(&self, len: usize) -> &mut [u8] {
+    /// The first `len` bytes (at most the mapping), lent to the engine
+    /// for one call: reached only by copies, since the program that maps
+    /// it too may write it meanwhile (which only tears its own data).
+    pub(crate) fn loan(&self, len: usize, writable: bool) -> Loan<'_> {
         let len = len.min(self.len);
-        // SAFETY: in bounds of the mapping; exclusivity is the caller's.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+        // SAFETY: in bounds of the mapping, which is readable and writable
+        // and stays mapped while `self` is borrowed.
+        Loan::Window(unsafe { Window::new(self.ptr.as_ptr(), len, writable) })
     }
 }
 
@@ -228,11 +225,10 @@ mod tests {
         let (a, fd) = Shm::create("t", 8192).unwrap();
         let b = Shm::adopt(&fd, 4096, 1 << 20).unwrap();
         assert_eq!(b.len(), 8192);
-        // SAFETY: this test owns both mappings; nothing else touches them.
-        unsafe {
-            a.bytes_mut(4)[..4].copy_from_slice(b"abcd");
-            assert_eq!(&b.bytes_mut(4)[..4], b"abcd");
-        }
+        assert_eq!(a.write_at(0, b"abcd"), 4);
+        let mut got = [0u8; 4];
+        assert_eq!(b.read_at(0, &mut got), 4);
+        assert_eq!(&got, b"abcd");
     }
 
     #[test]

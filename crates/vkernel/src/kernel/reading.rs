@@ -337,7 +337,7 @@ impl Shared {
                 .peek(&mut again)
                 .is_some_and(|(k, _)| k >= FIXED_BYTES && again == head);
             let slot = if still { e.placement(&head) } else { None };
-            let Some(slot) = slot else {
+            let Some(mut slot) = slot else {
                 // Not placeable (held already, say): read it as usual,
                 // under this lock rather than taking it again.
                 let Some((len, from)) = self.net.try_recv(spill) else {
@@ -348,7 +348,10 @@ impl Shared {
             };
             let want = slot.len();
             let mut got = [0u8; FIXED_BYTES];
-            let Some((len, from)) = self.net.recv_parts(&mut got, slot, spill) else {
+            let Some(raw) = slot.raw() else {
+                return false;
+            };
+            let Some((len, from)) = self.net.recv_parts(&mut got, raw, spill) else {
                 return false;
             };
             let c = &self.net.counters;
@@ -360,7 +363,7 @@ impl Shared {
                 let mut whole = Vec::with_capacity(len);
                 whole.extend_from_slice(&got[..len.min(FIXED_BYTES)]);
                 let in_slot = len.saturating_sub(FIXED_BYTES).min(want);
-                whole.extend_from_slice(&slot[..in_slot]);
+                slot.append_to(in_slot, &mut whole);
                 let rest = len.saturating_sub(FIXED_BYTES + want);
                 whole.extend_from_slice(&spill[..rest.min(spill.len())]);
                 e.handle_datagram(now, from, &whole);

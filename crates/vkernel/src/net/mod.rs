@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::Rng;
+use vkernel_proto::RawBytes;
 
 pub(crate) use faults::FaultState;
 pub use faults::{parse_duration, FaultConfig};
@@ -327,13 +328,15 @@ impl Net {
     /// chunk still in its lent buffer), with no copy in user space. Not
     /// through the fault injector: the caller sends this way only when
     /// none is configured.
-    pub fn send_gathered(&self, to: SocketAddr, head: &[u8], data: &[u8]) {
-        let bufs = [io::IoSlice::new(head), io::IoSlice::new(data)];
+    pub fn send_gathered(&self, to: SocketAddr, head: &[u8], data: RawBytes<'_>) {
+        use crate::batch::{as_io_slices, iovec};
+        let iovs = [iovec(RawBytes::of(head)), iovec(data)];
+        let bufs = as_io_slices(&iovs);
         self.retrying(|| {
             rustix::net::sendmsg_addr(
                 &*self.sock,
                 &to,
-                &bufs,
+                bufs,
                 &mut Default::default(),
                 rustix::net::SendFlags::DONTWAIT,
             )

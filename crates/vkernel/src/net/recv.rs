@@ -319,19 +319,22 @@ impl Net {
     pub fn recv_parts(
         &self,
         head: &mut [u8],
-        data: &mut [u8],
+        data: vkernel_proto::RawBytesMut<'_>,
         rest: &mut [u8],
     ) -> Option<(usize, SocketAddr)> {
-        let mut bufs = [
-            io::IoSliceMut::new(head),
-            io::IoSliceMut::new(data),
-            io::IoSliceMut::new(rest),
+        use crate::batch::{as_io_slices_mut, iovec_mut};
+        use vkernel_proto::RawBytesMut;
+        let mut iovs = [
+            iovec_mut(RawBytesMut::of(head)),
+            iovec_mut(data),
+            iovec_mut(RawBytesMut::of(rest)),
         ];
+        let bufs = as_io_slices_mut(&mut iovs);
         let mut control = rustix::net::RecvAncillaryBuffer::default();
         loop {
             match rustix::net::recvmsg(
                 &*self.sock,
-                &mut bufs,
+                &mut *bufs,
                 &mut control,
                 rustix::net::RecvFlags::DONTWAIT,
             ) {

@@ -219,13 +219,17 @@ fn a_datagram_is_peeked_then_received_scattered() {
     assert_eq!((k, head), (4, [1, 2, 3, 4]));
     assert_eq!(from, tx.local_addr().unwrap());
     let (mut h, mut d, mut r) = ([0u8; 2], [0u8; 3], [0u8; 10]);
-    let (n, from) = net.recv_parts(&mut h, &mut d, &mut r).unwrap();
+    let (n, from) = net
+        .recv_parts(&mut h, vkernel_proto::RawBytesMut::of(&mut d), &mut r)
+        .unwrap();
     assert_eq!((n, from), (9, tx.local_addr().unwrap()));
     assert_eq!((h, d), ([1, 2], [3, 4, 5]));
     assert_eq!(r[..4], [6, 7, 8, 9]);
     // Taken: nothing left to peek at or receive.
     assert!(net.peek(&mut head).is_none());
-    assert!(net.recv_parts(&mut h, &mut d, &mut r).is_none());
+    assert!(net
+        .recv_parts(&mut h, vkernel_proto::RawBytesMut::of(&mut d), &mut r)
+        .is_none());
 }
 
 #[test]
@@ -244,7 +248,11 @@ fn datagrams_cross_ipv6_both_ways_with_their_senders() {
     assert!(net.send(from, b"world".to_vec()).is_some());
     let (n, from) = peer.recv_from(&mut b).unwrap();
     assert_eq!((&b[..n], from), (&b"world"[..], to));
-    net.send_gathered(peer.local_addr().unwrap(), b"head", b"+data");
+    net.send_gathered(
+        peer.local_addr().unwrap(),
+        b"head",
+        vkernel_proto::RawBytes::of(b"+data"),
+    );
     let (n, _) = peer.recv_from(&mut b).unwrap();
     assert_eq!(&b[..n], b"head+data");
 }

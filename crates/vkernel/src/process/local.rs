@@ -19,7 +19,7 @@ use vkernel_proto::{IpcError, Message, Micros, Pid, Scope, SegAccess};
 use crate::deadline::Deadline;
 use crate::kernel::{destroy_local, Reading, Shared, SPIN_BEGINS};
 use crate::kernel_server as ks;
-use crate::lent::Lease;
+use crate::lent::{Lease, Loan};
 use crate::spin::{Spin, SpinPolicy};
 use crate::sys::poll2;
 use crate::trace::Phase;
@@ -374,20 +374,25 @@ impl LocalProcess {
         append: usize,
         deadline: Option<Duration>,
     ) -> Result<Reply, IpcError> {
-        let (lease, lent, access) = match seg {
-            Segment::Read(b) => {
-                let (l, s) = Lease::shared(b);
-                (l, s, SegAccess::READ)
-            }
-            Segment::Write(b) => {
-                let (l, s) = Lease::exclusive(b);
-                (l, s, SegAccess::WRITE)
-            }
-            Segment::ReadWrite(b) => {
-                let (l, s) = Lease::exclusive(b);
-                (l, s, SegAccess::READ_WRITE)
-            }
+        let (loan, access) = match seg {
+            Segment::Read(b) => (Loan::Own(b), SegAccess::READ),
+            Segment::Write(b) => (Loan::OwnMut(b), SegAccess::WRITE),
+            Segment::ReadWrite(b) => (Loan::OwnMut(b), SegAccess::READ_WRITE),
         };
+        self.send_loan_within(msg, to, loan, access, append, deadline)
+    }
+
+    /// [`Self::send_with_segment_within`] of any lent memory (a window).
+    pub(crate) fn send_loan_within(
+        &self,
+        msg: &mut Message,
+        to: Pid,
+        loan: Loan<'_>,
+        access: SegAccess,
+        append: usize,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, IpcError> {
+        let (lease, lent) = loan.lend();
         msg.set_segment(access, vkernel_proto::SegMem::len(&*lent) as u32);
         self.engine_sends_for_me(to);
         let m = *msg;
@@ -628,6 +633,16 @@ impl LocalProcess {
         buf: &mut [u8],
         upto: usize,
     ) -> Result<Incoming, IpcError> {
+        self.receive_inner(msg, None, Some(Loan::OwnMut(buf)), upto)
+    }
+
+    /// [`Self::receive_with_segment_upto`] into any lent memory (a window).
+    pub(crate) fn receive_loan_upto(
+        &self,
+        msg: &mut Message,
+        buf: Loan<'_>,
+        upto: usize,
+    ) -> Result<Incoming, IpcError> {
         self.receive_inner(msg, None, Some(buf), upto)
     }
 
@@ -652,7 +667,7 @@ impl LocalProcess {
         &self,
         msg: &mut Message,
         from: Option<Pid>,
-        buf: Option<&mut [u8]>,
+        buf: Option<Loan<'_>>,
         upto: usize,
     ) -> Result<Incoming, IpcError> {
         if from.is_none() {
@@ -660,19 +675,34 @@ impl LocalProcess {
                 return r;
             }
         }
-        let mut buf = buf;
-        let mut lease = None;
+        // A queued message is copied into the caller's own slice at once;
+        // only a Receive that must wait lends it to the engine. A window
+        // is lent either way (the engine only copies into it).
+        let (mut own, mut lease, mut lent) = (None, None, None);
+        match buf {
+            Some(Loan::OwnMut(b)) => own = Some(b),
+            Some(loan) => {
+                let (l, s) = loan.lend();
+                (lease, lent) = (Some(l), Some(s));
+            }
+            None => {}
+        }
         let sh = &*self.shared;
         let r = sh.with_engine(|e, now| {
-            // A queued message is copied into `buf` at once; only a
-            // Receive that must wait lends it to the engine.
-            let r = match e.receive_queued(self.pid, from, buf.as_deref_mut(), upto) {
+            let queued = match lent.as_deref_mut() {
+                Some(w) => e.receive_queued_into(self.pid, from, Some(w), upto),
+                None => e.receive_queued(self.pid, from, own.as_deref_mut(), upto),
+            };
+            let r = match queued {
                 Ok(None) => {
-                    let lent = buf.take().map(|b| {
-                        let (l, s) = Lease::exclusive(b);
-                        lease = Some(l);
-                        s as vkernel_proto::Seg
+                    let lent = lent.take().or_else(|| {
+                        own.take().map(|b| {
+                            let (l, s) = Lease::exclusive(b);
+                            lease = Some(l);
+                            s
+                        })
                     });
+                    let lent = lent.map(|s| s as vkernel_proto::Seg);
                     e.receive_upto(now, self.pid, from, lent, upto)
                 }
                 r => r,
@@ -698,6 +728,8 @@ impl LocalProcess {
             },
             Err(e) => Err(e),
         };
+        // (A window copied into at once was never handed over.)
+        drop(lent);
         if let Some(l) = lease {
             l.release();
         }
@@ -792,9 +824,20 @@ impl LocalProcess {
         offset: u32,
         data: &[u8],
     ) -> Result<(), IpcError> {
-        match self.reply_with_segment_now(msg, to, offset, data) {
+        self.reply_loan(msg, to, offset, Loan::Own(data))
+    }
+
+    /// [`Self::reply_with_segment`] of any lent memory (a window).
+    pub(crate) fn reply_loan(
+        &self,
+        msg: &Message,
+        to: Pid,
+        offset: u32,
+        mut data: Loan<'_>,
+    ) -> Result<(), IpcError> {
+        match self.reply_loan_now(msg, to, offset, data.reborrow()) {
             Err(IpcError::SegmentTooLarge { .. }) => {
-                self.move_to(to, offset, data)?;
+                self.move_to_loan(to, offset, data)?;
                 self.reply(msg, to)
             }
             r => r,
@@ -810,22 +853,34 @@ impl LocalProcess {
         offset: u32,
         data: &[u8],
     ) -> Result<(), IpcError> {
+        self.reply_loan_now(msg, to, offset, Loan::Own(data))
+    }
+
+    fn reply_loan_now(
+        &self,
+        msg: &Message,
+        to: Pid,
+        offset: u32,
+        data: Loan<'_>,
+    ) -> Result<(), IpcError> {
         if self.peer_holds(to) {
             // Its sender lent no segment (it would have come through the
             // engine): as the engine says.
-            return match data.is_empty() {
+            return match data.len() == 0 {
                 true => self.reply(msg, to),
                 false => Err(IpcError::AccessDenied(to)),
             };
         }
         let m = *msg;
         self.trace(Phase::Reply, to, self.pid, true);
-        if data.len() <= vkernel_proto::MAX_APPEND {
-            return self
-                .shared
-                .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, data))));
+        if let Loan::Own(d) = data {
+            if d.len() <= vkernel_proto::MAX_APPEND {
+                return self
+                    .shared
+                    .with_engine(|e, now| e.reply(now, self.pid, to, m, Some((offset, d))));
+            }
         }
-        let (lease, lent) = Lease::shared(data);
+        let (lease, lent) = data.lend();
         // The engine's hold on `lent` ends before this returns: its chunks
         // are sent (or encoded) under the same lock.
         let r = self
@@ -848,10 +903,20 @@ impl LocalProcess {
 
     /// MoveTo: copies `src` into `to`'s write-granted segment at `offset`.
     pub(crate) fn move_to(&self, to: Pid, offset: u32, src: &[u8]) -> Result<usize, IpcError> {
+        self.move_to_loan(to, offset, Loan::Own(src))
+    }
+
+    /// [`Self::move_to`] from any lent memory (a window).
+    pub(crate) fn move_to_loan(
+        &self,
+        to: Pid,
+        offset: u32,
+        src: Loan<'_>,
+    ) -> Result<usize, IpcError> {
         if self.peer_holds(to) {
             return Err(IpcError::AccessDenied(to));
         }
-        let (lease, lent) = Lease::shared(src);
+        let (lease, lent) = src.lend();
         let r = self
             .shared
             .with_engine(|e, now| e.move_to(now, self.pid, to, offset, lent));
@@ -884,10 +949,20 @@ impl LocalProcess {
         offset: u32,
         dest: &mut [u8],
     ) -> Result<usize, IpcError> {
+        self.move_from_loan(from, offset, Loan::OwnMut(dest))
+    }
+
+    /// [`Self::move_from`] into any lent memory (a window).
+    pub(crate) fn move_from_loan(
+        &self,
+        from: Pid,
+        offset: u32,
+        dest: Loan<'_>,
+    ) -> Result<usize, IpcError> {
         if self.peer_holds(from) {
             return Err(IpcError::AccessDenied(from));
         }
-        let (lease, lent) = Lease::exclusive(dest);
+        let (lease, lent) = dest.lend();
         let r = self
             .shared
             .with_engine(|e, now| e.move_from(now, self.pid, from, offset, lent));

@@ -60,7 +60,9 @@ impl Engine {
         // Copies join copies; a shared range joins the range it follows.
         match (&mut op.buf, src.as_shared()) {
             (MoveBuf::Owned(v), None) if !src.is_stable() => {
-                v.extend_from_slice(&src.bytes()[..take]);
+                if !src.append_to(0, take, v) {
+                    return 0;
+                }
             }
             (MoveBuf::Shared(s), Some(next)) if s.is_followed_by(next) => s.grow(take),
             _ => return 0,

@@ -25,7 +25,7 @@ use super::aliens::AlienState;
 use super::bitset::{packed_get, BitSet};
 use super::congestion::Cwnd;
 use super::rights::{self, Need};
-use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState};
+use super::{Chunk, ChunkSrc, Completion, Dest, Engine, PState, Place};
 use crate::config::{Micros, MAX_APPEND};
 use crate::error::IpcError;
 use crate::message::Message;
@@ -116,19 +116,21 @@ enum MoveBuf {
 }
 
 impl MoveBuf {
-    fn bytes(&self) -> &[u8] {
+    /// The buffer, to copy from.
+    fn mem(&self) -> &dyn SegMem {
         match self {
-            MoveBuf::Lent(s) => s.bytes(),
+            MoveBuf::Lent(s) => &**s,
             MoveBuf::Owned(v) => v,
-            MoveBuf::Shared(s) => s.bytes(),
+            MoveBuf::Shared(s) => s,
         }
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    /// The buffer, to copy into (a shared source refuses writes).
+    fn mem_mut(&mut self) -> &mut dyn SegMem {
         match self {
-            MoveBuf::Lent(s) => s.bytes_mut(),
+            MoveBuf::Lent(s) => &mut **s,
             MoveBuf::Owned(v) => v,
-            MoveBuf::Shared(_) => &mut [],
+            MoveBuf::Shared(s) => s,
         }
     }
 }
@@ -147,8 +149,8 @@ impl MoveOp {
 
 impl MoveOp {
     /// The mover's buffer, if this transfer is of exchange `xseq`.
-    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&[u8]> {
-        (self.xseq == xseq).then(|| self.buf.bytes())
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&dyn SegMem> {
+        (self.xseq == xseq).then(|| self.buf.mem())
     }
 
     /// Chunks that may be sent now: all but an open stream's partial last
@@ -179,7 +181,7 @@ impl Behind {
     }
 
     /// The copy being sent, if this transfer is of exchange `xseq`.
-    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&[u8]> {
+    pub(super) fn buffer_of(&self, xseq: u32) -> Option<&dyn SegMem> {
         self.op.buffer_of(xseq)
     }
 }
@@ -315,7 +317,7 @@ impl Engine {
         // may grow has chunks of the largest size: a later MoveTo fills
         // its tail.
         let max = self.cfg.chunk_bytes();
-        let total = buf.bytes().len();
+        let total = buf.mem().len();
         let nc = nchunks(total, max);
         let chunk = if nc > 1 && !open {
             total.div_ceil(nc)

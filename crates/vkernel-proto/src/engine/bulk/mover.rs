@@ -30,9 +30,11 @@ impl Engine {
             if o.dst != mover || !o.received || o.remote.is_some() {
                 return Err(IpcError::NotAwaitingReply(target));
             }
-            rights::write(o.access, o.seg.as_mut(), dest_off as usize, n)
-                .map_err(|e| e.error(target))?
-                .copy_from_slice(src.bytes());
+            let dest = rights::write(o.access, o.seg.as_mut(), dest_off as usize, n)
+                .map_err(|e| e.error(target))?;
+            if !dest.copy_from(dest_off as usize, &*src, 0, n) {
+                return Err(IpcError::OutOfBounds(target));
+            }
             self.count_move(n);
             return Ok(Some(n));
         }
@@ -51,7 +53,7 @@ impl Engine {
         let off = dest_off as usize;
         if let Some((_, head)) = self.aliens.with_data(i).filter(|(_, h)| off < h.len()) {
             let k = (head.len() - off).min(n);
-            head[off..off + k].copy_from_slice(&src.bytes()[..k]);
+            src.read_at(0, &mut head[off..off + k]);
         }
         let ex = (xseq, addr, on_behalf);
         let overlaps = self.behind_overlaps(mover, target, xseq, off, n);
@@ -89,7 +91,7 @@ impl Engine {
                         rest
                     };
                     let mut v = Vec::with_capacity(room);
-                    v.extend_from_slice(&src.bytes()[taken..]);
+                    src.append_to(taken, rest, &mut v);
                     (MoveBuf::Owned(v), open)
                 }
             };
@@ -154,7 +156,9 @@ impl Engine {
             }
             let from =
                 rights::read(o.access, o.seg.as_ref(), off, n).map_err(|e| e.error(source))?;
-            dest.bytes_mut().copy_from_slice(from);
+            if !dest.copy_from(0, from, off, n) {
+                return Err(IpcError::OutOfBounds(source));
+            }
             self.count_move(n);
             return Ok(Some(n));
         }
@@ -169,7 +173,7 @@ impl Engine {
         // Already here with the request (receive-with-segment data)?
         let (xseq, addr, on_behalf) = (a.seq, a.addr, a.addressed);
         if let Some(head) = self.aliens.data(i).get(off..off + n) {
-            dest.bytes_mut().copy_from_slice(head);
+            dest.write_at(0, head);
             self.count_move(n);
             return Ok(Some(n));
         }
@@ -225,8 +229,13 @@ impl Engine {
     ) -> Result<(), IpcError> {
         self.tick(now);
         let n = data.len();
-        if n <= MAX_APPEND || self.is_local(to) {
-            return self.reply(now, replier, to, msg, Some((off, data.bytes())));
+        if self.is_local(to) {
+            return self.reply_lent(now, replier, to, msg, off, &*data);
+        }
+        if n <= MAX_APPEND {
+            let mut v = Vec::with_capacity(n);
+            data.append_to(0, n, &mut v);
+            return self.reply(now, replier, to, msg, Some((off, &v)));
         }
         self.check_ready_caller(replier)?;
         let too_large = IpcError::SegmentTooLarge { max: MAX_APPEND };

@@ -134,7 +134,7 @@ impl Engine {
         let fresh = o.inbound[pos].got.set(idx);
         if fresh && !placed {
             if let Some(seg) = o.seg.as_mut() {
-                seg.bytes_mut()[base + off..base + off + want].copy_from_slice(pkt.data);
+                seg.write_at(base + off, pkt.data);
             }
         }
         let b = &mut o.inbound[pos];
@@ -167,7 +167,7 @@ impl Engine {
         h: &Header,
         msg: &Message,
         len: usize,
-    ) -> Option<&mut [u8]> {
+    ) -> Option<Place<'_>> {
         match h.ptype {
             PacketType::MoveToRequest => {
                 if h.status != Status::Ok || !self.is_local(h.dst) {
@@ -199,8 +199,12 @@ impl Engine {
                 if have {
                     return None;
                 }
-                let whole = rights::write(o.access, o.seg.as_mut(), base, total).ok()?;
-                whole.get_mut(off..off + len)
+                let lent = rights::write(o.access, o.seg.as_mut(), base, total).ok()?;
+                (base + off + len <= lent.len()).then_some(Place {
+                    lent,
+                    off: base + off,
+                    len,
+                })
             }
             PacketType::MoveFromReply => {
                 if h.status != Status::Ok {
@@ -221,7 +225,8 @@ impl Engine {
                 {
                     return None;
                 }
-                op.buf.bytes_mut().get_mut(off..off + len)
+                let lent = op.buf.mem_mut();
+                (off + len <= lent.len()).then_some(Place { lent, off, len })
             }
             _ => None,
         }

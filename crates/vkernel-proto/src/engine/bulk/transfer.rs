@@ -83,7 +83,7 @@ impl Engine {
             self.stats.bulk_retransmits += 1;
         }
         // Queued, not encoded: the runtime may send it straight from the
-        // lent buffer (see `Engine::send_chunks`).
+        // lent buffer (see `Engine::send_chunk_batch`).
         self.out.chunk(Chunk {
             to: addr,
             header: h,
@@ -292,7 +292,7 @@ impl Engine {
         let fresh = op.done.set(idx);
         if fresh {
             if !placed {
-                op.buf.bytes_mut()[off..off + want].copy_from_slice(pkt.data);
+                op.buf.mem_mut().write_at(off, pkt.data);
             }
             op.deadline = now + host_timeout;
             op.rto = rto;

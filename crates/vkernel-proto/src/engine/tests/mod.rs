@@ -58,7 +58,7 @@ struct Net {
     drop_next: usize,
     filter: Option<Filter>,
     sent: Vec<Sent>,
-    /// Take bulk chunks by `Engine::send_chunks` (as the runtime does)
+    /// Take bulk chunks by `Engine::send_chunk_batch` (as the runtime does)
     /// rather than encoded by `poll_transmit`.
     gather: bool,
     /// Datagrams taken that way.
