@@ -98,6 +98,40 @@ fn example_with_every_commented_key_enabled_passes_too() {
     assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
 }
 
+/// ISSUE 50: `host_timeout = 5` was 5 ms, shown as `5`. A duration now
+/// needs its unit, and `check-config` says so at the line; `1m` works.
+#[test]
+fn a_duration_without_a_unit_is_refused_at_its_line() {
+    let s = Scratch::new("units");
+    let f = s.file("bare.toml", "[echo]\nhost_timeout = 5\n");
+    let o = vk(&["check-config".as_ref(), f.as_os_str()]);
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "accepted: {}", text(&o.stdout));
+    assert!(
+        err.contains("bare.toml:2: [echo] host_timeout") && err.contains("needs a unit"),
+        "{err}"
+    );
+    let f = s.file("minute.toml", "[echo]\nhost_timeout = \"1m\"\n");
+    let o = vk(&["check-config".as_ref(), f.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("host_timeout"));
+    assert!(
+        line.is_some_and(|l| l.contains("= 1m ") && l.contains("[echo] line 2")),
+        "{out}"
+    );
+    let args = ["ping", "--deadline", "5", "-n", "1"].map(std::ffi::OsStr::new);
+    let o = vk(&args);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("needs a unit"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn errors_name_file_line_and_key() {
     let s = Scratch::new("errors");

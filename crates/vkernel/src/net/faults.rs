@@ -91,26 +91,22 @@ impl FaultConfig {
     }
 }
 
-/// Parses `5ms`, `200us`, `1s` or a bare number of milliseconds.
+/// Parses a duration with its unit: `5ms`, `200us` (or `µs`), `1s`,
+/// `1m`, `1h 30m` (humantime's syntax). A bare number is refused, except
+/// `0`: `5` could mean 5 ms or 5 s, and guessing wrong was a real bug
+/// (`host_timeout = 5` read as 5 ms).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "ms"), |i| (&s[..i], &s[i..]));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (e.g. 5ms, 200us, 1s)"))?;
-    let secs = match unit {
-        "s" => n,
-        "ms" => n / 1e3,
-        "us" | "µs" => n / 1e6,
-        "ns" => n / 1e9,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (s, ms, us, ns)")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("`{s}` is not a valid duration"));
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
     }
-    Ok(Duration::from_secs_f64(secs))
+    if !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit() || c == b'.') {
+        return Err(format!(
+            "`{t}` needs a unit: e.g. {t}ms or {t}s (units: ns, us, ms, s, m, h)"
+        ));
+    }
+    humantime::parse_duration(&t.replace('µ', "u"))
+        .map_err(|e| format!("`{t}` is not a duration ({e}; e.g. 5ms, 200us, 1s, 1m)"))
 }
 
 pub(super) struct Delayed {

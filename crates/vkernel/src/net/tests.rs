@@ -23,6 +23,15 @@ fn parse_fault_specs() {
     assert_eq!(parse_duration("200us").unwrap(), Duration::from_micros(200));
     assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
     assert!(parse_duration("5 parsecs").is_err());
+    assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+    assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+    assert_eq!(parse_duration("5µs").unwrap(), Duration::from_micros(5));
+    assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    // A bare number could mean anything: refused, with the fix in the error.
+    let e = parse_duration("5").unwrap_err();
+    assert!(e.contains("needs a unit") && e.contains("5ms"), "{e}");
+    assert!(parse_duration("").is_err());
+    assert!(parse_duration("-1s").is_err());
 }
 
 /// A loopback host socket with side sockets, and its address.
