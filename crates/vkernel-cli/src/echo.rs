@@ -85,15 +85,16 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
     );
     let _ = std::io::stdout().flush();
     let start = Instant::now();
-    while a.exit_after.is_none_or(|d| start.elapsed() < d) {
-        std::thread::sleep(Duration::from_millis(200));
-        // A server ends only when its host does: attached, that is the
-        // machine host going away, which ends this program too.
+    // A server ends only when its host does: attached, that is the
+    // machine host going away, which ends this program too.
+    let gone = crate::stop::Stop::install().wait(start, a.exit_after, || {
         if servers.iter().any(|h| h.is_finished()) {
-            if let Some(why) = host_gone(&reg, a.host.attach_path().as_deref()) {
-                return Err(format!("echo: {why}"));
-            }
+            return host_gone(&reg, a.host.attach_path().as_deref());
         }
+        None
+    });
+    if let Some(why) = gone {
+        return Err(format!("echo: {why}"));
     }
     let s = k.stats();
     let auth: u64 = s.auth_rejects.iter().sum();

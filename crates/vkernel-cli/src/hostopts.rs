@@ -328,12 +328,8 @@ impl std::fmt::Display for Spin {
 pub fn wait_exit(exit_after: Option<Duration>) -> Instant {
     let _ = std::io::stdout().flush();
     let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        if exit_after.is_some_and(|d| start.elapsed() >= d) {
-            return start;
-        }
-    }
+    crate::stop::Stop::install().wait(start, exit_after, || None);
+    start
 }
 
 /// Prints a service's exit summary. Its reader may have gone by then (a

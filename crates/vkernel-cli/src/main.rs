@@ -17,6 +17,7 @@ mod nbd;
 mod otel;
 mod ping;
 mod statscmd;
+mod stop;
 mod team;
 mod tracecmd;
 

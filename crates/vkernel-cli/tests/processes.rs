@@ -571,3 +571,94 @@ fn trace_report_characterizes_and_its_conservation_check_finds_injected_drops() 
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sends `signal` to `pid` by kill(1).
+fn kill_with(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// Waits up to 5 s for `c` to exit.
+fn exits_within(c: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what} still running 5 s after the signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// ISSUE 50: SIGTERM (how systemd, podman and Kubernetes stop things)
+/// killed `vkernel echo` at once: its trace lost its last lines and the
+/// report then found datagrams "dropped" that never were. Now it stops
+/// as at --exit-after: summary printed, trace whole, exit status 0.
+#[test]
+fn sigterm_stops_echo_with_its_whole_trace() {
+    let dir = std::env::temp_dir().join(format!("vkterm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ta, tb) = (dir.join("echo.jsonl"), dir.join("ping.jsonl"));
+    let (mut echo, addr, mut out) =
+        start_echo_for("127.0.0.1:0", "60s", &["--trace", ta.to_str().unwrap()]);
+    let (ok, o, e) = ping(&[
+        "--peer",
+        &addr,
+        "-n",
+        "400",
+        "--trace",
+        tb.to_str().unwrap(),
+    ]);
+    assert!(ok, "{o}{e}");
+    kill_with(echo.0.id(), "TERM");
+    let status = exits_within(&mut echo.0, "vkernel echo");
+    assert!(status.success(), "echo ended by SIGTERM with {status}");
+    let mut summary = String::new();
+    out.read_line(&mut summary).unwrap();
+    assert!(summary.contains("exiting after"), "{summary}");
+    let r = Command::new(BIN)
+        .args(["trace", "report", "--json"])
+        .args([&ta, &tb])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    for row in j["conservation"].as_array().unwrap() {
+        assert_eq!(row["dropped"].as_u64(), Some(0), "{j}");
+    }
+    assert!(j["messages"].as_u64().unwrap() >= 800, "{j}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-C (SIGINT) stops a machine host as cleanly: exit status 0 and
+/// its attach socket removed.
+#[test]
+fn sigint_stops_a_machine_host_and_removes_its_socket() {
+    let dir = std::env::temp_dir().join(format!("vkint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("host.sock");
+    let mut h = Command::new(BIN)
+        .args(["host", "--socket"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(h.stdout.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    assert!(sock.exists(), "{banner}");
+    kill_with(h.id(), "INT");
+    let status = exits_within(&mut h, "vkernel host");
+    assert!(status.success(), "host ended by SIGINT with {status}");
+    assert!(!sock.exists(), "socket left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,70 @@
+//! Stopping a long-running command the way service managers do. SIGTERM
+//! (systemd, podman, Kubernetes) and SIGINT (Ctrl-C) end its wait, so it
+//! prints its summary and drops its host, which flushes the trace and
+//! shuts the engine down; a second signal ends the process at once.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The stop signals, once installed (see the module docs).
+pub struct Stop(Arc<AtomicUsize>);
+
+impl Stop {
+    /// Catches SIGINT and SIGTERM from now on. If that fails (it should
+    /// not), the signals keep their default action, which still ends the
+    /// process.
+    pub fn install() -> Stop {
+        let flag = Arc::new(AtomicUsize::new(0));
+        let once = Arc::new(AtomicBool::new(false));
+        for sig in [SIGINT, SIGTERM] {
+            // A second signal, once `once` is set, exits at once.
+            let r = signal_hook::flag::register_conditional_shutdown(sig, 130, once.clone())
+                .and_then(|_| signal_hook::flag::register(sig, once.clone()))
+                .and_then(|_| signal_hook::flag::register_usize(sig, flag.clone(), sig as usize));
+            if let Err(e) = r {
+                tracing::warn!("cannot catch signal {sig}: {e}; it will end the process at once");
+            }
+        }
+        Stop(flag)
+    }
+
+    /// The stop signal received, if any.
+    pub fn received(&self) -> Option<&'static str> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            s if s == SIGINT as usize => Some("SIGINT"),
+            _ => Some("SIGTERM"),
+        }
+    }
+
+    /// Waits until `exit_after` has passed since `start`, a stop signal
+    /// arrives, or `done` says why the command must end (checked every
+    /// 200 ms). Returns that reason, if any.
+    pub fn wait(
+        &self,
+        start: Instant,
+        exit_after: Option<Duration>,
+        mut done: impl FnMut() -> Option<String>,
+    ) -> Option<String> {
+        let mut turns = 0u32;
+        loop {
+            if let Some(sig) = self.received() {
+                eprintln!("vkernel: {sig} received: stopping (another one ends it at once)");
+                return None;
+            }
+            if exit_after.is_some_and(|d| start.elapsed() >= d) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            turns += 1;
+            if turns.is_multiple_of(10) {
+                if let Some(why) = done() {
+                    return Some(why);
+                }
+            }
+        }
+    }
+}
