@@ -186,27 +186,31 @@ impl Kernel {
 
 #[pymethods]
 impl Kernel {
-    /// Starts an embedded kernel bound to `bind` ("127.0.0.1:0" by
-    /// default), knowing the hosts at `peers` ("HOST:PORT": an address, or
+    /// Starts an embedded kernel bound to `bind` (by default "127.0.0.1:0",
+    /// or "0.0.0.0:0" when a peer is on another machine), knowing the
+    /// hosts at `peers` ("HOST:PORT": an address, or
     /// a DNS name standing for all its addresses, looked up again every
     /// 10 s).
     #[staticmethod]
     #[pyo3(signature = (bind = None, peers = None))]
     fn start(py: Python<'_>, bind: Option<String>, peers: Option<Vec<String>>) -> PyResult<Kernel> {
         let mut cfg = KernelConfig::default();
-        if let Some(b) = bind {
-            cfg.bind = b
-                .parse()
-                .map_err(|_| PyValueError::new_err(format!("bind address {b:?} does not parse")))?;
-        }
+        let mut specs = Vec::new();
         for p in peers.unwrap_or_default() {
-            match vkernel::PeerSpec::parse(&p)
-                .map_err(|e| PyValueError::new_err(format!("peer: {e}")))?
-            {
+            let spec = vkernel::PeerSpec::parse(&p)
+                .map_err(|e| PyValueError::new_err(format!("peer: {e}")))?;
+            match spec.clone() {
                 vkernel::PeerSpec::Addr(a) => cfg.peers.push(a),
                 name => cfg.named_peers.push(name),
             }
+            specs.push(spec);
         }
+        cfg.bind = match bind {
+            Some(b) => b
+                .parse()
+                .map_err(|_| PyValueError::new_err(format!("bind address {b:?} does not parse")))?,
+            None => vkernel::default_bind(&specs),
+        };
         let k = py
             .detach(|| vkernel::Kernel::start(cfg))
             .map_err(|e| VkernelError::new_err((e.to_string(), 0u32, 0u32)))?;

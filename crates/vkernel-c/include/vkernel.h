@@ -252,9 +252,9 @@ extern "C" {
 
 /**
  * Starts an embedded kernel: this program is its own logical host.
- * `bind` is the UDP address to bind (NULL: 127.0.0.1, any port, which
- * only this machine reaches; give "0.0.0.0:0" to exchange with other
- * machines); `peers`
+ * `bind` is the UDP address to bind (NULL: any port on 127.0.0.1, which
+ * only this machine reaches, or on 0.0.0.0 when a peer is on another
+ * machine, so that it can answer); `peers`
  * a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
  * HOST an IP address or a DNS name standing for all its addresses
  * (looked up again every 10 s; one that does not resolve yet is

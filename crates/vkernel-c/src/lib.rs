@@ -272,9 +272,9 @@ fn scope(s: c_int) -> Result<Scope, Fail> {
 }
 
 /// Starts an embedded kernel: this program is its own logical host.
-/// `bind` is the UDP address to bind (NULL: 127.0.0.1, any port, which
-/// only this machine reaches; give "0.0.0.0:0" to exchange with other
-/// machines); `peers`
+/// `bind` is the UDP address to bind (NULL: any port on 127.0.0.1, which
+/// only this machine reaches, or on 0.0.0.0 when a peer is on another
+/// machine, so that it can answer); `peers`
 /// a comma-separated list of other hosts as `HOST:PORT` (NULL: none),
 /// HOST an IP address or a DNS name standing for all its addresses
 /// (looked up again every 10 s; one that does not resolve yet is
@@ -293,21 +293,25 @@ pub unsafe extern "C" fn vk_start(
         // SAFETY: as the function's contract says.
         let out = unsafe { m(out, "out") }?;
         let mut cfg = KernelConfig::default();
-        // SAFETY: as the function's contract says.
-        if let Some(b) = unsafe { text(bind, "bind") }? {
-            cfg.bind = b
-                .parse()
-                .map_err(|_| inval(&format!("bind address {b:?} does not parse")))?;
-        }
+        let mut specs = Vec::new();
         // SAFETY: as the function's contract says.
         if let Some(ps) = unsafe { text(peers, "peers") }? {
             for p in ps.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                match vkernel::PeerSpec::parse(p).map_err(|e| inval(&format!("peer: {e}")))? {
+                let spec = vkernel::PeerSpec::parse(p).map_err(|e| inval(&format!("peer: {e}")))?;
+                match spec.clone() {
                     vkernel::PeerSpec::Addr(a) => cfg.peers.push(a),
                     name => cfg.named_peers.push(name),
                 }
+                specs.push(spec);
             }
         }
+        // SAFETY: as the function's contract says.
+        cfg.bind = match unsafe { text(bind, "bind") }? {
+            Some(b) => b
+                .parse()
+                .map_err(|_| inval(&format!("bind address {b:?} does not parse")))?,
+            None => vkernel::default_bind(&specs),
+        };
         let k = Kernel::start(cfg).map_err(|e| Fail(VK_ESTART, e.to_string()))?;
         *out = Box::into_raw(Box::new(vk_kernel { k }));
         Ok(())

@@ -12,9 +12,11 @@ use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig, PeerSpec};
 /// How to set up this command's logical host.
 #[derive(Args, Clone, Debug)]
 pub struct HostOpts {
-    /// UDP address to bind (IPv4 or IPv6; port 0 picks one).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub bind: SocketAddr,
+    /// UDP address to bind (IPv4 or IPv6; port 0 picks one). Default:
+    /// 127.0.0.1:0, which only this machine reaches, or 0.0.0.0:0 when a
+    /// --peer is on another machine (so its answers can come back).
+    #[arg(long)]
+    pub bind: Option<SocketAddr>,
     /// A peer logical host (repeatable) as HOST:PORT: an IP address, a
     /// broadcast address, or a DNS name standing for every address it
     /// resolves to (looked up again every --resolve-interval; a name that
@@ -167,7 +169,9 @@ impl HostOpts {
             send_key: self.send_key,
             max_clock_skew: self.max_clock_skew,
             encrypt: self.encrypt,
-            bind: self.bind,
+            bind: self
+                .bind
+                .unwrap_or_else(|| vkernel::default_bind(&self.peers)),
             peers: self.peers.iter().filter_map(PeerSpec::addr).collect(),
             named_peers: self
                 .peers
@@ -220,6 +224,19 @@ impl HostOpts {
     pub fn peer_list(&self) -> String {
         let v: Vec<String> = self.peers.iter().map(ToString::to_string).collect();
         v.join(", ")
+    }
+
+    /// Why no host among the `--peer`s answered a lookup by `k`: none has
+    /// the name, or (bound to loopback) none could answer at all.
+    pub fn no_answer(&self, k: &vkernel::Kernel, what: &str, name: &str) -> String {
+        if let Some(why) = vkernel::unreachable_from(k.local_addr(), &self.peers) {
+            return format!("no answer from [{}]: {why}", self.peer_list());
+        }
+        format!(
+            "no host among [{}] has {what} registered as \"{name}\"{}",
+            self.peer_list(),
+            auth_hint(k)
+        )
     }
 
     /// The machine host's socket, with `--attach`.

@@ -137,11 +137,7 @@ pub(crate) fn locate_service(
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
     if pid.is_none() {
-        return Err(format!(
-            "no host among [{}] has {what} registered as \"{name}\"{}",
-            host.peer_list(),
-            auth_hint(k)
-        ));
+        return Err(host.no_answer(k, what, name));
     }
     Ok(pid)
 }

@@ -88,12 +88,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
                 .get_pid(logical_id(&a.name), scope)
                 .map_err(|e| format!("GetPid(\"{}\"): {e}{}", a.name, auth_hint(&k)))?;
             if pid.is_none() {
-                return Err(format!(
-                    "no host among [{}] has a process registered as \"{}\"{}",
-                    a.host.peer_list(),
-                    a.name,
-                    auth_hint(&k)
-                ));
+                return Err(a.host.no_answer(&k, "a process", &a.name));
             }
             pid
         }

@@ -103,6 +103,59 @@ impl PeerSpec {
     }
 }
 
+impl PeerSpec {
+    /// True if this peer is on this machine: a loopback address, or the
+    /// name `localhost`.
+    pub fn is_local(&self) -> bool {
+        match self {
+            PeerSpec::Addr(a) => a.ip().is_loopback(),
+            PeerSpec::Name { host, .. } => {
+                let h = host.strip_suffix('.').unwrap_or(host);
+                h.eq_ignore_ascii_case("localhost")
+                    || h.to_ascii_lowercase().ends_with(".localhost")
+            }
+        }
+    }
+}
+
+/// Where a logical host binds when not told: loopback, which only this
+/// machine reaches, unless a peer is off this machine; then every
+/// interface (`0.0.0.0:0`, or `[::]:0` if every such peer is an IPv6
+/// address), so that peer's answers can come back.
+pub fn default_bind(peers: &[PeerSpec]) -> SocketAddr {
+    let remote: Vec<&PeerSpec> = peers.iter().filter(|p| !p.is_local()).collect();
+    if remote.is_empty() {
+        return SocketAddr::from(([127, 0, 0, 1], 0));
+    }
+    if remote.iter().all(|p| p.addr().is_some_and(|a| a.is_ipv6())) {
+        return SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+    }
+    SocketAddr::from(([0, 0, 0, 0], 0))
+}
+
+/// Why a host bound at `bind` cannot hear from `peers`, if it cannot: a
+/// loopback address is unreachable from another machine, so a peer
+/// there can never answer.
+pub fn unreachable_from(bind: SocketAddr, peers: &[PeerSpec]) -> Option<String> {
+    if !bind.ip().is_loopback() {
+        return None;
+    }
+    let far: Vec<String> = peers
+        .iter()
+        .filter(|p| !p.is_local())
+        .map(|p| match p {
+            PeerSpec::Addr(a) => a.to_string(),
+            PeerSpec::Name { host, port } => format!("{host}:{port}"),
+        })
+        .collect();
+    (!far.is_empty()).then(|| {
+        format!(
+            "bound to {bind}, which only this machine reaches: {} cannot answer. Bind 0.0.0.0:PORT (or leave --bind out: with a peer off this machine that is the default)",
+            far.join(", ")
+        )
+    })
+}
+
 /// A DNS name's syntax (RFC 1123, plus `_` which some resolvers allow).
 fn check_name(host: &str) -> Result<(), String> {
     if host.is_empty() {
@@ -461,6 +514,30 @@ mod tests {
         }
         let long = format!("{}:1", "a.".repeat(130));
         assert!(PeerSpec::parse(&long).unwrap_err().contains("253"));
+    }
+
+    #[test]
+    fn a_peer_off_this_machine_makes_the_default_bind_reachable() {
+        let p = |s: &str| PeerSpec::parse(s).unwrap();
+        let lo = SocketAddr::from(([127, 0, 0, 1], 0));
+        assert_eq!(default_bind(&[]), lo);
+        assert_eq!(
+            default_bind(&[p("127.0.0.1:7000"), p("localhost:7000")]),
+            lo
+        );
+        assert_eq!(default_bind(&[p("[::1]:7000")]), lo);
+        let any4 = SocketAddr::from(([0, 0, 0, 0], 0));
+        assert_eq!(
+            default_bind(&[p("127.0.0.1:7000"), p("10.0.0.5:7000")]),
+            any4
+        );
+        assert_eq!(default_bind(&[p("vkernel-0.vkernel:7000")]), any4);
+        let any6: SocketAddr = "[::]:0".parse().unwrap();
+        assert_eq!(default_bind(&[p("[fd00::5]:7000")]), any6);
+        let why = unreachable_from(lo, &[p("10.0.0.5:7000")]).unwrap();
+        assert!(why.contains("10.0.0.5:7000 cannot answer"), "{why}");
+        assert!(unreachable_from(lo, &[p("127.0.0.1:7000")]).is_none());
+        assert!(unreachable_from(any4, &[p("10.0.0.5:7000")]).is_none());
     }
 
     #[test]

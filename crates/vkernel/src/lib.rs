@@ -54,7 +54,7 @@ mod waiter;
 
 pub use aio::AsyncProcess;
 pub use attach::AttachServer;
-pub use discover::PeerSpec;
+pub use discover::{default_bind, unreachable_from, PeerSpec};
 pub use kernel::{Kernel, KernelConfig, KernelError};
 pub use net::FaultConfig;
 pub use process::Process;

@@ -66,6 +66,15 @@ struct Embedded {
 impl Kernel {
     /// Starts a logical host with the given configuration.
     pub fn start(cfg: KernelConfig) -> Result<Kernel, KernelError> {
+        let mut peers: Vec<crate::PeerSpec> = cfg
+            .peers
+            .iter()
+            .map(|&a| crate::PeerSpec::Addr(a))
+            .collect();
+        peers.extend(cfg.named_peers.iter().cloned());
+        if let Some(why) = crate::unreachable_from(cfg.bind, &peers) {
+            tracing::warn!("{why}");
+        }
         let mut net = Net::bind(cfg.bind, cfg.faults.clone(), cfg.socket_buffer)?;
         if let Some(port) = cfg.multicast_port {
             net.bind_multicast(port)?;
