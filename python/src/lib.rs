@@ -11,6 +11,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
 
 use vkernel::{IpcError, KernelConfig, Pid, Scope, Segment};
 
@@ -29,12 +30,6 @@ create_exception!(
 );
 create_exception!(
     vkernel,
-    DeadlineExceeded,
-    VkernelError,
-    "No reply came within the Send's deadline."
-);
-create_exception!(
-    vkernel,
     HostLost,
     VkernelError,
     "The machine host this program attached to has gone, or the kernel shut down."
@@ -46,6 +41,33 @@ create_exception!(
     "The segment does not grant that access, or the access lies outside it."
 );
 
+/// `DeadlineExceeded`: a `VkernelError` and a `TimeoutError` both, as
+/// Python code that catches timeouts expects. `create_exception!` takes
+/// one base, so the type is made by `type()` when the module loads.
+static DEADLINE_EXCEEDED: pyo3::sync::PyOnceLock<Py<PyType>> = pyo3::sync::PyOnceLock::new();
+
+/// The `DeadlineExceeded` type (made on first use).
+fn deadline_exceeded(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    DEADLINE_EXCEEDED
+        .get_or_try_init(py, || {
+            // (Its own `__init__` keeps OSError from reading the
+            // arguments as errno and strerror and dropping the pid.)
+            let ns = PyDict::new(py);
+            ns.set_item("VkernelError", py.get_type::<VkernelError>())?;
+            py.run(
+                c"class DeadlineExceeded(VkernelError, TimeoutError):\n    \"No reply came within the Send's deadline.\"\n    __module__ = 'vkernel'\n    def __init__(self, *args):\n        BaseException.__init__(self, *args)\n",
+                Some(&ns),
+                None,
+            )?;
+            let t = ns
+                .get_item("DeadlineExceeded")?
+                .ok_or_else(|| PyValueError::new_err("DeadlineExceeded was not made"))?
+                .cast_into::<PyType>()?;
+            Ok(t.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
 fn err(e: IpcError) -> PyErr {
     let (code, arg) = e.code();
     let msg = e.to_string();
@@ -53,7 +75,10 @@ fn err(e: IpcError) -> PyErr {
     match e {
         IpcError::NoSuchProcess(_) => NoSuchProcess::new_err(args),
         IpcError::NotAwaitingReply(_) => NotAwaitingReply::new_err(args),
-        IpcError::Deadline(_) => DeadlineExceeded::new_err(args),
+        IpcError::Deadline(_) => Python::attach(|py| match deadline_exceeded(py) {
+            Ok(t) => PyErr::from_type(t.clone(), args),
+            Err(e) => e,
+        }),
         IpcError::HostLost | IpcError::Shutdown => HostLost::new_err(args),
         IpcError::AccessDenied(_) | IpcError::OutOfBounds(_) => AccessDenied::new_err(args),
         _ => VkernelError::new_err(args),
@@ -684,7 +709,7 @@ fn _vkernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VkernelError", py.get_type::<VkernelError>())?;
     m.add("NoSuchProcess", py.get_type::<NoSuchProcess>())?;
     m.add("NotAwaitingReply", py.get_type::<NotAwaitingReply>())?;
-    m.add("DeadlineExceeded", py.get_type::<DeadlineExceeded>())?;
+    m.add("DeadlineExceeded", deadline_exceeded(py)?)?;
     m.add("HostLost", py.get_type::<HostLost>())?;
     m.add("AccessDenied", py.get_type::<AccessDenied>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -127,8 +127,19 @@ def test_a_deadline_raises():
         s, c = k.create_process(), k.create_process()
         t = threading.Thread(target=s.receive, daemon=True)
         t.start()
-        with pytest.raises(vkernel.DeadlineExceeded):
+        with pytest.raises(vkernel.DeadlineExceeded) as e:
             c.send(Message(1), s.pid, timeout=0.1)
+    # A timeout as Python code expects one, still a vkernel error with
+    # its code and pid, and pickled whole.
+    assert isinstance(e.value, TimeoutError)
+    assert isinstance(e.value, vkernel.VkernelError)
+    assert (e.value.code, e.value.pid) == (17, s.pid)
+    assert str(e.value) == e.value.args[0] and "deadline" in str(e.value)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e.value))
+    assert type(again) is vkernel.DeadlineExceeded
+    assert (again.code, again.pid, str(again)) == (17, s.pid, str(e.value))
 
 
 def test_the_gil_is_released_while_blocked():

@@ -43,6 +43,7 @@ from ._vkernel import (
 # start-up failures) and the process it names.
 VkernelError.code = property(lambda e: e.args[1] if len(e.args) > 1 else 0, doc="The IpcError code.")
 VkernelError.pid = property(lambda e: e.args[2] if len(e.args) > 2 else 0, doc="The process it names.")
+VkernelError.__str__ = lambda e: str(e.args[0]) if e.args else ""
 
 __all__ = [
     "AccessDenied",
