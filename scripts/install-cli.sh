@@ -5,8 +5,10 @@
 #   scripts/install-cli.sh [--from BINARY] [PREFIX]
 #
 # PREFIX defaults to /usr/local. Without --from it builds and installs the
-# binary with `cargo install --locked --path crates/vkernel-cli --root
-# PREFIX`; with it, it copies that already-built binary. Then it writes:
+# production binary (stripped, without the bench's ZeroMQ and gRPC peers)
+# with `cargo install --locked --profile production --no-default-features
+# --path crates/vkernel-cli --root PREFIX`; with it, it copies that
+# already-built binary. Then it writes:
 #   PREFIX/bin/vkernel
 #   PREFIX/share/man/man1/vkernel.1, vkernel-COMMAND.1
 #   PREFIX/share/bash-completion/completions/vkernel
@@ -27,8 +29,8 @@ case $prefix in
   *) prefix=$(pwd)/$prefix ;;
 esac
 if [ -z "$from" ]; then
-  echo "building vkernel (cargo install --locked --path crates/vkernel-cli --root $prefix)..."
-  cargo install --locked --path "$root/crates/vkernel-cli" --root "$prefix"
+  echo "building vkernel (cargo install --locked --profile production --no-default-features --path crates/vkernel-cli --root $prefix)..."
+  cargo install --locked --profile production --no-default-features --path "$root/crates/vkernel-cli" --root "$prefix"
 else
   install -d "$prefix/bin"
   install -m 755 "$from" "$prefix/bin/vkernel"

@@ -2,6 +2,7 @@
 //! needs `protoc` (Debian `protobuf-compiler`, installed by .ci/deps).
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/echo.proto");
+    #[cfg(feature = "grpc")]
     tonic_build::configure()
         .build_server(true)
         .build_client(true)

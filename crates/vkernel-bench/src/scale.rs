@@ -117,7 +117,9 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let client = hosts[0].create_process().map_err(|e| e.to_string())?;
     // Memory earlier sections freed would otherwise be reused without
     // growing the resident set, and the figure per process would be low.
+    // (glibc only; musl's allocator has no malloc_trim.)
     // SAFETY: malloc_trim only returns free heap memory to the system.
+    #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
     }

@@ -48,6 +48,10 @@ pub enum BenchError {
     /// One of the run's threads panicked.
     #[error("{0} thread panicked")]
     Panicked(&'static str),
+    /// This peer was left out of the build (feature `zmq` or `grpc` off:
+    /// a production binary without the benchmark peers).
+    #[error("the {0} peer is not built into this binary (cargo feature `{1}`)")]
+    NotBuilt(&'static str, &'static str),
 }
 
 impl BenchError {
@@ -57,6 +61,7 @@ impl BenchError {
     }
 
     /// Wraps a non-I/O error (libzmq's, tonic's) with what was being done.
+    #[cfg(any(feature = "zmq", feature = "grpc"))]
     pub(crate) fn other<E: std::fmt::Display>(
         context: &'static str,
     ) -> impl FnOnce(E) -> BenchError {

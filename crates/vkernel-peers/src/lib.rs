@@ -42,7 +42,10 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(not(all(feature = "zmq", feature = "grpc")))]
+mod absent;
 mod error;
+#[cfg(feature = "grpc")]
 pub mod grpcpeer;
 mod net;
 mod pingpong;
@@ -50,9 +53,15 @@ pub mod placement;
 pub mod stats;
 pub mod tcp;
 pub mod udp;
+#[cfg(feature = "zmq")]
 pub mod zmqpeer;
 
+#[cfg(not(feature = "grpc"))]
+pub use absent::{grpc_pingpong, MAX_GRPC_PAYLOAD};
+#[cfg(not(feature = "zmq"))]
+pub use absent::{zmq_pingpong, MAX_ZMQ_MESSAGE};
 pub use error::BenchError;
+#[cfg(feature = "grpc")]
 pub use grpcpeer::{grpc_pingpong, MAX_GRPC_PAYLOAD};
 pub use net::{set_socket_buffers, SocketBuffers, DEFAULT_SOCKET_BUFFER, RECV_TIMEOUT};
 pub use placement::{Placement, Wait};
@@ -62,6 +71,7 @@ pub use udp::{
     udp_blast, udp_blast_with, udp_pingpong, udp_pingpong_at, BlastConfig, Throughput,
     MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6,
 };
+#[cfg(feature = "zmq")]
 pub use zmqpeer::{zmq_pingpong, MAX_ZMQ_MESSAGE};
 
 /// Serializes the tests that move data between threads, so busy-polling

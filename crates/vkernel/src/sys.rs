@@ -77,7 +77,7 @@ pub fn poll3(a: RawFd, b: Option<RawFd>, c: Option<RawFd>, timeout: Duration) ->
     // A negative fd is ignored by ppoll.
     let mut fds = [pfd(a), pfd(b.unwrap_or(-1)), pfd(c.unwrap_or(-1))];
     let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as _,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     let n: libc::nfds_t = if c.is_some() {

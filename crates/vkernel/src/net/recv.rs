@@ -196,11 +196,13 @@ impl Net {
                     self.sock.as_raw_fd(),
                     hdrs.as_mut_ptr(),
                     RECV_BATCH as libc::c_uint,
-                    if wait {
+                    // (`as _`: the flags are a c_int in glibc, a c_uint
+                    // in musl.)
+                    (if wait {
                         libc::MSG_WAITFORONE
                     } else {
                         libc::MSG_DONTWAIT
-                    },
+                    }) as _,
                     std::ptr::null_mut(),
                 )
             };
