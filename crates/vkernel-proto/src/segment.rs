@@ -53,6 +53,13 @@ pub trait SegMem: Send {
     }
 }
 
+/// A copy of all of `seg`'s bytes.
+pub(crate) fn to_vec(seg: &dyn SegMem) -> Vec<u8> {
+    let mut v = Vec::with_capacity(seg.len());
+    seg.append_to(0, seg.len(), &mut v);
+    v
+}
+
 /// The address of a run of lent bytes, for the runtime to give the OS (an
 /// iovec) without forming a reference to memory another program may write.
 /// Valid for the borrow `'a` it came from; only the runtime dereferences it,

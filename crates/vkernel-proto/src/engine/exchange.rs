@@ -624,8 +624,7 @@ impl Engine {
             return self.reply_local(now, replier, to, msg, Some((off, data)));
         }
         // (A group's sender: its replies' data is copied anyway.)
-        let mut v = Vec::with_capacity(data.len());
-        data.append_to(0, data.len(), &mut v);
+        let v = crate::segment::to_vec(data);
         self.reply(now, replier, to, msg, Some((off, &v)))
     }
 

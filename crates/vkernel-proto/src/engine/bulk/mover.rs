@@ -233,8 +233,7 @@ impl Engine {
             return self.reply_lent(now, replier, to, msg, off, &*data);
         }
         if n <= MAX_APPEND {
-            let mut v = Vec::with_capacity(n);
-            data.append_to(0, n, &mut v);
+            let v = crate::segment::to_vec(&*data);
             return self.reply(now, replier, to, msg, Some((off, &v)));
         }
         self.check_ready_caller(replier)?;

@@ -97,14 +97,29 @@ impl LocalProcess {
         offset: u32,
         src: Loan<'_>,
     ) -> Result<usize, IpcError> {
-        if self.peer_holds(to) {
-            return Err(IpcError::AccessDenied(to));
+        self.move_lent(to, src, |e, now, lent| {
+            e.move_to(now, self.pid, to, offset, lent)
+        })
+    }
+
+    /// A move with `peer` of the lent `loan`, started by `start`: lent
+    /// until the move ends, then released.
+    fn move_lent(
+        &self,
+        peer: Pid,
+        loan: Loan<'_>,
+        start: impl FnOnce(
+            &mut vkernel_proto::Engine,
+            Micros,
+            vkernel_proto::Seg,
+        ) -> Result<Option<usize>, IpcError>,
+    ) -> Result<usize, IpcError> {
+        if self.peer_holds(peer) {
+            return Err(IpcError::AccessDenied(peer));
         }
-        let (lease, lent) = src.lend();
-        let r = self
-            .shared
-            .with_engine(|e, now| e.move_to(now, self.pid, to, offset, lent));
-        let r = self.finish_move(r, to);
+        let (lease, lent) = loan.lend();
+        let r = self.shared.with_engine(|e, now| start(e, now, lent));
+        let r = self.finish_move(r, peer);
         lease.release();
         r
     }
@@ -143,16 +158,9 @@ impl LocalProcess {
         offset: u32,
         dest: Loan<'_>,
     ) -> Result<usize, IpcError> {
-        if self.peer_holds(from) {
-            return Err(IpcError::AccessDenied(from));
-        }
-        let (lease, lent) = dest.lend();
-        let r = self
-            .shared
-            .with_engine(|e, now| e.move_from(now, self.pid, from, offset, lent));
-        let r = self.finish_move(r, from);
-        lease.release();
-        r
+        self.move_lent(from, dest, |e, now, lent| {
+            e.move_from(now, self.pid, from, offset, lent)
+        })
     }
 
     fn finish_move(
