@@ -277,3 +277,73 @@ fn an_attached_ping_to_another_host_sends_from_its_own_socket() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `vkernel ARGS` in a PID namespace of its own, as a container runs it.
+/// Namespaces made this way are siblings, so a host in one reads pid 0
+/// (SO_PEERCRED) for a program in another.
+fn in_own_pid_namespace(args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    // --kill-child: killing `unshare` takes the namespace's pid 1 with it.
+    c.args(["--pid", "--fork", "--kill-child", BIN]).args(args);
+    c
+}
+
+/// Starts `c` and reads the first line it prints (a service's banner).
+fn serving(mut c: Command) -> (Proc, String) {
+    c.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut p = Proc(c.spawn().expect("unshare"));
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(p.0.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    // Later output goes nowhere rather than blocking the service.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (p, line)
+}
+
+#[test]
+fn programs_in_other_pid_namespaces_attach() {
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var("VKERNEL_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "unshare --pid is required (VKERNEL_REQUIRE_NETNS=1) but failed"
+        );
+        eprintln!("skipped: cannot make a PID namespace here (needs root)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("vk-cli-attach-pidns-{}", std::process::id()));
+    let sock = dir.join("host.sock");
+    let sock_s = sock.to_str().unwrap();
+    let (_h, banner) = serving(in_own_pid_namespace(&[
+        "host",
+        "--exit-after",
+        "60s",
+        "--socket",
+        sock_s,
+    ]));
+    assert!(banner.contains("programs attach at"), "{banner}");
+    let (_echo, line) = serving(in_own_pid_namespace(&[
+        "echo",
+        "--exit-after",
+        "60s",
+        "--attach",
+        sock_s,
+    ]));
+    assert!(
+        line.contains("echo"),
+        "the namespaced echo did not serve: {line:?}"
+    );
+
+    let out = in_own_pid_namespace(&["ping", "-n", "300", "--attach", sock_s])
+        .output()
+        .expect("unshare ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("failures 0"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -132,6 +132,45 @@ pub(crate) fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_
     Ok(v)
 }
 
+/// The credentials of a Unix socket's peer (SO_PEERCRED).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PeerCred {
+    /// The peer's pid as this process's PID namespace sees it; `None` when
+    /// the peer is in a namespace this one cannot see (the kernel says 0).
+    pub pid: Option<u32>,
+    /// The peer's uid, mapped into this process's user namespace.
+    pub uid: u32,
+}
+
+/// Reads SO_PEERCRED. Written here rather than taken from rustix, whose
+/// `UCred` holds the pid as non-zero: a peer in another PID namespace
+/// (a container) has pid 0, and must still be served.
+pub(crate) fn peer_cred(fd: RawFd) -> io::Result<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are live and sized for a ucred.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(c.pid).ok().filter(|&p| p != 0),
+        uid: c.uid,
+    })
+}
+
 /// Sets receive and send buffers to `bytes` (forcing past the sysctl limit
 /// when privileged). Returns the receive buffer size granted.
 pub fn set_socket_buffers(fd: RawFd, bytes: usize) -> usize {
@@ -200,6 +239,17 @@ pub fn load_average() -> f64 {
 mod tests {
     use super::*;
     use std::net::UdpSocket;
+
+    #[test]
+    fn peer_cred_names_the_process_at_the_other_end() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let c = peer_cred(a.as_raw_fd()).unwrap();
+        assert_eq!(c.pid, Some(std::process::id()));
+        // SAFETY: getuid has no preconditions.
+        assert_eq!(c.uid, unsafe { libc::getuid() });
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(peer_cred(file.as_raw_fd()).is_err(), "not a socket");
+    }
 
     #[test]
     fn eventfd_wakes_poll() {

@@ -4,7 +4,7 @@
 //! `LocalProcess` code an embedded program runs.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -327,8 +327,12 @@ impl Inner {
     /// Serves one attached program until its socket ends, then destroys
     /// its processes.
     fn serve(&self, fd: &OwnedFd) {
-        let Ok(cred) = rustix::net::sockopt::socket_peercred(fd) else {
-            return;
+        let cred = match crate::sys::peer_cred(fd.as_raw_fd()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("attach: cannot read a program's credentials: {e}; closed");
+                return;
+            }
         };
         // A program that stops reading its answers is cut off, rather
         // than holding this thread (and its processes' cleanup) forever.
@@ -337,16 +341,18 @@ impl Inner {
             rustix::net::sockopt::Timeout::Send,
             Some(Duration::from_secs(2)),
         );
-        let uid = cred.uid.as_raw();
+        let uid = cred.uid;
+        // A program in another PID namespace (a container sharing only
+        // the socket) has no pid here; nothing below needs one.
+        let who = cred
+            .pid
+            .map_or("another PID namespace".into(), |p| p.to_string());
         let hello = match control::recv(fd) {
             Ok(Some(r)) => r,
             _ => return,
         };
         if hello.kind() != kind::HELLO || hello.words[1] != control::MAGIC {
-            tracing::warn!(
-                "attach: a program (pid {}) did not say hello; closed",
-                cred.pid.as_raw_nonzero()
-            );
+            tracing::warn!("attach: a program (pid {who}) did not say hello; closed");
             return;
         }
         // Root's programs run as principal 0 (none, as an embedded program
@@ -380,7 +386,7 @@ impl Inner {
         }
         tracing::debug!(
             uid,
-            pid = cred.pid.as_raw_nonzero(),
+            pid = %who,
             "attach: program attached"
         );
         let mut procs: HashMap<Pid, Proxy> = HashMap::new();
