@@ -1,6 +1,7 @@
 //! The echo protocol of `vkernel echo` and `vkernel ping`: the server, and
 //! the client's timed exchanges (plain, with a segment, or bulk).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vkernel::{IpcError, Message, Pid, Process, Segment};
@@ -16,6 +17,16 @@ pub const ECHO_BULK: u32 = 0x0e_c401;
 /// Largest segment a bulk echo accepts.
 pub const MAX_BULK: usize = 256 << 20;
 
+/// Requests answered by every [`serve`] of this program, for its exit
+/// summary (an attached echo's requests reach it through the machine
+/// host, so its own kernel counts no datagrams for them).
+static SERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Requests the echo servers of this program have answered.
+pub fn served() -> u64 {
+    SERVED.load(Ordering::Relaxed)
+}
+
 /// Serves echo requests until the host shuts down (or, attached, goes
 /// away): the message comes back unchanged, and a read+write segment's
 /// first part is returned with the reply.
@@ -28,6 +39,7 @@ pub fn serve(p: Process) {
             Err(e) if ends(&e) => return,
             Err(_) => continue,
         };
+        SERVED.fetch_add(1, Ordering::Relaxed);
         let access = m.seg_access();
         if m.code() == ECHO_BULK {
             // A failed move still gets an answer (word 1 = u32::MAX): an

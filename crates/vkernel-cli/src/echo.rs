@@ -99,9 +99,9 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
     let s = k.stats();
     let auth: u64 = s.auth_rejects.iter().sum();
     exit_summary(format_args!(
-        "vkernel echo: exiting after {:.1} s; {} requests received, {} malformed datagrams dropped ({} of them failed authentication)",
+        "vkernel echo: exiting after {:.1} s; {} requests answered, {} malformed datagrams dropped ({} of them failed authentication)",
         start.elapsed().as_secs_f64(),
-        s.rx_of(vkernel_proto::wire::PacketType::RemoteSend),
+        vkernel_bench::echo::served(),
         s.malformed() + auth,
         auth
     ));

@@ -1,8 +1,10 @@
-//! The deployment files in deploy/ cannot be tried here (no container
-//! runtime, no cluster), so they are checked against the real command:
-//! the Kubernetes manifests parse as YAML (python3-yaml, from .ci/deps)
-//! and hang together, and every `vkernel` subcommand and flag they, the
-//! Containerfile and deploy/README.md use exists in this build's CLI.
+//! The deployment files in deploy/, checked against the real command:
+//! the Kubernetes manifests parse as YAML (python3-yaml, from .ci/deps),
+//! hang together and meet Pod Security "restricted", and every `vkernel`
+//! subcommand and flag they, the Containerfile and deploy/README.md use
+//! exists in this build's CLI. The image itself is built and run with
+//! podman by scripts/check-containers.sh, and the manifests are checked
+//! against Kubernetes' schemas, both from .ci/run.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -215,10 +217,16 @@ fn every_vkernel_flag_in_deploy_exists() {
         .lines()
         .any(|l| l.starts_with("ENTRYPOINT ") && l.contains("vkernel")));
     // Commands shown in deploy/README.md (lines starting `vkernel `,
-    // possibly after `kubectl exec ... --`).
+    // possibly after `kubectl exec ... --`, and the image's arguments in
+    // `podman run ... IMAGE SUB ...`).
     let readme = std::fs::read_to_string(deploy_dir().join("README.md")).expect("README");
     for l in readme.lines() {
         let l = l.split(" #").next().unwrap_or(l);
+        if let Some(args) = l.split("localhost/vkernel:dev ").nth(1) {
+            let words: Vec<String> = args.split_whitespace().map(String::from).collect();
+            lines.push(("deploy/README.md".into(), words));
+            continue;
+        }
         let Some(rest) = l
             .split("vkernel ")
             .nth(1)
@@ -233,5 +241,77 @@ fn every_vkernel_flag_in_deploy_exists() {
     for (file, l) in &lines {
         let (sub, flags) = flags_of(l);
         check_flags(&sub, &flags, &format!("{file}: {}", l.join(" ")));
+    }
+}
+
+/// The StatefulSet's pods pass Kubernetes' Pod Security "restricted"
+/// profile (as of 1.29): what a namespace with
+/// `pod-security.kubernetes.io/enforce: restricted` admits.
+#[test]
+fn pods_meet_pod_security_restricted() {
+    let docs = manifests();
+    let pod = &kind(&docs, "StatefulSet")["spec"]["template"]["spec"];
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(pod[host] != true, "{host}");
+    }
+    let pod_sc = &pod["securityContext"];
+    const VOLUMES: [&str; 8] = [
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    ];
+    for v in pod["volumes"].as_array().into_iter().flatten() {
+        let kinds: Vec<&String> = v
+            .as_object()
+            .expect("volume")
+            .keys()
+            .filter(|k| *k != "name")
+            .collect();
+        assert!(
+            kinds.iter().all(|k| VOLUMES.contains(&k.as_str())),
+            "volume {} is of a kind restricted refuses: {kinds:?}",
+            v["name"]
+        );
+    }
+    for list in ["initContainers", "containers"] {
+        for c in pod[list].as_array().into_iter().flatten() {
+            let name = &c["name"];
+            let sc = &c["securityContext"];
+            // A container's own setting wins over the pod's.
+            let of = |k: &str| {
+                if sc[k].is_null() {
+                    pod_sc[k].clone()
+                } else {
+                    sc[k].clone()
+                }
+            };
+            assert_eq!(of("runAsNonRoot"), true, "{name}: runAsNonRoot");
+            assert!(of("runAsUser") != 0, "{name}: runAsUser 0");
+            let seccomp = of("seccompProfile");
+            assert!(
+                matches!(seccomp["type"].as_str(), Some("RuntimeDefault" | "Localhost")),
+                "{name}: seccompProfile.type must be RuntimeDefault or Localhost, is {seccomp}"
+            );
+            assert_eq!(
+                sc["allowPrivilegeEscalation"], false,
+                "{name}: allowPrivilegeEscalation"
+            );
+            assert!(sc["privileged"] != true, "{name}: privileged");
+            let drop = strings(&sc["capabilities"]["drop"]);
+            assert!(drop.iter().any(|d| d == "ALL"), "{name}: drops ALL");
+            let add = strings(&sc["capabilities"]["add"]);
+            assert!(
+                add.iter().all(|a| a == "NET_BIND_SERVICE"),
+                "{name}: adds {add:?}"
+            );
+            for p in c["ports"].as_array().into_iter().flatten() {
+                assert!(p["hostPort"].is_null(), "{name}: hostPort");
+            }
+        }
     }
 }

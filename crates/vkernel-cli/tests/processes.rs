@@ -623,6 +623,14 @@ fn sigterm_stops_echo_with_its_whole_trace() {
     let mut summary = String::new();
     out.read_line(&mut summary).unwrap();
     assert!(summary.contains("exiting after"), "{summary}");
+    // The 400 timed exchanges and ping's warm-up ones.
+    let answered: u64 = summary
+        .split("; ")
+        .nth(1)
+        .and_then(|t| t.strip_suffix(" requests answered, 0 malformed datagrams dropped (0 of them failed authentication)\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(answered >= 400, "{summary}");
     let r = Command::new(BIN)
         .args(["trace", "report", "--json"])
         .args([&ta, &tb])
