@@ -294,7 +294,10 @@ fn pods_meet_pod_security_restricted() {
             assert!(of("runAsUser") != 0, "{name}: runAsUser 0");
             let seccomp = of("seccompProfile");
             assert!(
-                matches!(seccomp["type"].as_str(), Some("RuntimeDefault" | "Localhost")),
+                matches!(
+                    seccomp["type"].as_str(),
+                    Some("RuntimeDefault" | "Localhost")
+                ),
                 "{name}: seccompProfile.type must be RuntimeDefault or Localhost, is {seccomp}"
             );
             assert_eq!(

@@ -90,3 +90,61 @@ pub fn echo(extra: &[&std::ffi::OsStr]) -> (Proc, String, String) {
     let addr = listening_addr(&line);
     (p, addr, line)
 }
+
+/// Runs a shell walk-through from the docs as written: `bash -euo
+/// pipefail` in the fresh directory `dir`, with this build's `vkernel`
+/// first on PATH, in a process group of its own that is killed at the end
+/// (servers it left running go too). A hang guard of `limit`; returns the
+/// exit status with stdout and stderr.
+pub fn run_walk_through(
+    script: &str,
+    dir: &std::path::Path,
+    limit: Duration,
+) -> (std::process::ExitStatus, String, String) {
+    use std::os::unix::process::CommandExt;
+    struct Group(i32);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            // SAFETY: kill takes no pointers; a negative pid names the
+            // group this helper created for the script.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (out_f, err_f) = (dir.join(".stdout"), dir.join(".stderr"));
+    let mut child = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir) // no target/release here: PATH finds this build
+        .env("PATH", path)
+        .env_remove("VKERNEL_HOST")
+        .env_remove("VKERNEL_CONFIG")
+        .process_group(0)
+        // Files, not pipes: a server left running must not hold them open.
+        .stdout(std::fs::File::create(&out_f).unwrap())
+        .stderr(std::fs::File::create(&err_f).unwrap())
+        .spawn()
+        .unwrap();
+    let g = Group(child.id() as i32);
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            drop(g);
+            let e = std::fs::read_to_string(&err_f).unwrap_or_default();
+            panic!("the walk-through hung (waited {limit:?}):\n{script}\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(g);
+    let o = std::fs::read_to_string(&out_f).unwrap_or_default();
+    let e = std::fs::read_to_string(&err_f).unwrap_or_default();
+    (status, o, e)
+}
