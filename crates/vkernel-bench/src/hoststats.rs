@@ -1,37 +1,10 @@
 //! `vkernel stats`'s table: one row per logical host from the JSON its
 //! kernel server returns, with rates since the previous row of that host.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde::Deserialize;
-use std::collections::BTreeMap;
-
-/// The fields of a kernel server's statistics document shown here.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-struct HostStats {
-    host: String,
-    processes: u64,
-    aliens_in_use: u64,
-    queued_messages: u64,
-    datagrams_rx: BTreeMap<String, u64>,
-    datagrams_tx: BTreeMap<String, u64>,
-    remote_exchanges: u64,
-    local_exchanges: u64,
-    retransmits: u64,
-    bulk_retransmits: u64,
-    duplicates: u64,
-    drops: BTreeMap<String, u64>,
-    auth_rejects: BTreeMap<String, u64>,
-    remote_latency_us: Percentiles,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-struct Percentiles {
-    p50: u64,
-    p99: u64,
-}
+use vkernel::metrics::StatsDoc;
 
 /// Successive views of one host: counters as totals first, then as rates.
 #[derive(Default)]
@@ -45,7 +18,7 @@ impl HostView {
 
     /// The row for a statistics document (the JSON a kernel server sends).
     pub fn row(&mut self, doc: &str) -> Result<String, String> {
-        let v: HostStats = serde_json::from_str(doc).map_err(|e| e.to_string())?;
+        let v: StatsDoc = serde_json::from_str(doc).map_err(|e| e.to_string())?;
         let sum = |m: &BTreeMap<String, u64>| m.values().sum::<u64>();
         let now = Instant::now();
         let cur = [

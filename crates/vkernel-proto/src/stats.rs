@@ -86,7 +86,8 @@ pub struct PeerTraffic {
 }
 
 impl PeerTraffic {
-    fn merge_from(&mut self, o: &PeerTraffic) {
+    /// Adds every counter of `o` to these.
+    pub fn merge_from(&mut self, o: &PeerTraffic) {
         self.tx_datagrams += o.tx_datagrams;
         self.tx_bytes += o.tx_bytes;
         self.rx_datagrams += o.rx_datagrams;
@@ -368,6 +369,12 @@ impl Stats {
             }
         }
         self.other_peers.merge_from(&o.other_peers);
+    }
+
+    /// Drops the counters of peer host `peer` (gone: see the runtime's
+    /// metrics), so that its entry is free for another peer.
+    pub fn forget_peer(&mut self, peer: u16) {
+        self.peers.remove(&peer);
     }
 
     pub(crate) fn decode_error(&mut self, e: DecodeError) {

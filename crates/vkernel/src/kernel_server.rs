@@ -27,7 +27,7 @@ pub const JOIN_GROUP: u32 = 0x4b_0005;
 /// LeaveGroup for a process of this host: w1 = group, w2 = pid.
 pub const LEAVE_GROUP: u32 = 0x4b_0006;
 /// The host's counters: the requester lends a write segment; the reply
-/// writes the JSON document (see `metrics::to_json`) into it, w1 = its
+/// writes the JSON document (see `metrics::StatsDoc`) into it, w1 = its
 /// length (0 if the segment is too small: w2 = the length needed).
 pub const STATS: u32 = 0x4b_0007;
 
@@ -149,8 +149,7 @@ pub(crate) fn run(p: LocalProcess) {
             _ => r.set_word(field::STATUS, ERR_UNKNOWN_REQUEST),
         }
         if m.code() == STATS {
-            let (s, g) = p.shared().snapshot();
-            let doc = crate::metrics::to_json(&s, &g);
+            let doc = p.shared().snapshot().to_json();
             // Any size the requester lent: more than a datagram travels
             // sent ahead of the reply, or by MoveTo.
             let room = m.seg_len() as usize;

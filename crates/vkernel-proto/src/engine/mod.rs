@@ -402,6 +402,12 @@ impl Engine {
         &self.stats
     }
 
+    /// Drops the traffic counters of peer host `host`, which the runtime
+    /// found gone ([`Stats::forget_peer`]).
+    pub fn forget_peer_traffic(&mut self, host: HostId) {
+        self.stats.forget_peer(host.0);
+    }
+
     /// Number of live local processes.
     pub fn process_count(&self) -> usize {
         self.procs.len()

@@ -141,6 +141,7 @@ impl Kernel {
             direct,
             direct_tally: Default::default(),
             attach_tally: Default::default(),
+            peer_book: Default::default(),
             direct_peers: Default::default(),
             clock: crate::clock::Clock::new(),
             next_timer: CacheLine(AtomicU64::new(0)),
@@ -405,9 +406,10 @@ impl Kernel {
 
     /// A copy of the protocol counters.
     /// (Attached: the machine host's, read from its JSON document.)
+    /// Reading drops the counters of peers gone silent (docs/METRICS.md).
     pub fn stats(&self) -> Stats {
         match &self.imp {
-            Imp::Embedded(e) => e.shared.snapshot().0,
+            Imp::Embedded(e) => e.shared.snapshot().stats,
             Imp::Attached(a) => crate::metrics::stats_from_json(
                 &a.document(crate::attach::control::ask::STATS_JSON),
             ),
@@ -418,10 +420,7 @@ impl Kernel {
     /// reads from a host's kernel server).
     pub fn stats_json(&self) -> String {
         match &self.imp {
-            Imp::Embedded(e) => {
-                let (s, g) = e.shared.snapshot();
-                crate::metrics::to_json(&s, &g)
-            }
+            Imp::Embedded(e) => e.shared.snapshot().to_json(),
             Imp::Attached(a) => a.document(crate::attach::control::ask::STATS_JSON),
         }
     }
@@ -429,10 +428,7 @@ impl Kernel {
     /// Every counter and gauge in the Prometheus text format.
     pub fn prometheus(&self) -> String {
         match &self.imp {
-            Imp::Embedded(e) => {
-                let (s, g) = e.shared.snapshot();
-                crate::metrics::to_prometheus(&s, &g)
-            }
+            Imp::Embedded(e) => e.shared.snapshot().to_prometheus(),
             Imp::Attached(a) => a.document(crate::attach::control::ask::PROMETHEUS),
         }
     }

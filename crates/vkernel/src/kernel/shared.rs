@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vkernel_proto::{Completion, Engine, Event, HostId, Micros, Pid, Stats};
+use vkernel_proto::{Completion, Engine, Event, HostId, Micros, Pid};
 
 use crate::net::Net;
 use crate::sys::EventFd;
@@ -80,6 +80,9 @@ pub(crate) struct Shared {
     /// What attached programs reported of their exchanges outside the
     /// host (direct Sends, peer pages), for the host's counters.
     pub(crate) attach_tally: crate::process::direct::Tally,
+    /// When each peer's traffic last moved, and which have series of
+    /// their own (read with the counters: [`Shared::snapshot`]).
+    pub(crate) peer_book: Mutex<crate::metrics::PeerBook>,
     /// What those exchanges learned of peer hosts, shared among them.
     pub(crate) direct_peers: crate::process::direct::Peers,
     /// Slots for taking a stream of small bulk chunks 32 at a time
@@ -375,8 +378,9 @@ impl Shared {
         self.spinners.load(Ordering::Acquire) & SPINNING
     }
 
-    /// The counters and gauges, copied under the lock.
-    pub(crate) fn snapshot(&self) -> (Stats, crate::metrics::Gauges) {
+    /// The counters and gauges, copied under the lock. Peers found gone
+    /// ([`crate::metrics::PeerBook`]) are dropped from every counter.
+    pub(crate) fn snapshot(&self) -> crate::metrics::Snapshot {
         // Exchanges through live processes' peer pages count there.
         let waiters: Vec<_> = self.lock().waiters.values().cloned().collect();
         self.with_engine(|e, now| {
@@ -387,15 +391,28 @@ impl Shared {
                 p.fold_into(&mut s, metrics);
             }
             self.attach_tally.fold_into(&mut s);
-            (
-                s,
-                crate::metrics::Gauges {
+            // The silence after which the engine forgets a peer's senders.
+            let horizon = 2 * e.config().alien_timeout;
+            let mut book = match self.peer_book.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            let (peers, gone) = book.read(&mut s, now, horizon);
+            for h in gone {
+                e.forget_peer_traffic(HostId(h));
+                self.direct_tally.forget_peer(h);
+                self.attach_tally.forget_peer(h);
+            }
+            crate::metrics::Snapshot {
+                stats: s,
+                gauges: crate::metrics::Gauges {
                     host: e.host_id().map_or(0, |h| h.0),
                     processes: e.process_count() as u64,
                     queued: e.queued_messages() as u64,
                     uptime_us: now,
                 },
-            )
+                peers,
+            }
         })
     }
 

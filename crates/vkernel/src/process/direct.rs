@@ -117,6 +117,11 @@ impl Tally {
     pub(crate) fn fold_into(&self, s: &mut Stats) {
         s.merge_from(&lock(&self.0));
     }
+
+    /// Drops the counters of a peer host found gone.
+    pub(crate) fn forget_peer(&self, peer: u16) {
+        lock(&self.0).forget_peer(peer);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -148,11 +148,11 @@ impl Inner {
                 Ok(([u32::from(e), 0], Vec::new()))
             }
             ask::STATS_JSON | ask::PROMETHEUS => {
-                let (s, g) = self.shared.snapshot();
+                let snap = self.shared.snapshot();
                 let doc = if r.words[2] == ask::STATS_JSON {
-                    crate::metrics::to_json(&s, &g)
+                    snap.to_json()
                 } else {
-                    crate::metrics::to_prometheus(&s, &g)
+                    snap.to_prometheus()
                 };
                 if doc.len() > control::MAX_PAYLOAD {
                     return Err(IpcError::SegmentTooLarge {
