@@ -49,7 +49,7 @@ impl AttachRow {
         wait: &str,
         r: (f64, f64),
     ) -> f64 {
-        println!(
+        crate::outln!(
             "  {what:<w$} {wait:<v$}  median {:>8.2} µs  p99 {:>9.2} µs",
             r.0,
             r.1,
@@ -415,7 +415,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         ] {
             AttachRow::push(&mut rows, (40, 5), what, wait, r);
         }
-        println!(
+        crate::outln!(
             "  ({wait}: {peer} of {} exchanges between the attached programs went through \
              peer pages; {} grants of the direct path for remote Sends)",
             n + n / 10 + 1,
@@ -469,7 +469,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let rounds = if c.quick { 3 } else { 7 };
     let move_mbps = big_move(&a, &b, rounds)?;
     let memcpy = memcpy_mbps(rounds);
-    println!(
+    crate::outln!(
         "  64 MiB MoveTo between attached programs {move_mbps:>8.0} MB/s; memcpy {memcpy:>8.0} MB/s ({:.2}×)",
         move_mbps / memcpy
     );

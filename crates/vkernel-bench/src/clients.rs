@@ -217,7 +217,7 @@ fn worker_rows(quick: bool, dur: Duration, goals: &mut Vec<Goal>) -> Result<Vec<
         counts.push(2 * counts[counts.len() - 1]);
     }
     counts.push(most);
-    println!(
+    crate::outln!(
         "  worker pool (block): {k} clients, each request {} µs of CPU at the server",
         work.as_micros()
     );
@@ -256,7 +256,7 @@ fn worker_rows(quick: bool, dur: Duration, goals: &mut Vec<Goal>) -> Result<Vec<
             per_s: lat.len() as f64 / dur.as_secs_f64(),
             latency: Summary::of(&mut lat),
         };
-        println!(
+        crate::outln!(
             "    {w} worker{}: {:>8.0} exchanges/s  median/p99 {:.1}/{:.1} µs",
             if w == 1 { " " } else { "s" },
             row.per_s,
@@ -348,18 +348,18 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     // that the machine's drifting speed falls on both alike.
     let rounds: u32 = if c.quick { 2 } else { 3 };
     let slice = dur / rounds;
-    println!(
+    crate::outln!(
         "  threads unpinned; each client thread its own vkernel process (or UDP socket) on one \
          host, the server one process (or socket) on another; {} ms per configuration and \
          system, in {rounds} alternating turns of {} ms",
         dur.as_millis(),
         slice.as_millis()
     );
-    println!(
+    crate::outln!(
         "  the vkernel server batches its replies (Process::set_reply_batching: held while more \
          requests are queued, sent by one sendmmsg); the raw server answers each with sendto"
     );
-    println!(
+    crate::outln!(
         "  {:<8} {:>4} {:>11} {:>11} {:>7} {:>16} {:>16} {:>7} {:>8}",
         "wait",
         "k",
@@ -376,7 +376,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     } else {
         Duration::from_millis(500)
     });
-    println!(
+    crate::outln!(
         "  stalls: {} busy threads for {} ms saw {:.1} gaps a second longer than the minimum \
          retransmission timeout ({} ms), the longest {:.1} ms (a Send whose server stalls that \
          long is sent again)",
@@ -401,7 +401,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let (ka, kb, server, sh) = vkbench::server_pair(mode)?;
         let probe = kb.create_process().map_err(|e| e.to_string())?;
         if mode.is_none() {
-            println!(
+            crate::outln!(
                 "  default: both hosts and all processes wait as with no setting ({}); \
                  raw: the waiting that did better at that k above",
                 vkbench::default_waiting()
@@ -519,7 +519,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
 fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
     let k = row.clients;
     let ratio = row.vk_per_s / row.raw_per_s.max(1e-9);
-    println!(
+    crate::outln!(
         "  {:<8} {:>4} {:>11.0} {:>11.0} {:>6.2}× {:>7.1}/{:>8.1} {:>7.1}/{:>8.1} {:>7} {:>8}{}",
         name,
         k,
@@ -537,9 +537,13 @@ fn report_row(row: &Row, name: &str, goals: &mut Vec<Goal>) {
             .map_or(String::new(), |w| format!("  (raw: {w})"))
     );
     if let Some(c) = &row.cpu {
-        println!(
+        crate::outln!(
             "  {:<13} CPU µs per exchange: server vk {:.1} raw {:.1}, clients vk {:.1} raw {:.1}",
-            "", c.vk_server_us, c.raw_server_us, c.vk_clients_us, c.raw_clients_us
+            "",
+            c.vk_server_us,
+            c.raw_server_us,
+            c.vk_clients_us,
+            c.raw_clients_us
         );
     }
     goals.push(Goal::at_least(
@@ -575,10 +579,10 @@ fn program_section(
     goals: &mut Vec<Goal>,
 ) -> Result<Vec<Row>, String> {
     let Some(exe) = programs::client_program() else {
-        println!("  (separate-program rows skipped: run from the `vkernel` command)");
+        crate::outln!("  (separate-program rows skipped: run from the `vkernel` command)");
         return Ok(Vec::new());
     };
-    println!("  the same, block, each client a separate program (its own logical host):");
+    crate::outln!("  the same, block, each client a separate program (its own logical host):");
     let ks: &[usize] = if quick { &[1, 8] } else { &[1, 8, 64] };
     // Fixed host ids for the programs, clear of the server's.
     let first_id = if ka.host_id().0 >= 20_000 {

@@ -28,9 +28,11 @@ pub struct Demo {
 }
 
 fn row(name: &str, s: &Summary, note: &str) {
-    println!(
+    crate::outln!(
         "  {name:<38} {:>9.2} {:>9.2} {:>9.2}   {note}",
-        s.min_us, s.median_us, s.p99_us
+        s.min_us,
+        s.median_us,
+        s.p99_us
     );
 }
 
@@ -39,14 +41,14 @@ pub fn run(a: &Demo) -> Result<(), String> {
     let pl = Mode::new(!a.unpinned, !a.block);
     let n = a.count.max(100);
     let warm = (n / 10).max(100);
-    println!("vkernel demo: two logical hosts on this machine, talking over loopback UDP");
+    crate::outln!("vkernel demo: two logical hosts on this machine, talking over loopback UDP");
     // Baselines first, while no vkernel thread exists to compete for CPUs.
     let raw = baseline::udp_rtt(32, n, warm, pl)?;
     let raw4k = baseline::udp_rtt(4096 + 76, n / 2, warm, pl)?;
     let blast = baseline::udp_blast(a.bulk, vkernel_proto::wire::MAX_DATAGRAM, pl, 3)?.mbps;
     let t = Instant::now();
     let (ka, kb) = vkbench::host_pair(pl, FaultConfig::default())?;
-    println!(
+    crate::outln!(
         "  host {} on {} and host {} on {}: ids allocated by announcement–complaint in {:.0} ms",
         ka.host_id(),
         ka.local_addr(),
@@ -65,17 +67,20 @@ pub fn run(a: &Demo) -> Result<(), String> {
     if found != spid {
         return Err(format!("GetPid found {found}, expected {spid}"));
     }
-    println!(
+    crate::outln!(
         "  host {} found \"demo-server\" = pid {} by GetPid (remote scope) in {:.2} ms",
         kb.host_id(),
         found,
         t.elapsed().as_secs_f64() * 1e3
     );
-    println!("  placement: {}", pl.describe());
-    println!();
-    println!(
+    crate::outln!("  placement: {}", pl.describe());
+    crate::outln!();
+    crate::outln!(
         "  {:<38} {:>9} {:>9} {:>9}",
-        "operation (µs)", "min", "median", "p99"
+        "operation (µs)",
+        "min",
+        "median",
+        "p99"
     );
     let gt = Summary::of(&mut vkbench::get_time(&ka, n, pl)?);
     row("GetTime (null kernel operation)", &gt, "");
@@ -96,15 +101,15 @@ pub fn run(a: &Demo) -> Result<(), String> {
     let pw = remote_op(Op::PageWrite(4096))?;
     row("remote 4 KiB page write (send+segment)", &pw, "");
     row("raw UDP round trip, 4172 B (baseline)", &raw4k, "");
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "  remote / raw UDP round trip (median): {:.2}×   local exchange median: {:.2} µs",
         remote.median_us / raw.median_us.max(1e-9),
         local.median_us
     );
     let s = kb.stats();
     let exchanges = s.remote_exchanges.max(1);
-    println!(
+    crate::outln!(
         "  datagrams per remote exchange: {:.2} (sent {} + received {} by the client host for {} exchanges)",
         (s.tx.iter().sum::<u64>() + s.rx.iter().sum::<u64>()) as f64 / exchanges as f64,
         s.tx.iter().sum::<u64>(),
@@ -112,12 +117,12 @@ pub fn run(a: &Demo) -> Result<(), String> {
         exchanges
     );
     // Bulk.
-    println!();
+    crate::outln!();
     let mb = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6;
     let to = vkbench::bulk(&kb, spid, a.bulk, true, pl)?;
     let from = vkbench::bulk(&kb, spid, a.bulk, false, pl)?;
     for (what, r) in [("MoveTo:  ", &to), ("MoveFrom:", &from)] {
-        println!(
+        crate::outln!(
             "  {} MiB {what} {:8.1} MB/s  ({}), {:.2}× raw UDP blast",
             a.bulk >> 20,
             mb(r.bytes, r.elapsed),
@@ -125,7 +130,7 @@ pub fn run(a: &Demo) -> Result<(), String> {
             mb(r.bytes, r.elapsed) / blast.max(1e-9)
         );
     }
-    println!(
+    crate::outln!(
         "  raw UDP blast, {} B datagrams:  {:8.1} MB/s (baseline)",
         vkernel_proto::wire::MAX_DATAGRAM,
         blast
@@ -142,7 +147,7 @@ pub fn run(a: &Demo) -> Result<(), String> {
     let (lpid, lh) = vkbench::start_server(&la, pl)?;
     let lto = vkbench::bulk(&lb, lpid, a.bulk, true, pl)?;
     let lfrom = vkbench::bulk(&lb, lpid, a.bulk, false, pl)?;
-    println!(
+    crate::outln!(
         "  with injected faults ({}): MoveTo {:.1} MB/s ({}), MoveFrom {:.1} MB/s ({}); {} chunks retransmitted",
         crate::describe_faults(&lossy),
         mb(lto.bytes, lto.elapsed),

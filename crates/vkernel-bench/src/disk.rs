@@ -129,7 +129,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
     let (w, r) = (median(&mut ws), median(&mut rs));
     // The blast blocks too: both sides of the ratio in one waiting mode.
     let blast = baseline::udp_blast(size, vkernel_proto::wire::MAX_DATAGRAM, c.pl.blocking(), 3)?;
-    println!(
+    crate::outln!(
         "  native client, {} MiB (median of 3, blocking waits): write {w:.0} MB/s, read {r:.0} MB/s; raw UDP blast, blocking, {:.0} MB/s (write {:.2}×, read {:.2}×)",
         size >> 20,
         blast.mbps,
@@ -206,7 +206,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
     let mut nbdkit = match nbdkit {
         Ok(ch) => Some(ch),
         Err(e) => {
-            println!("  nbdkit not available ({e}): the gateway is measured alone");
+            crate::outln!("  nbdkit not available ({e}): the gateway is measured alone");
             None
         }
     };
@@ -215,7 +215,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let img = dir.join("src.img");
     std::fs::write(&img, &data).map_err(|e| e.to_string())?;
-    println!(
+    crate::outln!(
         "  {:<34} {:>15} {:>15} {:>15} {:>15} {:>7} {:>7} {:>7}",
         "client tool",
         "gateway 2 hosts",
@@ -249,7 +249,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
                     match f(u) {
                         Ok(v) => runs[k].push(v),
                         Err(e) => {
-                            println!("  {label}: {e}");
+                            crate::outln!("  {label}: {e}");
                             failed[k] = true;
                         }
                     }
@@ -269,7 +269,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
                 (Some(g), Some(k)) if k > 0.0 => format!("{:.2}×", g / k),
                 _ => "-".into(),
             };
-            println!(
+            crate::outln!(
                 "  {label:<34} {:>15} {:>15} {:>15} {:>15} {:>7} {:>7} {:>7}",
                 fmt(g),
                 fmt(g1),
@@ -321,7 +321,7 @@ pub(crate) fn disk(c: &mut Ctx) -> Result<Disk, String> {
         let _ = ch.wait();
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!("  (sequential rows: the targets take turns, five rounds, median of each; \"2 hosts\": disk and gateway on two logical hosts of this process, the V hop over UDP; \"1 host\": the gateway in the disk's logical host, as `vkernel disk --nbd`; both with blocking waits; \"2 hosts default\": as \"2 hosts\" with the waiting a user gets without flags, {}; ratios against nbdkit)", vkbench::default_waiting());
+    crate::outln!("  (sequential rows: the targets take turns, five rounds, median of each; \"2 hosts\": disk and gateway on two logical hosts of this process, the V hop over UDP; \"1 host\": the gateway in the disk's logical host, as `vkernel disk --nbd`; both with blocking waits; \"2 hosts default\": as \"2 hosts\" with the waiting a user gets without flags, {}; ratios against nbdkit)", vkbench::default_waiting());
     Ok(Disk {
         native: NativeDisk {
             write_mbps: w,

@@ -149,6 +149,10 @@ pub fn time_exchanges(
     let mut samples = Vec::with_capacity(a.count);
     let mut failures = 0usize;
     let mut last_err = None;
+    // Bulk runs can take minutes: a bar on a terminal (outside the timing).
+    let mut progress = a
+        .bulk
+        .map(|_| crate::out::Progress::bar_only("vkernel ping", (a.warmup + a.count) as u64));
     let started = Instant::now();
     for i in 0..a.warmup + a.count {
         let mut m = Message::with_code(ECHO);
@@ -192,7 +196,11 @@ pub fn time_exchanges(
                 failures += 1;
             }
         }
+        if let Some(p) = &mut progress {
+            p.advance(1);
+        }
     }
+    drop(progress);
     let elapsed = started.elapsed();
     let s = Summary::of(&mut samples);
     Ok((s, failures, last_err, elapsed))

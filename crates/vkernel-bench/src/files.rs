@@ -281,22 +281,25 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let (rm, rp) = stats(reads);
     let (wm, wp) = stats(writes);
     let expect = null_us + per_byte_us * 4096.0;
-    println!("  mode: file server and client on two logical hosts of this process (loopback UDP), {}, everywhere (V, FUSE, sshfs, the exchange and raw UDP penalty alike)", block.describe());
-    println!(
+    crate::outln!("  mode: file server and client on two logical hosts of this process (loopback UDP), {}, everywhere (V, FUSE, sshfs, the exchange and raw UDP penalty alike)", block.describe());
+    crate::outln!(
         "  {:<28} {:>12} {:>10} {:>22}",
-        "4 KiB page over V", "median µs", "p99 µs", "vs exchange+penalty"
+        "4 KiB page over V",
+        "median µs",
+        "p99 µs",
+        "vs exchange+penalty"
     );
-    println!(
+    crate::outln!(
         "  {:<28} {rm:>12.2} {rp:>10.2} {:>21.2}×",
         "page read (READ)",
         rm / expect.max(1e-9)
     );
-    println!(
+    crate::outln!(
         "  {:<28} {wm:>12.2} {wp:>10.2} {:>21.2}×",
         "page write (WRITE)",
         wm / expect.max(1e-9)
     );
-    println!(
+    crate::outln!(
         "  (expected ≈ remote 32-byte exchange {null_us:.2} µs + 4096 B × {:.4} µs/B (raw UDP, blocking) = {expect:.2} µs; paper, 512-byte page remote: read {} / write {} ms on 10 Mb (1985), 5.56 / 5.60 ms on 3 Mb (1983) — today's 4 KiB read is {:.0}× faster than the 1985 512-byte read)",
         per_byte_us,
         paper::fmt(paper::PAGE_READ_1985.remote),
@@ -311,9 +314,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     } else {
         &[1 << 20, 64 << 20]
     };
-    println!(
+    crate::outln!(
         "  {:<28} {:>12} {:>10} {:>10}",
-        "program load", "median ms", "p99 ms", "MB/s"
+        "program load",
+        "median ms",
+        "p99 ms",
+        "MB/s"
     );
     for &sz in sizes {
         let mut img = b"\x7fELF".to_vec();
@@ -340,7 +346,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         }
         let (m, p99) = stats(t);
         let mbps = sz as f64 / (m / 1e6) / 1e6;
-        println!(
+        crate::outln!(
             "  {:<28} {:>12.2} {:>10.2} {mbps:>10.0}",
             format!("{} MiB image", sz >> 20),
             m / 1e3,
@@ -355,7 +361,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         });
     }
     let (_, _, paper_load, _, _) = paper::LOADING_1985[3];
-    println!(
+    crate::outln!(
         "  (paper: 64 KiB program by MoveTo, 64 KiB unit, remote {paper_load} ms on 10 Mb (1985) = {:.2} MB/s)",
         65536.0 / (paper_load / 1e3) / 1e6
     );
@@ -401,7 +407,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
                 {
                     Ok(st) if st.success() => {
                         let ms = s.elapsed().as_secs_f64() * 1e3;
-                        println!(
+                        crate::outln!(
                             "  {:<28} {ms:>12.2} {:>10} {:>10.0}",
                             format!("cat {} MiB via V mount", sz >> 20),
                             "-",
@@ -444,7 +450,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         Ok((median(rr), median(ww)))
     });
     let (lr, lw) = (median(local_r), median(local_w));
-    println!(
+    crate::outln!(
         "  {:<28} {:>12} {:>12} {:>12} {:>10} {:>10}",
         format!("sequential {} MiB, MB/s", size >> 20),
         "local dir",
@@ -469,7 +475,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         _ => "-".into(),
     };
     for (label, read, local) in [("read", true, lr), ("write + fsync", false, lw)] {
-        println!(
+        crate::outln!(
             "  {:<28} {:>12.0} {:>12} {:>12} {:>10} {:>10}",
             label,
             local,
@@ -480,12 +486,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         );
     }
     if let Err(e) = &ours {
-        println!("  V mount skipped: {e}");
+        crate::outln!("  V mount skipped: {e}");
     }
     if let Err(e) = &theirs {
-        println!("  sshfs skipped: {e}");
+        crate::outln!("  sshfs skipped: {e}");
     }
-    println!("  (files read once per mount: client caches cold, server page cache warm; median of {reps}; the local column is this machine's page cache)");
+    crate::outln!("  (files read once per mount: client caches cold, server page cache warm; median of {reps}; the local column is this machine's page cache)");
     let pair = |r: &Result<(f64, f64), String>| match r {
         Ok((a, b)) => Measured::Ok(ReadWrite {
             read_mbps: *a,

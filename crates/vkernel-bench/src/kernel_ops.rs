@@ -39,20 +39,24 @@ pub(crate) fn penalty(c: &mut Ctx) -> Result<Penalty, String> {
         &[64, 128, 256, 512, 1024, 1472, 4096, 8192, 65000]
     };
     let (fit, rows) = penalty_fit(c.pl, c.n, c.warm, sizes)?;
-    println!(
+    crate::outln!(
         "  {:>7} {:>12} {:>12} {:>12} {:>14}",
-        "bytes", "one-way µs", "RTT p99 µs", "1985 ms", "1985/today"
+        "bytes",
+        "one-way µs",
+        "RTT p99 µs",
+        "1985 ms",
+        "1985/today"
     );
     for r in &rows {
         let (b, ow, p99) = (r.bytes, r.one_way_median_us, r.rtt.p99_us);
         let old = paper::PENALTY_1985.iter().find(|p| p.0 == b).map(|p| p.1);
         let ratio = old.map_or("-".into(), |o| format!("{:.0}×", o * 1e3 / ow.max(1e-9)));
-        println!(
+        crate::outln!(
             "  {b:>7} {ow:>12.2} {p99:>12.2} {:>12} {ratio:>14}",
             fmt(old)
         );
     }
-    println!(
+    crate::outln!(
         "  fit: P(n) = {:.5}·n + {:.2} µs   (1983, 3 Mb/8 MHz: {:.1}·n + {:.0} µs)",
         fit.0,
         fit.1,
@@ -68,7 +72,7 @@ pub(crate) fn penalty(c: &mut Ctx) -> Result<Penalty, String> {
 }
 
 fn table_header() {
-    println!(
+    crate::outln!(
         "  {:<26} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7}",
         "µs (ms for papers)",
         "local",
@@ -119,7 +123,7 @@ fn op_row(
     } else {
         "-".into()
     };
-    println!(
+    crate::outln!(
         "  {name:<26} {lm:>8.2} {rm:>8.2} {:>8.2} {pen:>8.2} {:>8.2} {:>8.2} {:>8.2} {rl:>6} {:>7.2}",
         rm - lm,
         ccpu,
@@ -140,7 +144,7 @@ fn op_row(
             (Some(d), Some(pp)) if pp > 0.0 => format!("{:.2}", d / pp),
             _ => "-".into(),
         };
-        println!(
+        crate::outln!(
             "    {who:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {ratio:>6} {per_pen:>7}",
             fmt(p.local),
             fmt(p.remote),
@@ -171,7 +175,7 @@ pub(crate) fn kernel_ops(c: &mut Ctx) -> Result<Ops, String> {
     table_header();
     let mut gt = vkbench::get_time(&c.ka, c.n, c.pl)?;
     let gt = Summary::of(&mut gt);
-    println!(
+    crate::outln!(
         "  {:<26} {:>8.3}   (1983: {} ms)",
         "GetTime",
         gt.median_us,
@@ -200,7 +204,7 @@ pub(crate) fn kernel_ops(c: &mut Ctx) -> Result<Ops, String> {
     let mut d = vkbench::default_exchanges(c.n, c.warm)?;
     let d = Summary::of(&mut d);
     let placed = null.remote_us;
-    println!(
+    crate::outln!(
         "    {:<24} {:>8} {:>8.2}   p99 {:.2} µs; {:.2}× the row above ({})",
         "  defaults, unpinned",
         "",
@@ -233,7 +237,7 @@ pub(crate) fn kernel_ops(c: &mut Ctx) -> Result<Ops, String> {
         1024 + 76,
         &[("1983", paper::MOVE_TO_1983), ("1985", paper::MOVE_TO_1985)],
     )?);
-    println!("  message size (request and reply each carry it):");
+    crate::outln!("  message size (request and reply each carry it):");
     let sizes: &[usize] = if c.quick {
         &[32, 1024, 8192]
     } else {
@@ -297,7 +301,7 @@ pub(crate) fn pages(c: &mut Ctx) -> Result<Ops, String> {
         )?;
         let w = rows.last().map_or(0.0, |r| r.remote_us);
         let tr = t.remote_us;
-        println!(
+        crate::outln!(
             "    segment saving per remote page write: {:.2} µs ({:.0}%); 1985: {:.1} ms",
             tr - w,
             (tr - w) / tr.max(1e-9) * 100.0,
@@ -314,9 +318,12 @@ pub(crate) fn pages(c: &mut Ctx) -> Result<Ops, String> {
 pub(crate) fn sequential(c: &mut Ctx) -> Result<Sequential, String> {
     Section::Sequential
         .heading("(Table 6-2): server read-ahead waits a disk latency after each reply");
-    println!(
+    crate::outln!(
         "  {:>10} {:>14} {:>12} {:>14}",
-        "latency ms", "ms per page", "% above min", "1983 ms/page"
+        "latency ms",
+        "ms per page",
+        "% above min",
+        "1983 ms/page"
     );
     let pages = if c.quick { 4 } else { 20 };
     let mut rows = Vec::new();
@@ -333,7 +340,7 @@ pub(crate) fn sequential(c: &mut Ctx) -> Result<Sequential, String> {
             .iter()
             .find(|p| p.0 == d)
             .map(|p| p.1);
-        println!(
+        crate::outln!(
             "  {d:>10.1} {per:>14.3} {:>11.1}% {:>14}",
             (per - d) / d * 100.0,
             fmt(old)

@@ -38,6 +38,7 @@ mod kernel_ops;
 mod loading;
 mod metadata;
 pub mod mode;
+pub mod out;
 mod overhead;
 pub mod paper;
 mod peers;

@@ -32,9 +32,15 @@ fn bulk_counts<T>(
 pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
     let lossy = c.lossy.clone();
     Section::Loading.heading("(Table 6-3, 3-11/3-12): 64 KiB read by MoveTo in transfer units");
-    println!(
+    crate::outln!(
         "  {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}   1985 local/remote/client/server ms",
-        "unit", "local ms", "remote ms", "diff", "client", "server", "MB/s",
+        "unit",
+        "local ms",
+        "remote ms",
+        "diff",
+        "client",
+        "server",
+        "MB/s",
     );
     let reps = if c.quick { 5 } else { 30 };
     let mut rows = Vec::new();
@@ -48,7 +54,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
         let (mut a, mut b) = (l.samples.clone(), r.samples.clone());
         let (ls, rs) = (Summary::of(&mut a), Summary::of(&mut b));
         let mbps = 65536.0 / rs.median_us.max(1e-9);
-        println!(
+        crate::outln!(
             "  {:<12} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1}   {l0}/{r0}/{c0}/{s0}",
             format!("{kib} KiB"),
             ls.median_us / 1e3,
@@ -87,7 +93,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             } else {
                 format!("{} KiB MoveTo", unit >> 10)
             };
-            println!(
+            crate::outln!(
                 "  image {:>3} MiB by {how:<12} {:8.1} MB/s; raw UDP blast {:8.1} MB/s (loss {:.1}%): {:.2}× ({resent})",
                 total >> 20,
                 mbps,
@@ -129,7 +135,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             .iter()
             .find(|i| i.bytes == total && i.unit == 64 << 10)
             .map_or(0.0, |i| i.mbps);
-        println!(
+        crate::outln!(
             "  image {:>3} MiB by 64 KiB MoveTo, write-behind off {mbps:8.1} MB/s ({resent}); on (default) {with:.1} MB/s: {:.2}×",
             total >> 20,
             with / mbps.max(1e-9)
@@ -153,7 +159,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
                 .find(|i| i.bytes == total && i.unit == unit)
                 .map_or(0.0, |i| i.mbps)
         };
-        println!(
+        crate::outln!(
             "  image {:>3} MiB by 64 KiB MoveTo from a shared buffer (move_to_shared) {mbps:8.1} MB/s: {:.2}× the copying units, {:.2}× one MoveTo ({resent})",
             total >> 20,
             mbps / of(64 << 10).max(1e-9),
@@ -168,7 +174,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
     let to = vkbench::bulk(&lb, lpid, total, true, c.pl)?;
     let from = vkbench::bulk(&lb, lpid, total, false, c.pl)?;
     let mb = |b: usize, d: Duration| b as f64 / d.as_secs_f64().max(1e-9) / 1e6;
-    println!(
+    crate::outln!(
         "  with faults ({}): {} MiB MoveTo {:.1} MB/s ({}), MoveFrom {:.1} MB/s ({})",
         crate::describe_faults(&lossy),
         total >> 20,
@@ -262,9 +268,11 @@ pub(crate) fn load(c: &mut Ctx) -> Result<Load, String> {
     let block = c.pl.blocking();
     let (ka, kb) = vkbench::host_pair(block, FaultConfig::default())?;
     let mut rows = Vec::new();
-    println!(
+    crate::outln!(
         "  {:<26} {:>12} {:>18}",
-        "configuration", "exchanges/s", "server CPU µs/exch"
+        "configuration",
+        "exchanges/s",
+        "server CPU µs/exch"
     );
     // Up to 8 (full run): past the point where two CPUs saturate.
     let configs: &[(usize, bool)] = if c.quick {
@@ -327,7 +335,7 @@ pub(crate) fn load(c: &mut Ctx) -> Result<Load, String> {
         } else {
             format!("{k} client/server pairs")
         };
-        println!("  {name:<26} {rate:>12.0} {cpu:>18.2}");
+        crate::outln!("  {name:<26} {rate:>12.0} {cpu:>18.2}");
         rows.push(LoadRow {
             config: name,
             exchanges_per_s: rate,
@@ -337,7 +345,7 @@ pub(crate) fn load(c: &mut Ctx) -> Result<Load, String> {
             vkbench::stop_server(&probe, s, h);
         }
     }
-    println!(
+    crate::outln!(
         "  (1985: a server saturated at ~{} exchanges/s)",
         paper::SERVER_LIMIT_1985
     );

@@ -156,7 +156,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
     make_source(&src, files)?;
-    println!(
+    crate::outln!(
         "  a git repository of {files} small files in 20 directories; each workload's wall time, \
          caches warm from the steps before it; file server and FUSE client on two logical hosts \
          of this process (loopback UDP, default waiting), the mount's defaults (the server reports changes; caches live 10 s)"
@@ -196,9 +196,14 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         r
     });
     let s = s.map_err(|e| skipped.push(format!("sshfs: {e}"))).ok();
-    println!(
+    crate::outln!(
         "  {:<28} {:>10} {:>10} {:>10} {:>9} {:>10}",
-        "workload, ms", "local", "V mount", "sshfs", "V/local", "sshfs/V"
+        "workload, ms",
+        "local",
+        "V mount",
+        "sshfs",
+        "V/local",
+        "sshfs/V"
     );
     let mut workloads = Vec::new();
     let mut goals = Vec::new();
@@ -213,7 +218,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             (Some(a), Some(b)) => format!("{:.2}×", a / b.max(1e-9)),
             _ => "-".into(),
         };
-        println!(
+        crate::outln!(
             "  {what:<28} {l:>10.1} {:>10} {:>10} {:>9} {:>10}",
             cell(vm),
             cell(sm),
@@ -244,7 +249,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         });
     }
     for e in &skipped {
-        println!("  skipped: {e}");
+        crate::outln!("  skipped: {e}");
     }
     drop(srv);
     Ok(Outcome {

@@ -106,13 +106,15 @@ pub(crate) fn observability(c: &mut Ctx) -> Result<Observability, String> {
         },
     )?;
     let (sums, _) = setups.alternate(c, None)?;
-    println!("  remote Send-Receive-Reply µs     median      p99   vs metrics off");
+    crate::outln!("  remote Send-Receive-Reply µs     median      p99   vs metrics off");
     let mut rows = Vec::new();
     for (i, (name, _)) in setups.pairs.iter().enumerate() {
         let r = sums[i].median_us / sums[0].median_us.max(1e-9);
-        println!(
+        crate::outln!(
             "  {name:<30} {:>8.2} {:>8.1} {:>10.3}×",
-            sums[i].median_us, sums[i].p99_us, r
+            sums[i].median_us,
+            sums[i].p99_us,
+            r
         );
         rows.push(SetupRow {
             setup: name.to_string(),
@@ -126,7 +128,7 @@ pub(crate) fn observability(c: &mut Ctx) -> Result<Observability, String> {
     // arriving on each side (4) and the Send, Deliver, Reply and Complete
     // phases (4).
     let probe_ns = (sums[2].median_us - sums[1].median_us) * 1e3 / 8.0;
-    println!(
+    crate::outln!(
         "  cost of one trace probe: ≈{probe_ns:.0} ns (latency added per exchange / 8 events)"
     );
     // A traced mixed workload on the traced pair: page reads and writes,
@@ -145,7 +147,7 @@ pub(crate) fn observability(c: &mut Ctx) -> Result<Observability, String> {
         vkbench::exchanges(ka, sp, op, n / 4, 0, c.pl)?;
     }
     setups.stop()?;
-    println!(
+    crate::outln!(
         "\n  characterization of the traced run (vkernel trace report {}/*.jsonl):",
         dir.display()
     );
@@ -179,7 +181,7 @@ pub(crate) fn security(c: &mut Ctx) -> Result<Outcome, String> {
     )?;
     let bulk = if c.quick { 8 << 20 } else { 64 << 20 };
     let (sums, mb) = setups.alternate(c, Some(bulk))?;
-    println!(
+    crate::outln!(
         "  {:<26} {:>10} {:>8} {:>10} {:>14} {:>10}",
         "setup",
         "median µs",
@@ -192,9 +194,13 @@ pub(crate) fn security(c: &mut Ctx) -> Result<Outcome, String> {
     for (i, (name, _)) in setups.pairs.iter().enumerate() {
         let r = sums[i].median_us / sums[0].median_us.max(1e-9);
         let rb = mb[i] / mb[0].max(1e-9);
-        println!(
+        crate::outln!(
             "  {name:<26} {:>10.2} {:>8.1} {:>9.3}× {:>9.0} MB/s {:>9.2}×",
-            sums[i].median_us, sums[i].p99_us, r, mb[i], rb
+            sums[i].median_us,
+            sums[i].p99_us,
+            r,
+            mb[i],
+            rb
         );
         rows.push(SetupRow {
             setup: name.to_string(),
@@ -217,7 +223,7 @@ pub(crate) fn security(c: &mut Ctx) -> Result<Outcome, String> {
         }
         _ => String::new(),
     };
-    println!(
+    crate::outln!(
         "  (MoveTo: one {} MiB move per round, after the other pairs' spinning threads went idle, into a buffer written beforehand — the conditions of section 5's image rows; {s5}no key, into never-written memory: {cold_mbps:.0} MB/s — a fresh buffer's first-touch page faults fall inside the move)",
         bulk >> 20
     );

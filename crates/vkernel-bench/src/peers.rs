@@ -23,7 +23,7 @@ pub(crate) fn peers(c: &mut Ctx) -> Result<Outcome, String> {
     } else {
         &[32, 256, 1024, 4096, 8192]
     };
-    println!(
+    crate::outln!(
         "  {:>6} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15}  {:>7} {:>7} {:>7} {:>7}",
         "bytes",
         "vkernel local",
@@ -72,7 +72,7 @@ pub(crate) fn peers(c: &mut Ctx) -> Result<Outcome, String> {
         // A peer that fails is reported and left out, not fatal.
         let peer = |r: Result<Summary, String>| {
             r.unwrap_or_else(|e| {
-                println!("  {s} B: {e}");
+                crate::outln!("  {s} B: {e}");
                 Summary::of(&mut [])
             })
         };
@@ -86,7 +86,7 @@ pub(crate) fn peers(c: &mut Ctx) -> Result<Outcome, String> {
             }
         };
         let cell = |x: &Summary| format!("{:.2} / {:.1}", x.median_us, x.p99_us);
-        println!(
+        crate::outln!(
             "  {s:>6} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15}  {:>6.2}× {:>6.2}× {:>6.2}× {:>6.2}×",
             cell(&l), cell(&r), cell(&u), cell(&t), cell(&z), cell(&g),
             ratio(&u), ratio(&t), ratio(&z), ratio(&g)
@@ -112,7 +112,7 @@ pub(crate) fn peers(c: &mut Ctx) -> Result<Outcome, String> {
             },
         });
     }
-    println!("  (vkernel remote and raw UDP: {PEER_ROUNDS} alternating rounds, pooled; ZeroMQ: libzmq REQ/REP over TCP; gRPC: tonic unary over HTTP/2, which always waits in its reactor)");
+    crate::outln!("  (vkernel remote and raw UDP: {PEER_ROUNDS} alternating rounds, pooled; ZeroMQ: libzmq REQ/REP over TCP; gRPC: tonic unary over HTTP/2, which always waits in its reactor)");
     Ok(Outcome {
         report: SectionReport::Peers(Peers { rows }),
         goals: Vec::new(),
@@ -143,7 +143,7 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
         vkbench::group_sends(&c.kb, c.server, GroupMode::One, 1, n, c.warm, c.pl)?;
     admin.leave_group(g, c.server).map_err(|e| e.to_string())?;
     let (one, direct) = (Summary::of(&mut one), Summary::of(&mut direct));
-    println!(
+    crate::outln!(
         "  1-reply group Send, 1 remote member: {:.2} µs (p99 {:.1}); one-to-one Send to it: {:.2} µs (p99 {:.1}); group/one-to-one {:.2}×   (1985: both ≈ 2.2 ms)",
         one.median_us,
         one.p99_us,
@@ -154,7 +154,7 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
     // Multi-reply gathering: members on two remote hosts and the client
     // all block (eight spinning members would only measure the scheduler).
     let block = c.pl.blocking();
-    println!("  multi-reply rows: members and client all with blocking waits");
+    crate::outln!("  multi-reply rows: members and client all with blocking waits");
     let kc = Kernel::start(vkernel::KernelConfig {
         peers: vec![c.ka.local_addr(), c.kb.local_addr()],
         spin: Duration::ZERO,
@@ -166,9 +166,12 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
     let g = vkernel::Pid::well_known_group(0x4243);
     let mut servers = Vec::new();
     let mut rows = Vec::new();
-    println!(
+    crate::outln!(
         "  {:>8} {:>16} {:>16} {:>20}",
-        "members", "first reply µs", "all replies µs", "per extra reply µs"
+        "members",
+        "first reply µs",
+        "all replies µs",
+        "per extra reply µs"
     );
     // Per extra reply = (all − first) / (members − 1): within each sample
     // the last reply never precedes the first, so the medians keep that
@@ -196,7 +199,7 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
         } else {
             0.0
         };
-        println!(
+        crate::outln!(
             "  {want:>8} {:>9.2} / {:>4.0} {:>9.2} / {:>4.0} {:>20}",
             f.median_us,
             f.p99_us,
@@ -215,7 +218,7 @@ pub(crate) fn groups(c: &mut Ctx) -> Result<Outcome, String> {
             per_extra_reply_us: per,
         });
     }
-    println!("  (1985, 10 Mb Ethernet: ~200 µs per additional reply)");
+    crate::outln!("  (1985, 10 Mb Ethernet: ~200 µs per additional reply)");
     for (pid, h) in servers {
         vkbench::stop_server(&admin, pid, h);
     }
@@ -278,10 +281,12 @@ fn group_hosts(c: &mut Ctx, block: crate::Mode) -> Result<Vec<GroupRow>, String>
         &[1, 2, 4, 8, 16]
     };
     let most = counts.last().copied().unwrap_or(1);
-    println!("  one member on each of N hosts (multi-reply, blocking waits):");
-    println!(
+    crate::outln!("  one member on each of N hosts (multi-reply, blocking waits):");
+    crate::outln!(
         "  {:>8} {:>16} {:>16}",
-        "hosts", "first reply µs", "all replies µs"
+        "hosts",
+        "first reply µs",
+        "all replies µs"
     );
     let client = Kernel::start(vkernel::KernelConfig {
         spin: Duration::ZERO,
@@ -311,9 +316,12 @@ fn group_hosts(c: &mut Ctx, block: crate::Mode) -> Result<Vec<GroupRow>, String>
         let (mut f, mut a) =
             vkbench::group_sends(&client, g, GroupMode::Many, want, iters, iters / 10, block)?;
         let (f, a) = (Summary::of(&mut f), Summary::of(&mut a));
-        println!(
+        crate::outln!(
             "  {want:>8} {:>9.2} / {:>4.0} {:>9.2} / {:>4.0}",
-            f.median_us, f.p99_us, a.median_us, a.p99_us
+            f.median_us,
+            f.p99_us,
+            a.median_us,
+            a.p99_us
         );
         rows.push(GroupRow {
             members: want,

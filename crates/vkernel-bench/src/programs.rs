@@ -86,7 +86,7 @@ pub fn client_main(a: &ClientArgs) -> Result<(), String> {
         line.push(' ');
         line.push_str(&format!("{:.1}", d.as_secs_f64() * 1e6));
     }
-    println!("{line}");
+    crate::outln!("{line}");
     Ok(())
 }
 

@@ -129,7 +129,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         let why = format!(
             "skipped: {py} cannot import vkernel (pip install ./python, in a venv; $VKERNEL_PYTHON names the interpreter)"
         );
-        println!("  {why}");
+        crate::outln!("  {why}");
         return Ok(SectionReport::Python(PythonReport {
             python: why,
             rows: Vec::new(),
@@ -157,7 +157,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "two Python programs attached",
         python_pair(&py, "vk", &p, n)?,
     );
-    println!(
+    crate::outln!(
         "    ({} of {} exchanges through peer pages)",
         srv.peer_exchanges() - before,
         n + n / 10 + 1
@@ -176,7 +176,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         push("two Python programs, pyzmq REQ/REP", r);
         Some(r.0)
     } else {
-        println!("  pyzmq REQ/REP: skipped ({py} cannot import zmq: pip install pyzmq)");
+        crate::outln!("  pyzmq REQ/REP: skipped ({py} cannot import zmq: pip install pyzmq)");
         None
     };
     drop((a, b, srv));

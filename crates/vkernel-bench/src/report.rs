@@ -66,7 +66,7 @@ impl Goal {
     }
 
     fn print(&self, unit: &str) {
-        println!(
+        crate::outln!(
             "  {} goal: {} {} (measured {:.3}{unit})",
             if self.met { "✓" } else { "✗" },
             self.what,

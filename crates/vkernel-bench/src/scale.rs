@@ -108,7 +108,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         adaptive_spin: false,
         ..KernelConfig::default()
     };
-    println!(
+    crate::outln!(
         "  threads unpinned, blocking waits (whatever --placement says); processes held idle (no \
          thread each); first Send from a process on this thread to a new process whose thread \
          blocks in Receive; {samples} first Sends per size"
@@ -128,9 +128,16 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
     let mut held: Vec<Process> = Vec::with_capacity(sizes.iter().copied().max().unwrap_or(0));
     let mut longest = Duration::ZERO;
     let mut rows = Vec::new();
-    println!(
+    crate::outln!(
         "  {:>9} {:>5} {:>12} {:>10} {:>14} {:>10} {:>11} {:>6}",
-        "processes", "hosts", "create µs", "p99", "first Send µs", "p99", "B/process", "fds"
+        "processes",
+        "hosts",
+        "create µs",
+        "p99",
+        "first Send µs",
+        "p99",
+        "B/process",
+        "fds"
     );
     for &n in sizes {
         let mut creates = Vec::new();
@@ -160,7 +167,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             bytes_per_process: per,
             fds: open_fds(),
         };
-        println!(
+        crate::outln!(
             "  {:>9} {:>5} {:>12.2} {:>10.2} {:>14.1} {:>10.1} {:>11.0} {:>6}",
             row.processes,
             row.hosts,
@@ -180,7 +187,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         destroys.push(sample(t));
     }
     let d = Summary::of(&mut destroys);
-    println!(
+    crate::outln!(
         "  growing: longest single creation {:.0} µs; shrinking to none: destruction median {:.2} µs, \
          longest {:.0} µs",
         longest.as_secs_f64() * 1e6,

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use vkernel::{FaultConfig, Kernel};
 use vkernel_proto::Pid;
 
+use crate::out::Progress;
 use crate::report::{Goal, Report, SectionReport};
 use crate::vkbench::{self, Op};
 use crate::{
@@ -184,6 +185,24 @@ impl Section {
         }
     }
 
+    /// The section's share of a default run's time, for the progress
+    /// bar's ETA (seconds in one run on 2 vCPUs; only the ratios matter).
+    pub fn weight(self) -> u64 {
+        match self {
+            Section::Penalty | Section::Python | Section::Async => 1,
+            Section::KernelOps | Section::Pages => 3,
+            Section::Sequential => 7,
+            Section::Loading | Section::Disk => 30,
+            Section::Load => 16,
+            Section::Peers | Section::Metadata => 6,
+            Section::Groups => 9,
+            Section::Observability | Section::Files | Section::Attach => 5,
+            Section::Security => 8,
+            Section::Processes => 90,
+            Section::Clients => 20,
+        }
+    }
+
     /// Prints the heading `N. Title (detail)`.
     pub fn heading(self, detail: &str) {
         let sep = if detail.starts_with([':', ',']) {
@@ -191,7 +210,7 @@ impl Section {
         } else {
             " "
         };
-        println!("\n{}. {}{sep}{detail}", self.number(), self.title());
+        crate::outln!("\n{}. {}{sep}{detail}", self.number(), self.title());
     }
 
     /// Runs the section in `c`.
@@ -264,10 +283,6 @@ impl Ctx {
     }
 }
 
-fn progress(s: &str) {
-    eprintln!("vkernel bench: {s}");
-}
-
 /// Runs the chosen sections, prints their tables, writes `bench.json` and
 /// the charts to `o.out`, and returns the report.
 pub fn run(o: &Options) -> Result<Report, String> {
@@ -279,18 +294,18 @@ pub fn run(o: &Options) -> Result<Report, String> {
         .map(|&s| Section::from_number(s).ok_or(format!("unknown section {s} (1..=12)")))
         .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
-    println!("vkernel bench — the V papers' measurements on this machine");
-    println!(
+    crate::outln!("vkernel bench — the V papers' measurements on this machine");
+    crate::outln!(
         "method: {n} timed iterations after {} warm-up, medians and p99, clock overhead ({} ns) subtracted; {}; vkernel and raw baselines use the same threads and waiting",
         (n / 10).max(20),
         crate::stats::clock_overhead().as_nanos(),
         pl.describe()
     );
-    println!(
+    crate::outln!(
         "client/server columns: CPU µs per operation from each thread's CPU clock, in a separate pass with blocking waits, both threads on CPU 0 (median of {} batches)",
         vkbench::CPU_BATCHES
     );
-    println!("papers' figures are ms on 1983/1985 hardware; today's are µs unless marked");
+    crate::outln!("papers' figures are ms on 1983/1985 hardware; today's are µs unless marked");
     let (ka, kb) = vkbench::host_pair(pl, FaultConfig::default())?;
     let (server, sh) = vkbench::start_server(&ka, pl)?;
     let mut c = Ctx {
@@ -313,24 +328,25 @@ pub fn run(o: &Options) -> Result<Report, String> {
     let mut out = BTreeMap::new();
     let mut goals = Vec::new();
     let mut charts = Vec::new();
+    let mut progress = Progress::new("vkernel bench", sections.iter().map(|s| s.weight()).sum());
     for s in sections {
-        progress(&format!(
-            "section {} ({:.0} s so far)",
-            s.number(),
-            started.elapsed().as_secs_f64()
-        ));
+        let _step = progress.step(
+            &format!("section {} ({})", s.number(), s.title()),
+            s.weight(),
+        );
         let r = s.run(&mut c)?;
         out.insert(format!("section{}", s.number()), r.report);
         goals.extend(r.goals);
         charts.extend(r.charts);
     }
+    progress.finish();
     let probe = c.kb.create_process().map_err(|e| e.to_string())?;
     vkbench::stop_server(&probe, c.server, sh);
     if !goals.is_empty() {
         let met = goals.iter().filter(|g| g.met).count();
-        println!("\ngoals: {met} of {} met", goals.len());
+        crate::outln!("\ngoals: {met} of {} met", goals.len());
         for g in goals.iter().filter(|g| !g.met) {
-            println!("  ✗ {} {} (measured {:.3})", g.what, g.target, g.measured);
+            crate::outln!("  ✗ {} {} (measured {:.3})", g.what, g.target, g.measured);
         }
     }
     let report = Report {
@@ -355,7 +371,7 @@ pub fn run(o: &Options) -> Result<Report, String> {
         (ch.draw)(&p)?;
         files.push(p.display().to_string());
     }
-    println!(
+    crate::outln!(
         "\nwrote {} in {:.0} s",
         files.join(", "),
         started.elapsed().as_secs_f64()

@@ -373,7 +373,7 @@ pub fn report_files(
         conservation,
     };
     if json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string(&report).map_err(|e| e.to_string())?
         );
@@ -407,7 +407,7 @@ pub fn report_files(
         };
         let text = serde_json::to_string(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        println!("chrome trace: {}", path.display());
+        crate::outln!("chrome trace: {}", path.display());
     }
     Ok(report)
 }
@@ -450,7 +450,7 @@ fn charts(r: &TraceReport, dir: &Path) -> Result<(), String> {
             ),
         ],
     )?;
-    println!(
+    crate::outln!(
         "charts: {}/rates.svg, {}/sizes.svg",
         dir.display(),
         dir.display()
@@ -459,16 +459,16 @@ fn charts(r: &TraceReport, dir: &Path) -> Result<(), String> {
 }
 
 fn print_report(r: &TraceReport) {
-    println!(
+    crate::outln!(
         "trace: {} events over {:.2} s; {} messages, {} bytes",
         r.events,
         r.span_us as f64 / 1e6,
         r.messages,
         r.message_bytes
     );
-    println!("\nmessage sizes (sent)          count       %        bytes       %");
+    crate::outln!("\nmessage sizes (sent)          count       %        bytes       %");
     for s in &r.sizes {
-        println!(
+        crate::outln!(
             "  {:<22} {:>10} {:>6.1}% {:>12} {:>6.1}%",
             s.bin,
             s.count,
@@ -477,34 +477,34 @@ fn print_report(r: &TraceReport) {
             pct(s.bytes, r.message_bytes)
         );
     }
-    println!("  (Solaris MC: 80% of messages were 68–256 B)");
-    println!("\ndestination matrix (messages)");
+    crate::outln!("  (Solaris MC: 80% of messages were 68–256 B)");
+    crate::outln!("\ndestination matrix (messages)");
     for m in &r.matrix {
-        println!("  {} → {}  {:>10}", m.from, m.to, m.messages);
+        crate::outln!("  {} → {}  {:>10}", m.from, m.to, m.messages);
     }
     let rates = &r.rates_per_100ms;
     let peak = rates.iter().copied().max().unwrap_or(0);
     let mean = rates.iter().sum::<u64>() as f64 / rates.len().max(1) as f64;
-    println!(
+    crate::outln!(
         "\nrate: mean {:.0} messages/s, peak {} messages/s (100 ms bins)",
         mean * 10.0,
         peak * 10
     );
-    println!("\nrequest–response latency by phase (µs)      median      p99        n");
+    crate::outln!("\nrequest–response latency by phase (µs)      median      p99        n");
     for p in &r.phases_us {
-        println!("  {:<38} {:>10} {:>8} {:>8}", p.phase, p.median, p.p99, p.n);
+        crate::outln!("  {:<38} {:>10} {:>8} {:>8}", p.phase, p.median, p.p99, p.n);
     }
     if let (Some(whole), Some(hand)) = (r.phases_us.first(), r.phases_us.get(2)) {
         if hand.median > 0 {
-            println!(
+            crate::outln!(
                 "  whole / handler: {:.1}×   (Solaris MC: a request cost 6.4× its handler)",
                 whole.median as f64 / hand.median as f64
             );
         }
     }
-    println!("\nconservation (datagrams sent vs received, per host pair)");
+    crate::outln!("\nconservation (datagrams sent vs received, per host pair)");
     if r.conservation.is_empty() {
-        println!("  (needs the traces of both ends of a pair)");
+        crate::outln!("  (needs the traces of both ends of a pair)");
     }
     for c in &r.conservation {
         let flag = if c.dropped > 0 {
@@ -512,9 +512,12 @@ fn print_report(r: &TraceReport) {
         } else {
             String::new()
         };
-        println!(
+        crate::outln!(
             "  {} → {}: sent {:>8} received {:>8}{flag}",
-            c.from, c.to, c.sent, c.received
+            c.from,
+            c.to,
+            c.sent,
+            c.received
         );
     }
 }

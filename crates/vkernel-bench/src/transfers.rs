@@ -97,7 +97,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
     let mut goals = Vec::new();
 
     // Cost against bytes: one MoveTo of each size.
-    println!("  one remote MoveTo by size (cost should grow linearly in bytes):");
+    crate::outln!("  one remote MoveTo by size (cost should grow linearly in bytes):");
     let sizes: &[usize] = if quick {
         &[64 << 10, 256 << 10, 1 << 20, 4 << 20]
     } else {
@@ -131,7 +131,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
         )?;
         let mut v = r.samples.clone();
         let s = Summary::of(&mut v);
-        println!(
+        crate::outln!(
             "    {:>6} KiB  median {:>9.1} µs  p99 {:>9.1} µs  {:>7.1} µs/MiB  {:>7.1} MB/s",
             bytes >> 10,
             s.median_us,
@@ -146,7 +146,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
     let big = if quick { 8 << 20 } else { 64 << 20 };
     let reps = if quick { 2 } else { 5 };
     let loss = 0.01;
-    println!(
+    crate::outln!(
         "  congestion control: {} MiB, median of {reps}, a clean pair and a pair losing {:.0} % of datagrams, transfers alternating:",
         big >> 20,
         loss * 100.0
@@ -166,7 +166,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
             to,
             reps,
         )?;
-        println!(
+        crate::outln!(
             "    {:<8} clean {clean:>8.1} MB/s  1 % loss {lossy:>8.1} MB/s ({retx} chunks resent, {cuts} window cuts)",
             op_name(to)
         );
@@ -188,7 +188,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
     }
 
     // Segmentation offload with the datagram size of an Ethernet link.
-    println!(
+    crate::outln!(
         "  1,472-byte datagrams (an Ethernet MTU), {} MiB, one send per datagram against UDP segmentation offload:",
         big >> 20
     );
@@ -208,7 +208,7 @@ pub(crate) fn rows(c: &mut Ctx) -> Result<(BulkRows, Vec<Goal>, Chart), String> 
             to,
             reps,
         )?;
-        println!(
+        crate::outln!(
             "    {:<8} plain {plain:>8.1} MB/s  GSO {gso:>8.1} MB/s ({segs} datagrams segmented): {:.2}×",
             op_name(to),
             gso / plain.max(1e-9)

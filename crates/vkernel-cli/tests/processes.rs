@@ -670,3 +670,38 @@ fn sigint_stops_a_machine_host_and_removes_its_socket() {
     assert!(!sock.exists(), "socket left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `vkernel bench | head -1`: the bench ends quietly with status 0 when
+/// its reader goes (it panicked in `println!` before); and without a
+/// terminal its progress is plain lines on stderr.
+#[test]
+fn bench_into_a_closed_pipe_ends_quietly() {
+    let out = std::env::temp_dir().join(format!("vk-bench-pipe-{}", std::process::id()));
+    let bench = || {
+        let mut c = Command::new(BIN);
+        c.args(["bench", "--quick", "--sections", "1", "--out"])
+            .arg(&out)
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut c = bench().stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("vkernel bench"), "{first:?}");
+    // The reader is gone: the bench's next line finds the pipe closed.
+    let o = c.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", o.status);
+    assert!(!err.contains("panicked"), "{err}");
+
+    let o = bench().stdout(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("vkernel bench: section 1 (Network penalty) (0 s so far)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
