@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Args, Command};
@@ -22,6 +23,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use crate::hostopts::HostOpts;
+use crate::units::Size;
 
 /// Read when neither `--config` nor `$VKERNEL_CONFIG` names a file, if it exists.
 pub const DEFAULT_PATH: &str = "/etc/vkernel/vkernel.toml";
@@ -378,8 +380,9 @@ Checks a configuration file the way the commands read it: TOML syntax,
 section and key names, value types, and every value through the same
 parser as its command-line option (addresses, durations, host ids, sizes;
 key files are read). Then, for each command's section, prints the options
-that command would run with and where each comes from (the file's line, or
-the built-in default). Exits 1, naming FILE:LINE, on any error.
+that command would run with (durations and sizes as parsed, with their
+units: 1m 30s, 64 KiB) and where each comes from (the file's line, or the
+built-in default). Exits 1, naming FILE:LINE, on any error.
 
 The file: one section per command that starts a logical host ([host],
 [echo], [disk], [nbd], [fileserver], [mount], ...) plus [common] for the
@@ -486,6 +489,11 @@ fn effective(out: &mut String, cmd: &Command, m: &ArgMatches, file: &BTreeMap<St
             "(not set)".to_string()
         } else if SECRET.contains(&id) {
             "(set; not shown)".to_string()
+        } else if let Ok(Some(d)) = m.try_get_one::<Duration>(id) {
+            // As parsed, with its unit: what the command will use.
+            crate::units::show_duration(*d)
+        } else if let Ok(Some(s)) = m.try_get_one::<Size>(id) {
+            s.to_string()
         } else {
             raw.join(", ")
         };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vkernel::{Kernel, Pid, Scope};
-use vkernel_disk::backing::{parse_size, Backing, BackingSpec};
+use vkernel_disk::backing::{Backing, BackingSpec};
 use vkernel_disk::client::Client;
 use vkernel_disk::dvd::Dvd;
 use vkernel_disk::nbd::{Export, Gateway, ListenAddr};
@@ -27,9 +27,9 @@ use crate::hostopts::{auth_hint, counter, exit_summary, logical_id, wait_exit, H
 pub struct DiskArgs {
     #[command(flatten)]
     host: HostOpts,
-    /// Backing store: `ram:SIZE` (e.g. ram:64M), `file:PATH` (an existing
-    /// file), `file:PATH:SIZE` (created or grown to SIZE), or `dev:PATH`
-    /// (a block device).
+    /// Backing store: `ram:SIZE` (e.g. ram:64MiB), `file:PATH` (an
+    /// existing file), `file:PATH:SIZE` (created or grown to SIZE), or
+    /// `dev:PATH` (a block device).
     #[arg(long, value_name = "SPEC")]
     backing: BackingSpec,
     /// Service name the disk registers under (GetPid logical id).
@@ -57,9 +57,9 @@ pub struct DiskArgs {
     nbd: Option<ListenAddr>,
     /// --nbd's memory budget: request data held (read, not yet answered)
     /// over all connections; at the limit the gateway stops reading
-    /// requests until replies drain.
-    #[arg(long, value_parser = crate::nbd::parse_memory, default_value = "256M")]
-    nbd_memory: usize,
+    /// requests until replies drain (a SIZE).
+    #[arg(long, value_name = "SIZE", value_parser = crate::nbd::parse_memory, default_value = "256MiB")]
+    nbd_memory: crate::units::Size,
     /// --nbd's connection limit; one more is closed at once (logged).
     #[arg(long, default_value_t = vkernel_disk::nbd::DEFAULT_MAX_CONNECTIONS)]
     nbd_max_connections: usize,
@@ -120,8 +120,8 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
             .map_err(|e| format!("--dvd {d}: {e}"))?;
         println!("vkernel disk: DVD {id}: {}", Dvd { id, ..d });
     }
-    println!(
-        "vkernel disk: host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}; {} blocks of {} bytes on {}; owner key {:#018x}",
+    let mut status = format!(
+        "host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}; {} blocks of {} bytes on {}",
         k.host_id(),
         k.local_addr(),
         a.name,
@@ -130,8 +130,10 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         srv.blocks(),
         srv.block_size(),
         srv.backing(),
-        key
     );
+    // The key goes to stdout (the journal), never into STATUS=, which
+    // every user may read.
+    println!("vkernel disk: {status}; owner key {key:#018x}");
     let mut gw = match &a.nbd {
         Some(addr) => {
             let c = Client::open(&k, srv.pid(), 0, key, 32)
@@ -146,11 +148,12 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
             let gw = Gateway::start_with(addr, vec![export], lim)
                 .map_err(|e| format!("--nbd: cannot listen on {addr}: {e}"))?;
             println!("vkernel disk: NBD export \"{}\" on {}", a.name, gw.addr());
+            status += &format!("; NBD export on {}", gw.addr());
             Some(gw)
         }
         None => None,
     };
-    let start = wait_exit(a.exit_after);
+    let start = wait_exit(a.exit_after, &status);
     if let Some(g) = gw.as_mut() {
         g.stop();
     }
@@ -240,11 +243,11 @@ pub enum DiskOp {
     Capacity,
     /// Read bytes (block-aligned) to a file, or a hex dump to stdout.
     Read {
-        /// Byte offset.
-        #[arg(long, default_value = "0", value_parser = parse_sz)]
+        /// Byte offset (a SIZE, e.g. 1MiB).
+        #[arg(long, default_value = "0", value_name = "SIZE", value_parser = parse_sz)]
         offset: u64,
-        /// Bytes to read.
-        #[arg(long, default_value = "512", value_parser = parse_sz)]
+        /// Bytes to read (a SIZE).
+        #[arg(long, default_value = "512B", value_name = "SIZE", value_parser = parse_sz)]
         length: u64,
         /// Write the data to this file instead of a hex dump.
         #[arg(long)]
@@ -252,8 +255,8 @@ pub enum DiskOp {
     },
     /// Write bytes (block-aligned) from a file or a repeated byte.
     Write {
-        /// Byte offset.
-        #[arg(long, default_value = "0", value_parser = parse_sz)]
+        /// Byte offset (a SIZE, e.g. 1MiB).
+        #[arg(long, default_value = "0", value_name = "SIZE", value_parser = parse_sz)]
         offset: u64,
         /// Data to write (its length must be a multiple of the block size).
         #[arg(long, conflicts_with = "pattern")]
@@ -261,8 +264,8 @@ pub enum DiskOp {
         /// Or: this byte repeated --length times.
         #[arg(long, value_parser = parse_key)]
         pattern: Option<u64>,
-        /// Bytes for --pattern.
-        #[arg(long, default_value = "512", value_parser = parse_sz)]
+        /// Bytes for --pattern (a SIZE).
+        #[arg(long, default_value = "512B", value_name = "SIZE", value_parser = parse_sz)]
         length: u64,
         /// Force unit access: durable when the command completes.
         #[arg(long)]
@@ -285,7 +288,7 @@ pub enum DiskOp {
 }
 
 fn parse_sz(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+    crate::units::Size::parse(s).map(|n| n.0)
 }
 
 /// Runs `vkernel disk-cli`.

@@ -75,19 +75,23 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
                 .map_err(|e| format!("cannot join group {g}: {e}"))?;
         }
     }
-    println!(
-        "vkernel echo: host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}",
+    let status = format!(
+        "host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}",
         k.host_id(),
         k.local_addr(),
         a.name,
         lid,
         pids[0]
     );
+    println!("vkernel echo: {status}");
     let _ = std::io::stdout().flush();
+    let stop = crate::stop::Stop::install();
+    // Registered (checked above): a GetPid from now on finds it.
+    crate::notify::ready(&status);
     let start = Instant::now();
     // A server ends only when its host does: attached, that is the
     // machine host going away, which ends this program too.
-    let gone = crate::stop::Stop::install().wait(start, a.exit_after, || {
+    let gone = stop.wait(start, a.exit_after, || {
         if servers.iter().any(|h| h.is_finished()) {
             return host_gone(&reg, a.host.attach_path().as_deref());
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use vkernel_fs::server::{Access, AccessPolicy, FileServer, Owners, ServerConfig};
 
 use crate::hostopts::{counter, exit_summary, logical_id, wait_exit, HostOpts};
+use crate::units::Size;
 
 /// Arguments of `vkernel fileserver`.
 ///
@@ -29,14 +30,14 @@ pub struct FileServerArgs {
     /// Worker processes (requests executed at once).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Largest MoveTo/MoveFrom of a read or write, e.g. 64K, 1M; a read
-    /// answer up to this size comes with the reply (sent ahead of it when
-    /// larger than a datagram).
-    #[arg(long, default_value = "1M", value_parser = size)]
-    transfer_unit: u64,
-    /// Read-ahead window per file (0 = off).
-    #[arg(long, default_value = "256K", value_parser = size)]
-    read_ahead: u64,
+    /// Largest MoveTo/MoveFrom of a read or write (a SIZE, e.g. 64KiB);
+    /// a read answer up to this size comes with the reply (sent ahead of
+    /// it when larger than a datagram).
+    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = Size::parse)]
+    transfer_unit: Size,
+    /// Read-ahead window per file (a SIZE; 0 = off).
+    #[arg(long, default_value = "256KiB", value_name = "SIZE", value_parser = Size::parse)]
+    read_ahead: Size,
     /// Write each WRITE to the file before replying (no write-behind).
     #[arg(long)]
     no_write_behind: bool,
@@ -71,10 +72,6 @@ fn grant(s: &str) -> Result<(u32, Access), String> {
     Ok((n, a.parse()?))
 }
 
-fn size(s: &str) -> Result<u64, String> {
-    vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())
-}
-
 /// Runs `vkernel fileserver`.
 pub fn run(a: FileServerArgs) -> Result<(), String> {
     if !a.root.is_dir() {
@@ -95,18 +92,16 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
         access,
         logical_id: Some(lid),
         workers: a.workers.max(1),
-        transfer_unit: usize::try_from(a.transfer_unit)
-            .unwrap_or(usize::MAX)
-            .clamp(1024, 16 << 20),
-        read_ahead: usize::try_from(a.read_ahead).unwrap_or(0).min(64 << 20),
+        transfer_unit: a.transfer_unit.to_usize().clamp(1024, 16 << 20),
+        read_ahead: a.read_ahead.to_usize().min(64 << 20),
         write_behind: !a.no_write_behind,
         owners: a.owners,
         devices: !a.no_devices,
         ..ServerConfig::default()
     };
     let srv = FileServer::start(&k, &a.root, cfg).map_err(|e| e.to_string())?;
-    println!(
-        "vkernel fileserver: host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}; exporting {}",
+    let status = format!(
+        "host {} listening on {}; \"{}\" (logical id {:#x}) = pid {}; exporting {}",
         k.host_id(),
         k.local_addr(),
         a.name,
@@ -114,7 +109,8 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
         srv.pid(),
         a.root.display()
     );
-    let start = wait_exit(a.exit_after);
+    println!("vkernel fileserver: {status}");
+    let start = wait_exit(a.exit_after, &status);
     let s = srv.stats();
     exit_summary(format_args!(
         "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",

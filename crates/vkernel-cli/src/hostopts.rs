@@ -9,6 +9,8 @@ use clap::Args;
 use vkernel::net::parse_duration;
 use vkernel::{FaultConfig, GroupPolicy, HostId, KernelConfig, PeerSpec};
 
+use crate::units::Size;
+
 /// How to set up this command's logical host.
 #[derive(Args, Clone, Debug)]
 pub struct HostOpts {
@@ -30,14 +32,14 @@ pub struct HostOpts {
     /// UDP payload size for bulk data (default: 65507 on loopback, 1472 otherwise).
     #[arg(long)]
     pub datagram_size: Option<usize>,
-    /// Bulk-data flow-control window in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub window: usize,
-    /// Write-behind bound in bytes: a remote MoveTo up to this size returns
+    /// Bulk-data flow-control window (a SIZE, e.g. 1MiB).
+    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = Size::parse)]
+    pub window: Size,
+    /// Write-behind bound (a SIZE): a remote MoveTo up to this size returns
     /// once its data is sent (kept until acknowledged; the Reply to that
     /// sender waits for it); 0: every MoveTo waits for its acknowledgement.
-    #[arg(long, default_value_t = 512 << 10, value_name = "BYTES")]
-    pub write_behind: usize,
+    #[arg(long, default_value = "512KiB", value_name = "SIZE", value_parser = Size::parse)]
+    pub write_behind: Size,
     /// How often peer names (--peer NAME:PORT) are looked up again.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub resolve_interval: Duration,
@@ -182,8 +184,8 @@ impl HostOpts {
             resolve_interval: self.resolve_interval,
             host_id: self.host_id,
             datagram_size: self.datagram_size,
-            window: self.window,
-            write_behind: self.write_behind,
+            window: self.window.to_usize(),
+            write_behind: self.write_behind.to_usize(),
             host_timeout: self.host_timeout,
             spin: self.spin.max,
             adaptive_spin: self.spin.adaptive,
@@ -340,12 +342,17 @@ impl std::fmt::Display for Spin {
     }
 }
 
-/// Flushes the start-up lines out, then waits until `exit_after` has passed
-/// (forever without it). Returns when the wait began.
-pub fn wait_exit(exit_after: Option<Duration>) -> Instant {
+/// Flushes the start-up lines out, tells the service manager the command
+/// is ready (`status`: what it serves), then waits until `exit_after` has
+/// passed (forever without it) or a stop signal. Returns when the wait
+/// began.
+pub fn wait_exit(exit_after: Option<Duration>, status: &str) -> Instant {
     let _ = std::io::stdout().flush();
+    // Signals are caught before READY, so a stop right after it is clean.
+    let stop = crate::stop::Stop::install();
+    crate::notify::ready(status);
     let start = Instant::now();
-    crate::stop::Stop::install().wait(start, exit_after, || None);
+    stop.wait(start, exit_after, || None);
     start
 }
 

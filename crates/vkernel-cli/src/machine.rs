@@ -77,14 +77,15 @@ pub fn run(a: HostArgs) -> Result<(), String> {
     let srv = k
         .serve_attach(&path, a.socket_mode)
         .map_err(|e| format!("cannot serve attachments at {}: {e}", path.display()))?;
-    println!(
-        "vkernel host: host {} listening on {}; programs attach at {} (mode {:o})",
+    let status = format!(
+        "host {} listening on {}; programs attach at {} (mode {:o})",
         k.host_id(),
         k.local_addr(),
         path.display(),
         a.socket_mode
     );
-    let start = wait_exit(a.exit_after);
+    println!("vkernel host: {status}");
+    let start = wait_exit(a.exit_after, &status);
     exit_summary(format_args!(
         "vkernel host: exiting after {:.1} s; {} programs attached, {} processes",
         start.elapsed().as_secs_f64(),

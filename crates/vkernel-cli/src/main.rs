@@ -13,6 +13,7 @@ mod locate;
 mod machine;
 mod mount;
 mod nbd;
+mod notify;
 #[cfg(feature = "otel")]
 mod otel;
 mod ping;
@@ -20,6 +21,7 @@ mod statscmd;
 mod stop;
 mod team;
 mod tracecmd;
+mod units;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -27,7 +29,11 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 const FILES: &str = "\
 Configuration: commands that start a logical host read options from a TOML
 file (--config FILE, else $VKERNEL_CONFIG, else /etc/vkernel/vkernel.toml if
-it exists); flags win over it. `vkernel check-config` explains a file.";
+it exists); flags win over it. `vkernel check-config` explains a file.
+
+Service managers: under systemd (Type=notify, $NOTIFY_SOCKET) a service
+command reports READY=1 once it serves (name registered, socket listening,
+file system mounted) and STOPPING=1 when it begins to stop.";
 
 /// vkernel: the distributed V kernel's message passing, for Linux.
 ///
@@ -119,7 +125,7 @@ fn main() {
         // (No colour codes in pipes, files and the journal.)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let root = Cli::command();
+    let root = units::explain(Cli::command());
     // Settings from the configuration file become flags before the real
     // parse, behind the command line's own (see config.rs).
     let argv = match config::apply(&root, std::env::args_os().collect()) {

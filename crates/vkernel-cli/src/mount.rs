@@ -178,7 +178,13 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
         a.mountpoint.display()
     );
     let _ = std::io::stdout().flush();
+    crate::notify::ready(&format!(
+        "{} (pid {server}) mounted at {}",
+        a.server,
+        a.mountpoint.display()
+    ));
     let why = stop.wait(&session);
+    crate::notify::stopping(&format!("{why}; unmounting"));
     eprintln!(
         "vkernel mount: {why}; unmounting {}",
         a.mountpoint.display()

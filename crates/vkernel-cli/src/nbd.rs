@@ -8,6 +8,7 @@ use vkernel_disk::nbd::{Export, Gateway, Limits, ListenAddr};
 
 use crate::disk::{connect, parse_key};
 use crate::hostopts::{counter, exit_summary, wait_exit, HostOpts};
+use crate::units::Size;
 
 /// Arguments of `vkernel nbd`.
 ///
@@ -40,9 +41,9 @@ pub struct NbdArgs {
     depth: usize,
     /// Memory budget: request data held (read, not yet answered) over
     /// all connections; at the limit the gateway stops reading requests
-    /// until replies drain (e.g. 64M, 1G).
-    #[arg(long, value_parser = parse_memory, default_value = "256M")]
-    memory: usize,
+    /// until replies drain (a SIZE, e.g. 64MiB, 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory, default_value = "256MiB")]
+    memory: Size,
     /// Connections open at once; one more is closed at once (logged).
     #[arg(long, default_value_t = vkernel_disk::nbd::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -64,19 +65,18 @@ pub struct NbdArgs {
     exit_after: Option<Duration>,
 }
 
-/// Parses a memory size (`256M`, `1G`, bytes).
-pub fn parse_memory(s: &str) -> Result<usize, String> {
-    let n = vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())?;
-    match usize::try_from(n) {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("memory `{s}`: give a size above zero")),
+/// Parses a memory budget: a size above zero (`256MiB`, `1G`).
+pub fn parse_memory(s: &str) -> Result<Size, String> {
+    match Size::parse(s)? {
+        Size(0) => Err(format!("memory `{s}`: give a size above zero")),
+        n => Ok(n),
     }
 }
 
 /// The gateway's limits from the command line.
-pub fn limits(memory: usize, max_connections: usize, handshake: Duration) -> Limits {
+pub fn limits(memory: Size, max_connections: usize, handshake: Duration) -> Limits {
     Limits {
-        memory,
+        memory: memory.to_usize(),
         max_connections: max_connections.max(1),
         handshake_timeout: handshake,
         ..Limits::default()
@@ -106,8 +106,8 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
     let lim = limits(a.memory, a.max_connections, a.handshake_timeout);
     let mut gw = Gateway::start_with(&a.listen, vec![export], lim)
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
-    println!(
-        "vkernel nbd: export \"{}\" ({} blocks of {} bytes{}) of {} on {}",
+    let status = format!(
+        "export \"{}\" ({} blocks of {} bytes{}) of {} on {}",
         a.export,
         g.blocks,
         g.block_size,
@@ -115,7 +115,8 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         a.disk,
         gw.addr()
     );
-    let start = wait_exit(a.exit_after);
+    println!("vkernel nbd: {status}");
+    let start = wait_exit(a.exit_after, &status);
     let s = gw.stats();
     exit_summary(format_args!(
         "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",

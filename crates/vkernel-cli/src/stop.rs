@@ -1,7 +1,8 @@
 //! Stopping a long-running command the way service managers do. SIGTERM
 //! (systemd, podman, Kubernetes) and SIGINT (Ctrl-C) end its wait, so it
 //! prints its summary and drops its host, which flushes the trace and
-//! shuts the engine down; a second signal ends the process at once.
+//! shuts the engine down; a second signal ends the process at once. The
+//! service manager is told (STOPPING=1) as the wait ends, whatever ends it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -54,15 +55,18 @@ impl Stop {
         loop {
             if let Some(sig) = self.received() {
                 eprintln!("vkernel: {sig} received: stopping (another one ends it at once)");
+                crate::notify::stopping(&format!("stopping: {sig} received"));
                 return None;
             }
             if exit_after.is_some_and(|d| start.elapsed() >= d) {
+                crate::notify::stopping("stopping: --exit-after has passed");
                 return None;
             }
             std::thread::sleep(Duration::from_millis(100));
             turns += 1;
             if turns.is_multiple_of(2) {
                 if let Some(why) = done() {
+                    crate::notify::stopping(&format!("stopping: {why}"));
                     return Some(why);
                 }
             }

@@ -10,6 +10,7 @@ use vkernel_team::team::{self, TeamConfig, TeamServer};
 
 use crate::hostopts::{wait_exit, HostOpts};
 use crate::mount::locate_service;
+use crate::units::Size;
 
 /// Arguments of `vkernel teamserver`.
 ///
@@ -31,16 +32,12 @@ pub struct TeamServerArgs {
     /// any principal.
     #[arg(long, value_name = "N")]
     allow_principal: Vec<u32>,
-    /// Largest program image accepted, e.g. 64M.
-    #[arg(long, default_value = "256M", value_parser = size)]
-    max_image: u64,
+    /// Largest program image accepted (a SIZE, e.g. 64MiB).
+    #[arg(long, default_value = "256MiB", value_name = "SIZE", value_parser = Size::parse)]
+    max_image: Size,
     /// Exit after this long (default: run until interrupted).
     #[arg(long, value_parser = vkernel::net::parse_duration)]
     exit_after: Option<Duration>,
-}
-
-fn size(s: &str) -> Result<u64, String> {
-    vkernel_disk::backing::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Runs `vkernel teamserver`.
@@ -49,13 +46,13 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
     let cfg = TeamConfig {
         refuse_remote: a.refuse_remote,
         allowed_principals: (!a.allow_principal.is_empty()).then(|| a.allow_principal.clone()),
-        max_image: a.max_image,
+        max_image: a.max_image.0,
         machine_host: a.host.attach_path(),
         ..TeamConfig::default()
     };
     let ts = TeamServer::start(k.clone(), cfg).map_err(|e| e.to_string())?;
-    println!(
-        "vkernel teamserver: host {} listening on {}; team server pid {}, pipe server pid {}{}{}",
+    let status = format!(
+        "host {} listening on {}; team server pid {}, pipe server pid {}{}{}",
         k.host_id(),
         k.local_addr(),
         ts.pid(),
@@ -71,7 +68,8 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
             format!("; principals {:?} only", a.allow_principal)
         }
     );
-    wait_exit(a.exit_after);
+    println!("vkernel teamserver: {status}");
+    wait_exit(a.exit_after, &status);
     Ok(())
 }
 

@@ -132,6 +132,61 @@ fn a_duration_without_a_unit_is_refused_at_its_line() {
     );
 }
 
+/// ISSUE 50: sizes need their unit too, K is 1024, and check-config
+/// prints durations and sizes as parsed, with their units.
+#[test]
+fn sizes_need_a_unit_and_values_print_with_units() {
+    let s = Scratch::new("sizes");
+    let f = s.file("bare.toml", "[nbd]\n\nmemory = 65536\n");
+    let o = vk(&["check-config".as_ref(), f.as_os_str()]);
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "accepted: {}", text(&o.stdout));
+    assert!(
+        err.contains("bare.toml:3: [nbd] memory")
+            && err.contains("needs a unit: e.g. 65536B, 64KiB or 1GiB"),
+        "{err}"
+    );
+    let f = s.file(
+        "units.toml",
+        "[common]\nwindow = \"64K\"\nwrite_behind = 0\nhost_timeout = \"90s\"\n\
+         [nbd]\nmemory = \"1.5GiB\"\nrediscover = \"1h 30m\"\ndeadline = \"0\"\n",
+    );
+    let o = vk(&["check-config".as_ref(), f.as_os_str()]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let value = |key: &str| -> String {
+        let l = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no {key} in {out}"));
+        let v = l.split_once(" = ").map_or("", |(_, v)| v);
+        v.split(" # ").next().unwrap_or_default().trim().to_string()
+    };
+    assert_eq!(value("window"), "64 KiB");
+    assert_eq!(value("write_behind"), "0 B");
+    assert_eq!(value("host_timeout"), "1m 30s");
+    assert_eq!(value("memory"), "1536 MiB");
+    assert_eq!(value("rediscover"), "1h 30m");
+    assert_eq!(value("deadline"), "0s");
+    assert_eq!(value("handshake_timeout"), "10s");
+    // The help says what K means.
+    let o = vk(&["nbd".as_ref(), "--help".as_ref()]);
+    assert!(
+        text(&o.stdout).contains("K, M, G and T are powers of\n1024"),
+        "{}",
+        text(&o.stdout)
+    );
+    // A backing file's size needs its unit too (not a file named `x:4096`).
+    let args = ["disk", "--backing", "file:x:4096"].map(std::ffi::OsStr::new);
+    let o = vk(&args);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("`4096` needs a unit"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn errors_name_file_line_and_key() {
     let s = Scratch::new("errors");
@@ -262,7 +317,7 @@ fn section_wins_over_common_and_defaults() {
         line("host", "socket_mode"),
         "socket_mode = 660 # [host] line 8"
     );
-    assert_eq!(line("host", "window"), "window = 1048576 # default");
+    assert_eq!(line("host", "window"), "window = 1 MiB # default");
     // A TOML octal literal reaches --socket-mode as written (not as 416).
     let f = s.file("octal.toml", "[host]\nsocket_mode = 0o640\n");
     let o = vk(&["check-config".as_ref(), f.as_os_str()]);

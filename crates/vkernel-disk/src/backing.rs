@@ -21,8 +21,8 @@ pub enum BackingError {
     /// The specification could not be parsed.
     #[error("bad backing `{0}`: expected ram:SIZE, file:PATH[:SIZE] or dev:PATH")]
     Spec(String),
-    /// A size could not be parsed.
-    #[error("bad size `{0}` (e.g. 4096, 64M, 1G)")]
+    /// A size could not be parsed (the message says why).
+    #[error("{0}")]
     Size(String),
     /// The store is smaller than one block.
     #[error("backing store of {0} bytes is smaller than one block")]
@@ -49,31 +49,27 @@ pub enum BackingSpec {
     Dev(PathBuf),
 }
 
-/// Parses a size: a number with an optional K/M/G/T suffix (powers of
-/// 1024, optionally followed by `iB` or `B`).
+/// Parses a size with its unit (parse-size's syntax, binary prefixes:
+/// `64K` = `64KiB` = `64KB` = 65536). A bare number is refused, except
+/// `0`: `4096` might mean bytes or blocks or KiB.
 pub fn parse_size(s: &str) -> Result<u64, BackingError> {
     let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(BackingError::Size(s.into())),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| BackingError::Size(s.into()))
+    if t == "0" {
+        return Ok(0);
+    }
+    if t.ends_with(|c: char| c.is_ascii_digit()) {
+        return Err(BackingError::Size(format!(
+            "`{t}` needs a unit: e.g. {t}B, 64KiB or 1GiB (K, M, G, T are powers of 1024)"
+        )));
+    }
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(t)
+        .map_err(|e| {
+            BackingError::Size(format!(
+                "`{t}` is not a size ({e}; e.g. 512B, 64KiB, 1GiB; K, M, G, T are powers of 1024)"
+            ))
+        })
 }
 
 impl FromStr for BackingSpec {
@@ -83,10 +79,12 @@ impl FromStr for BackingSpec {
             return Ok(BackingSpec::Ram(parse_size(sz)?));
         }
         if let Some(rest) = s.strip_prefix("file:") {
-            // A trailing `:SIZE` is a size only if it parses as one.
+            // A trailing `:SIZE` is a size if it starts with a digit (and
+            // must then parse: `file:x:4096` is refused for its missing
+            // unit, not taken for a file named `x:4096`).
             if let Some((p, sz)) = rest.rsplit_once(':') {
-                if let Ok(n) = parse_size(sz) {
-                    return Ok(BackingSpec::File(p.into(), Some(n)));
+                if sz.starts_with(|c: char| c.is_ascii_digit()) {
+                    return Ok(BackingSpec::File(p.into(), Some(parse_size(sz)?)));
                 }
             }
             if rest.is_empty() {
@@ -480,12 +478,18 @@ mod tests {
 
     #[test]
     fn sizes_and_specs_parse() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4096B").unwrap(), 4096);
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);
         assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1 GB").unwrap(), 1 << 30);
         assert_eq!(parse_size("2k").unwrap(), 2048);
+        assert_eq!(parse_size("1.5K").unwrap(), 1536);
+        assert_eq!(parse_size("0").unwrap(), 0);
+        let e = parse_size("4096").unwrap_err().to_string();
+        assert!(e.contains("needs a unit") && e.contains("4096B"), "{e}");
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
+        assert!(parse_size("-1K").is_err());
         assert!(parse_size("99999999999999T").is_err());
         assert_eq!(
             "ram:8M".parse::<BackingSpec>().unwrap(),
