@@ -115,11 +115,30 @@ enum Cmd {
     Man(gen::ManArgs),
 }
 
+/// Services log their connections and errors (info); one-shot commands
+/// and the bench only what went wrong (warn). RUST_LOG overrides both.
+fn default_log_level() -> &'static str {
+    const SERVICES: [&str; 7] = [
+        "host",
+        "disk",
+        "nbd",
+        "fileserver",
+        "mount",
+        "teamserver",
+        "echo",
+    ];
+    let sub = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    match sub {
+        Some(s) if SERVICES.contains(&s.as_str()) => "info",
+        _ => "warn",
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_level())),
         )
         .with_writer(std::io::stderr)
         // (No colour codes in pipes, files and the journal.)

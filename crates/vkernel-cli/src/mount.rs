@@ -190,6 +190,7 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
         a.mountpoint.display()
     );
     fuse::unmount(session, &a.mountpoint).map_err(|e| format!("unmount: {e}"))?;
+    tracing::info!("unmounted {}", a.mountpoint.display());
     drop(k);
     Ok(())
 }

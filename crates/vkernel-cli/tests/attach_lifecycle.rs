@@ -89,19 +89,9 @@ fn try_short_ping(sock: &Path) -> Result<(), String> {
 fn ended_ping(sock: &Path, signal: i32, after: Duration) {
     let c = ping_cmd(sock, "100000000").spawn().expect("ping");
     std::thread::sleep(after);
-    signal_pid(c.id(), signal);
+    common::kill_with(c.id(), &signal.to_string());
     let mut c = Proc(c);
     let _ = c.0.wait();
-}
-
-fn signal_pid(pid: u32, signal: i32) {
-    let ok = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill -{signal} {pid}");
 }
 
 /// A program that connects to the attach socket, says hello (the attach

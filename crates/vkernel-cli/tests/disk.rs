@@ -752,3 +752,75 @@ fn fio_through_the_gateway_survives_a_disk_restart() {
     assert!(out.contains("err= 0"), "fio reported errors: {out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A disk logs its clients at info by default (RUST_LOG unset): the NBD
+/// connection with its address and export, its close, and a client the
+/// owner's key refuses; as plain text, with no colour codes in a pipe.
+#[test]
+fn a_disk_logs_its_clients_and_refusals_at_info() {
+    let dir = tmp("log");
+    let log = dir.join("disk.log");
+    let mut c = Command::new(BIN)
+        .args([
+            "disk",
+            "--backing",
+            "ram:4M",
+            "--owner-key",
+            "0x77",
+            "--nbd",
+            "127.0.0.1:0",
+            "--exit-after",
+            "60s",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn vkernel disk");
+    let mut r = BufReader::new(c.stdout.take().expect("stdout"));
+    let mut lines = vec![String::new(), String::new()];
+    for l in &mut lines {
+        r.read_line(l).expect("banner");
+    }
+    let disk = Proc(c);
+    let disk_addr = after(&lines[0], "on");
+    let nbd = after(&lines[1], "on");
+    // A client with the wrong key, then (if installed) a real NBD client.
+    let (ok, _, _) = vk(&[
+        "disk-cli",
+        "--peer",
+        &disk_addr,
+        "--disk-key",
+        "0x78",
+        "capacity",
+    ]);
+    assert!(!ok, "a wrong key opened the disk");
+    let qemu = have("qemu-img");
+    if qemu {
+        let o = Command::new("qemu-img")
+            .env("PATH", system_path())
+            .args(["info", &format!("nbd://{nbd}")])
+            .output()
+            .expect("qemu-img");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    common::stop_with_sigterm(disk);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains(" INFO "), "{text}");
+    assert!(!text.contains('\x1b'), "colour codes in a pipe: {text:?}");
+    assert!(
+        text.contains("may not open DVD 0: not authorised"),
+        "{text}"
+    );
+    if qemu {
+        for want in [
+            " from 127.0.0.1:",
+            "(1 open)",
+            ": export \"ipdisk\" (4194304 bytes)",
+            "closed after",
+        ] {
+            assert!(text.contains(want), "no {want:?} in:\n{text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Proc, BIN};
+use common::{exits_within, kill_with, Proc, BIN};
 
 /// Starts `vkernel echo` and returns it with the address it printed.
 fn start_echo(bind: &str, extra: &[&str]) -> (Proc, String) {
@@ -570,31 +570,6 @@ fn trace_report_characterizes_and_its_conservation_check_finds_injected_drops() 
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Sends `signal` to `pid` by kill(1).
-fn kill_with(pid: u32, signal: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill -{signal} {pid}");
-}
-
-/// Waits up to 5 s for `c` to exit.
-fn exits_within(c: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        assert!(
-            Instant::now() < end,
-            "{what} still running 5 s after the signal"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// ISSUE 50: SIGTERM (how systemd, podman and Kubernetes stop things)

@@ -433,24 +433,36 @@ impl Req<'_> {
                     .access()
                     .open_as(self.r.from, self.r.principal, dvd, key);
                 match r {
-                    Ok((handle, v)) => self.reply(
-                        &msg::Opened {
-                            handle,
-                            blocks: v.blocks,
-                            block_size: self.sh.base.block_size,
-                            read_only: !v.writable,
-                            owner: v.owner,
-                        }
-                        .encode(),
-                    ),
+                    Ok((handle, v)) => {
+                        tracing::info!(
+                            "ipdisk: {} opened DVD {dvd} (handle {handle:#x}, {} blocks{})",
+                            self.r.from,
+                            v.blocks,
+                            if v.writable { "" } else { ", read-only" }
+                        );
+                        self.reply(
+                            &msg::Opened {
+                                handle,
+                                blocks: v.blocks,
+                                block_size: self.sh.base.block_size,
+                                read_only: !v.writable,
+                                owner: v.owner,
+                            }
+                            .encode(),
+                        )
+                    }
                     Err(e) => {
                         st.refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("ipdisk: {} may not open DVD {dvd}: {e}", self.r.from);
                         self.reply(&refuse(access_response(e)))
                     }
                 }
             }
             msg::Request::Close { handle } => {
                 let r = self.sh.access().close(self.r.from, handle);
+                if r.is_ok() {
+                    tracing::info!("ipdisk: {} closed handle {handle:#x}", self.r.from);
+                }
                 self.reply(&refuse(match r {
                     Ok(()) => Response::Complete,
                     Err(e) => access_response(e),
@@ -478,6 +490,10 @@ impl Req<'_> {
         };
         if !owner {
             self.sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "ipdisk: {} may not manage DVDs (not the owner)",
+                self.r.from
+            );
             return self.reply(&refuse(Response::Denied));
         }
         let seg = self.r.message.seg_access();
@@ -495,7 +511,10 @@ impl Req<'_> {
                     Err(_) => return self.reply(&refuse(Response::Malformed)),
                 };
                 self.reply(&match self.sh.access().define(d) {
-                    Ok(id) => msg::count_reply(id),
+                    Ok(id) => {
+                        tracing::info!("ipdisk: the owner {} set DVD {id}", self.r.from);
+                        msg::count_reply(id)
+                    }
                     Err(DvdError::NoSuchDvd(_)) => refuse(Response::NoSuchDvd),
                     Err(_) => refuse(Response::Malformed),
                 })
@@ -520,7 +539,10 @@ impl Req<'_> {
             }
             msg::Request::DvdRevoke { dvd, .. } => {
                 self.reply(&refuse(match self.sh.access().revoke(dvd) {
-                    Ok(()) => Response::Complete,
+                    Ok(()) => {
+                        tracing::info!("ipdisk: the owner {} revoked DVD {dvd}", self.r.from);
+                        Response::Complete
+                    }
                     Err(DvdError::NoSuchDvd(_)) => Response::NoSuchDvd,
                     Err(_) => Response::Malformed,
                 }))

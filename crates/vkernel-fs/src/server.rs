@@ -1156,6 +1156,12 @@ impl Req<'_> {
             Request::Watch { callback, members } => {
                 let m = input.get(..members as usize * 4).ok_or(Errno::EPROTO)?;
                 sh.watchers.add(Pid(callback), watch::members(m))?;
+                // A mount's first request: the file server's "connection".
+                tracing::info!(
+                    "file server: a client (callback {}) mounted; {} mounts watch",
+                    Pid(callback),
+                    sh.watchers.len()
+                );
                 Ok(Answer::Words(vec![]))
             }
             Request::Statfs => {

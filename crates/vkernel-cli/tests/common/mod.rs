@@ -148,3 +148,36 @@ pub fn run_walk_through(
     let e = std::fs::read_to_string(&err_f).unwrap_or_default();
     (status, o, e)
 }
+
+/// Sends `signal` (a name, `TERM`, or a number) to `pid` with kill(1).
+pub fn kill_with(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// Waits up to 5 s for `c` to exit (a hang guard).
+pub fn exits_within(c: &mut Child, what: &str) -> std::process::ExitStatus {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what} still running 5 s after the signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops a service as systemd or podman would (SIGTERM) and checks that
+/// it exits 0.
+pub fn stop_with_sigterm(mut p: Proc) {
+    kill_with(p.0.id(), "TERM");
+    let s = exits_within(&mut p.0, "the service");
+    assert!(s.success(), "exit after SIGTERM: {s}");
+}

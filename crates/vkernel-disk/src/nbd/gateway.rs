@@ -54,18 +54,24 @@ impl Listener {
     /// handle to close it.
     fn accept(&self) -> io::Result<Accepted> {
         match self {
-            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+            Listener::Tcp(l) => l.accept().and_then(|(s, peer)| {
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
                 let w = s.try_clone()?;
                 let c = s.try_clone()?;
-                Ok((Box::new(s) as _, Box::new(w) as _, Conn::Tcp(c)))
+                Ok((
+                    Box::new(s) as _,
+                    Box::new(w) as _,
+                    Conn::Tcp(c),
+                    peer.to_string(),
+                ))
             }),
             Listener::Unix(l) => l.accept().and_then(|(s, _)| {
                 s.set_nonblocking(false)?;
                 let w = s.try_clone()?;
                 let c = s.try_clone()?;
-                Ok((Box::new(s) as _, Box::new(w) as _, Conn::Unix(c)))
+                let peer = "a Unix-socket client".to_string();
+                Ok((Box::new(s) as _, Box::new(w) as _, Conn::Unix(c), peer))
             }),
         }
     }
@@ -109,6 +115,9 @@ pub struct GatewayStats {
 /// handshake deadline).
 pub(super) struct Tracked {
     conn: Conn,
+    /// The client, for the log: its address (TCP).
+    peer: String,
+    since: std::time::Instant,
     /// Negotiation is over (the deadline no longer applies).
     negotiated: bool,
     /// Closed for its deadline (once).
@@ -202,6 +211,11 @@ impl Shared {
     fn close(&self, id: u64) {
         if let Some(t) = lock(&self.conns).remove(&id) {
             t.conn.shutdown();
+            tracing::info!(
+                "nbd: connection {id} from {} closed after {:.1} s",
+                t.peer,
+                t.since.elapsed().as_secs_f64()
+            );
         }
     }
 
@@ -219,7 +233,7 @@ impl Shared {
                     Ok(None) => {}
                     Err(e) => {
                         sh.stats.errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("nbd: connection closed: {e}");
+                        tracing::info!("nbd: connection {id}: {e}");
                     }
                 }
                 sh.close(id);
@@ -241,7 +255,16 @@ impl Shared {
             {
                 let mut conns = lock(&self.conns);
                 match conns.get_mut(&c.id) {
-                    Some(t) if !t.expired => t.negotiated = true,
+                    Some(t) if !t.expired => {
+                        t.negotiated = true;
+                        tracing::info!(
+                            "nbd: connection {} from {}: export \"{}\" ({} bytes)",
+                            c.id,
+                            t.peer,
+                            e.name,
+                            e.dev.size()
+                        );
+                    }
                     _ => return Ok(None),
                 }
             }
@@ -434,7 +457,7 @@ impl Drop for Gateway {
 }
 
 /// A new connection: its reading half, its writing half, a handle to close it.
-pub(super) type Accepted = (Box<dyn ReadWrite>, Box<dyn Write + Send>, Conn);
+pub(super) type Accepted = (Box<dyn ReadWrite>, Box<dyn Write + Send>, Conn, String);
 
 /// The hello that opens the fixed newstyle handshake.
 pub(super) fn hello() -> [u8; 18] {
@@ -488,7 +511,7 @@ pub(super) fn poll_loop(l: Listener, sh: Arc<Shared>) {
 /// Accepts every pending connection, refusing those over the limit.
 pub(super) fn accept_all(l: &Listener, sh: &Arc<Shared>, next_id: &mut u64) {
     loop {
-        let (mut rs, ws, conn) = match l.accept() {
+        let (mut rs, ws, conn, peer) = match l.accept() {
             Ok(a) => a,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => {
@@ -501,22 +524,25 @@ pub(super) fn accept_all(l: &Listener, sh: &Arc<Shared>, next_id: &mut u64) {
         let open = lock(&sh.conns).len();
         if open >= sh.limits.max_connections {
             sh.stats.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("nbd: connection refused: {open} open, the limit");
+            tracing::warn!("nbd: connection from {peer} refused: {open} open, the limit");
             conn.shutdown();
             continue;
         }
         sh.stats.connections.fetch_add(1, Ordering::Relaxed);
         // The server speaks first; 18 bytes fit any new socket's buffer.
         if let Err(e) = rs.write_all(&hello()) {
-            tracing::info!("nbd: connection closed: {e}");
+            tracing::info!("nbd: connection from {peer} closed: {e}");
             continue;
         }
         let id = *next_id;
         *next_id += 1;
+        tracing::info!("nbd: connection {id} from {peer} ({} open)", open + 1);
         lock(&sh.conns).insert(
             id,
             Tracked {
                 conn,
+                peer,
+                since: std::time::Instant::now(),
                 negotiated: false,
                 expired: false,
                 deadline: std::time::Instant::now() + sh.limits.handshake_timeout,
@@ -550,7 +576,7 @@ pub(super) fn expire_handshakes(sh: &Shared) {
     for id in late {
         sh.stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
-            "nbd: connection closed: no handshake within {:?}",
+            "nbd: connection {id}: no handshake within {:?}",
             sh.limits.handshake_timeout
         );
         let c = lock(&sh.idle).remove(&id);
