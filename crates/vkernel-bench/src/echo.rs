@@ -1,7 +1,8 @@
 //! The echo protocol of `vkernel echo` and `vkernel ping`: the server, and
 //! the client's timed exchanges (plain, with a segment, or bulk).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vkernel::{IpcError, Message, Pid, Process, Segment};
@@ -108,6 +109,8 @@ pub struct Timing {
     pub bulk: Option<usize>,
     /// Fail at the first failed exchange.
     pub stop_on_error: bool,
+    /// Stop early (with the exchanges so far) once this is set: Ctrl-C.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Timing {
@@ -117,16 +120,17 @@ impl Timing {
             // (No rate when nothing completed: there is no median.)
             Some(b) if s.n == 0 || s.median_us <= 0.0 => format!(
                 "{} bulk exchanges of {b} bytes (MoveFrom + MoveTo): {s}  failures {failures}\n  none completed: no rate",
-                self.count
+                s.n + failures
             ),
             Some(b) => format!(
                 "{} bulk exchanges of {b} bytes (MoveFrom + MoveTo): {s}  failures {failures}\n  {:.1} MB/s moved at the median",
-                self.count,
+                s.n + failures,
                 b as f64 * 2.0 / (s.median_us * 1e-6) / 1e6
             ),
             None => format!(
                 "{} exchanges of {} bytes: {s}  failures {failures}",
-                self.count, self.size
+                s.n + failures,
+                self.size
             ),
         }
     }
@@ -155,6 +159,9 @@ pub fn time_exchanges(
         .map(|_| crate::out::Progress::bar_only("vkernel ping", (a.warmup + a.count) as u64));
     let started = Instant::now();
     for i in 0..a.warmup + a.count {
+        if a.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            break;
+        }
         let mut m = Message::with_code(ECHO);
         m.0[1] = i as u32;
         let t0 = Instant::now();
@@ -218,6 +225,7 @@ mod tests {
             size: 32,
             bulk: Some(1 << 20),
             stop_on_error: false,
+            stop: None,
         };
         let none = Summary::of(&mut []);
         let d = t.describe(&none, 3);

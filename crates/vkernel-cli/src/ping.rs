@@ -103,12 +103,15 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+    let stop = crate::stop::Stop::install();
     let t = Timing {
         count: a.count,
         warmup: a.warmup,
         size: a.size,
         bulk: a.bulk,
         stop_on_error: a.stop_on_error,
+        // Ctrl-C or SIGTERM ends the run with what it has, as ping(8) does.
+        stop: Some(stop.flag()),
     };
     let (s, failures, last_err, elapsed) = time_exchanges(&p, server, &t).map_err(|e| {
         match crate::echo::host_gone(&p, a.host.attach_path().as_deref()) {
@@ -116,6 +119,13 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             None => format!("{e}{}", auth_hint(&k)),
         }
     })?;
+    if let Some(sig) = stop.received() {
+        eprintln!(
+            "vkernel ping: {sig} received: stopped after {} of {} exchanges",
+            s.n + failures,
+            a.count
+        );
+    }
     let st = k.stats();
     let waits = p.wait_counts();
     if a.json {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// The stop signals, once installed (see the module docs).
-pub struct Stop(Arc<AtomicUsize>);
+pub struct Stop(Arc<AtomicUsize>, Arc<AtomicBool>);
 
 impl Stop {
     /// Catches SIGINT and SIGTERM from now on. If that fails (it should
@@ -29,7 +29,13 @@ impl Stop {
                 tracing::warn!("cannot catch signal {sig}: {e}; it will end the process at once");
             }
         }
-        Stop(flag)
+        Stop(flag, once)
+    }
+
+    /// A flag set by the first stop signal, for a loop that checks it
+    /// (a long `ping`).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.1.clone()
     }
 
     /// The stop signal received, if any.

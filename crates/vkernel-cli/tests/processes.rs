@@ -680,3 +680,28 @@ fn bench_into_a_closed_pipe_ends_quietly() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Ctrl-C ends a long ping as ping(8) does: with the exchanges so far
+/// summarized and status 0 (it killed the process with nothing before).
+#[test]
+fn ctrl_c_ends_a_long_ping_with_its_summary() {
+    let (_echo, addr, _out) = start_echo_for("127.0.0.1:0", "60s", &[]);
+    let c = Command::new(BIN)
+        .args(["ping", "--peer", &addr, "-n", "100000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = Proc(c);
+    std::thread::sleep(Duration::from_millis(700));
+    kill_with(c.0.id(), "INT");
+    let status = exits_within(&mut c.0, "vkernel ping");
+    let mut out = String::new();
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    std::io::Read::read_to_string(c.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {out}{err}");
+    assert!(out.contains("failures 0"), "{out}{err}");
+    assert!(err.contains("SIGINT received: stopped after"), "{err}");
+    assert!(!out.contains("100000000 exchanges"), "{out}");
+}
