@@ -154,22 +154,12 @@ fn listening(msg: &str) -> String {
 }
 
 fn term(c: &Child) {
-    // SAFETY: kill(2) on our own child's pid; no memory is involved.
-    unsafe {
-        libc::kill(c.id() as i32, libc::SIGTERM);
-    }
+    common::kill_with(c.id(), "TERM");
 }
 
 fn exits_ok(c: &mut Child, what: &str) {
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(st) = c.try_wait().expect("wait") {
-            assert!(st.success(), "{what} exited with {st}");
-            return;
-        }
-        assert!(Instant::now() < end, "{what} still running after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let st = common::exits_within(c, what);
+    assert!(st.success(), "{what} exited with {st}");
 }
 
 #[test]
