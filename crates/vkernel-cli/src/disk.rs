@@ -97,6 +97,8 @@ fn random_key() -> u64 {
 
 /// Runs `vkernel disk`.
 pub fn run(a: DiskArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     let store = Backing::open(&a.backing).map_err(|e| e.to_string())?;
     let k = a.host.start()?;
     let key = a.owner_key.unwrap_or_else(random_key);
@@ -153,7 +155,7 @@ pub fn run(a: DiskArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let start = wait_exit(a.exit_after, &status);
+    let start = wait_exit(&stop, a.exit_after, &status);
     if let Some(g) = gw.as_mut() {
         g.stop();
     }

@@ -35,6 +35,8 @@ pub struct EchoArgs {
 
 /// Runs `vkernel echo`.
 pub fn run(a: EchoArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     let k = a.host.start()?;
     if let Some(m) = a.metrics {
         let bound = k
@@ -85,7 +87,6 @@ pub fn run(a: EchoArgs) -> Result<(), String> {
     );
     println!("vkernel echo: {status}");
     let _ = std::io::stdout().flush();
-    let stop = crate::stop::Stop::install();
     // Registered (checked above): a GetPid from now on finds it.
     crate::notify::ready(&status);
     let start = Instant::now();

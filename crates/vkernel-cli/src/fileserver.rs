@@ -74,6 +74,8 @@ fn grant(s: &str) -> Result<(u32, Access), String> {
 
 /// Runs `vkernel fileserver`.
 pub fn run(a: FileServerArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     if !a.root.is_dir() {
         return Err(format!("--root {}: not a directory", a.root.display()));
     }
@@ -110,7 +112,7 @@ pub fn run(a: FileServerArgs) -> Result<(), String> {
         a.root.display()
     );
     println!("vkernel fileserver: {status}");
-    let start = wait_exit(a.exit_after, &status);
+    let start = wait_exit(&stop, a.exit_after, &status);
     let s = srv.stats();
     exit_summary(format_args!(
         "vkernel fileserver: exiting after {:.1} s; {} requests ({} errors), {} bytes read ({} from read-ahead), {} written, {} syncs",

@@ -344,12 +344,11 @@ impl std::fmt::Display for Spin {
 
 /// Flushes the start-up lines out, tells the service manager the command
 /// is ready (`status`: what it serves), then waits until `exit_after` has
-/// passed (forever without it) or a stop signal. Returns when the wait
+/// passed (forever without it) or a stop signal (`stop`, installed when
+/// the command started). Returns when the wait
 /// began.
-pub fn wait_exit(exit_after: Option<Duration>, status: &str) -> Instant {
+pub fn wait_exit(stop: &crate::stop::Stop, exit_after: Option<Duration>, status: &str) -> Instant {
     let _ = std::io::stdout().flush();
-    // Signals are caught before READY, so a stop right after it is clean.
-    let stop = crate::stop::Stop::install();
     crate::notify::ready(status);
     let start = Instant::now();
     stop.wait(start, exit_after, || None);

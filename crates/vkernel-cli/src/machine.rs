@@ -60,6 +60,8 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 
 /// Runs `vkernel host`.
 pub fn run(a: HostArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     if a.host.attach.is_some() {
         return Err("vkernel host runs the machine host; it cannot --attach to another".into());
     }
@@ -85,7 +87,7 @@ pub fn run(a: HostArgs) -> Result<(), String> {
         a.socket_mode
     );
     println!("vkernel host: {status}");
-    let start = wait_exit(a.exit_after, &status);
+    let start = wait_exit(&stop, a.exit_after, &status);
     exit_summary(format_args!(
         "vkernel host: exiting after {:.1} s; {} programs attached, {} processes",
         start.elapsed().as_secs_f64(),

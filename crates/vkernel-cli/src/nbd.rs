@@ -85,6 +85,8 @@ pub fn limits(memory: Size, max_connections: usize, handshake: Duration) -> Limi
 
 /// Runs `vkernel nbd`.
 pub fn run(a: NbdArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     let mut cfg = a.host.config();
     cfg.send_deadline = (!a.deadline.is_zero()).then_some(a.deadline);
     let k = a.host.start_with(cfg)?;
@@ -116,7 +118,7 @@ pub fn run(a: NbdArgs) -> Result<(), String> {
         gw.addr()
     );
     println!("vkernel nbd: {status}");
-    let start = wait_exit(a.exit_after, &status);
+    let start = wait_exit(&stop, a.exit_after, &status);
     let s = gw.stats();
     exit_summary(format_args!(
         "vkernel nbd: exiting after {:.1} s; {} connections, {} closed on errors, {} refused over the limit, {} handshake timeouts; memory peak {} bytes, {} waits for memory",

@@ -42,6 +42,8 @@ pub struct TeamServerArgs {
 
 /// Runs `vkernel teamserver`.
 pub fn serve(a: TeamServerArgs) -> Result<(), String> {
+    // Caught from the start: a stop during start-up is clean too.
+    let stop = crate::stop::Stop::install();
     let k = Arc::new(a.host.start()?);
     let cfg = TeamConfig {
         refuse_remote: a.refuse_remote,
@@ -69,7 +71,7 @@ pub fn serve(a: TeamServerArgs) -> Result<(), String> {
         }
     );
     println!("vkernel teamserver: {status}");
-    wait_exit(a.exit_after, &status);
+    wait_exit(&stop, a.exit_after, &status);
     Ok(())
 }
 
