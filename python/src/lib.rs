@@ -1,10 +1,14 @@
 //! Python bindings of vkernel: `Kernel`, `Process`, `Message`, `Incoming`,
 //! and the exceptions (`vkernel._vkernel`; the `vkernel` package re-exports
-//! them). Every blocking call releases the GIL; segments are Python
-//! buffers (bytes, bytearray, memoryview, array, numpy) used in place.
+//! them). Every blocking call releases the GIL, and Ctrl-C ends one the
+//! main thread is in (`interrupt`); segments are Python buffers (bytes,
+//! bytearray, memoryview, array, numpy) used in place.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use std::sync::Mutex;
+mod interrupt;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
@@ -14,6 +18,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
 use vkernel::{IpcError, KernelConfig, Pid, Scope, Segment};
+
+use interrupt::{KernelCell, Kind};
 
 create_exception!(vkernel, VkernelError, PyException, "Any vkernel failure: `.code` is the IpcError code (0 for start-up failures), `.pid` the process it names.");
 create_exception!(
@@ -195,7 +201,9 @@ fn incoming(i: &vkernel::Incoming) -> Incoming {
 /// context manager, or call `close()`.
 #[pyclass(module = "vkernel")]
 pub struct Kernel {
-    k: Mutex<Option<vkernel::Kernel>>,
+    /// Shared (weakly) with its processes, so Ctrl-C can make a process
+    /// that ends one's call (`interrupt`).
+    k: Arc<KernelCell>,
 }
 
 fn closed() -> PyErr {
@@ -240,7 +248,7 @@ impl Kernel {
             .detach(|| vkernel::Kernel::start(cfg))
             .map_err(|e| VkernelError::new_err((e.to_string(), 0u32, 0u32)))?;
         Ok(Kernel {
-            k: Mutex::new(Some(k)),
+            k: Arc::new(Mutex::new(Some(k))),
         })
     }
 
@@ -256,7 +264,7 @@ impl Kernel {
             })
             .map_err(|e| VkernelError::new_err((e.to_string(), 0u32, 0u32)))?;
         Ok(Kernel {
-            k: Mutex::new(Some(k)),
+            k: Arc::new(Mutex::new(Some(k))),
         })
     }
 
@@ -282,6 +290,8 @@ impl Kernel {
             Ok(Process {
                 pid: p.pid().0,
                 p: Mutex::new(Some(p)),
+                kernel: Arc::downgrade(&self.k),
+                hit: Arc::new(AtomicBool::new(false)),
             })
         })
     }
@@ -373,16 +383,23 @@ impl AttachServer {
 }
 
 /// A V process. Its calls block (with the GIL released) and may be made
-/// from any thread, one call at a time.
+/// from any thread, one call at a time. Ctrl-C ends a call of the main
+/// thread: a Receive stays usable; any other call destroys the process
+/// (later calls fail with code 14).
 #[pyclass(module = "vkernel")]
 pub struct Process {
     /// Kept apart from the lock: a call in progress holds the lock, and
     /// another thread asking for the pid (to send to it) must not wait.
     pid: u32,
     p: Mutex<Option<vkernel::Process>>,
+    /// Its kernel, for Ctrl-C to reach (`interrupt`).
+    kernel: Weak<KernelCell>,
+    /// Set when Ctrl-C destroyed the process during a call.
+    hit: Arc<AtomicBool>,
 }
 
 /// A Python buffer's memory, to use with the GIL released.
+#[derive(Clone, Copy)]
 struct Raw {
     ptr: *mut u8,
     len: usize,
@@ -439,20 +456,47 @@ fn logical(name: &Bound<'_, PyAny>) -> PyResult<u32> {
 }
 
 impl Process {
-    /// Runs `f` on the process with the GIL released.
+    /// Runs `f` on the process with the GIL released; on the main thread
+    /// a call of `kind` may be ended by Ctrl-C (`interrupt`).
     fn call<R: Send>(
         &self,
         py: Python<'_>,
+        kind: Kind,
         f: impl FnOnce(&vkernel::Process) -> Result<R, IpcError> + Send,
     ) -> PyResult<R> {
-        py.detach(|| {
+        let r = py.detach(|| {
             let g = self.p.lock().unwrap_or_else(|p| p.into_inner());
             match g.as_ref() {
-                Some(p) => f(p).map_err(Some),
+                Some(p) => {
+                    let _in_call = interrupt::enter(kind, self.pid, &self.kernel, &self.hit);
+                    f(p).map_err(Some)
+                }
                 None => Err(None),
             }
-        })
-        .map_err(|e| e.map_or_else(closed, err))
+        });
+        if self.hit.load(Ordering::SeqCst) {
+            // Ctrl-C destroyed the process: drop it, let Python's handler
+            // raise, and fail the call if it did not.
+            let p = self.p.lock().unwrap_or_else(|p| p.into_inner()).take();
+            py.detach(|| drop(p));
+            py.check_signals()?;
+            return Err(self.closed());
+        }
+        r.map_err(|e| e.map_or_else(|| self.closed(), err))
+    }
+
+    /// The error of a call on a closed process.
+    fn closed(&self) -> PyErr {
+        if self.hit.load(Ordering::SeqCst) {
+            let (code, _) = IpcError::Destroyed.code();
+            let msg = format!(
+                "process {:#010x} was destroyed when Ctrl-C interrupted its call",
+                self.pid
+            );
+            VkernelError::new_err((msg, code, self.pid))
+        } else {
+            closed()
+        }
     }
 }
 
@@ -476,7 +520,7 @@ impl Process {
         timeout: Option<f64>,
     ) -> PyResult<(Message, u32)> {
         let d = timeout.map(Duration::from_secs_f64);
-        self.call(py, |p| {
+        self.call(py, Kind::Block, |p| {
             let mut m = vkernel::Message(msg.w);
             let r = match d {
                 Some(d) => p.send_within(&mut m, Pid(to), Some(d))?,
@@ -507,7 +551,7 @@ impl Process {
         let b = PyBuffer::<u8>::get(segment)?;
         let raw = Raw::of(&b, write)?;
         let access = access.to_string();
-        let r = self.call(py, move |p| {
+        let r = self.call(py, Kind::Block, move |p| {
             // SAFETY: `b` stays alive (exported) until after this call.
             let buf = unsafe { raw.bytes_mut() };
             let seg = match access.as_str() {
@@ -534,15 +578,34 @@ impl Process {
     ) -> PyResult<(Message, Incoming)> {
         let b = buffer.map(PyBuffer::<u8>::get).transpose()?;
         let raw = b.as_ref().map(|b| Raw::of(b, true)).transpose()?;
-        let r = self.call(py, move |p| {
-            let mut m = vkernel::Message::zero();
-            let i = match raw {
-                // SAFETY: `b` stays alive (exported) until after this call.
-                Some(raw) => p.receive_with_segment(&mut m, unsafe { raw.bytes_mut() })?,
-                None => p.receive(&mut m)?,
-            };
-            Ok((Message { w: m.0 }, incoming(&i)))
-        });
+        let r = loop {
+            let got = self.call(py, Kind::Receive, move |p| {
+                let mut m = vkernel::Message::zero();
+                let i = match raw {
+                    // SAFETY: `b` stays alive (exported) until after this call.
+                    Some(raw) => p.receive_with_segment(&mut m, unsafe { raw.bytes_mut() })?,
+                    None => p.receive(&mut m)?,
+                };
+                if interrupt::is_wake(&m) {
+                    // Ctrl-C's wake message (`interrupt`): answered, not
+                    // returned.
+                    let _ = p.reply(&vkernel::Message::zero(), i.from);
+                    return Ok(None);
+                }
+                Ok(Some((Message { w: m.0 }, incoming(&i))))
+            });
+            match got {
+                Ok(Some(r)) => break Ok(r),
+                // Python's handlers run; if they raise nothing, receive
+                // again (as Python retries a system call, PEP 475).
+                Ok(None) => {
+                    if let Err(e) = py.check_signals() {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
         drop(b);
         r
     }
@@ -560,7 +623,13 @@ impl Process {
     ) -> PyResult<()> {
         let b = data.map(PyBuffer::<u8>::get).transpose()?;
         let raw = b.as_ref().map(|b| Raw::of(b, false)).transpose()?;
-        let r = self.call(py, move |p| {
+        // (With data a Reply may MoveTo first, and wait for that.)
+        let kind = if raw.is_some() {
+            Kind::Block
+        } else {
+            Kind::Quick
+        };
+        let r = self.call(py, kind, move |p| {
             let m = vkernel::Message(msg.w);
             match raw {
                 // SAFETY: `b` stays alive (exported) until after this call;
@@ -576,7 +645,7 @@ impl Process {
     /// Forwards `sender`'s message (now `msg`) to `to`, which replies to
     /// `sender`.
     fn forward(&self, py: Python<'_>, msg: Message, sender: u32, to: u32) -> PyResult<()> {
-        self.call(py, |p| {
+        self.call(py, Kind::Quick, |p| {
             p.forward(&vkernel::Message(msg.w), Pid(sender), Pid(to))
         })
     }
@@ -593,7 +662,7 @@ impl Process {
     ) -> PyResult<usize> {
         let b = PyBuffer::<u8>::get(data)?;
         let raw = Raw::of(&b, false)?;
-        let r = self.call(py, move |p| {
+        let r = self.call(py, Kind::Block, move |p| {
             // SAFETY: `b` stays alive (exported) until after this call; the
             // bytes are only read.
             p.move_to(Pid(to), offset, unsafe { raw.bytes_mut() })
@@ -614,7 +683,7 @@ impl Process {
     ) -> PyResult<usize> {
         let b = PyBuffer::<u8>::get(buffer)?;
         let raw = Raw::of(&b, true)?;
-        let r = self.call(py, move |p| {
+        let r = self.call(py, Kind::Block, move |p| {
             // SAFETY: `b` stays alive (exported) until after this call.
             p.move_from(Pid(sender), offset, unsafe { raw.bytes_mut() })
         });
@@ -633,7 +702,7 @@ impl Process {
         scope: &str,
     ) -> PyResult<()> {
         let (id, sc) = (logical(name)?, self::scope(scope)?);
-        self.call(py, |p| {
+        self.call(py, Kind::Quick, |p| {
             p.set_pid(id, pid.map_or(p.pid(), Pid), sc);
             Ok(())
         })
@@ -648,7 +717,7 @@ impl Process {
         scope: &str,
     ) -> PyResult<Option<u32>> {
         let (id, sc) = (logical(name)?, self::scope(scope)?);
-        self.call(py, |p| {
+        self.call(py, Kind::Block, |p| {
             let pid = p.get_pid(id, sc)?;
             Ok((!pid.is_none()).then_some(pid.0))
         })
@@ -658,7 +727,7 @@ impl Process {
     /// (`adaptive`: only while spinning pays).
     #[pyo3(signature = (micros, adaptive = false))]
     fn set_spin(&self, py: Python<'_>, micros: u64, adaptive: bool) -> PyResult<()> {
-        self.call(py, |p| {
+        self.call(py, Kind::Quick, |p| {
             let d = Duration::from_micros(micros);
             if adaptive {
                 p.set_spin_auto(d);
@@ -700,6 +769,7 @@ fn service_id(name: &str) -> u32 {
 #[pymodule]
 fn _vkernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    interrupt::init(py)?;
     m.add_class::<Kernel>()?;
     m.add_class::<Process>()?;
     m.add_class::<Message>()?;

@@ -208,22 +208,85 @@ def test_the_example_runs():
     assert "'segment bytes'" in out.stdout
 
 
-def test_errors_carry_code_and_pid_and_pickle():
-    import pickle
+def real_errors():
+    """One error of each kind, raised by real calls: (exception, code, pid)."""
+    got = []
+
+    def catch(f, *a, **kw):
+        try:
+            f(*a, **kw)
+        except vkernel.VkernelError as e:
+            return e
+        raise AssertionError(f"{f} raised nothing")
 
     with Kernel.start("127.0.0.1:0") as k:
-        p = k.create_process()
+        p, q = k.create_process(), k.create_process()
         gone = (k.host_id << 16) | 0x7777
-        with pytest.raises(vkernel.NoSuchProcess) as e:
-            p.send(Message(1), gone)
-    assert (e.value.code, e.value.pid) == (1, gone)
-    assert type(e.value).__module__ == "vkernel"
-    again = pickle.loads(pickle.dumps(e.value))
-    assert type(again) is vkernel.NoSuchProcess
-    assert (again.code, again.pid, str(again)) == (1, gone, str(e.value))
-    assert isinstance(again, vkernel.VkernelError)
+        got.append((catch(p.send, Message(1), gone), 1, gone))
+        got.append((catch(p.reply, Message(), q.pid), 3, q.pid))
+        t = threading.Thread(target=q.receive, daemon=True)
+        t.start()
+        got.append((catch(p.send, Message(1), q.pid, timeout=0.05), 17, q.pid))
+        # A read-only segment: MoveTo into it is AccessDenied.
+        r = k.create_process()
+
+        def serve():
+            _, who = r.receive()
+            got.append((catch(r.move_to, who.sender, b"x"), 4, who.sender))
+            r.reply(Message(), who.sender)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        p.send_segment(Message(1), r.pid, b"ro", access="r")
+        t.join(10)
+    got.append((catch(k.create_process), 18, 0))
+    # A start-up failure: no IpcError, so code 0.
+    got.append((catch(Kernel.attach, "/nonexistent/vkernel-host.sock"), 0, 0))
+    return got
 
 
-def test_the_module_has_its_version():
-    parts = vkernel.__version__.split(".")
-    assert len(parts) == 3 and all(x.isdigit() for x in parts)
+def test_errors_are_vkernels_with_code_and_pid_and_pickle():
+    import pickle
+
+    kinds = {
+        1: vkernel.NoSuchProcess,
+        3: vkernel.NotAwaitingReply,
+        4: vkernel.AccessDenied,
+        17: vkernel.DeadlineExceeded,
+        18: vkernel.HostLost,
+        0: vkernel.VkernelError,
+    }
+    seen = set()
+    for e, code, pid in real_errors():
+        assert type(e) is kinds[code], (e, code)
+        assert (e.code, e.pid) == (code, pid), e
+        assert type(e).__module__ == "vkernel"
+        # The same class from the package and the extension module.
+        assert getattr(vkernel, type(e).__name__) is getattr(vkernel._vkernel, type(e).__name__)
+        assert str(e) == e.args[0] and str(e)
+        again = pickle.loads(pickle.dumps(e))
+        assert type(again) is type(e)
+        assert (again.code, again.pid, str(again), again.args) == (code, pid, str(e), e.args)
+        assert isinstance(again, vkernel.VkernelError)
+        seen.add(type(e))
+    assert seen == set(kinds.values())
+    assert issubclass(vkernel.DeadlineExceeded, TimeoutError)
+    # Made by Python code too (say, a server mirroring a failure).
+    for cls in kinds.values():
+        e = cls("made here", 5, 0x10002)
+        again = pickle.loads(pickle.dumps(e))
+        assert (type(again), again.code, again.pid, str(again)) == (cls, 5, 0x10002, "made here")
+        bare = cls("no code")
+        assert (bare.code, bare.pid) == (0, 0)
+
+
+def test_the_module_has_its_packages_version():
+    import importlib.metadata
+    import pathlib
+    import tomllib
+
+    assert vkernel.__version__ == importlib.metadata.version("vkernel")
+    # The package takes its version from the crate's (pyproject: dynamic).
+    cargo = pathlib.Path(__file__).resolve().parents[1] / "Cargo.toml"
+    with cargo.open("rb") as f:
+        assert vkernel.__version__ == tomllib.load(f)["package"]["version"]

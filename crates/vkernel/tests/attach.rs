@@ -104,6 +104,34 @@ fn a_lost_host_fails_calls_promptly() {
     assert!(a.create_process().is_err());
 }
 
+#[test]
+fn destroying_an_attached_process_ends_its_call_through_the_host() {
+    let (_host, _srv, path) = machine_host("destroy");
+    let a = Kernel::attach(&path).unwrap();
+    // A server that never receives: the Send waits in the host's engine,
+    // its program in the call slot.
+    let server = a.create_process().unwrap();
+    let spid = server.pid();
+    let killer = a.create_process().unwrap();
+    for _ in 0..3 {
+        let c = a.create_process().unwrap();
+        let cpid = c.pid();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut m = Message::with_code(1);
+            let _ = tx.send(c.send(&mut m, spid));
+        });
+        // Long past any spinning: the program waits blocked.
+        std::thread::sleep(Duration::from_millis(100));
+        killer.destroy(cpid).unwrap();
+        // Unwoken, it would wait for ever (the engine forgot the Send
+        // with its process, deadline and all).
+        let r = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(r, Ok(Err(IpcError::Destroyed)));
+    }
+    drop(server);
+}
+
 /// `attach_role` (examples/attach_role.rs), a separate program.
 fn role(args: &[&str]) -> std::process::Child {
     role_with(args, "on")

@@ -20,6 +20,20 @@ Processes exchange 32-byte messages by synchronous ``send``/``receive``/
 Every blocking call releases the GIL. Segments are any contiguous Python
 buffer (``bytes`` for reading, ``bytearray`` or a writable ``memoryview``
 for writing) and are used in place, without a copy into Python objects.
+
+Ctrl-C (SIGINT) ends a call the main thread is blocked in, and Python's
+handler runs (by default raising ``KeyboardInterrupt``). A ``receive``
+stays usable: if the handler raises nothing it goes on waiting, and no
+message is lost. A call that cannot be withdrawn (``send`` awaiting its
+reply, a move, a lookup) ends by destroying its process, as V ends a
+blocked Send (its server's Reply fails), and the ``Process`` fails every
+later call with ``VkernelError`` code 14.
+
+Failures raise ``VkernelError`` or a subclass (``NoSuchProcess``,
+``NotAwaitingReply``, ``DeadlineExceeded``, also a ``TimeoutError``,
+``HostLost``, ``AccessDenied``), with ``.code`` (the error's number, 0 for
+start-up failures) and ``.pid`` (the process it names, 0 if none); they
+pickle whole.
 """
 
 from ._vkernel import (

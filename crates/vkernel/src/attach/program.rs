@@ -441,12 +441,15 @@ impl AttachedProcess {
         publish(&s.req, &s.host_parked, seq);
         self.seq.set(seq);
         let mut policy = self.spin.get();
+        // (A process destroyed by another has no call answered: the host
+        // marks the slot ended and wakes `done`.)
+        let gone = || self.at.gone().or_else(|| s.ended());
         let r = self.at.pace.wait(
             &s.done,
             &s.prog_parked,
             seq.wrapping_sub(1),
             &mut policy,
-            || self.at.gone().is_some(),
+            || gone().is_some(),
         );
         self.spin.set(policy);
         let mut w = self.waits.get();
@@ -454,7 +457,7 @@ impl AttachedProcess {
             Waited::Spun | Waited::NotYet => w.unblocked += 1,
             Waited::Blocked => w.blocked += 1,
             Waited::Gone => {
-                return Err(self.at.gone().unwrap_or(IpcError::HostLost));
+                return Err(gone().unwrap_or(IpcError::HostLost));
             }
         }
         self.waits.set(w);

@@ -102,7 +102,11 @@ impl crate::waiter::Sink for SlotSink {
         // For its own remote Sends, which the host does not see (whoever
         // destroys it then wakes their socket, `Shared::wake_direct`).
         // SAFETY: as in `complete`.
-        unsafe { Slot::at(self.slot.as_ptr()) }.set_ended(&err);
+        let s = unsafe { Slot::at(self.slot.as_ptr()) };
+        s.set_ended(&err);
+        // A call of the program waiting in the slot (a Send through the
+        // host, say) gets no answer now: wake it to read `ended`.
+        futex_wake(&s.done);
         if self.peer.is_some() {
             self.peers.died(self.pid, &err);
         }
