@@ -912,6 +912,8 @@ fn the_guides_two_machine_commands_run_as_written() {
     let (ok, out, err) = n.run(&n.b, &commands[1][1..]);
     assert!(ok, "{out}{err}");
     assert_eq!(failures(&out), 0, "{out}");
+    // (The figures, for --nocapture.)
+    eprintln!("{out}");
     let (ok, out, err) = n.run(
         &n.b,
         &[
