@@ -762,3 +762,79 @@ fn the_posix_conformance_suite_passes_on_the_mount() {
     assert_eq!(count("failed"), 0, "{failed:#?}\n{out}");
     assert!(count("passed") >= 380, "{summary}");
 }
+
+/// Two mounts of one new file server at `a` and `b`, torn down on drop.
+fn two_mounts(root: &Path, a: &Path, b: &Path) -> (Mount, Mount) {
+    let (server, addr) = fileserver(root, "127.0.0.1:0");
+    let one = |mnt: &Path| {
+        let (p, _) = start(
+            "mount",
+            &["mount", &addr, mnt.to_str().unwrap()],
+            "mounted at",
+        );
+        assert!(mounted(mnt), "{} is not in /proc/mounts", mnt.display());
+        Mount {
+            mnt: mnt.to_path_buf(),
+            mount: Some(p),
+            server: None,
+        }
+    };
+    let (ma, mut mb) = (one(a), one(b));
+    // The server goes last, with the second mount.
+    mb.server = Some(server);
+    (ma, mb)
+}
+
+/// A directory renamed through one mount while a program on the other
+/// has its working directory and an open file in it: the program carries
+/// on, and the directory is there under its new name.
+#[test]
+fn a_directory_renamed_elsewhere_stays_usable_here() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("rename2");
+    let (root, a, b) = (
+        work.path().join("export"),
+        work.path().join("a"),
+        work.path().join("b"),
+    );
+    for d in [&root, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    std::fs::create_dir_all(a.join("old/sub")).unwrap();
+    std::fs::write(a.join("old/file"), "hello\n").unwrap();
+    std::fs::write(a.join("old/sub/inner"), "inner\n").unwrap();
+    let (ready, go) = (work.path().join("ready"), work.path().join("go"));
+    let script = format!(
+        "exec 3< file; ls sub; touch {ready}; \
+         while [ ! -e {go} ]; do sleep 0.05; done; \
+         cat file && ls sub && cat sub/inner && cat <&3 && echo x > sub/made && echo done",
+        ready = ready.display(),
+        go = go.display()
+    );
+    let dir = b.join("old");
+    let user = std::thread::spawn(move || sh(&dir, &script, Duration::from_secs(60)));
+    common::wait_for(Duration::from_secs(20), "the program on b", || {
+        ready.exists().then_some(())
+    });
+    std::fs::rename(a.join("old"), a.join("new")).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let (ok, out) = user.join().unwrap();
+    assert!(ok, "the program in the renamed directory failed:\n{out}");
+    assert_eq!(out, "inner\nhello\ninner\ninner\nhello\ndone\n");
+    // Later, by the new name, from this mount.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut names: Vec<String> = std::fs::read_dir(b.join("new/sub"))
+        .unwrap_or_else(|e| panic!("ls b/new/sub: {e}"))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["inner", "made"]);
+    assert_eq!(
+        std::fs::read_to_string(a.join("new/sub/made")).unwrap(),
+        "x\n"
+    );
+    assert!(!b.join("old").exists());
+}

@@ -226,7 +226,8 @@ pub const OPEN_READ_MAX: usize = 60 << 10;
 /// the kernel's caches to another thread).
 fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
     let mut m = Message::zero();
-    let mut path = vec![0u8; vio::MAX_PATH];
+    // Room for a rename's two paths.
+    let mut path = vec![0u8; 2 * vio::MAX_PATH + 1];
     loop {
         let i = match p.receive_with_segment(&mut m, &mut path) {
             Ok(i) => i,
@@ -1074,6 +1075,7 @@ impl Client {
         let mut m = Request::Watch {
             callback: cb.0,
             members: self.members.len() as u32,
+            flags: vio::WATCH_RENAMES,
         }
         .encode();
         p.send_with_segment(&mut m, server, Segment::Read(&members))?;

@@ -28,6 +28,7 @@ use fuser::{
 
 mod contents;
 mod listing;
+mod renamed;
 
 use crate::client::{Client, ClientError, Fh, LockRequest, OPEN_READ_MAX};
 use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
@@ -2073,7 +2074,11 @@ fn forget_changed(shared: &Shared, inv: &Invalidation, path: &[u8]) -> Vec<Drop>
     {
         let mut n = shared.nodes();
         n.reported += 1;
-        let target = if inv.path_len > 0 {
+        let target = if inv.flags & vio::INVAL_RENAME != 0 {
+            let exchange = inv.flags & vio::INVAL_EXCHANGE != 0;
+            renamed::apply(&mut n, path, exchange, &mut drops);
+            None
+        } else if inv.path_len > 0 {
             match n.resolve(path) {
                 Some((parent, name, child)) => {
                     if inv.flags & vio::INVAL_ENTRY != 0 {

@@ -688,10 +688,13 @@ impl Req<'_> {
                 ..
             } => changes.push(Change::Path(seg(target_len as usize, path_len), entry)),
             Request::Rename {
-                old_len, new_len, ..
+                old_len,
+                new_len,
+                flags,
             } => {
-                changes.push(Change::Path(seg(0, old_len), entry));
-                changes.push(Change::Path(seg(old_len as usize, new_len), entry));
+                let (old, new) = (seg(0, old_len), seg(old_len as usize, new_len));
+                let exchange = flags & vio::RENAME_EXCHANGE != 0;
+                changes.push(Change::Rename(old, new, exchange));
             }
             Request::Link { old_len, new_len } => {
                 changes.push(Change::Path(seg(old_len as usize, new_len), entry));
@@ -1153,9 +1156,14 @@ impl Req<'_> {
                 root.removexattr(p, name)?;
                 Ok(Answer::Words(vec![]))
             }
-            Request::Watch { callback, members } => {
+            Request::Watch {
+                callback,
+                members,
+                flags,
+            } => {
                 let m = input.get(..members as usize * 4).ok_or(Errno::EPROTO)?;
-                sh.watchers.add(Pid(callback), watch::members(m))?;
+                let renames = flags & vio::WATCH_RENAMES != 0;
+                sh.watchers.add(Pid(callback), watch::members(m), renames)?;
                 // A mount's first request: the file server's "connection".
                 tracing::info!(
                     "file server: a client (callback {}) mounted; {} mounts watch",

@@ -106,7 +106,8 @@ pub const FSETATTR: u32 = 0x56_0016;
 /// client's *callback process*, w2 how many member pids follow in the
 /// segment (read: u32 each, big-endian; at most [`MAX_WATCH_MEMBERS`]):
 /// the processes the client sends its requests from, whose own changes
-/// are not reported back to it. The server then Sends [`INVALIDATE`]
+/// are not reported back to it; w3 flags ([`WATCH_RENAMES`], 0 from older
+/// clients). The server then Sends [`INVALIDATE`]
 /// messages to the callback process before it replies to a change made
 /// by any other client (docs/VIO.md, "Cache invalidation").
 pub const WATCH: u32 = 0x56_0017;
@@ -186,6 +187,10 @@ pub const INVALIDATE: u32 = 0x56_0080;
 
 /// Most member pids in a [`WATCH`] request.
 pub const MAX_WATCH_MEMBERS: u32 = 256;
+/// [`WATCH`] flag: report a rename as one [`INVAL_RENAME`] message (the
+/// client can move its names, so a directory in use stays usable), not as
+/// two unrelated [`INVAL_ENTRY`] ones.
+pub const WATCH_RENAMES: u32 = 1;
 /// [`INVALIDATE`] flag: the file's attributes changed.
 pub const INVAL_ATTR: u32 = 1;
 /// [`INVALIDATE`] flag: the file's data changed.
@@ -193,6 +198,13 @@ pub const INVAL_DATA: u32 = 2;
 /// [`INVALIDATE`] flag: the name at the path was made, removed or now
 /// means another file; its directory's attributes changed too.
 pub const INVAL_ENTRY: u32 = 4;
+/// [`INVALIDATE`] flag (with [`INVAL_ENTRY`], only to clients that asked
+/// with [`WATCH_RENAMES`]): the name at the old path was renamed to the
+/// new one; the segment is old path, NUL, new path.
+pub const INVAL_RENAME: u32 = 8;
+/// [`INVALIDATE`] flag (with [`INVAL_RENAME`]): the two names were
+/// exchanged (`RENAME_EXCHANGE`).
+pub const INVAL_EXCHANGE: u32 = 16;
 
 /// STAT flag: do not follow a symbolic link in the last component.
 pub const STAT_NOFOLLOW: u32 = 1;
@@ -514,6 +526,8 @@ pub enum Request {
         callback: u32,
         /// Member pids in the segment.
         members: u32,
+        /// [`WATCH_RENAMES`] or 0.
+        flags: u32,
     },
     /// [`LOCK`].
     Lock {
@@ -595,11 +609,17 @@ impl Invalidation {
     }
 
     /// Decodes an [`INVALIDATE`] message (`EPROTO` for another code,
-    /// unknown flags or a path over [`MAX_PATH`]).
+    /// unknown flags or a path over [`MAX_PATH`], two with
+    /// [`INVAL_RENAME`]).
     pub fn decode(m: &Message) -> Result<Invalidation, Errno> {
         let w = &m.0;
-        let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY;
-        if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > MAX_PATH {
+        let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY | INVAL_RENAME | INVAL_EXCHANGE;
+        let most = if w[1] & INVAL_RENAME != 0 {
+            2 * MAX_PATH + 1
+        } else {
+            MAX_PATH
+        };
+        if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > most {
             return Err(Errno::EPROTO);
         }
         Ok(Invalidation {
@@ -862,8 +882,12 @@ impl Request {
                 LINK
             }
             Request::Statfs => STATFS,
-            Request::Watch { callback, members } => {
-                (w[1], w[2]) = (callback, members);
+            Request::Watch {
+                callback,
+                members,
+                flags,
+            } => {
+                (w[1], w[2], w[3]) = (callback, members, flags);
                 WATCH
             }
             Request::Readdirplus { handle, index } => {
@@ -1053,6 +1077,8 @@ impl Request {
                 Request::Watch {
                     callback: w[1],
                     members: w[2],
+                    // Unknown bits are ignored: a newer client's wishes.
+                    flags: w[3] & WATCH_RENAMES,
                 }
             }
             READDIRPLUS => Request::Readdirplus {

@@ -23,6 +23,7 @@ fn all_requests() -> Vec<Request> {
         Request::Watch {
             callback: 0x0001_0002,
             members: 3,
+            flags: WATCH_RENAMES,
         },
         Request::Readdirplus {
             handle: 5,
@@ -267,6 +268,7 @@ fn invalidations_round_trip_and_bad_ones_are_refused() {
     let mut w = Request::Watch {
         callback: 1,
         members: 1,
+        flags: 0,
     }
     .encode();
     w.0[2] = MAX_WATCH_MEMBERS + 1;
