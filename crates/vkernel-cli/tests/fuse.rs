@@ -838,3 +838,53 @@ fn a_directory_renamed_elsewhere_stays_usable_here() {
     );
     assert!(!b.join("old").exists());
 }
+
+/// Programs on two mounts appending lines to one file (O_APPEND): every
+/// line lands whole, none inside another, none lost.
+#[test]
+fn appends_from_two_mounts_land_whole() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("append2");
+    let (root, a, b) = (
+        work.path().join("export"),
+        work.path().join("a"),
+        work.path().join("b"),
+    );
+    for d in [&root, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    std::fs::write(a.join("log"), "").unwrap();
+    const LINES: usize = 2000;
+    // One open each (the shell writes each line with one write(2)), and
+    // one open per line.
+    let writer = |dir: PathBuf, tag: &'static str| {
+        let script = format!(
+            "i=0; exec 3>>log; while [ $i -lt {LINES} ]; do \
+               echo \"{tag} $i some text to make the line longer\" >&3; i=$((i+1)); done; \
+             i=0; while [ $i -lt 200 ]; do echo \"{tag}o $i\" >> log; i=$((i+1)); done"
+        );
+        std::thread::spawn(move || sh(&dir, &script, Duration::from_secs(120)))
+    };
+    let (wa, wb) = (writer(a.clone(), "a"), writer(b.clone(), "b"));
+    for w in [wa, wb] {
+        let (ok, out) = w.join().unwrap();
+        assert!(ok, "an appending program failed:\n{out}");
+    }
+    let text = std::fs::read_to_string(root.join("log")).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let mut w = line.split(' ');
+        let (tag, n) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+        let whole = match tag {
+            "a" | "b" => line == format!("{tag} {n} some text to make the line longer"),
+            "ao" | "bo" => w.next().is_none(),
+            _ => false,
+        };
+        assert!(whole, "a line written over by another: {line:?}");
+        assert!(seen.insert(line.to_string()), "twice: {line:?}");
+    }
+    assert_eq!(seen.len(), 2 * (LINES + 200), "lines lost");
+}

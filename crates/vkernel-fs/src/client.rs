@@ -853,6 +853,7 @@ impl Client {
                 handle: fh.0,
                 offset: offset + done as u64,
                 count: n as u32,
+                flags: 0,
             }
             .encode();
             self.exchange(&mut m, Some(Segment::Read(&data[done..done + n])))?;
@@ -880,10 +881,39 @@ impl Client {
         if data.len() > WRITE_ATTR_MAX {
             return self.write(fh, offset, data).map(|n| (n, None));
         }
+        self.write_with_attr(fh, offset, data, 0)
+    }
+
+    /// Appends `data` at the end of the file as one request (at most
+    /// [`vio::MAX_IO`] bytes; the server finds the end under its lock of
+    /// the file, so appends from several clients never mix), and gets the
+    /// file's attributes after it. A server older than [`vio::WRITE_APPEND`]
+    /// ignores the flag and writes at `offset`, which Linux's pwrite(2)
+    /// also puts at the end for a handle opened with `O_APPEND`.
+    pub fn append_attr(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(usize, Option<Attr>), ClientError> {
+        if data.len() > vio::MAX_IO as usize {
+            return Err(ClientError::Server(Errno::EINVAL));
+        }
+        self.write_with_attr(fh, offset, data, vio::WRITE_APPEND)
+    }
+
+    fn write_with_attr(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        flags: u32,
+    ) -> Result<(usize, Option<Attr>), ClientError> {
         let mut m = Request::Write {
             handle: fh.0,
             offset,
             count: data.len() as u32,
+            flags,
         }
         .encode();
         let mut buf = Vec::with_capacity(data.len() + ATTR_LEN);
@@ -1472,7 +1502,8 @@ fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
 
 /// May `q` be sent again to a restarted server when its first sending's
 /// outcome is unknown? Yes if doing it twice leaves the same result as
-/// once: reads and lookups, a WRITE (same bytes, same place), setting
+/// once: reads and lookups, a WRITE at an offset (same bytes, same place;
+/// not an append, which would add them twice), setting
 /// absolute attributes or sizes, and opening (the old server's handle died
 /// with it) unless the open must create the file (`O_EXCL`). Not mkdir,
 /// unlink, rename, link or symlink: the second would fail where the first
@@ -1480,8 +1511,8 @@ fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
 fn safe_to_resend(q: &Request) -> bool {
     match q {
         Request::Open { flags, .. } => *flags as i32 & libc::O_EXCL == 0,
+        Request::Write { flags, .. } => flags & vio::WRITE_APPEND == 0,
         Request::Opendir { .. }
-        | Request::Write { .. }
         | Request::Setattr { .. }
         | Request::Truncate { .. }
         | Request::Ftruncate { .. } => true,

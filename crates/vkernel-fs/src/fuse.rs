@@ -1405,7 +1405,9 @@ impl Filesystem for VioFs {
             lock_or_recover(&self.shared.heads).insert(fh.0, Head { data, to_eof });
         }
         self.opened(ino.0, fh);
-        let flags = if keep {
+        let flags = if f & libc::O_APPEND != 0 {
+            append_open()
+        } else if keep {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -1469,7 +1471,7 @@ impl Filesystem for VioFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1487,10 +1489,14 @@ impl Filesystem for VioFs {
             n.clear_attr(ino.0);
             (prior.map(|(d, _)| d), n.reported)
         };
-        let (written, a) = tryf!(
-            reply,
-            self.client.write_attr(sfh, offset, data).map_err(cerr)
-        );
+        // The kernel's offset of an append is its size, maybe stale: the
+        // server appends.
+        let w = if flags.0 & libc::O_APPEND != 0 {
+            self.client.append_attr(sfh, offset, data)
+        } else {
+            self.client.write_attr(sfh, offset, data)
+        };
+        let (written, a) = tryf!(reply, w.map_err(cerr));
         match a {
             // Written before the answer, so no deferred error can follow;
             // and the kernel asks for the attributes next (its copy is
@@ -2045,14 +2051,27 @@ impl Filesystem for VioFs {
         };
         self.made_in(parent, dir);
         self.opened(ino, fh);
+        let fopen = if flags & libc::O_APPEND != 0 {
+            append_open()
+        } else {
+            FopenFlags::empty()
+        };
         reply.created(
             &self.ttl,
             &file_attr(ino, &a),
             Generation(0),
             FileHandle(u64::from(fh.0)),
-            FopenFlags::empty(),
+            fopen,
         );
     }
+}
+
+/// How an `O_APPEND` handle is opened: without the page cache, so that
+/// each write(2) reaches the mount whole (through the cache, the kernel
+/// splits a write at a page it does not hold) and is appended at the
+/// server as one piece.
+fn append_open() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO
 }
 
 /// What the kernel is told to drop.

@@ -626,6 +626,7 @@ impl Req<'_> {
                 handle,
                 offset,
                 count,
+                ..
             } => {
                 let h = match self.file(handle) {
                     Ok(h) => h,
@@ -634,10 +635,12 @@ impl Req<'_> {
                 let Kind::File { file, inode, id } = &h.kind else {
                     return self.send(Err(Errno::EISDIR));
                 };
-                return if matches!(req, Request::Read { .. }) {
-                    self.read(file, inode, offset, count, scratch)
-                } else {
-                    self.write(file, inode, *id, offset, count, scratch)
+                return match req {
+                    Request::Write { flags, .. } => {
+                        let at = (flags & vio::WRITE_APPEND == 0).then_some(offset);
+                        self.write(file, inode, *id, at, count, scratch)
+                    }
+                    _ => self.read(file, inode, offset, count, scratch),
                 };
             }
             Request::Lock { .. } => return self.lock(req, scratch),
@@ -1447,12 +1450,13 @@ impl Req<'_> {
         });
     }
 
+    /// WRITE at `offset`, or at the end of the file (`None`: append).
     fn write(
         &self,
         file: &std::fs::File,
         inode: &Arc<Inode>,
         id: (u32, u64),
-        offset: u64,
+        offset: Option<u64>,
         count: u32,
         buf: &mut Vec<u8>,
     ) -> Result<(), IpcError> {
@@ -1461,17 +1465,31 @@ impl Req<'_> {
         if let Err(e) = self.gather(buf, n)? {
             return self.send(Err(e));
         }
-        if offset
-            .checked_add(n as u64)
-            .is_none_or(|end| end > i64::MAX as u64)
-        {
-            return self.send(Err(Errno::EINVAL));
-        }
         let mut io = lock(&inode.io);
         if let Some(e) = io.error.take() {
             drop(io);
             return self.send(Err(e));
         }
+        // An append (no offset) goes at the end as it is under the file's
+        // lock, which orders it after every earlier write here.
+        let offset =
+            match offset.map_or_else(|| rustix::fs::fstat(file).map(|st| st.st_size as u64), Ok) {
+                Ok(at)
+                    if at
+                        .checked_add(n as u64)
+                        .is_some_and(|end| end <= i64::MAX as u64) =>
+                {
+                    at
+                }
+                Ok(_) => {
+                    drop(io);
+                    return self.send(Err(Errno::EINVAL));
+                }
+                Err(e) => {
+                    drop(io);
+                    return self.send(Err(Errno::from_rustix(e)));
+                }
+            };
         sh.drop_ra(&mut io);
         let ok = vio::reply(Errno::OK, &[n as u32]);
         // Room for the attributes after the data: the client wants them

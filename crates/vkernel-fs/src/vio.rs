@@ -41,12 +41,17 @@ pub const CLOSE: u32 = 0x56_0002;
 /// end of file or when count exceeded [`MAX_IO`]). Small reads come back
 /// appended to the reply; large ones by MoveTo first.
 pub const READ: u32 = 0x56_0003;
-/// Request: write. w1 handle, w2–w3 offset, w4 count; segment
+/// Request: write. w1 handle, w2–w3 offset, w4 count, w5 flags
+/// ([`WRITE_APPEND`]; 0 from older clients); segment
 /// read-granted holding the data. Reply: w1 bytes accepted. If the
 /// segment is also write-granted with room for an [`Attr`] after the
 /// data, the data is written before the reply (not behind it) and the
 /// file's attributes after the write come back at segment offset count.
 pub const WRITE: u32 = 0x56_0004;
+/// [`WRITE`] flag: write at the end of the file (the offset is ignored),
+/// found and written under the server's lock of the file, so appends
+/// from any number of clients land whole, one after another.
+pub const WRITE_APPEND: u32 = 1;
 /// Request: attributes by path. w1 path length, w2 flags ([`STAT_NOFOLLOW`]).
 /// Segment read+write: path in, [`Attr`] out.
 pub const STAT: u32 = 0x56_0005;
@@ -400,6 +405,8 @@ pub enum Request {
         offset: u64,
         /// Bytes in the segment.
         count: u32,
+        /// [`WRITE_APPEND`] or 0.
+        flags: u32,
     },
     /// [`STAT`].
     Stat {
@@ -778,10 +785,11 @@ impl Request {
                 handle,
                 offset,
                 count,
+                flags,
             } => {
                 w[1] = handle;
                 (w[2], w[3]) = split64(offset);
-                w[4] = count;
+                (w[4], w[5]) = (count, flags);
                 WRITE
             }
             Request::Stat { path_len, nofollow } => {
@@ -984,11 +992,17 @@ impl Request {
                 offset: join64(w[2], w[3]),
                 count: w[4],
             },
-            WRITE => Request::Write {
-                handle: w[1],
-                offset: join64(w[2], w[3]),
-                count: w[4],
-            },
+            WRITE => {
+                if w[5] & !WRITE_APPEND != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Write {
+                    handle: w[1],
+                    offset: join64(w[2], w[3]),
+                    count: w[4],
+                    flags: w[5],
+                }
+            }
             STAT => {
                 if w[2] & !STAT_NOFOLLOW != 0 {
                     return Err(Errno::EINVAL);

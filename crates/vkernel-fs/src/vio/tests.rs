@@ -65,6 +65,7 @@ fn all_requests() -> Vec<Request> {
             handle: 3,
             offset: u64::MAX - 1,
             count: 1,
+            flags: WRITE_APPEND,
         },
         Request::Stat {
             path_len: 4,
