@@ -888,3 +888,106 @@ fn appends_from_two_mounts_land_whole() {
     }
     assert_eq!(seen.len(), 2 * (LINES + 200), "lines lost");
 }
+
+/// fallocate(2) in each mode and lseek(2)'s SEEK_DATA/SEEK_HOLE on a
+/// sparse file: what each answers, and the file after, as on the
+/// server's own file system.
+fn sparse_file_story(f: &Path) -> Vec<String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    const MIB: i64 = 1 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(f)
+        .unwrap();
+    let fd = file.as_raw_fd();
+    let errno = |r: i64| {
+        if r < 0 {
+            format!(
+                "errno {}",
+                std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+            )
+        } else {
+            r.to_string()
+        }
+    };
+    // SAFETY: fallocate and lseek on a descriptor this function owns.
+    let alloc = |mode: i32, off: i64, len: i64| {
+        errno(unsafe { libc::fallocate(fd, mode, off, len) }.into())
+    };
+    // SAFETY: as above.
+    let seek = |off: i64, whence: i32| errno(unsafe { libc::lseek(fd, off, whence) });
+    let meta = |what: &str, out: &mut Vec<String>| {
+        let m = std::fs::metadata(f).unwrap();
+        out.push(format!("{what}: size {} blocks {}", m.len(), m.blocks()));
+    };
+    let zeros_at = |off: u64, len: usize| {
+        let mut b = vec![1u8; len];
+        file.read_exact_at(&mut b, off).unwrap();
+        b.iter().all(|&x| x == 0)
+    };
+    let mut out = Vec::new();
+    out.push(format!("mode 0: {}", alloc(0, 0, MIB)));
+    meta("after mode 0", &mut out);
+    out.push(format!(
+        "keep size: {}",
+        alloc(libc::FALLOC_FL_KEEP_SIZE, MIB, MIB)
+    ));
+    meta("after keep size", &mut out);
+    // Data at 4 MiB beyond a hole; then holes and data as lseek sees them.
+    file.write_all_at(&vec![b'v'; 64 << 10], 4 << 20).unwrap();
+    file.sync_all().unwrap();
+    for at in [0, 2 * MIB, 4 * MIB, 4 * MIB + (64 << 10), 5 * MIB] {
+        out.push(format!(
+            "at {at}: data {} hole {}",
+            seek(at, libc::SEEK_DATA),
+            seek(at, libc::SEEK_HOLE)
+        ));
+    }
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    out.push(format!("punch: {}", alloc(punch, 4 * MIB + 8192, 16384)));
+    out.push(format!(
+        "punched zeros: {}",
+        zeros_at((4 << 20) + 8192, 16384)
+    ));
+    out.push(format!("hole at 4 MiB: {}", seek(4 * MIB, libc::SEEK_HOLE)));
+    out.push(format!(
+        "zero range: {}",
+        alloc(libc::FALLOC_FL_ZERO_RANGE, 4 * MIB, 4096)
+    ));
+    out.push(format!("zeroed: {}", zeros_at(4 << 20, 4096)));
+    out.push(format!("left alone: {}", !zeros_at((4 << 20) + 4096, 4096)));
+    // (Blocks at the end depend on how the file system split extents.)
+    out.push(format!(
+        "size at the end: {}",
+        file.metadata().unwrap().len()
+    ));
+    out
+}
+
+#[test]
+fn fallocate_and_holes_as_on_the_servers_disk() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("sparse");
+    let (root, mnt) = (work.path().join("export"), work.path().join("mnt"));
+    for d in [&root, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _m = Mount::new(&root, &mnt);
+    // On the server's file system itself, beside the export.
+    let local = sparse_file_story(&work.path().join("local"));
+    let mounted = sparse_file_story(&mnt.join("f"));
+    assert_eq!(mounted, local);
+    // Not a file system without holes: the story has some.
+    assert!(
+        local.iter().any(|l| l == "at 0: data 4194304 hole 0"),
+        "{local:#?}"
+    );
+    // The mount's attributes are the server file's.
+    let blocks = |p: &Path| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap());
+    assert_eq!(blocks(&mnt.join("f")), blocks(&root.join("f")));
+}

@@ -13,6 +13,8 @@
 //! A server that is gone, or a host that stops answering, ends a call with
 //! [`ClientError::Ipc`] after the kernel's host timeout — never a hang.
 
+mod alloc;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;

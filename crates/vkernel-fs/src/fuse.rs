@@ -22,10 +22,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno as FErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
+mod alloc;
 mod contents;
 mod listing;
 mod renamed;
@@ -1884,28 +1885,30 @@ impl Filesystem for VioFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Not in the protocol; callers (posix_fallocate) fall back to writes.
-        reply.error(FErrno::from_i32(libc::EOPNOTSUPP));
+        tryf!(reply, self.allocate(ino, fh, offset, length, mode));
+        reply.ok();
     }
 
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: fuser::ReplyLseek,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
     ) {
-        // ENOSYS makes the kernel use its generic lseek from then on.
-        reply.error(FErrno::from_i32(libc::ENOSYS));
+        match self.seek_data(ino, fh, offset, whence) {
+            Ok(at) => reply.offset(at),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn copy_file_range(

@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
 use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
+mod alloc;
+
 use crate::confine::{self, Root};
 use crate::locks::{self, Held};
 use crate::vio::{self, Attr, Dirent, Errno, Owner, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
@@ -714,7 +716,9 @@ impl Req<'_> {
             Request::Setxattr { path_len, .. } | Request::Removexattr { path_len, .. } => {
                 changes.push(Change::Path(seg(0, path_len), attr));
             }
-            Request::Ftruncate { handle, .. } | Request::Fsetattr { handle } => {
+            Request::Ftruncate { handle, .. }
+            | Request::Fsetattr { handle }
+            | Request::Fallocate { handle, .. } => {
                 if let Ok(h) = self.sh.handle(handle, self.r.from, self.r.principal) {
                     if let Kind::File { id, .. } = h.kind {
                         changes.push(Change::Id(id, attr | data));
@@ -1159,6 +1163,12 @@ impl Req<'_> {
                 root.removexattr(p, name)?;
                 Ok(Answer::Words(vec![]))
             }
+            Request::Fallocate { handle, mode } => self.fallocate(handle, mode, input),
+            Request::Lseek {
+                handle,
+                whence,
+                offset,
+            } => self.lseek(handle, whence, offset),
             Request::Watch {
                 callback,
                 members,

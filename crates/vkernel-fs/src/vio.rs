@@ -175,6 +175,27 @@ pub const SETXATTR: u32 = 0x56_001e;
 /// Request: remove an extended attribute. w1 path length, w2 name
 /// length; segment read: path ++ name.
 pub const REMOVEXATTR: u32 = 0x56_001f;
+/// Request: allocate, or free, a range of an open file (fallocate(2)).
+/// w1 handle, w2 mode (0, [`FALLOC_KEEP_SIZE`], [`FALLOC_PUNCH_HOLE`] |
+/// [`FALLOC_KEEP_SIZE`], [`FALLOC_ZERO_RANGE`] with or without
+/// [`FALLOC_KEEP_SIZE`]; other bits `EOPNOTSUPP`). Segment read+write:
+/// offset and length (u64 each, big-endian) in; with room for an
+/// [`Attr`] after them, the file's attributes after the change out (at
+/// offset 0). Done by the server's fallocate(2) on the file.
+pub const FALLOCATE: u32 = 0x56_0020;
+/// Request: the next data or hole of an open file at or after an offset
+/// (lseek(2) `SEEK_DATA` = 3, `SEEK_HOLE` = 4; other whence `EINVAL`).
+/// w1 handle, w2 whence, w3–w4 offset. Reply: w1–w2 the offset found;
+/// `ENXIO` when there is none (at or past the end).
+pub const LSEEK: u32 = 0x56_0021;
+/// [`FALLOCATE`] mode: do not change the file's size.
+pub const FALLOC_KEEP_SIZE: u32 = 1;
+/// [`FALLOCATE`] mode: free the range (with [`FALLOC_KEEP_SIZE`]).
+pub const FALLOC_PUNCH_HOLE: u32 = 2;
+/// [`FALLOCATE`] mode: make the range read as zeros, allocated.
+pub const FALLOC_ZERO_RANGE: u32 = 0x10;
+/// Bytes of a [`FALLOCATE`] range in the segment.
+pub const FALLOC_RANGE_LEN: usize = 16;
 /// [`SETXATTR`] flag: fail with `EEXIST` if it exists.
 pub const XATTR_CREATE: u32 = 1;
 /// [`SETXATTR`] flag: fail with `ENODATA` unless it exists.
@@ -237,6 +258,8 @@ impl Errno {
     pub const ENOENT: Errno = Errno(2);
     /// I/O error (also: a deferred write failed).
     pub const EIO: Errno = Errno(5);
+    /// No such offset: no data or hole past it ([`LSEEK`]).
+    pub const ENXIO: Errno = Errno(6);
     /// Bad or unknown handle.
     pub const EBADF: Errno = Errno(9);
     /// Not an executable format (program load).
@@ -536,6 +559,22 @@ pub enum Request {
         /// [`WATCH_RENAMES`] or 0.
         flags: u32,
     },
+    /// [`FALLOCATE`].
+    Fallocate {
+        /// File handle.
+        handle: u32,
+        /// [`FALLOC_KEEP_SIZE`], [`FALLOC_PUNCH_HOLE`], [`FALLOC_ZERO_RANGE`].
+        mode: u32,
+    },
+    /// [`LSEEK`].
+    Lseek {
+        /// File handle.
+        handle: u32,
+        /// `SEEK_DATA` or `SEEK_HOLE`.
+        whence: u32,
+        /// Where to start looking.
+        offset: u64,
+    },
     /// [`LOCK`].
     Lock {
         /// File handle.
@@ -668,6 +707,7 @@ impl Request {
             | Request::Fsetattr { .. }
             | Request::Setxattr { .. }
             | Request::Removexattr { .. }
+            | Request::Fallocate { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
             | Request::Read { .. }
@@ -683,6 +723,7 @@ impl Request {
             | Request::Lock { .. }
             | Request::Getxattr { .. }
             | Request::Listxattr { .. }
+            | Request::Lseek { .. }
             | Request::Readdirplus { .. } => false,
         }
     }
@@ -700,6 +741,7 @@ impl Request {
                 | Request::Readlink { .. }
                 | Request::Getxattr { .. }
                 | Request::Listxattr { .. }
+                | Request::Lseek { .. }
                 | Request::Statfs
         )
     }
@@ -731,6 +773,7 @@ impl Request {
             Request::Watch { members, .. } => members as usize * 4,
             Request::Closev { count } => count as usize * 4,
             Request::Lock { .. } => LOCK_RANGE_LEN,
+            Request::Fallocate { .. } => FALLOC_RANGE_LEN,
             Request::Getxattr {
                 path_len, name_len, ..
             }
@@ -942,6 +985,19 @@ impl Request {
                 (w[1], w[2]) = (path_len, name_len);
                 REMOVEXATTR
             }
+            Request::Fallocate { handle, mode } => {
+                (w[1], w[2]) = (handle, mode);
+                FALLOCATE
+            }
+            Request::Lseek {
+                handle,
+                whence,
+                offset,
+            } => {
+                (w[1], w[2]) = (handle, whence);
+                (w[3], w[4]) = split64(offset);
+                LSEEK
+            }
         };
         w[0] = code;
         if self.idempotent() {
@@ -1126,6 +1182,25 @@ impl Request {
                 path_len: path(w[1])?,
                 name_len: xname(w[2])?,
             },
+            FALLOCATE => {
+                if w[2] & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
+                    return Err(Errno::EOPNOTSUPP);
+                }
+                Request::Fallocate {
+                    handle: w[1],
+                    mode: w[2],
+                }
+            }
+            LSEEK => {
+                if w[2] != libc::SEEK_DATA as u32 && w[2] != libc::SEEK_HOLE as u32 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Lseek {
+                    handle: w[1],
+                    whence: w[2],
+                    offset: join64(w[3], w[4]),
+                }
+            }
             LOCK => {
                 if w[2] & !(3 | LOCK_WAIT | LOCK_TEST) != 0 || w[2] & 3 == 3 {
                     return Err(Errno::EINVAL);
@@ -1174,7 +1249,18 @@ pub fn code(m: &Message) -> u32 {
 pub fn carries_handle(code: u32) -> bool {
     matches!(
         code,
-        CLOSE | READ | WRITE | FSTAT | READDIR | READDIRPLUS | FTRUNCATE | FSYNC | FSETATTR | LOCK
+        CLOSE
+            | READ
+            | WRITE
+            | FSTAT
+            | READDIR
+            | READDIRPLUS
+            | FTRUNCATE
+            | FSYNC
+            | FSETATTR
+            | LOCK
+            | FALLOCATE
+            | LSEEK
     )
 }
 

@@ -94,6 +94,15 @@ fn all_requests() -> Vec<Request> {
             size: 1 << 40,
         },
         Request::Ftruncate { handle: 2, size: 0 },
+        Request::Fallocate {
+            handle: 2,
+            mode: FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE,
+        },
+        Request::Lseek {
+            handle: 2,
+            whence: libc::SEEK_HOLE as u32,
+            offset: 0x1_0000_0003,
+        },
         Request::Fsync {
             handle: 2,
             datasync: true,
@@ -274,4 +283,26 @@ fn invalidations_round_trip_and_bad_ones_are_refused() {
     .encode();
     w.0[2] = MAX_WATCH_MEMBERS + 1;
     assert_eq!(Request::decode(&w), Err(Errno::EINVAL));
+    // FALLOCATE modes the server does not do; LSEEK other than DATA/HOLE;
+    // unknown WRITE flags.
+    let mut f = Request::Fallocate { handle: 1, mode: 0 }.encode();
+    f.0[2] = 0x08; // FALLOC_FL_COLLAPSE_RANGE
+    assert_eq!(Request::decode(&f), Err(Errno::EOPNOTSUPP));
+    let mut l = Request::Lseek {
+        handle: 1,
+        whence: libc::SEEK_DATA as u32,
+        offset: 0,
+    }
+    .encode();
+    l.0[2] = libc::SEEK_END as u32;
+    assert_eq!(Request::decode(&l), Err(Errno::EINVAL));
+    let mut wr = Request::Write {
+        handle: 1,
+        offset: 0,
+        count: 1,
+        flags: WRITE_APPEND,
+    }
+    .encode();
+    wr.0[5] = 2;
+    assert_eq!(Request::decode(&wr), Err(Errno::EINVAL));
 }
