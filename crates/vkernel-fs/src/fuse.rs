@@ -226,10 +226,23 @@ impl Nodes {
             pages: false,
             no_caps: false,
         });
+        // A directory has one name: found by another, it was moved (a
+        // change this table missed), and its old name would build a
+        // wrong path.
+        let stale = if a.mode & libc::S_IFMT == libc::S_IFDIR {
+            std::mem::take(&mut node.names)
+        } else {
+            Vec::new()
+        };
         if !node.names.contains(&key) {
             node.names.push(key.clone());
         }
         node.lookups += 1;
+        for old in stale.into_iter().filter(|k| *k != key) {
+            if self.by_name.get(&old) == Some(&ino) {
+                self.by_name.remove(&old);
+            }
+        }
         self.by_name.insert(key, ino);
         ino
     }
@@ -2285,6 +2298,24 @@ mod tests {
             (n.path(c).unwrap(), n.path(d).unwrap()),
             (b"d".to_vec(), b"b".to_vec())
         );
+    }
+
+    #[test]
+    fn a_directory_found_by_another_name_has_moved() {
+        let mut n = Nodes::new();
+        let dir = |ino| Attr {
+            mode: libc::S_IFDIR | 0o755,
+            ..attr(1, ino)
+        };
+        let d = n.remember(ROOT, b"old", &dir(50));
+        let f = n.remember(d, b"f", &attr(1, 51));
+        assert_eq!(n.remember(ROOT, b"new", &dir(50)), d);
+        assert_eq!(n.path(f).unwrap(), b"new/f");
+        assert_eq!(n.named(ROOT, b"old"), None);
+        // A file's second name is a hard link: both stay.
+        n.remember(ROOT, b"link", &attr(1, 51));
+        assert_eq!(n.path(f).unwrap(), b"new/f");
+        assert_eq!(n.named(ROOT, b"link"), Some(f));
     }
 
     #[test]
