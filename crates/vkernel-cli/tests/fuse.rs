@@ -887,6 +887,26 @@ fn appends_from_two_mounts_land_whole() {
         assert!(seen.insert(line.to_string()), "twice: {line:?}");
     }
     assert_eq!(seen.len(), 2 * (LINES + 200), "lines lost");
+    // A shared mapping of a file open with O_APPEND: its page goes back
+    // where it was, the append after it at the end.
+    if have("python3") {
+        let script = r#"printf 'hello\n' > m && python3 -c '
+import mmap, os
+fd = os.open("m", os.O_RDWR | os.O_APPEND)
+m = mmap.mmap(fd, 0)
+m[0:1] = b"J"
+m.flush()
+m.close()
+os.write(fd, b"more\n")
+os.close(fd)
+' && cat m"#;
+        let (ok, out) = sh(&b, script, Duration::from_secs(30));
+        assert!(ok, "{out}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("m")).unwrap(),
+            "Jello\nmore\n"
+        );
+    }
 }
 
 /// fallocate(2) in each mode and lseek(2)'s SEEK_DATA/SEEK_HOLE on a

@@ -904,6 +904,22 @@ impl Client {
         self.write_with_attr(fh, offset, data, vio::WRITE_APPEND)
     }
 
+    /// Writes `data` at `offset` as one request (at most [`vio::MAX_IO`]
+    /// bytes) with `flags` ([`vio::WRITE_AT`]: at the offset even on a
+    /// handle opened with `O_APPEND`), and gets the file's attributes.
+    pub fn write_flagged(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        flags: u32,
+    ) -> Result<(usize, Option<Attr>), ClientError> {
+        if data.len() > vio::MAX_IO as usize {
+            return Err(ClientError::Server(Errno::EINVAL));
+        }
+        self.write_with_attr(fh, offset, data, flags)
+    }
+
     fn write_with_attr(
         &self,
         fh: Fh,

@@ -1045,7 +1045,9 @@ impl Filesystem for VioFs {
                 // fcntl and flock locks go to the server, so programs on
                 // different clients exclude each other.
                 | InitFlags::FUSE_POSIX_LOCKS
-                | InitFlags::FUSE_FLOCK_LOCKS,
+                | InitFlags::FUSE_FLOCK_LOCKS
+                // O_APPEND handles are uncached (direct I/O): still mappable.
+                | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         );
         Ok(())
     }
@@ -1484,7 +1486,7 @@ impl Filesystem for VioFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -1504,8 +1506,13 @@ impl Filesystem for VioFs {
             (prior.map(|(d, _)| d), n.reported)
         };
         // The kernel's offset of an append is its size, maybe stale: the
-        // server appends.
-        let w = if flags.0 & libc::O_APPEND != 0 {
+        // server appends. A page written back (a mapping) goes where it is.
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // (The kernel may write back through an O_APPEND handle without
+        // saying so in `flags`.)
+        let w = if cached {
+            self.client.write_flagged(sfh, offset, data, vio::WRITE_AT)
+        } else if flags.0 & libc::O_APPEND != 0 {
             self.client.append_attr(sfh, offset, data)
         } else {
             self.client.write_attr(sfh, offset, data)

@@ -251,6 +251,9 @@ enum Kind {
         inode: Arc<Inode>,
         /// (device, inode) as clients see it in [`Attr`].
         id: (u32, u64),
+        /// Opened with `O_APPEND` (the descriptor is not: the server
+        /// appends itself).
+        append: bool,
     },
     Dir {
         entries: Vec<Dirent>,
@@ -634,12 +637,21 @@ impl Req<'_> {
                     Ok(h) => h,
                     Err(e) => return self.send(Err(e)),
                 };
-                let Kind::File { file, inode, id } = &h.kind else {
+                let Kind::File {
+                    file,
+                    inode,
+                    id,
+                    append,
+                } = &h.kind
+                else {
                     return self.send(Err(Errno::EISDIR));
                 };
                 return match req {
                     Request::Write { flags, .. } => {
-                        let at = (flags & vio::WRITE_APPEND == 0).then_some(offset);
+                        // An O_APPEND handle's plain writes are appends.
+                        let at_end = flags & vio::WRITE_APPEND != 0
+                            || (*append && flags & vio::WRITE_AT == 0);
+                        let at = (!at_end).then_some(offset);
                         self.write(file, inode, *id, at, count, scratch)
                     }
                     _ => self.read(file, inode, offset, count, scratch),
@@ -848,7 +860,10 @@ impl Req<'_> {
                 owner,
             } => {
                 let p = path(path_len)?;
-                let (fd, created) = root.open_file(p, flags, mode)?;
+                // Appends are done here (WRITE), so that a WRITE_AT of such
+                // a handle can still write at its offset.
+                let append = flags & libc::O_APPEND as u32 != 0;
+                let (fd, created) = root.open_file(p, flags & !(libc::O_APPEND as u32), mode)?;
                 if created {
                     self.give(p, owner)?;
                 }
@@ -872,7 +887,12 @@ impl Req<'_> {
                 let h = sh.add_handle(
                     self.r.from.host(),
                     self.r.principal,
-                    Kind::File { file, inode, id },
+                    Kind::File {
+                        file,
+                        inode,
+                        id,
+                        append,
+                    },
                 )?;
                 if !prefetch {
                     // w4: the file was made by this open.

@@ -52,6 +52,10 @@ pub const WRITE: u32 = 0x56_0004;
 /// found and written under the server's lock of the file, so appends
 /// from any number of clients land whole, one after another.
 pub const WRITE_APPEND: u32 = 1;
+/// [`WRITE`] flag: write at the offset even on a handle opened with
+/// `O_APPEND` (whose plain writes are appended): a page the client's
+/// page cache writes back (a shared mapping of such a file).
+pub const WRITE_AT: u32 = 2;
 /// Request: attributes by path. w1 path length, w2 flags ([`STAT_NOFOLLOW`]).
 /// Segment read+write: path in, [`Attr`] out.
 pub const STAT: u32 = 0x56_0005;
@@ -428,7 +432,7 @@ pub enum Request {
         offset: u64,
         /// Bytes in the segment.
         count: u32,
-        /// [`WRITE_APPEND`] or 0.
+        /// [`WRITE_APPEND`], [`WRITE_AT`] or 0.
         flags: u32,
     },
     /// [`STAT`].
@@ -1049,7 +1053,7 @@ impl Request {
                 count: w[4],
             },
             WRITE => {
-                if w[5] & !WRITE_APPEND != 0 {
+                if w[5] & !(WRITE_APPEND | WRITE_AT) != 0 || w[5] == WRITE_APPEND | WRITE_AT {
                     return Err(Errno::EINVAL);
                 }
                 Request::Write {

@@ -902,4 +902,13 @@ fn appends_from_two_clients_land_at_the_end() {
     lines.sort_unstable();
     lines.dedup();
     assert_eq!(lines.len(), 2 * N, "every line once");
+    // A handle opened O_APPEND: plain writes append (as older clients
+    // expect), WRITE_AT writes where it says.
+    let c = &clients[1];
+    let (fh, _) = c.open("log", libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+    c.write(fh, 0, b"tail\n").unwrap();
+    c.write_flagged(fh, 0, b"X", vio::WRITE_AT).unwrap();
+    c.close(fh).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(text.starts_with('X') && text.ends_with("tail\n"), "{text}");
 }

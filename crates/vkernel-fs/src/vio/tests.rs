@@ -303,6 +303,8 @@ fn invalidations_round_trip_and_bad_ones_are_refused() {
         flags: WRITE_APPEND,
     }
     .encode();
-    wr.0[5] = 2;
-    assert_eq!(Request::decode(&wr), Err(Errno::EINVAL));
+    for bad in [4, WRITE_APPEND | WRITE_AT] {
+        wr.0[5] = bad;
+        assert_eq!(Request::decode(&wr), Err(Errno::EINVAL));
+    }
 }
