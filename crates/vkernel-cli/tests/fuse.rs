@@ -762,3 +762,252 @@ fn the_posix_conformance_suite_passes_on_the_mount() {
     assert_eq!(count("failed"), 0, "{failed:#?}\n{out}");
     assert!(count("passed") >= 380, "{summary}");
 }
+
+/// Two mounts of one new file server at `a` and `b`, torn down on drop.
+fn two_mounts(root: &Path, a: &Path, b: &Path) -> (Mount, Mount) {
+    let (server, addr) = fileserver(root, "127.0.0.1:0");
+    let one = |mnt: &Path| {
+        let (p, _) = start(
+            "mount",
+            &["mount", &addr, mnt.to_str().unwrap()],
+            "mounted at",
+        );
+        assert!(mounted(mnt), "{} is not in /proc/mounts", mnt.display());
+        Mount {
+            mnt: mnt.to_path_buf(),
+            mount: Some(p),
+            server: None,
+        }
+    };
+    let (ma, mut mb) = (one(a), one(b));
+    // The server goes last, with the second mount.
+    mb.server = Some(server);
+    (ma, mb)
+}
+
+/// A directory renamed through one mount while a program on the other
+/// has its working directory and an open file in it: the program carries
+/// on, and the directory is there under its new name.
+#[test]
+fn a_directory_renamed_elsewhere_stays_usable_here() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("rename2");
+    let (root, a, b) = (
+        work.path().join("export"),
+        work.path().join("a"),
+        work.path().join("b"),
+    );
+    for d in [&root, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    std::fs::create_dir_all(a.join("old/sub")).unwrap();
+    std::fs::write(a.join("old/file"), "hello\n").unwrap();
+    std::fs::write(a.join("old/sub/inner"), "inner\n").unwrap();
+    let (ready, go) = (work.path().join("ready"), work.path().join("go"));
+    let script = format!(
+        "exec 3< file; ls sub; touch {ready}; \
+         while [ ! -e {go} ]; do sleep 0.05; done; \
+         cat file && ls sub && cat sub/inner && cat <&3 && echo x > sub/made && echo done",
+        ready = ready.display(),
+        go = go.display()
+    );
+    let dir = b.join("old");
+    let user = std::thread::spawn(move || sh(&dir, &script, Duration::from_secs(60)));
+    common::wait_for(Duration::from_secs(20), "the program on b", || {
+        ready.exists().then_some(())
+    });
+    std::fs::rename(a.join("old"), a.join("new")).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let (ok, out) = user.join().unwrap();
+    assert!(ok, "the program in the renamed directory failed:\n{out}");
+    assert_eq!(out, "inner\nhello\ninner\ninner\nhello\ndone\n");
+    // Later, by the new name, from this mount.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut names: Vec<String> = std::fs::read_dir(b.join("new/sub"))
+        .unwrap_or_else(|e| panic!("ls b/new/sub: {e}"))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["inner", "made"]);
+    assert_eq!(
+        std::fs::read_to_string(a.join("new/sub/made")).unwrap(),
+        "x\n"
+    );
+    assert!(!b.join("old").exists());
+}
+
+/// Programs on two mounts appending lines to one file (O_APPEND): every
+/// line lands whole, none inside another, none lost.
+#[test]
+fn appends_from_two_mounts_land_whole() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("append2");
+    let (root, a, b) = (
+        work.path().join("export"),
+        work.path().join("a"),
+        work.path().join("b"),
+    );
+    for d in [&root, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    std::fs::write(a.join("log"), "").unwrap();
+    const LINES: usize = 2000;
+    // One open each (the shell writes each line with one write(2)), and
+    // one open per line.
+    let writer = |dir: PathBuf, tag: &'static str| {
+        let script = format!(
+            "i=0; exec 3>>log; while [ $i -lt {LINES} ]; do \
+               echo \"{tag} $i some text to make the line longer\" >&3; i=$((i+1)); done; \
+             i=0; while [ $i -lt 200 ]; do echo \"{tag}o $i\" >> log; i=$((i+1)); done"
+        );
+        std::thread::spawn(move || sh(&dir, &script, Duration::from_secs(120)))
+    };
+    let (wa, wb) = (writer(a.clone(), "a"), writer(b.clone(), "b"));
+    for w in [wa, wb] {
+        let (ok, out) = w.join().unwrap();
+        assert!(ok, "an appending program failed:\n{out}");
+    }
+    let text = std::fs::read_to_string(root.join("log")).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let mut w = line.split(' ');
+        let (tag, n) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+        let whole = match tag {
+            "a" | "b" => line == format!("{tag} {n} some text to make the line longer"),
+            "ao" | "bo" => w.next().is_none(),
+            _ => false,
+        };
+        assert!(whole, "a line written over by another: {line:?}");
+        assert!(seen.insert(line.to_string()), "twice: {line:?}");
+    }
+    assert_eq!(seen.len(), 2 * (LINES + 200), "lines lost");
+    // A shared mapping of a file open with O_APPEND: its page goes back
+    // where it was, the append after it at the end.
+    if have("python3") {
+        let script = r#"printf 'hello\n' > m && python3 -c '
+import mmap, os
+fd = os.open("m", os.O_RDWR | os.O_APPEND)
+m = mmap.mmap(fd, 0)
+m[0:1] = b"J"
+m.flush()
+m.close()
+os.write(fd, b"more\n")
+os.close(fd)
+' && cat m"#;
+        let (ok, out) = sh(&b, script, Duration::from_secs(30));
+        assert!(ok, "{out}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("m")).unwrap(),
+            "Jello\nmore\n"
+        );
+    }
+}
+
+/// fallocate(2) in each mode and lseek(2)'s SEEK_DATA/SEEK_HOLE on a
+/// sparse file: what each answers, and the file after, as on the
+/// server's own file system.
+fn sparse_file_story(f: &Path) -> Vec<String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    const MIB: i64 = 1 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(f)
+        .unwrap();
+    let fd = file.as_raw_fd();
+    let errno = |r: i64| {
+        if r < 0 {
+            format!(
+                "errno {}",
+                std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+            )
+        } else {
+            r.to_string()
+        }
+    };
+    // SAFETY: fallocate and lseek on a descriptor this function owns.
+    let alloc = |mode: i32, off: i64, len: i64| {
+        errno(unsafe { libc::fallocate(fd, mode, off, len) }.into())
+    };
+    // SAFETY: as above.
+    let seek = |off: i64, whence: i32| errno(unsafe { libc::lseek(fd, off, whence) });
+    let meta = |what: &str, out: &mut Vec<String>| {
+        let m = std::fs::metadata(f).unwrap();
+        out.push(format!("{what}: size {} blocks {}", m.len(), m.blocks()));
+    };
+    let zeros_at = |off: u64, len: usize| {
+        let mut b = vec![1u8; len];
+        file.read_exact_at(&mut b, off).unwrap();
+        b.iter().all(|&x| x == 0)
+    };
+    let mut out = Vec::new();
+    out.push(format!("mode 0: {}", alloc(0, 0, MIB)));
+    meta("after mode 0", &mut out);
+    out.push(format!(
+        "keep size: {}",
+        alloc(libc::FALLOC_FL_KEEP_SIZE, MIB, MIB)
+    ));
+    meta("after keep size", &mut out);
+    // Data at 4 MiB beyond a hole; then holes and data as lseek sees them.
+    file.write_all_at(&vec![b'v'; 64 << 10], 4 << 20).unwrap();
+    file.sync_all().unwrap();
+    for at in [0, 2 * MIB, 4 * MIB, 4 * MIB + (64 << 10), 5 * MIB] {
+        out.push(format!(
+            "at {at}: data {} hole {}",
+            seek(at, libc::SEEK_DATA),
+            seek(at, libc::SEEK_HOLE)
+        ));
+    }
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    out.push(format!("punch: {}", alloc(punch, 4 * MIB + 8192, 16384)));
+    out.push(format!(
+        "punched zeros: {}",
+        zeros_at((4 << 20) + 8192, 16384)
+    ));
+    out.push(format!("hole at 4 MiB: {}", seek(4 * MIB, libc::SEEK_HOLE)));
+    out.push(format!(
+        "zero range: {}",
+        alloc(libc::FALLOC_FL_ZERO_RANGE, 4 * MIB, 4096)
+    ));
+    out.push(format!("zeroed: {}", zeros_at(4 << 20, 4096)));
+    out.push(format!("left alone: {}", !zeros_at((4 << 20) + 4096, 4096)));
+    // (Blocks at the end depend on how the file system split extents.)
+    out.push(format!(
+        "size at the end: {}",
+        file.metadata().unwrap().len()
+    ));
+    out
+}
+
+#[test]
+fn fallocate_and_holes_as_on_the_servers_disk() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("sparse");
+    let (root, mnt) = (work.path().join("export"), work.path().join("mnt"));
+    for d in [&root, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _m = Mount::new(&root, &mnt);
+    // On the server's file system itself, beside the export.
+    let local = sparse_file_story(&work.path().join("local"));
+    let mounted = sparse_file_story(&mnt.join("f"));
+    assert_eq!(mounted, local);
+    // Not a file system without holes: the story has some.
+    assert!(
+        local.iter().any(|l| l == "at 0: data 4194304 hole 0"),
+        "{local:#?}"
+    );
+    // The mount's attributes are the server file's.
+    let blocks = |p: &Path| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap());
+    assert_eq!(blocks(&mnt.join("f")), blocks(&root.join("f")));
+}

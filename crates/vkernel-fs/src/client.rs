@@ -13,6 +13,8 @@
 //! A server that is gone, or a host that stops answering, ends a call with
 //! [`ClientError::Ipc`] after the kernel's host timeout — never a hang.
 
+mod alloc;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -226,7 +228,8 @@ pub const OPEN_READ_MAX: usize = 60 << 10;
 /// the kernel's caches to another thread).
 fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
     let mut m = Message::zero();
-    let mut path = vec![0u8; vio::MAX_PATH];
+    // Room for a rename's two paths.
+    let mut path = vec![0u8; 2 * vio::MAX_PATH + 1];
     loop {
         let i = match p.receive_with_segment(&mut m, &mut path) {
             Ok(i) => i,
@@ -852,6 +855,7 @@ impl Client {
                 handle: fh.0,
                 offset: offset + done as u64,
                 count: n as u32,
+                flags: 0,
             }
             .encode();
             self.exchange(&mut m, Some(Segment::Read(&data[done..done + n])))?;
@@ -879,10 +883,55 @@ impl Client {
         if data.len() > WRITE_ATTR_MAX {
             return self.write(fh, offset, data).map(|n| (n, None));
         }
+        self.write_with_attr(fh, offset, data, 0)
+    }
+
+    /// Appends `data` at the end of the file as one request (at most
+    /// [`vio::MAX_IO`] bytes; the server finds the end under its lock of
+    /// the file, so appends from several clients never mix), and gets the
+    /// file's attributes after it. A server older than [`vio::WRITE_APPEND`]
+    /// ignores the flag and writes at `offset`, which Linux's pwrite(2)
+    /// also puts at the end for a handle opened with `O_APPEND`.
+    pub fn append_attr(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(usize, Option<Attr>), ClientError> {
+        if data.len() > vio::MAX_IO as usize {
+            return Err(ClientError::Server(Errno::EINVAL));
+        }
+        self.write_with_attr(fh, offset, data, vio::WRITE_APPEND)
+    }
+
+    /// Writes `data` at `offset` as one request (at most [`vio::MAX_IO`]
+    /// bytes) with `flags` ([`vio::WRITE_AT`]: at the offset even on a
+    /// handle opened with `O_APPEND`), and gets the file's attributes.
+    pub fn write_flagged(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        flags: u32,
+    ) -> Result<(usize, Option<Attr>), ClientError> {
+        if data.len() > vio::MAX_IO as usize {
+            return Err(ClientError::Server(Errno::EINVAL));
+        }
+        self.write_with_attr(fh, offset, data, flags)
+    }
+
+    fn write_with_attr(
+        &self,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        flags: u32,
+    ) -> Result<(usize, Option<Attr>), ClientError> {
         let mut m = Request::Write {
             handle: fh.0,
             offset,
             count: data.len() as u32,
+            flags,
         }
         .encode();
         let mut buf = Vec::with_capacity(data.len() + ATTR_LEN);
@@ -1074,6 +1123,7 @@ impl Client {
         let mut m = Request::Watch {
             callback: cb.0,
             members: self.members.len() as u32,
+            flags: vio::WATCH_RENAMES,
         }
         .encode();
         p.send_with_segment(&mut m, server, Segment::Read(&members))?;
@@ -1470,7 +1520,8 @@ fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
 
 /// May `q` be sent again to a restarted server when its first sending's
 /// outcome is unknown? Yes if doing it twice leaves the same result as
-/// once: reads and lookups, a WRITE (same bytes, same place), setting
+/// once: reads and lookups, a WRITE at an offset (same bytes, same place;
+/// not an append, which would add them twice), setting
 /// absolute attributes or sizes, and opening (the old server's handle died
 /// with it) unless the open must create the file (`O_EXCL`). Not mkdir,
 /// unlink, rename, link or symlink: the second would fail where the first
@@ -1478,8 +1529,8 @@ fn reborrow<'b>(s: &'b mut Segment<'_>) -> Segment<'b> {
 fn safe_to_resend(q: &Request) -> bool {
     match q {
         Request::Open { flags, .. } => *flags as i32 & libc::O_EXCL == 0,
+        Request::Write { flags, .. } => flags & vio::WRITE_APPEND == 0,
         Request::Opendir { .. }
-        | Request::Write { .. }
         | Request::Setattr { .. }
         | Request::Truncate { .. }
         | Request::Ftruncate { .. } => true,

@@ -22,12 +22,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno as FErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
+mod alloc;
 mod contents;
 mod listing;
+mod renamed;
 
 use crate::client::{Client, ClientError, Fh, LockRequest, OPEN_READ_MAX};
 use crate::vio::{self, Attr, Errno, Invalidation, Owner, SetAttr};
@@ -224,10 +226,23 @@ impl Nodes {
             pages: false,
             no_caps: false,
         });
+        // A directory has one name: found by another, it was moved (a
+        // change this table missed), and its old name would build a
+        // wrong path.
+        let stale = if a.mode & libc::S_IFMT == libc::S_IFDIR {
+            std::mem::take(&mut node.names)
+        } else {
+            Vec::new()
+        };
         if !node.names.contains(&key) {
             node.names.push(key.clone());
         }
         node.lookups += 1;
+        for old in stale.into_iter().filter(|k| *k != key) {
+            if self.by_name.get(&old) == Some(&ino) {
+                self.by_name.remove(&old);
+            }
+        }
         self.by_name.insert(key, ino);
         ino
     }
@@ -1030,7 +1045,9 @@ impl Filesystem for VioFs {
                 // fcntl and flock locks go to the server, so programs on
                 // different clients exclude each other.
                 | InitFlags::FUSE_POSIX_LOCKS
-                | InitFlags::FUSE_FLOCK_LOCKS,
+                | InitFlags::FUSE_FLOCK_LOCKS
+                // O_APPEND handles are uncached (direct I/O): still mappable.
+                | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         );
         Ok(())
     }
@@ -1404,7 +1421,9 @@ impl Filesystem for VioFs {
             lock_or_recover(&self.shared.heads).insert(fh.0, Head { data, to_eof });
         }
         self.opened(ino.0, fh);
-        let flags = if keep {
+        let flags = if f & libc::O_APPEND != 0 {
+            append_open()
+        } else if keep {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -1467,8 +1486,8 @@ impl Filesystem for VioFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1486,10 +1505,19 @@ impl Filesystem for VioFs {
             n.clear_attr(ino.0);
             (prior.map(|(d, _)| d), n.reported)
         };
-        let (written, a) = tryf!(
-            reply,
-            self.client.write_attr(sfh, offset, data).map_err(cerr)
-        );
+        // The kernel's offset of an append is its size, maybe stale: the
+        // server appends. A page written back (a mapping) goes where it is.
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // (The kernel may write back through an O_APPEND handle without
+        // saying so in `flags`.)
+        let w = if cached {
+            self.client.write_flagged(sfh, offset, data, vio::WRITE_AT)
+        } else if flags.0 & libc::O_APPEND != 0 {
+            self.client.append_attr(sfh, offset, data)
+        } else {
+            self.client.write_attr(sfh, offset, data)
+        };
+        let (written, a) = tryf!(reply, w.map_err(cerr));
         match a {
             // Written before the answer, so no deferred error can follow;
             // and the kernel asks for the attributes next (its copy is
@@ -1877,28 +1905,30 @@ impl Filesystem for VioFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Not in the protocol; callers (posix_fallocate) fall back to writes.
-        reply.error(FErrno::from_i32(libc::EOPNOTSUPP));
+        tryf!(reply, self.allocate(ino, fh, offset, length, mode));
+        reply.ok();
     }
 
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: fuser::ReplyLseek,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
     ) {
-        // ENOSYS makes the kernel use its generic lseek from then on.
-        reply.error(FErrno::from_i32(libc::ENOSYS));
+        match self.seek_data(ino, fh, offset, whence) {
+            Ok(at) => reply.offset(at),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn copy_file_range(
@@ -2044,14 +2074,27 @@ impl Filesystem for VioFs {
         };
         self.made_in(parent, dir);
         self.opened(ino, fh);
+        let fopen = if flags & libc::O_APPEND != 0 {
+            append_open()
+        } else {
+            FopenFlags::empty()
+        };
         reply.created(
             &self.ttl,
             &file_attr(ino, &a),
             Generation(0),
             FileHandle(u64::from(fh.0)),
-            FopenFlags::empty(),
+            fopen,
         );
     }
+}
+
+/// How an `O_APPEND` handle is opened: without the page cache, so that
+/// each write(2) reaches the mount whole (through the cache, the kernel
+/// splits a write at a page it does not hold) and is appended at the
+/// server as one piece.
+fn append_open() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO
 }
 
 /// What the kernel is told to drop.
@@ -2073,7 +2116,11 @@ fn forget_changed(shared: &Shared, inv: &Invalidation, path: &[u8]) -> Vec<Drop>
     {
         let mut n = shared.nodes();
         n.reported += 1;
-        let target = if inv.path_len > 0 {
+        let target = if inv.flags & vio::INVAL_RENAME != 0 {
+            let exchange = inv.flags & vio::INVAL_EXCHANGE != 0;
+            renamed::apply(&mut n, path, exchange, &mut drops);
+            None
+        } else if inv.path_len > 0 {
             match n.resolve(path) {
                 Some((parent, name, child)) => {
                     if inv.flags & vio::INVAL_ENTRY != 0 {
@@ -2258,6 +2305,24 @@ mod tests {
             (n.path(c).unwrap(), n.path(d).unwrap()),
             (b"d".to_vec(), b"b".to_vec())
         );
+    }
+
+    #[test]
+    fn a_directory_found_by_another_name_has_moved() {
+        let mut n = Nodes::new();
+        let dir = |ino| Attr {
+            mode: libc::S_IFDIR | 0o755,
+            ..attr(1, ino)
+        };
+        let d = n.remember(ROOT, b"old", &dir(50));
+        let f = n.remember(d, b"f", &attr(1, 51));
+        assert_eq!(n.remember(ROOT, b"new", &dir(50)), d);
+        assert_eq!(n.path(f).unwrap(), b"new/f");
+        assert_eq!(n.named(ROOT, b"old"), None);
+        // A file's second name is a hard link: both stay.
+        n.remember(ROOT, b"link", &attr(1, 51));
+        assert_eq!(n.path(f).unwrap(), b"new/f");
+        assert_eq!(n.named(ROOT, b"link"), Some(f));
     }
 
     #[test]

@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use vkernel::service::{Handler, PoolConfig, Request as PoolRequest, WorkerPool};
 use vkernel::{HostId, IpcError, Kernel, Message, Pid};
 
+mod alloc;
+
 use crate::confine::{self, Root};
 use crate::locks::{self, Held};
 use crate::vio::{self, Attr, Dirent, Errno, Owner, Request, SetAttr, ATTR_LEN, SETATTR_LEN};
@@ -249,6 +251,9 @@ enum Kind {
         inode: Arc<Inode>,
         /// (device, inode) as clients see it in [`Attr`].
         id: (u32, u64),
+        /// Opened with `O_APPEND` (the descriptor is not: the server
+        /// appends itself).
+        append: bool,
     },
     Dir {
         entries: Vec<Dirent>,
@@ -626,18 +631,30 @@ impl Req<'_> {
                 handle,
                 offset,
                 count,
+                ..
             } => {
                 let h = match self.file(handle) {
                     Ok(h) => h,
                     Err(e) => return self.send(Err(e)),
                 };
-                let Kind::File { file, inode, id } = &h.kind else {
+                let Kind::File {
+                    file,
+                    inode,
+                    id,
+                    append,
+                } = &h.kind
+                else {
                     return self.send(Err(Errno::EISDIR));
                 };
-                return if matches!(req, Request::Read { .. }) {
-                    self.read(file, inode, offset, count, scratch)
-                } else {
-                    self.write(file, inode, *id, offset, count, scratch)
+                return match req {
+                    Request::Write { flags, .. } => {
+                        // An O_APPEND handle's plain writes are appends.
+                        let at_end = flags & vio::WRITE_APPEND != 0
+                            || (*append && flags & vio::WRITE_AT == 0);
+                        let at = (!at_end).then_some(offset);
+                        self.write(file, inode, *id, at, count, scratch)
+                    }
+                    _ => self.read(file, inode, offset, count, scratch),
                 };
             }
             Request::Lock { .. } => return self.lock(req, scratch),
@@ -688,10 +705,13 @@ impl Req<'_> {
                 ..
             } => changes.push(Change::Path(seg(target_len as usize, path_len), entry)),
             Request::Rename {
-                old_len, new_len, ..
+                old_len,
+                new_len,
+                flags,
             } => {
-                changes.push(Change::Path(seg(0, old_len), entry));
-                changes.push(Change::Path(seg(old_len as usize, new_len), entry));
+                let (old, new) = (seg(0, old_len), seg(old_len as usize, new_len));
+                let exchange = flags & vio::RENAME_EXCHANGE != 0;
+                changes.push(Change::Rename(old, new, exchange));
             }
             Request::Link { old_len, new_len } => {
                 changes.push(Change::Path(seg(old_len as usize, new_len), entry));
@@ -708,7 +728,9 @@ impl Req<'_> {
             Request::Setxattr { path_len, .. } | Request::Removexattr { path_len, .. } => {
                 changes.push(Change::Path(seg(0, path_len), attr));
             }
-            Request::Ftruncate { handle, .. } | Request::Fsetattr { handle } => {
+            Request::Ftruncate { handle, .. }
+            | Request::Fsetattr { handle }
+            | Request::Fallocate { handle, .. } => {
                 if let Ok(h) = self.sh.handle(handle, self.r.from, self.r.principal) {
                     if let Kind::File { id, .. } = h.kind {
                         changes.push(Change::Id(id, attr | data));
@@ -838,7 +860,10 @@ impl Req<'_> {
                 owner,
             } => {
                 let p = path(path_len)?;
-                let (fd, created) = root.open_file(p, flags, mode)?;
+                // Appends are done here (WRITE), so that a WRITE_AT of such
+                // a handle can still write at its offset.
+                let append = flags & libc::O_APPEND as u32 != 0;
+                let (fd, created) = root.open_file(p, flags & !(libc::O_APPEND as u32), mode)?;
                 if created {
                     self.give(p, owner)?;
                 }
@@ -862,7 +887,12 @@ impl Req<'_> {
                 let h = sh.add_handle(
                     self.r.from.host(),
                     self.r.principal,
-                    Kind::File { file, inode, id },
+                    Kind::File {
+                        file,
+                        inode,
+                        id,
+                        append,
+                    },
                 )?;
                 if !prefetch {
                     // w4: the file was made by this open.
@@ -1153,9 +1183,20 @@ impl Req<'_> {
                 root.removexattr(p, name)?;
                 Ok(Answer::Words(vec![]))
             }
-            Request::Watch { callback, members } => {
+            Request::Fallocate { handle, mode } => self.fallocate(handle, mode, input),
+            Request::Lseek {
+                handle,
+                whence,
+                offset,
+            } => self.lseek(handle, whence, offset),
+            Request::Watch {
+                callback,
+                members,
+                flags,
+            } => {
                 let m = input.get(..members as usize * 4).ok_or(Errno::EPROTO)?;
-                sh.watchers.add(Pid(callback), watch::members(m))?;
+                let renames = flags & vio::WATCH_RENAMES != 0;
+                sh.watchers.add(Pid(callback), watch::members(m), renames)?;
                 // A mount's first request: the file server's "connection".
                 tracing::info!(
                     "file server: a client (callback {}) mounted; {} mounts watch",
@@ -1439,12 +1480,13 @@ impl Req<'_> {
         });
     }
 
+    /// WRITE at `offset`, or at the end of the file (`None`: append).
     fn write(
         &self,
         file: &std::fs::File,
         inode: &Arc<Inode>,
         id: (u32, u64),
-        offset: u64,
+        offset: Option<u64>,
         count: u32,
         buf: &mut Vec<u8>,
     ) -> Result<(), IpcError> {
@@ -1453,17 +1495,31 @@ impl Req<'_> {
         if let Err(e) = self.gather(buf, n)? {
             return self.send(Err(e));
         }
-        if offset
-            .checked_add(n as u64)
-            .is_none_or(|end| end > i64::MAX as u64)
-        {
-            return self.send(Err(Errno::EINVAL));
-        }
         let mut io = lock(&inode.io);
         if let Some(e) = io.error.take() {
             drop(io);
             return self.send(Err(e));
         }
+        // An append (no offset) goes at the end as it is under the file's
+        // lock, which orders it after every earlier write here.
+        let offset =
+            match offset.map_or_else(|| rustix::fs::fstat(file).map(|st| st.st_size as u64), Ok) {
+                Ok(at)
+                    if at
+                        .checked_add(n as u64)
+                        .is_some_and(|end| end <= i64::MAX as u64) =>
+                {
+                    at
+                }
+                Ok(_) => {
+                    drop(io);
+                    return self.send(Err(Errno::EINVAL));
+                }
+                Err(e) => {
+                    drop(io);
+                    return self.send(Err(Errno::from_rustix(e)));
+                }
+            };
         sh.drop_ra(&mut io);
         let ok = vio::reply(Errno::OK, &[n as u32]);
         // Room for the attributes after the data: the client wants them

@@ -41,12 +41,21 @@ pub const CLOSE: u32 = 0x56_0002;
 /// end of file or when count exceeded [`MAX_IO`]). Small reads come back
 /// appended to the reply; large ones by MoveTo first.
 pub const READ: u32 = 0x56_0003;
-/// Request: write. w1 handle, w2–w3 offset, w4 count; segment
+/// Request: write. w1 handle, w2–w3 offset, w4 count, w5 flags
+/// ([`WRITE_APPEND`]; 0 from older clients); segment
 /// read-granted holding the data. Reply: w1 bytes accepted. If the
 /// segment is also write-granted with room for an [`Attr`] after the
 /// data, the data is written before the reply (not behind it) and the
 /// file's attributes after the write come back at segment offset count.
 pub const WRITE: u32 = 0x56_0004;
+/// [`WRITE`] flag: write at the end of the file (the offset is ignored),
+/// found and written under the server's lock of the file, so appends
+/// from any number of clients land whole, one after another.
+pub const WRITE_APPEND: u32 = 1;
+/// [`WRITE`] flag: write at the offset even on a handle opened with
+/// `O_APPEND` (whose plain writes are appended): a page the client's
+/// page cache writes back (a shared mapping of such a file).
+pub const WRITE_AT: u32 = 2;
 /// Request: attributes by path. w1 path length, w2 flags ([`STAT_NOFOLLOW`]).
 /// Segment read+write: path in, [`Attr`] out.
 pub const STAT: u32 = 0x56_0005;
@@ -106,7 +115,8 @@ pub const FSETATTR: u32 = 0x56_0016;
 /// client's *callback process*, w2 how many member pids follow in the
 /// segment (read: u32 each, big-endian; at most [`MAX_WATCH_MEMBERS`]):
 /// the processes the client sends its requests from, whose own changes
-/// are not reported back to it. The server then Sends [`INVALIDATE`]
+/// are not reported back to it; w3 flags ([`WATCH_RENAMES`], 0 from older
+/// clients). The server then Sends [`INVALIDATE`]
 /// messages to the callback process before it replies to a change made
 /// by any other client (docs/VIO.md, "Cache invalidation").
 pub const WATCH: u32 = 0x56_0017;
@@ -169,6 +179,27 @@ pub const SETXATTR: u32 = 0x56_001e;
 /// Request: remove an extended attribute. w1 path length, w2 name
 /// length; segment read: path ++ name.
 pub const REMOVEXATTR: u32 = 0x56_001f;
+/// Request: allocate, or free, a range of an open file (fallocate(2)).
+/// w1 handle, w2 mode (0, [`FALLOC_KEEP_SIZE`], [`FALLOC_PUNCH_HOLE`] |
+/// [`FALLOC_KEEP_SIZE`], [`FALLOC_ZERO_RANGE`] with or without
+/// [`FALLOC_KEEP_SIZE`]; other bits `EOPNOTSUPP`). Segment read+write:
+/// offset and length (u64 each, big-endian) in; with room for an
+/// [`Attr`] after them, the file's attributes after the change out (at
+/// offset 0). Done by the server's fallocate(2) on the file.
+pub const FALLOCATE: u32 = 0x56_0020;
+/// Request: the next data or hole of an open file at or after an offset
+/// (lseek(2) `SEEK_DATA` = 3, `SEEK_HOLE` = 4; other whence `EINVAL`).
+/// w1 handle, w2 whence, w3–w4 offset. Reply: w1–w2 the offset found;
+/// `ENXIO` when there is none (at or past the end).
+pub const LSEEK: u32 = 0x56_0021;
+/// [`FALLOCATE`] mode: do not change the file's size.
+pub const FALLOC_KEEP_SIZE: u32 = 1;
+/// [`FALLOCATE`] mode: free the range (with [`FALLOC_KEEP_SIZE`]).
+pub const FALLOC_PUNCH_HOLE: u32 = 2;
+/// [`FALLOCATE`] mode: make the range read as zeros, allocated.
+pub const FALLOC_ZERO_RANGE: u32 = 0x10;
+/// Bytes of a [`FALLOCATE`] range in the segment.
+pub const FALLOC_RANGE_LEN: usize = 16;
 /// [`SETXATTR`] flag: fail with `EEXIST` if it exists.
 pub const XATTR_CREATE: u32 = 1;
 /// [`SETXATTR`] flag: fail with `ENODATA` unless it exists.
@@ -186,6 +217,10 @@ pub const INVALIDATE: u32 = 0x56_0080;
 
 /// Most member pids in a [`WATCH`] request.
 pub const MAX_WATCH_MEMBERS: u32 = 256;
+/// [`WATCH`] flag: report a rename as one [`INVAL_RENAME`] message (the
+/// client can move its names, so a directory in use stays usable), not as
+/// two unrelated [`INVAL_ENTRY`] ones.
+pub const WATCH_RENAMES: u32 = 1;
 /// [`INVALIDATE`] flag: the file's attributes changed.
 pub const INVAL_ATTR: u32 = 1;
 /// [`INVALIDATE`] flag: the file's data changed.
@@ -193,6 +228,13 @@ pub const INVAL_DATA: u32 = 2;
 /// [`INVALIDATE`] flag: the name at the path was made, removed or now
 /// means another file; its directory's attributes changed too.
 pub const INVAL_ENTRY: u32 = 4;
+/// [`INVALIDATE`] flag (with [`INVAL_ENTRY`], only to clients that asked
+/// with [`WATCH_RENAMES`]): the name at the old path was renamed to the
+/// new one; the segment is old path, NUL, new path.
+pub const INVAL_RENAME: u32 = 8;
+/// [`INVALIDATE`] flag (with [`INVAL_RENAME`]): the two names were
+/// exchanged (`RENAME_EXCHANGE`).
+pub const INVAL_EXCHANGE: u32 = 16;
 
 /// STAT flag: do not follow a symbolic link in the last component.
 pub const STAT_NOFOLLOW: u32 = 1;
@@ -220,6 +262,8 @@ impl Errno {
     pub const ENOENT: Errno = Errno(2);
     /// I/O error (also: a deferred write failed).
     pub const EIO: Errno = Errno(5);
+    /// No such offset: no data or hole past it ([`LSEEK`]).
+    pub const ENXIO: Errno = Errno(6);
     /// Bad or unknown handle.
     pub const EBADF: Errno = Errno(9);
     /// Not an executable format (program load).
@@ -388,6 +432,8 @@ pub enum Request {
         offset: u64,
         /// Bytes in the segment.
         count: u32,
+        /// [`WRITE_APPEND`], [`WRITE_AT`] or 0.
+        flags: u32,
     },
     /// [`STAT`].
     Stat {
@@ -514,6 +560,24 @@ pub enum Request {
         callback: u32,
         /// Member pids in the segment.
         members: u32,
+        /// [`WATCH_RENAMES`] or 0.
+        flags: u32,
+    },
+    /// [`FALLOCATE`].
+    Fallocate {
+        /// File handle.
+        handle: u32,
+        /// [`FALLOC_KEEP_SIZE`], [`FALLOC_PUNCH_HOLE`], [`FALLOC_ZERO_RANGE`].
+        mode: u32,
+    },
+    /// [`LSEEK`].
+    Lseek {
+        /// File handle.
+        handle: u32,
+        /// `SEEK_DATA` or `SEEK_HOLE`.
+        whence: u32,
+        /// Where to start looking.
+        offset: u64,
     },
     /// [`LOCK`].
     Lock {
@@ -595,11 +659,17 @@ impl Invalidation {
     }
 
     /// Decodes an [`INVALIDATE`] message (`EPROTO` for another code,
-    /// unknown flags or a path over [`MAX_PATH`]).
+    /// unknown flags or a path over [`MAX_PATH`], two with
+    /// [`INVAL_RENAME`]).
     pub fn decode(m: &Message) -> Result<Invalidation, Errno> {
         let w = &m.0;
-        let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY;
-        if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > MAX_PATH {
+        let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY | INVAL_RENAME | INVAL_EXCHANGE;
+        let most = if w[1] & INVAL_RENAME != 0 {
+            2 * MAX_PATH + 1
+        } else {
+            MAX_PATH
+        };
+        if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > most {
             return Err(Errno::EPROTO);
         }
         Ok(Invalidation {
@@ -641,6 +711,7 @@ impl Request {
             | Request::Fsetattr { .. }
             | Request::Setxattr { .. }
             | Request::Removexattr { .. }
+            | Request::Fallocate { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
             | Request::Read { .. }
@@ -656,6 +727,7 @@ impl Request {
             | Request::Lock { .. }
             | Request::Getxattr { .. }
             | Request::Listxattr { .. }
+            | Request::Lseek { .. }
             | Request::Readdirplus { .. } => false,
         }
     }
@@ -673,6 +745,7 @@ impl Request {
                 | Request::Readlink { .. }
                 | Request::Getxattr { .. }
                 | Request::Listxattr { .. }
+                | Request::Lseek { .. }
                 | Request::Statfs
         )
     }
@@ -704,6 +777,7 @@ impl Request {
             Request::Watch { members, .. } => members as usize * 4,
             Request::Closev { count } => count as usize * 4,
             Request::Lock { .. } => LOCK_RANGE_LEN,
+            Request::Fallocate { .. } => FALLOC_RANGE_LEN,
             Request::Getxattr {
                 path_len, name_len, ..
             }
@@ -758,10 +832,11 @@ impl Request {
                 handle,
                 offset,
                 count,
+                flags,
             } => {
                 w[1] = handle;
                 (w[2], w[3]) = split64(offset);
-                w[4] = count;
+                (w[4], w[5]) = (count, flags);
                 WRITE
             }
             Request::Stat { path_len, nofollow } => {
@@ -862,8 +937,12 @@ impl Request {
                 LINK
             }
             Request::Statfs => STATFS,
-            Request::Watch { callback, members } => {
-                (w[1], w[2]) = (callback, members);
+            Request::Watch {
+                callback,
+                members,
+                flags,
+            } => {
+                (w[1], w[2], w[3]) = (callback, members, flags);
                 WATCH
             }
             Request::Readdirplus { handle, index } => {
@@ -909,6 +988,19 @@ impl Request {
             Request::Removexattr { path_len, name_len } => {
                 (w[1], w[2]) = (path_len, name_len);
                 REMOVEXATTR
+            }
+            Request::Fallocate { handle, mode } => {
+                (w[1], w[2]) = (handle, mode);
+                FALLOCATE
+            }
+            Request::Lseek {
+                handle,
+                whence,
+                offset,
+            } => {
+                (w[1], w[2]) = (handle, whence);
+                (w[3], w[4]) = split64(offset);
+                LSEEK
             }
         };
         w[0] = code;
@@ -960,11 +1052,17 @@ impl Request {
                 offset: join64(w[2], w[3]),
                 count: w[4],
             },
-            WRITE => Request::Write {
-                handle: w[1],
-                offset: join64(w[2], w[3]),
-                count: w[4],
-            },
+            WRITE => {
+                if w[5] & !(WRITE_APPEND | WRITE_AT) != 0 || w[5] == WRITE_APPEND | WRITE_AT {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Write {
+                    handle: w[1],
+                    offset: join64(w[2], w[3]),
+                    count: w[4],
+                    flags: w[5],
+                }
+            }
             STAT => {
                 if w[2] & !STAT_NOFOLLOW != 0 {
                     return Err(Errno::EINVAL);
@@ -1053,6 +1151,8 @@ impl Request {
                 Request::Watch {
                     callback: w[1],
                     members: w[2],
+                    // Unknown bits are ignored: a newer client's wishes.
+                    flags: w[3] & WATCH_RENAMES,
                 }
             }
             READDIRPLUS => Request::Readdirplus {
@@ -1086,6 +1186,25 @@ impl Request {
                 path_len: path(w[1])?,
                 name_len: xname(w[2])?,
             },
+            FALLOCATE => {
+                if w[2] & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
+                    return Err(Errno::EOPNOTSUPP);
+                }
+                Request::Fallocate {
+                    handle: w[1],
+                    mode: w[2],
+                }
+            }
+            LSEEK => {
+                if w[2] != libc::SEEK_DATA as u32 && w[2] != libc::SEEK_HOLE as u32 {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Lseek {
+                    handle: w[1],
+                    whence: w[2],
+                    offset: join64(w[3], w[4]),
+                }
+            }
             LOCK => {
                 if w[2] & !(3 | LOCK_WAIT | LOCK_TEST) != 0 || w[2] & 3 == 3 {
                     return Err(Errno::EINVAL);
@@ -1134,7 +1253,18 @@ pub fn code(m: &Message) -> u32 {
 pub fn carries_handle(code: u32) -> bool {
     matches!(
         code,
-        CLOSE | READ | WRITE | FSTAT | READDIR | READDIRPLUS | FTRUNCATE | FSYNC | FSETATTR | LOCK
+        CLOSE
+            | READ
+            | WRITE
+            | FSTAT
+            | READDIR
+            | READDIRPLUS
+            | FTRUNCATE
+            | FSYNC
+            | FSETATTR
+            | LOCK
+            | FALLOCATE
+            | LSEEK
     )
 }
 

@@ -39,6 +39,10 @@ pub(crate) enum Change<'a> {
     Path(&'a [u8], u32),
     /// By identity (device, inode): `flags` about that file.
     Id((u32, u64), u32),
+    /// A rename from the first path to the second (exchanged if the flag
+    /// says so): one [`vio::INVAL_RENAME`] to watchers that asked for it,
+    /// an [`vio::INVAL_ENTRY`] per name to the others.
+    Rename(&'a [u8], &'a [u8], bool),
 }
 
 struct Watcher {
@@ -48,6 +52,8 @@ struct Watcher {
     interest: HashSet<(u32, u64)>,
     /// The interest set overflowed: tell it of every change.
     all: bool,
+    /// It asked for renames as one message ([`vio::WATCH_RENAMES`]).
+    renames: bool,
 }
 
 /// The watching clients of one server.
@@ -88,8 +94,9 @@ impl Watchers {
     }
 
     /// Registers (or re-registers) the client whose callback process is
-    /// `callback` and which sends from `members`.
-    pub(crate) fn add(&self, callback: Pid, members: Vec<Pid>) -> Result<(), Errno> {
+    /// `callback` and which sends from `members`; `renames`: it takes
+    /// [`Change::Rename`] as one message.
+    pub(crate) fn add(&self, callback: Pid, members: Vec<Pid>, renames: bool) -> Result<(), Errno> {
         if callback.is_none() || members.contains(&callback) {
             return Err(Errno::EINVAL);
         }
@@ -103,6 +110,7 @@ impl Watchers {
             members,
             interest: HashSet::new(),
             all: false,
+            renames,
         });
         self.count.store(l.len(), Ordering::Release);
         Ok(())
@@ -134,14 +142,19 @@ impl Watchers {
         {
             let mut l = self.list();
             for w in l.iter_mut().filter(|w| !w.members.contains(&from)) {
-                let mine: Vec<Change<'_>> = changes
-                    .iter()
-                    .copied()
-                    .filter(|c| match c {
-                        Change::Path(..) => true,
-                        Change::Id(id, _) => w.interest.remove(id) || w.all,
-                    })
-                    .collect();
+                let mut mine: Vec<Change<'_>> = Vec::new();
+                for &c in changes {
+                    match c {
+                        Change::Path(..) => mine.push(c),
+                        Change::Id(id, _) if w.interest.remove(&id) || w.all => mine.push(c),
+                        Change::Id(..) => {}
+                        Change::Rename(..) if w.renames => mine.push(c),
+                        Change::Rename(old, new, _) => {
+                            mine.push(Change::Path(old, vio::INVAL_ENTRY));
+                            mine.push(Change::Path(new, vio::INVAL_ENTRY));
+                        }
+                    }
+                }
                 if !mine.is_empty() {
                     todo.push((w.callback, mine));
                 }
@@ -171,7 +184,20 @@ impl Watchers {
 }
 
 fn send(p: &Process, to: Pid, c: Change<'_>) -> Result<(), vkernel::IpcError> {
+    let joined;
     let (inv, path) = match c {
+        Change::Rename(old, new, exchange) => {
+            joined = [old, new].join(&0u8);
+            let x = if exchange { vio::INVAL_EXCHANGE } else { 0 };
+            (
+                Invalidation {
+                    flags: vio::INVAL_ENTRY | vio::INVAL_RENAME | x,
+                    id: (0, 0),
+                    path_len: joined.len() as u32,
+                },
+                &joined[..],
+            )
+        }
         Change::Path(path, flags) => (
             Invalidation {
                 flags,
@@ -221,13 +247,13 @@ mod tests {
     #[test]
     fn registration_replaces_and_refuses_nonsense() {
         let w = Watchers::default();
-        assert_eq!(w.add(Pid(0), vec![Pid(5)]), Err(Errno::EINVAL));
-        assert_eq!(w.add(Pid(5), vec![Pid(5)]), Err(Errno::EINVAL));
-        w.add(Pid(9), vec![Pid(1), Pid(2)]).unwrap();
+        assert_eq!(w.add(Pid(0), vec![Pid(5)], false), Err(Errno::EINVAL));
+        assert_eq!(w.add(Pid(5), vec![Pid(5)], false), Err(Errno::EINVAL));
+        w.add(Pid(9), vec![Pid(1), Pid(2)], true).unwrap();
         // The same client again (a restart of its callback): one entry.
-        w.add(Pid(10), vec![Pid(2), Pid(3)]).unwrap();
+        w.add(Pid(10), vec![Pid(2), Pid(3)], true).unwrap();
         assert_eq!(w.len(), 1);
-        w.add(Pid(11), vec![Pid(4)]).unwrap();
+        w.add(Pid(11), vec![Pid(4)], false).unwrap();
         assert_eq!(w.len(), 2);
         w.saw(Pid(4), (1, 7));
         assert!(w.list()[1].interest.contains(&(1, 7)));

@@ -464,6 +464,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
         handle: 7,
         offset: 0,
         count: 4,
+        flags: 0,
     }
     .encode();
     assert_eq!(
@@ -491,6 +492,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
         handle: fh.0,
         offset: 0,
         count: 10,
+        flags: 0,
     }
     .encode();
     assert_eq!(st(raw(&p, s, m, None)), Errno::EPROTO);
@@ -498,6 +500,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
         handle: fh.0,
         offset: u64::MAX - 2,
         count: 4,
+        flags: 0,
     }
     .encode();
     assert_eq!(
@@ -855,4 +858,57 @@ fn a_vanished_clients_locks_are_released() {
         "granted after {waited:?}; the checker runs every 5 s"
     );
     assert!(b.test_lock(fb, &l(8)).unwrap().is_some(), "B holds it now");
+}
+
+/// WRITE_APPEND goes at the end as the server finds it, whatever offset
+/// the client sends and even on a handle opened without O_APPEND: appends
+/// from two clients on two hosts never land on each other.
+#[test]
+fn appends_from_two_clients_land_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_hosts(Duration::from_secs(5));
+    let srv = server(&a, dir.path());
+    let clients = [
+        Arc::new(Client::connect(&a, srv.pid(), 2).unwrap()),
+        Arc::new(Client::connect(&b, srv.pid(), 2).unwrap()),
+    ];
+    let (fh, _) = clients[0].create("log", 0o644).unwrap();
+    clients[0].close(fh).unwrap();
+    const N: usize = 300;
+    let threads: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(t, c)| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let (fh, _) = c.open("log", libc::O_WRONLY, 0).unwrap();
+                for i in 0..N {
+                    let line = format!("{t} {i:04}\n");
+                    // A stale offset (0): the server must not use it.
+                    let (n, attr) = c.append_attr(fh, 0, line.as_bytes()).unwrap();
+                    assert_eq!(n, line.len());
+                    assert!(attr.is_some_and(|a| a.size >= ((i + 1) * line.len()) as u64));
+                }
+                c.close(fh).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2 * N, "{text}");
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len(), 2 * N, "every line once");
+    // A handle opened O_APPEND: plain writes append (as older clients
+    // expect), WRITE_AT writes where it says.
+    let c = &clients[1];
+    let (fh, _) = c.open("log", libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+    c.write(fh, 0, b"tail\n").unwrap();
+    c.write_flagged(fh, 0, b"X", vio::WRITE_AT).unwrap();
+    c.close(fh).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(text.starts_with('X') && text.ends_with("tail\n"), "{text}");
 }

@@ -23,6 +23,7 @@ fn all_requests() -> Vec<Request> {
         Request::Watch {
             callback: 0x0001_0002,
             members: 3,
+            flags: WATCH_RENAMES,
         },
         Request::Readdirplus {
             handle: 5,
@@ -64,6 +65,7 @@ fn all_requests() -> Vec<Request> {
             handle: 3,
             offset: u64::MAX - 1,
             count: 1,
+            flags: WRITE_APPEND,
         },
         Request::Stat {
             path_len: 4,
@@ -92,6 +94,15 @@ fn all_requests() -> Vec<Request> {
             size: 1 << 40,
         },
         Request::Ftruncate { handle: 2, size: 0 },
+        Request::Fallocate {
+            handle: 2,
+            mode: FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE,
+        },
+        Request::Lseek {
+            handle: 2,
+            whence: libc::SEEK_HOLE as u32,
+            offset: 0x1_0000_0003,
+        },
         Request::Fsync {
             handle: 2,
             datasync: true,
@@ -267,8 +278,33 @@ fn invalidations_round_trip_and_bad_ones_are_refused() {
     let mut w = Request::Watch {
         callback: 1,
         members: 1,
+        flags: 0,
     }
     .encode();
     w.0[2] = MAX_WATCH_MEMBERS + 1;
     assert_eq!(Request::decode(&w), Err(Errno::EINVAL));
+    // FALLOCATE modes the server does not do; LSEEK other than DATA/HOLE;
+    // unknown WRITE flags.
+    let mut f = Request::Fallocate { handle: 1, mode: 0 }.encode();
+    f.0[2] = 0x08; // FALLOC_FL_COLLAPSE_RANGE
+    assert_eq!(Request::decode(&f), Err(Errno::EOPNOTSUPP));
+    let mut l = Request::Lseek {
+        handle: 1,
+        whence: libc::SEEK_DATA as u32,
+        offset: 0,
+    }
+    .encode();
+    l.0[2] = libc::SEEK_END as u32;
+    assert_eq!(Request::decode(&l), Err(Errno::EINVAL));
+    let mut wr = Request::Write {
+        handle: 1,
+        offset: 0,
+        count: 1,
+        flags: WRITE_APPEND,
+    }
+    .encode();
+    for bad in [4, WRITE_APPEND | WRITE_AT] {
+        wr.0[5] = bad;
+        assert_eq!(Request::decode(&wr), Err(Errno::EINVAL));
+    }
 }
