@@ -95,7 +95,7 @@ impl Contents {
     /// shows the same data it was kept with.
     pub fn get(&self, ino: u64, current: &Attr) -> Option<Arc<Vec<u8>>> {
         let k = self.map.get(&ino)?;
-        (super::same_data(&k.attr, current) && current.size == k.data.len() as u64)
+        (super::convert::same_data(&k.attr, current) && current.size == k.data.len() as u64)
             .then(|| k.data.clone())
     }
 

@@ -3,7 +3,8 @@
 //! inode number and gets the new name, so a directory that is a working
 //! directory or holds open files on this mount stays usable.
 
-use super::{Drop, Nodes};
+use super::invalidate::Drop;
+use super::nodes::Nodes;
 
 /// Applies the rename in `joined` (old path, NUL, new path) to `n`, and
 /// adds to `drops` what the kernel must forget.

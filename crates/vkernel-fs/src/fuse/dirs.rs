@@ -1,0 +1,288 @@
+//! Directories: handles of listings served by the mount itself or by
+//! the server, and READDIR/READDIRPLUS over either.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyOpen,
+};
+
+use super::convert::{dt_kind, file_attr};
+use super::listing::Entry;
+use super::{cerr, lock_or_recover, VioFs};
+use crate::client::{ClientError, Fh};
+use crate::vio::Attr;
+
+/// A listing as a directory handle served here was opened with.
+pub(super) type Snapshot = Arc<Vec<(Entry, Attr)>>;
+
+/// First directory handle of a listing served by the mount itself
+/// (server handles are 32-bit).
+pub(super) const LOCAL_DIR: u64 = 1 << 63;
+
+impl VioFs {
+    /// The entries a listing served here was opened with.
+    pub(super) fn local_dir(&self, fh: FileHandle) -> Option<Snapshot> {
+        if fh.0 < LOCAL_DIR {
+            return None;
+        }
+        lock_or_recover(&self.local_dirs).get(&fh.0).cloned()
+    }
+
+    /// The directory's kept listing, if it is fresh and every entry's
+    /// attributes are too (readdirplus hands them to the kernel).
+    pub(super) fn kept_listing(&self, dir: INodeNo) -> Option<Vec<(Entry, Attr)>> {
+        let n = self.nodes();
+        let entries = n.listings.entries(dir.0, self.ttl)?;
+        entries
+            .into_iter()
+            .map(|e| {
+                let ino = n.named(dir.0, &e.name)?;
+                let a = n.cached_attr(ino, self.ttl)?;
+                Some((e, a))
+            })
+            .collect()
+    }
+
+    /// Lists the directory at the server (with attributes) and keeps the
+    /// listing; `None` from a server without READDIRPLUS.
+    pub(super) fn fetch_listing(
+        &self,
+        dir: INodeNo,
+        path: &[u8],
+    ) -> Result<Option<Vec<(Entry, Attr)>>, ClientError> {
+        let epoch = self.nodes().reported;
+        let (fh, _) = self.client.opendir(path)?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        let r =
+            loop {
+                match self.client.readdirplus_at(fh, at) {
+                    Ok(Some(c)) => {
+                        out.extend(c.entries.into_iter().filter(|(_, a)| a.ino != 0).map(
+                            |(e, a)| {
+                                (
+                                    Entry {
+                                        name: e.name,
+                                        ino: e.ino,
+                                        kind: e.kind,
+                                    },
+                                    a,
+                                )
+                            },
+                        ));
+                        if c.done || c.next <= at {
+                            break Ok(true);
+                        }
+                        at = c.next;
+                    }
+                    Ok(None) => break Ok(false),
+                    Err(e) => break Err(e),
+                }
+            };
+        self.close_later(fh);
+        if !r? {
+            return Ok(None);
+        }
+        let mut n = self.nodes();
+        if n.reported == epoch {
+            n.listings.set(dir.0, out.iter().map(|(e, _)| e.clone()));
+        }
+        Ok(Some(out))
+    }
+
+    /// The directory handle's listing ended before `offset`: nothing
+    /// more to ask the server.
+    pub(super) fn listed_past(&self, fh: FileHandle, offset: u64) -> bool {
+        fh.0 < LOCAL_DIR
+            && lock_or_recover(&self.listed)
+                .get(&(fh.0 as u32))
+                .is_some_and(|&end| offset >= end)
+    }
+
+    pub(super) fn listed_to(&self, fh: FileHandle, end: u64) {
+        lock_or_recover(&self.listed).insert(fh.0 as u32, end);
+    }
+
+    pub(super) fn do_opendir(&self, ino: INodeNo, reply: ReplyOpen) {
+        let p = tryf!(reply, self.path(ino));
+        if self.watched {
+            let snap = match self.kept_listing(ino) {
+                Some(s) => Some(s),
+                None => tryf!(reply, self.fetch_listing(ino, &p).map_err(cerr)),
+            };
+            if let Some(snap) = snap {
+                let fh = self
+                    .next_local_dir
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lock_or_recover(&self.local_dirs).insert(fh, Arc::new(snap));
+                return reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+        }
+        let (fh, _) = tryf!(reply, self.client.opendir(&p).map_err(cerr));
+        reply.opened(FileHandle(u64::from(fh.0)), FopenFlags::empty());
+    }
+
+    pub(super) fn do_readdir(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Offsets: 0 ".", 1 "..", then the server's entry i at 2 + i; each
+        // entry carries the offset of the one after it.
+        if self.listed_past(fh, offset) {
+            return reply.ok();
+        }
+        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset <= 1 {
+            let parent = self.nodes().parent_of(ino.0);
+            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+        }
+        if let Some(snap) = self.local_dir(fh) {
+            let n = self.nodes();
+            for (i, (e, _)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+                let e_ino = n.entry_ino(ino.0, e.ino);
+                let name = OsStr::from_bytes(&e.name);
+                if reply.add(INodeNo(e_ino), 2 + i as u64 + 1, dt_kind(e.kind), name) {
+                    break;
+                }
+            }
+            drop(n);
+            return reply.ok();
+        }
+        let mut at = u32::try_from(offset.max(2) - 2).unwrap_or(u32::MAX);
+        loop {
+            let c = tryf!(
+                reply,
+                self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
+            );
+            let inos: Vec<u64> = {
+                let n = self.nodes();
+                c.entries
+                    .iter()
+                    .map(|e| n.entry_ino(ino.0, e.ino))
+                    .collect()
+            };
+            for (i, (e, &e_ino)) in c.entries.iter().zip(&inos).enumerate() {
+                let next = 2 + u64::from(at) + i as u64 + 1;
+                let name = OsStr::from_bytes(&e.name);
+                if reply.add(INodeNo(e_ino), next, dt_kind(e.kind), name) {
+                    return reply.ok();
+                }
+            }
+            if c.done || c.next <= at {
+                self.listed_to(fh, 2 + u64::from(c.next.max(at)));
+                return reply.ok();
+            }
+            at = c.next;
+        }
+    }
+
+    pub(super) fn do_readdirplus(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // Offsets as in `readdir`. Every entry but `.` and `..` counts as
+        // a lookup of its file.
+        if self.listed_past(fh, offset) {
+            return reply.ok();
+        }
+        let zero = Duration::ZERO;
+        let dot = |i: u64| file_attr(i, &Attr::default());
+        if offset == 0 && reply.add(ino, 1, ".", &zero, &dot(ino.0), Generation(0)) {
+            return reply.ok();
+        }
+        if offset <= 1 {
+            let parent = self.nodes().parent_of(ino.0);
+            if reply.add(INodeNo(parent), 2, "..", &zero, &dot(parent), Generation(0)) {
+                return reply.ok();
+            }
+        }
+        if let Some(snap) = self.local_dir(fh) {
+            let mut n = self.nodes();
+            for (i, (e, a)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+                let e_ino = n.remember(ino.0, &e.name, a);
+                n.set_attr(e_ino, a);
+                let name = OsStr::from_bytes(&e.name);
+                let fa = file_attr(e_ino, a);
+                let off = 2 + i as u64 + 1;
+                if reply.add(INodeNo(e_ino), off, name, &self.ttl, &fa, Generation(0)) {
+                    n.forget(e_ino, 1);
+                    break;
+                }
+            }
+            drop(n);
+            return reply.ok();
+        }
+        let mut at = u32::try_from(offset.max(2) - 2).unwrap_or(u32::MAX);
+        loop {
+            let chunk = tryf!(
+                reply,
+                self.client
+                    .readdirplus_at(Fh(fh.0 as u32), at)
+                    .map_err(cerr)
+            );
+            let (entries, next, done) = match chunk {
+                Some(c) => (c.entries, c.next, c.done),
+                // An older server: a lookup per name.
+                None => {
+                    let c = tryf!(
+                        reply,
+                        self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
+                    );
+                    let mut with = Vec::new();
+                    for e in c.entries {
+                        let p = tryf!(reply, self.child(ino, OsStr::from_bytes(&e.name)));
+                        let a = self.client.lstat(&p).unwrap_or_default();
+                        with.push((e, a));
+                    }
+                    (with, c.next, c.done)
+                }
+            };
+            let mut n = self.nodes();
+            for (i, (e, a)) in entries.iter().enumerate() {
+                if a.ino == 0 {
+                    continue; // removed since the listing was taken
+                }
+                let off = 2 + u64::from(at) + i as u64 + 1;
+                let e_ino = n.remember(ino.0, &e.name, a);
+                n.set_attr(e_ino, a);
+                let name = OsStr::from_bytes(&e.name);
+                let fa = file_attr(e_ino, a);
+                if reply.add(INodeNo(e_ino), off, name, &self.ttl, &fa, Generation(0)) {
+                    // Did not fit: the kernel never saw it.
+                    n.forget(e_ino, 1);
+                    return reply.ok();
+                }
+            }
+            drop(n);
+            if done || next <= at {
+                self.listed_to(fh, 2 + u64::from(next.max(at)));
+                return reply.ok();
+            }
+            at = next;
+        }
+    }
+
+    pub(super) fn do_releasedir(&self, fh: FileHandle, reply: ReplyEmpty) {
+        if lock_or_recover(&self.local_dirs).remove(&fh.0).is_some() {
+            return reply.ok();
+        }
+        lock_or_recover(&self.listed).remove(&(fh.0 as u32));
+        self.close_later(Fh(fh.0 as u32));
+        reply.ok();
+    }
+}

@@ -1,0 +1,127 @@
+//! The FUSE file system's state: [`VioFs`] and what it shares with the
+//! thread that applies the server's invalidations.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use fuser::{Errno as FErrno, INodeNo};
+
+use super::dirs::{Snapshot, LOCAL_DIR};
+use super::handles::{close_in_batches, Head, LocalFile, LOCAL_FILE};
+use super::nodes::Nodes;
+use super::{ferr, lock_or_recover};
+use crate::client::Client;
+
+/// What the FUSE file system shares with the thread that applies the
+/// server's invalidations.
+pub(super) struct Shared {
+    pub(super) nodes: Mutex<Nodes>,
+    /// Open file handles per inode: attributes of a file whose names are
+    /// all gone are still reached through one (fstat after unlink).
+    pub(super) open: Mutex<HashMap<u64, Vec<u32>>>,
+    /// The start of files opened for reading, per handle (dropped when
+    /// the server reports the file's data changed).
+    pub(super) heads: Mutex<HashMap<u32, Head>>,
+    /// Tells the kernel to drop cached names, attributes and pages (set
+    /// once the session exists).
+    pub(super) notifier: OnceLock<fuser::Notifier>,
+}
+
+impl Shared {
+    pub(super) fn new() -> Shared {
+        Shared {
+            nodes: Mutex::new(Nodes::new()),
+            open: Mutex::new(HashMap::new()),
+            heads: Mutex::new(HashMap::new()),
+            notifier: OnceLock::new(),
+        }
+    }
+
+    pub(super) fn nodes(&self) -> MutexGuard<'_, Nodes> {
+        lock_or_recover(&self.nodes)
+    }
+}
+
+/// The FUSE file system: a [`Client`] and the node table.
+pub struct VioFs {
+    pub(super) client: Arc<Client>,
+    pub(super) shared: Arc<Shared>,
+    /// Handles to close, to the closer thread (which closes them in
+    /// batches: the kernel does not wait for a release, nor should the
+    /// server have one exchange per close); `None` once unmounted.
+    pub(super) closer: Mutex<Option<std::sync::mpsc::Sender<u32>>>,
+    pub(super) closer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// (inode, lock owner) that set locks through this mount: their close
+    /// must unlock at the server.
+    pub(super) lockers: Mutex<std::collections::HashSet<(u64, u64)>>,
+    /// File handles written since their last flush or fsync.
+    pub(super) written: Mutex<std::collections::HashSet<u32>>,
+    /// Listings served here: directory handles (from [`LOCAL_DIR`] up)
+    /// and the entries each was opened with (with attributes for
+    /// readdirplus).
+    pub(super) local_dirs: Mutex<HashMap<u64, Snapshot>>,
+    pub(super) next_local_dir: std::sync::atomic::AtomicU64,
+    /// Directory handles whose listing ended, and the offset after it.
+    pub(super) listed: Mutex<HashMap<u32, u64>>,
+    /// Files opened here without the server (handles from [`LOCAL_FILE`]).
+    pub(super) local_files: Mutex<HashMap<u64, LocalFile>>,
+    pub(super) next_local_file: std::sync::atomic::AtomicU64,
+    pub(super) ttl: Duration,
+    /// The server reports other clients' changes.
+    pub(super) watched: bool,
+}
+
+impl std::fmt::Debug for VioFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VioFs")
+            .field("client", &self.client)
+            .finish()
+    }
+}
+
+impl VioFs {
+    /// A file system over `client` whose caches live for `ttl`; `watched`
+    /// says the server reports other clients' changes (then names that
+    /// do not exist are cached too).
+    pub fn new(client: Arc<Client>, ttl: Duration, watched: bool) -> VioFs {
+        Self::with_shared(client, ttl, watched, Arc::new(Shared::new()))
+    }
+
+    pub(super) fn with_shared(
+        client: Arc<Client>,
+        ttl: Duration,
+        watched: bool,
+        shared: Arc<Shared>,
+    ) -> VioFs {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = client.clone();
+        let t = std::thread::Builder::new()
+            .name("vkernel-close".into())
+            .spawn(move || close_in_batches(&c, &rx))
+            .ok();
+        VioFs {
+            closer: Mutex::new(t.is_some().then_some(tx)),
+            closer_thread: Mutex::new(t),
+            client,
+            shared,
+            written: Mutex::new(std::collections::HashSet::new()),
+            lockers: Mutex::new(std::collections::HashSet::new()),
+            listed: Mutex::new(HashMap::new()),
+            local_dirs: Mutex::new(HashMap::new()),
+            next_local_dir: std::sync::atomic::AtomicU64::new(LOCAL_DIR),
+            local_files: Mutex::new(HashMap::new()),
+            next_local_file: std::sync::atomic::AtomicU64::new(LOCAL_FILE),
+            ttl,
+            watched,
+        }
+    }
+
+    pub(super) fn nodes(&self) -> MutexGuard<'_, Nodes> {
+        self.shared.nodes()
+    }
+
+    pub(super) fn path(&self, ino: INodeNo) -> Result<Vec<u8>, FErrno> {
+        self.nodes().path(ino.0).map_err(ferr)
+    }
+}
