@@ -135,6 +135,26 @@ impl Client {
         first
     }
 
+    /// One READ of `buf.len()` bytes at `offset` (at most a request's
+    /// size); the bytes read, fewer at end of file.
+    fn read_once(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize, ClientError> {
+        let n = buf.len();
+        let mut m = Request::Read {
+            handle: fh.0,
+            offset,
+            count: n as u32,
+        }
+        .encode();
+        self.exchange(&mut m, Some(Segment::Write(buf)))?;
+        let got = vio::reply_words(&m)[0] as usize;
+        if got > n {
+            return Err(ClientError::Malformed(format!(
+                "READ answered {got} bytes for {n}"
+            )));
+        }
+        Ok(got)
+    }
+
     /// Reads into `buf` at `offset`; returns the bytes read (fewer only at
     /// end of file). Large reads are split into requests of the client's
     /// maximum size.
@@ -142,20 +162,7 @@ impl Client {
         let mut done = 0;
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_request);
-            let chunk = &mut buf[done..done + n];
-            let mut m = Request::Read {
-                handle: fh.0,
-                offset: offset + done as u64,
-                count: n as u32,
-            }
-            .encode();
-            self.exchange(&mut m, Some(Segment::Write(chunk)))?;
-            let got = vio::reply_words(&m)[0] as usize;
-            if got > n {
-                return Err(ClientError::Malformed(format!(
-                    "READ answered {got} bytes for {n}"
-                )));
-            }
+            let got = self.read_once(fh, offset + done as u64, &mut buf[done..done + n])?;
             done += got;
             if got < n {
                 break;
@@ -461,19 +468,7 @@ impl Client {
             let req = self.max_request.max(vio::MAX_IO as usize);
             while done < size {
                 let n = (size - done).min(req);
-                let mut m = Request::Read {
-                    handle: fh.0,
-                    offset: done as u64,
-                    count: n as u32,
-                }
-                .encode();
-                self.exchange(&mut m, Some(Segment::Write(&mut image[done..done + n])))?;
-                let r = vio::reply_words(&m)[0] as usize;
-                if r > n {
-                    return Err(ClientError::Malformed(format!(
-                        "READ answered {r} bytes for {n}"
-                    )));
-                }
+                let r = self.read_once(fh, done as u64, &mut image[done..done + n])?;
                 done += r;
                 if r < n {
                     break;
