@@ -55,7 +55,10 @@ impl VioFs {
         dir: INodeNo,
         path: &[u8],
     ) -> Result<Option<Vec<(Entry, Attr)>>, ClientError> {
-        let epoch = self.nodes().reported;
+        let (epoch, changes) = {
+            let n = self.nodes();
+            (n.reported, n.listings.changes())
+        };
         let (fh, _) = self.client.opendir(path)?;
         let mut out = Vec::new();
         let mut at = 0;
@@ -90,7 +93,8 @@ impl VioFs {
         }
         let mut n = self.nodes();
         if n.reported == epoch {
-            n.listings.set(dir.0, out.iter().map(|(e, _)| e.clone()));
+            n.listings
+                .set_since(dir.0, out.iter().map(|(e, _)| e.clone()), changes);
         }
         Ok(Some(out))
     }

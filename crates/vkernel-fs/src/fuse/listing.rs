@@ -28,12 +28,30 @@ struct Listing {
 #[derive(Default)]
 pub(super) struct Listings {
     map: HashMap<u64, Listing>,
+    /// Counts this mount's changes to names (in any directory), so that a
+    /// listing fetched from the server while one happened is not kept:
+    /// it may predate the change.
+    changes: u64,
 }
 
 /// Most directories whose listings are kept.
 const MAX_LISTINGS: usize = 1 << 14;
 
 impl Listings {
+    /// The count of this mount's name changes so far: give it to
+    /// [`Listings::set_since`] with a listing fetched after reading it.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Stores `dir`'s listing fetched from the server, unless this mount
+    /// changed a name since `changes` (the listing may miss it).
+    pub fn set_since(&mut self, dir: u64, entries: impl IntoIterator<Item = Entry>, changes: u64) {
+        if self.changes == changes {
+            self.set(dir, entries);
+        }
+    }
+
     /// Stores `dir`'s complete listing, as of now.
     pub fn set(&mut self, dir: u64, entries: impl IntoIterator<Item = Entry>) {
         if self.map.len() >= MAX_LISTINGS {
@@ -79,6 +97,7 @@ impl Listings {
 
     /// A name was made in `dir` here.
     pub fn add(&mut self, dir: u64, name: &[u8], ino: u64, kind: u8) {
+        self.changes += 1;
         if let Some(l) = self.map.get_mut(&dir) {
             l.names.insert(name.to_vec(), (ino, kind));
         }
@@ -86,11 +105,13 @@ impl Listings {
 
     /// A name was removed from `dir` here; returns what it was.
     pub fn remove(&mut self, dir: u64, name: &[u8]) -> Option<(u64, u8)> {
+        self.changes += 1;
         self.map.get_mut(&dir)?.names.remove(name)
     }
 
     /// Forgets `dir`'s listing.
     pub fn drop_dir(&mut self, dir: u64) {
+        self.changes += 1;
         self.map.remove(&dir);
     }
 }
@@ -130,5 +151,19 @@ mod tests {
         assert!(!l.absent(5, b"q", Duration::ZERO));
         l.drop_dir(5);
         assert!(l.entries(5, ttl).is_none());
+    }
+
+    #[test]
+    fn a_listing_fetched_across_a_change_here_is_not_kept() {
+        let mut l = Listings::default();
+        let ttl = Duration::from_secs(10);
+        let before = l.changes();
+        // A name made here while the server's listing was on its way.
+        l.add(5, b"new", 9, 8);
+        l.set_since(5, vec![e("old", 1)], before);
+        assert!(l.entries(5, ttl).is_none(), "it would miss \"new\"");
+        let now = l.changes();
+        l.set_since(5, vec![e("old", 1), e("new", 9)], now);
+        assert_eq!(l.entries(5, ttl).unwrap().len(), 2);
     }
 }

@@ -41,6 +41,11 @@ impl VioFs {
                 }
                 n.listings
                     .add(parent.0, name.as_bytes(), a.ino, dt_of_mode(a.mode));
+                // A directory made here is known empty. Before the reply:
+                // once the kernel has it, names made in it may come.
+                if self.watched && a.mode & libc::S_IFMT == libc::S_IFDIR {
+                    n.listings.set(ino, Vec::new());
+                }
             }
             ino
         };
@@ -101,13 +106,19 @@ impl VioFs {
             }
         }
         let p = tryf!(reply, self.child(parent, name));
+        let epoch = self.nodes().reported;
         match self.client.lstat(&p) {
             Ok(a) => {
                 self.entry(parent, name, &a, None, reply);
             }
-            // Absent until the server reports that a client made it.
+            // Absent until the server reports that a client made it; not
+            // kept if a report came meanwhile (it may be of this name).
             Err(ClientError::Server(Errno::ENOENT)) if self.watched => {
-                self.nodes().set_absent(parent.0, name.as_bytes());
+                let mut n = self.nodes();
+                if n.reported == epoch {
+                    n.set_absent(parent.0, name.as_bytes());
+                }
+                drop(n);
                 reply_absent(&self.ttl, reply)
             }
             Err(e) => reply.error(cerr(e)),
@@ -152,11 +163,7 @@ impl VioFs {
                 .mkdir_in(&p, mode & !umask & 0o7777, owner(req))
                 .map_err(cerr)
         );
-        let ino = self.entry(parent, name, &a, Some(dir), reply);
-        if self.watched {
-            // Made here, so known empty.
-            self.nodes().listings.set(ino, Vec::new());
-        }
+        self.entry(parent, name, &a, Some(dir), reply);
     }
 
     pub(super) fn do_unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
