@@ -41,6 +41,11 @@ pub struct MountArgs {
     /// then live for --ttl).
     #[arg(long)]
     no_watch: bool,
+    /// Keep directory listings and symbolic links out of the kernel's
+    /// caches (by default the kernel keeps them while the server reports
+    /// changes, which drop them).
+    #[arg(long)]
+    no_kernel_cache: bool,
     /// Let other users access the mount.
     #[arg(long)]
     allow_other: bool,
@@ -168,6 +173,7 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
         threads: a.threads.max(1),
         fsname: format!("vkernel:{}", a.server),
         allow_other: a.allow_other,
+        kernel_cache: !a.no_kernel_cache,
     };
     let stop = fuse::Termination::install().map_err(|e| format!("signal handlers: {e}"))?;
     let session = fuse::mount(&k, Arc::new(client), &a.mountpoint, &opts)

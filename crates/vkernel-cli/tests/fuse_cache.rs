@@ -111,3 +111,71 @@ fn names_made_in_new_directories_by_parallel_programs_are_listed() {
     assert!(ok && out.trim() == "0", "rm -rf: {out}");
     assert!(tree(&root).is_empty());
 }
+
+/// Names of `dir` as listed through a mount, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("ls {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The kernel keeps listings (no OPENDIR; FOPEN_CACHE_DIR) and symbolic
+/// links while the server reports changes. A listing held by mount B's
+/// kernel shows a name made, removed or renamed through mount A as soon
+/// as A's call returns, and a link replaced on A reads anew on B.
+#[test]
+fn listings_and_links_the_kernel_keeps_follow_another_mount() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let work = Scratch::new("kcache");
+    let (root, a, b) = (
+        work.path().join("export"),
+        work.path().join("a"),
+        work.path().join("b"),
+    );
+    for d in [&root, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    std::fs::create_dir(a.join("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(a.join(format!("d/f{i}")), "x").unwrap();
+    }
+    std::os::unix::fs::symlink("f1", a.join("d/link")).unwrap();
+    let mut want = names(&a.join("d"));
+    for round in 0..20 {
+        // B lists twice (the second from its kernel's cache) and reads
+        // the link, then A changes the directory.
+        assert_eq!(names(&b.join("d")), want, "round {round}");
+        assert_eq!(names(&b.join("d")), want, "round {round}, cached");
+        let target = std::fs::read_link(b.join("d/link")).unwrap();
+        match round % 4 {
+            0 => std::fs::write(a.join(format!("d/new{round}")), "y").unwrap(),
+            1 => std::fs::remove_file(a.join(format!("d/f{round}"))).unwrap(),
+            2 => std::fs::rename(
+                a.join(format!("d/f{round}")),
+                a.join(format!("d/moved{round}")),
+            )
+            .unwrap(),
+            _ => {
+                let next = format!("f{}", round + 10);
+                assert_ne!(target.to_string_lossy(), next);
+                std::fs::remove_file(a.join("d/link")).unwrap();
+                std::os::unix::fs::symlink(&next, a.join("d/link")).unwrap();
+                assert_eq!(
+                    std::fs::read_link(b.join("d/link"))
+                        .unwrap()
+                        .to_string_lossy(),
+                    next,
+                    "round {round}: the link B reads"
+                );
+            }
+        }
+        want = names(&a.join("d"));
+        assert_eq!(names(&b.join("d")), want, "round {round}: after A's change");
+    }
+}

@@ -45,6 +45,15 @@ impl Filesystem for VioFs {
                 // O_APPEND handles are uncached (direct I/O): still mappable.
                 | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         );
+        if self.kernel_cache {
+            // Directories need no OPENDIR (the first is answered ENOSYS)
+            // and their listings stay in the kernel; links are cached.
+            // A symbolic link's target never changes in place; a listing
+            // changed elsewhere is dropped by the server's report.
+            let _ = config.add_capabilities(
+                InitFlags::FUSE_NO_OPENDIR_SUPPORT | InitFlags::FUSE_CACHE_SYMLINKS,
+            );
+        }
         Ok(())
     }
 

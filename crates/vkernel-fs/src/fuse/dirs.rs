@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyOpen,
+    Errno as FErrno, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyOpen,
 };
 
 use super::convert::{dt_kind, file_attr};
@@ -23,6 +23,19 @@ pub(super) type Snapshot = Arc<Vec<(Entry, Attr)>>;
 /// First directory handle of a listing served by the mount itself
 /// (server handles are 32-bit).
 pub(super) const LOCAL_DIR: u64 = 1 << 63;
+
+/// Where a listing served without a handle resumes after `name`: a hash
+/// of the name, and entries go out in that order, so an offset keeps
+/// its place while other names come and go. Above 2 (`.` is 1, `..` 2)
+/// and below 2^63 (the kernel's offsets are signed).
+pub(super) fn cookie(name: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    // SipHash with fixed keys: the same name, the same place, for the
+    // mount's life (the kernel caches offsets no longer than that).
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(name);
+    (h.finish() >> 1).max(3)
+}
 
 impl VioFs {
     /// The entries a listing served here was opened with.
@@ -112,6 +125,37 @@ impl VioFs {
         lock_or_recover(&self.listed).insert(fh.0 as u32, end);
     }
 
+    /// Is `fh` a listing without a handle (the kernel no longer opens
+    /// directories)?
+    fn by_inode(&self, fh: FileHandle) -> bool {
+        fh.0 == 0
+            && self
+                .no_dir_handles
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The listing of a directory the kernel reads without a handle:
+    /// kept, or fetched now; in [`cookie`] order.
+    fn listing_by_inode(&self, dir: INodeNo) -> Result<Vec<(u64, Entry, Attr)>, FErrno> {
+        let snap = match self.kept_listing(dir) {
+            Some(s) => s,
+            None => {
+                let p = self.path(dir)?;
+                // A server that lost READDIRPLUS (replaced by an older
+                // one) cannot serve listings by inode.
+                self.fetch_listing(dir, &p)
+                    .map_err(cerr)?
+                    .ok_or(FErrno::from_i32(libc::EIO))?
+            }
+        };
+        let mut v: Vec<_> = snap
+            .into_iter()
+            .map(|(e, a)| (cookie(&e.name), e, a))
+            .collect();
+        v.sort_unstable_by_key(|x| x.0);
+        Ok(v)
+    }
+
     pub(super) fn do_opendir(&self, ino: INodeNo, reply: ReplyOpen) {
         let p = tryf!(reply, self.path(ino));
         if self.watched {
@@ -119,6 +163,15 @@ impl VioFs {
                 Some(s) => Some(s),
                 None => tryf!(reply, self.fetch_listing(ino, &p).map_err(cerr)),
             };
+            if snap.is_some() && self.kernel_cache {
+                // The server lists with attributes, so any directory can
+                // be served by inode: the kernel need not open them, and
+                // then keeps their listings (FOPEN_CACHE_DIR) until a
+                // change here or a report from the server drops them.
+                self.no_dir_handles
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                return reply.error(FErrno::from_i32(libc::ENOSYS));
+            }
             if let Some(snap) = snap {
                 let fh = self
                     .next_local_dir
@@ -139,8 +192,10 @@ impl VioFs {
         mut reply: ReplyDirectory,
     ) {
         // Offsets: 0 ".", 1 "..", then the server's entry i at 2 + i; each
-        // entry carries the offset of the one after it.
-        if self.listed_past(fh, offset) {
+        // entry carries the offset of the one after it. Without a handle,
+        // an entry's offset is its cookie.
+        let by_inode = self.by_inode(fh);
+        if !by_inode && self.listed_past(fh, offset) {
             return reply.ok();
         }
         if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
@@ -151,6 +206,23 @@ impl VioFs {
             if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
                 return reply.ok();
             }
+        }
+        if by_inode {
+            let v = tryf!(reply, self.listing_by_inode(ino));
+            let n = self.nodes();
+            for (c, e, _) in v.iter().filter(|x| x.0 > offset.max(2)) {
+                let e_ino = n.entry_ino(ino.0, e.ino);
+                if reply.add(
+                    INodeNo(e_ino),
+                    *c,
+                    dt_kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
+                    break;
+                }
+            }
+            drop(n);
+            return reply.ok();
         }
         if let Some(snap) = self.local_dir(fh) {
             let n = self.nodes();
@@ -201,7 +273,8 @@ impl VioFs {
     ) {
         // Offsets as in `readdir`. Every entry but `.` and `..` counts as
         // a lookup of its file.
-        if self.listed_past(fh, offset) {
+        let by_inode = self.by_inode(fh);
+        if !by_inode && self.listed_past(fh, offset) {
             return reply.ok();
         }
         let zero = Duration::ZERO;
@@ -214,6 +287,21 @@ impl VioFs {
             if reply.add(INodeNo(parent), 2, "..", &zero, &dot(parent), Generation(0)) {
                 return reply.ok();
             }
+        }
+        if by_inode {
+            let v = tryf!(reply, self.listing_by_inode(ino));
+            let mut n = self.nodes();
+            for (c, e, a) in v.iter().filter(|x| x.0 > offset.max(2)) {
+                let e_ino = n.remember(ino.0, &e.name, a);
+                n.set_attr(e_ino, a);
+                let (name, fa) = (OsStr::from_bytes(&e.name), file_attr(e_ino, a));
+                if reply.add(INodeNo(e_ino), *c, name, &self.ttl, &fa, Generation(0)) {
+                    n.forget(e_ino, 1);
+                    break;
+                }
+            }
+            drop(n);
+            return reply.ok();
         }
         if let Some(snap) = self.local_dir(fh) {
             let mut n = self.nodes();

@@ -38,7 +38,8 @@ pub(super) fn forget_changed(shared: &Shared, inv: &Invalidation, path: &[u8]) -
                 Some((parent, name, child)) => {
                     if inv.flags & vio::INVAL_ENTRY != 0 {
                         n.clear_attr(parent);
-                        drops.push(Drop::Attr(parent));
+                        // Its pages: the listing the kernel may keep.
+                        drops.push(Drop::Data(parent));
                         drops.push(Drop::Entry(parent, name.clone()));
                         // The name may mean another file now.
                         n.detach(parent, &name);

@@ -30,6 +30,11 @@ pub struct FuseOptions {
     pub fsname: String,
     /// Let other users use the mount (needs `user_allow_other` for non-root).
     pub allow_other: bool,
+    /// While the server reports changes, let the kernel cache what the
+    /// mount keeps true: directory listings (no OPENDIR/RELEASEDIR, the
+    /// kernel's readdir cache) and symbolic links. The server's reports
+    /// drop them.
+    pub kernel_cache: bool,
 }
 
 impl Default for FuseOptions {
@@ -41,6 +46,7 @@ impl Default for FuseOptions {
             threads: 4,
             fsname: "vkernel".into(),
             allow_other: false,
+            kernel_cache: true,
         }
     }
 }
@@ -95,7 +101,8 @@ pub fn mount(
         false
     };
     let ttl = if watched { opts.cache_ttl } else { opts.ttl };
-    let fs = VioFs::with_shared(client, ttl, watched, shared.clone());
+    let mut fs = VioFs::with_shared(client, ttl, watched, shared.clone());
+    fs.kernel_cache = watched && opts.kernel_cache;
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         fuser::MountOption::FSName(opts.fsname.clone()),

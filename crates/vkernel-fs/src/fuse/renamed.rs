@@ -17,7 +17,8 @@ pub(super) fn apply(n: &mut Nodes, joined: &[u8], exchange: bool, drops: &mut Ve
         n.clear_attr(*parent);
         n.absent.remove(&(*parent, name.clone()));
         n.listings.drop_dir(*parent);
-        drops.push(Drop::Attr(*parent));
+        // Its pages: the listing the kernel may keep.
+        drops.push(Drop::Data(*parent));
         drops.push(Drop::Entry(*parent, name.clone()));
         // A rename changes the file's ctime.
         if let Some(c) = child {

@@ -70,6 +70,12 @@ pub struct VioFs {
     pub(super) ttl: Duration,
     /// The server reports other clients' changes.
     pub(super) watched: bool,
+    /// The kernel caches listings and symbolic links (only while
+    /// `watched`: the server's reports are what drop them).
+    pub(super) kernel_cache: bool,
+    /// The kernel was told it need not open directories: every listing
+    /// comes with handle 0 and is served by inode.
+    pub(super) no_dir_handles: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for VioFs {
@@ -114,6 +120,8 @@ impl VioFs {
             next_local_file: std::sync::atomic::AtomicU64::new(LOCAL_FILE),
             ttl,
             watched,
+            kernel_cache: false,
+            no_dir_handles: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
