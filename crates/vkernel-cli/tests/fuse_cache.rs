@@ -179,3 +179,34 @@ fn listings_and_links_the_kernel_keeps_follow_another_mount() {
         assert_eq!(names(&b.join("d")), want, "round {round}: after A's change");
     }
 }
+
+/// The mount asks the kernel for 1 MiB of read-ahead (as root), so a
+/// sequential read is one READ per MiB, not per 128 KiB.
+#[test]
+fn the_mount_reads_ahead_a_mebibyte() {
+    if fuse_available().is_none() {
+        return;
+    }
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: only root may set a mount's read-ahead");
+        return;
+    }
+    let work = Scratch::new("readahead");
+    let (root, mnt) = (work.path().join("export"), work.path().join("mnt"));
+    for d in [&root, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _m = Mount::new(&root, &mnt);
+    let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&mnt).unwrap());
+    let bdi = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&bdi).unwrap().trim(),
+        "1024",
+        "{bdi}"
+    );
+}
