@@ -7,6 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use fuser::{Errno as FErrno, FileHandle, INodeNo, ReplyAttr, ReplyEmpty, TimeOrNow};
 
 use super::convert::{file_attr, set_time};
+use super::nodes::left;
 use super::{cerr, VioFs, ROOT};
 use crate::client::ClientError;
 use crate::vio::{self, Errno, SetAttr};
@@ -15,8 +16,8 @@ impl VioFs {
     pub(super) fn do_getattr(&self, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         // The kernel drops its copy more often than it must (atime after
         // every read); ours lasts until something changes the file.
-        if let Some(a) = self.nodes().cached_attr(ino.0, self.ttl) {
-            return reply.attr(&self.ttl, &file_attr(ino.0, &a));
+        if let Some((a, at)) = self.nodes().cached_attr_at(ino.0, self.ttl) {
+            return reply.attr(&left(self.ttl, at), &file_attr(ino.0, &a));
         }
         if let Some(fh) = fh.and_then(|f| self.known_fh(f)) {
             if let Ok(a) = self.client.fstat(fh) {

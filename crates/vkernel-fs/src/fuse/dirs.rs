@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{
     Errno as FErrno, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyDirectory,
@@ -13,12 +13,15 @@ use fuser::{
 
 use super::convert::{dt_kind, file_attr};
 use super::listing::Entry;
+use super::nodes::left;
 use super::{cerr, lock_or_recover, VioFs};
 use crate::client::{ClientError, Fh};
 use crate::vio::Attr;
 
-/// A listing as a directory handle served here was opened with.
-pub(super) type Snapshot = Arc<Vec<(Entry, Attr)>>;
+/// A listing as a directory handle served here was opened with, and
+/// when it was known (its entries live in the kernel only what is left of
+/// the cache lifetime).
+pub(super) type Snapshot = Arc<(Instant, Vec<(Entry, Attr)>)>;
 
 /// First directory handle of a listing served by the mount itself
 /// (server handles are 32-bit).
@@ -47,18 +50,22 @@ impl VioFs {
     }
 
     /// The directory's kept listing, if it is fresh and every entry's
-    /// attributes are too (readdirplus hands them to the kernel).
-    pub(super) fn kept_listing(&self, dir: INodeNo) -> Option<Vec<(Entry, Attr)>> {
+    /// attributes are too (readdirplus hands them to the kernel), and
+    /// when the oldest of them was known.
+    pub(super) fn kept_listing(&self, dir: INodeNo) -> Option<(Instant, Vec<(Entry, Attr)>)> {
         let n = self.nodes();
         let entries = n.listings.entries(dir.0, self.ttl)?;
-        entries
+        let mut oldest = n.listings.taken(dir.0)?;
+        let v = entries
             .into_iter()
             .map(|e| {
                 let ino = n.named(dir.0, &e.name)?;
-                let a = n.cached_attr(ino, self.ttl)?;
+                let (a, at) = n.cached_attr_at(ino, self.ttl)?;
+                oldest = oldest.min(at);
                 Some((e, a))
             })
-            .collect()
+            .collect::<Option<_>>()?;
+        Some((oldest, v))
     }
 
     /// Lists the directory at the server (with attributes) and keeps the
@@ -161,7 +168,11 @@ impl VioFs {
         if self.watched {
             let snap = match self.kept_listing(ino) {
                 Some(s) => Some(s),
-                None => tryf!(reply, self.fetch_listing(ino, &p).map_err(cerr)),
+                None => {
+                    let at = Instant::now();
+                    let l = tryf!(reply, self.fetch_listing(ino, &p).map_err(cerr));
+                    l.map(|l| (at, l))
+                }
             };
             if snap.is_some() && self.kernel_cache {
                 // The server lists with attributes, so any directory can
@@ -226,7 +237,7 @@ impl VioFs {
         }
         if let Some(snap) = self.local_dir(fh) {
             let n = self.nodes();
-            for (i, (e, _)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+            for (i, (e, _)) in snap.1.iter().enumerate().skip(offset.max(2) as usize - 2) {
                 let e_ino = n.entry_ino(ino.0, e.ino);
                 let name = OsStr::from_bytes(&e.name);
                 if reply.add(INodeNo(e_ino), 2 + i as u64 + 1, dt_kind(e.kind), name) {
@@ -304,14 +315,16 @@ impl VioFs {
             return reply.ok();
         }
         if let Some(snap) = self.local_dir(fh) {
+            let (at, entries) = &*snap;
+            let ttl = left(self.ttl, *at);
             let mut n = self.nodes();
-            for (i, (e, a)) in snap.iter().enumerate().skip(offset.max(2) as usize - 2) {
+            for (i, (e, a)) in entries.iter().enumerate().skip(offset.max(2) as usize - 2) {
                 let e_ino = n.remember(ino.0, &e.name, a);
-                n.set_attr(e_ino, a);
+                n.set_attr_at(e_ino, a, *at);
                 let name = OsStr::from_bytes(&e.name);
                 let fa = file_attr(e_ino, a);
                 let off = 2 + i as u64 + 1;
-                if reply.add(INodeNo(e_ino), off, name, &self.ttl, &fa, Generation(0)) {
+                if reply.add(INodeNo(e_ino), off, name, &ttl, &fa, Generation(0)) {
                     n.forget(e_ino, 1);
                     break;
                 }

@@ -87,6 +87,12 @@ impl Listings {
         Some(v)
     }
 
+    /// When `dir`'s listing was taken, if it is kept (an answer to the
+    /// kernel from it lives only what is left of the cache lifetime).
+    pub fn taken(&self, dir: u64) -> Option<Instant> {
+        self.map.get(&dir).map(|l| l.at)
+    }
+
     /// Is `name` known not to exist in `dir` (a listing younger than `ttl`
     /// without it)?
     pub fn absent(&self, dir: u64, name: &[u8], ttl: Duration) -> bool {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use fuser::{Errno as FErrno, Generation, INodeNo, RenameFlags, ReplyEmpty, ReplyEntry, Request};
 
 use super::convert::{dt_of_mode, file_attr};
+use super::nodes::left;
 use super::{cerr, ferr, VioFs};
 use crate::client::ClientError;
 use crate::vio::{self, Attr, Errno, Owner};
@@ -90,19 +91,27 @@ impl VioFs {
         if self.watched {
             let mut n = self.nodes();
             let key = name.as_bytes();
-            if n.is_absent(parent.0, key, self.ttl) || n.listings.absent(parent.0, key, self.ttl) {
+            // Answers from what is kept here live only what is left of
+            // its lifetime in the kernel too (a change on the server's
+            // disk shows after at most the cache lifetime, not twice it).
+            let listed = n.listings.absent(parent.0, key, self.ttl);
+            let since = n
+                .absent_since(parent.0, key, self.ttl)
+                .max(listed.then(|| n.listings.taken(parent.0)).flatten());
+            if let Some(since) = since {
                 drop(n);
-                return reply_absent(&self.ttl, reply);
+                return reply_absent(&left(self.ttl, since), reply);
             }
             // Known here with fresh attributes (the kernel dropped its
             // entry, nothing changed it since).
             let known = n
                 .named(parent.0, key)
-                .and_then(|ino| Some((ino, n.cached_attr(ino, self.ttl)?)));
-            if let Some((ino, a)) = known {
+                .and_then(|ino| Some((ino, n.cached_attr_at(ino, self.ttl)?)));
+            if let Some((ino, (a, at))) = known {
                 n.remember(parent.0, key, &a);
                 drop(n);
-                return reply.entry(&self.ttl, &file_attr(ino, &a), Generation(0));
+                let ttl = left(self.ttl, at);
+                return reply.entry(&ttl, &file_attr(ino, &a), Generation(0));
             }
         }
         let p = tryf!(reply, self.child(parent, name));

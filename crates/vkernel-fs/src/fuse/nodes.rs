@@ -60,6 +60,12 @@ pub(super) struct Nodes {
 /// Most absent names remembered.
 pub(super) const MAX_ABSENT: usize = 1 << 16;
 
+/// What is left of a cache lifetime `ttl` for what was known at `at`:
+/// how long the kernel may keep an answer the mount gives from its cache.
+pub(super) fn left(ttl: Duration, at: Instant) -> Duration {
+    ttl.saturating_sub(at.elapsed())
+}
+
 impl Nodes {
     pub(super) fn new() -> Nodes {
         let mut map = HashMap::new();
@@ -276,14 +282,30 @@ impl Nodes {
 
     /// The node's attributes if answered less than `ttl` ago.
     pub(super) fn cached_attr(&self, ino: u64, ttl: Duration) -> Option<Attr> {
+        self.cached_attr_at(ino, ttl).map(|(a, _)| a)
+    }
+
+    /// [`Self::cached_attr`], and when they were answered (an answer to
+    /// the kernel from them lives only what is left of `ttl`).
+    pub(super) fn cached_attr_at(&self, ino: u64, ttl: Duration) -> Option<(Attr, Instant)> {
         let (a, at) = self.map.get(&ino)?.attr.as_ref()?;
-        (at.elapsed() < ttl).then_some(*a)
+        (at.elapsed() < ttl).then_some((*a, *at))
     }
 
     /// Remembers the node's attributes, as answered just now.
     pub(super) fn set_attr(&mut self, ino: u64, a: &Attr) {
+        self.set_attr_at(ino, a, Instant::now());
+    }
+
+    /// Remembers the node's attributes as answered at `at` (an older
+    /// answer, passed on from a kept listing, neither replaces a newer
+    /// one nor becomes younger).
+    pub(super) fn set_attr_at(&mut self, ino: u64, a: &Attr, at: Instant) {
         if let Some(n) = self.map.get_mut(&ino) {
-            n.attr = Some((*a, Instant::now()));
+            if n.attr.as_ref().is_some_and(|&(_, t)| t > at) {
+                return;
+            }
+            n.attr = Some((*a, at));
             // An empty file is known whole.
             if a.size == 0
                 && a.mode & libc::S_IFMT == libc::S_IFREG
@@ -323,11 +345,12 @@ impl Nodes {
         self.absent.insert((parent, name.to_vec()), Instant::now());
     }
 
-    /// Was `name` found absent in `parent` less than `ttl` ago?
-    pub(super) fn is_absent(&self, parent: u64, name: &[u8], ttl: Duration) -> bool {
+    /// When `name` was found absent in `parent`, if less than `ttl` ago.
+    pub(super) fn absent_since(&self, parent: u64, name: &[u8], ttl: Duration) -> Option<Instant> {
         self.absent
             .get(&(parent, name.to_vec()))
-            .is_some_and(|t| t.elapsed() < ttl)
+            .copied()
+            .filter(|t| t.elapsed() < ttl)
     }
 
     /// The node a (parent, name) stands for, if known.
