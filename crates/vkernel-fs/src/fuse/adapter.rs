@@ -21,6 +21,7 @@ impl Filesystem for VioFs {
     fn destroy(&mut self) {
         // Close what is queued before the session ends.
         lock_or_recover(&self.closer).take();
+        lock_or_recover(&self.shared.drops).take();
         if let Some(t) = lock_or_recover(&self.closer_thread).take() {
             let _ = t.join();
         }

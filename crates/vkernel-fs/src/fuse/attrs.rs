@@ -22,6 +22,7 @@ impl VioFs {
         if let Some(fh) = fh.and_then(|f| self.known_fh(f)) {
             if let Ok(a) = self.client.fstat(fh) {
                 self.nodes().set_attr(ino.0, &a);
+                self.dir_attr_fetched(ino.0, &a);
                 return reply.attr(&self.ttl, &file_attr(ino.0, &a));
             }
         }
@@ -43,6 +44,7 @@ impl VioFs {
             }
             n.set_attr(ino.0, &a);
         }
+        self.dir_attr_fetched(ino.0, &a);
         reply.attr(&self.ttl, &file_attr(ino.0, &a));
     }
 

@@ -23,6 +23,10 @@ use crate::vio::Attr;
 /// the cache lifetime).
 pub(super) type Snapshot = Arc<(Instant, Vec<(Entry, Attr)>)>;
 
+/// A listing served without a handle: (cookie, entry, attributes), in
+/// cookie order.
+type ByCookie = Vec<(u64, Entry, Attr)>;
+
 /// First directory handle of a listing served by the mount itself
 /// (server handles are 32-bit).
 pub(super) const LOCAL_DIR: u64 = 1 << 63;
@@ -142,17 +146,20 @@ impl VioFs {
     }
 
     /// The listing of a directory the kernel reads without a handle:
-    /// kept, or fetched now; in [`cookie`] order.
-    fn listing_by_inode(&self, dir: INodeNo) -> Result<Vec<(u64, Entry, Attr)>, FErrno> {
-        let snap = match self.kept_listing(dir) {
+    /// kept, or fetched now; in [`cookie`] order, and when it was known.
+    fn listing_by_inode(&self, dir: INodeNo) -> Result<(Instant, ByCookie), FErrno> {
+        let (at, snap) = match self.kept_listing(dir) {
             Some(s) => s,
             None => {
                 let p = self.path(dir)?;
+                let at = Instant::now();
                 // A server that lost READDIRPLUS (replaced by an older
                 // one) cannot serve listings by inode.
-                self.fetch_listing(dir, &p)
+                let l = self
+                    .fetch_listing(dir, &p)
                     .map_err(cerr)?
-                    .ok_or(FErrno::from_i32(libc::EIO))?
+                    .ok_or(FErrno::from_i32(libc::EIO))?;
+                (at, l)
             }
         };
         let mut v: Vec<_> = snap
@@ -160,7 +167,7 @@ impl VioFs {
             .map(|(e, a)| (cookie(&e.name), e, a))
             .collect();
         v.sort_unstable_by_key(|x| x.0);
-        Ok(v)
+        Ok((at, v))
     }
 
     pub(super) fn do_opendir(&self, ino: INodeNo, reply: ReplyOpen) {
@@ -219,7 +226,7 @@ impl VioFs {
             }
         }
         if by_inode {
-            let v = tryf!(reply, self.listing_by_inode(ino));
+            let (_, v) = tryf!(reply, self.listing_by_inode(ino));
             let n = self.nodes();
             for (c, e, _) in v.iter().filter(|x| x.0 > offset.max(2)) {
                 let e_ino = n.entry_ino(ino.0, e.ino);
@@ -300,13 +307,25 @@ impl VioFs {
             }
         }
         if by_inode {
-            let v = tryf!(reply, self.listing_by_inode(ino));
+            let epoch = self.nodes().reported;
+            let (at, v) = tryf!(reply, self.listing_by_inode(ino));
             let mut n = self.nodes();
+            // As a listing served with a handle: what is left of the
+            // lifetime of what it was made from; nothing if the server
+            // reported a change meanwhile (it may be to these).
+            let fresh = n.reported == epoch;
+            let ttl = if fresh {
+                left(self.ttl, at)
+            } else {
+                Duration::ZERO
+            };
             for (c, e, a) in v.iter().filter(|x| x.0 > offset.max(2)) {
                 let e_ino = n.remember(ino.0, &e.name, a);
-                n.set_attr(e_ino, a);
+                if fresh {
+                    n.set_attr_at(e_ino, a, at);
+                }
                 let (name, fa) = (OsStr::from_bytes(&e.name), file_attr(e_ino, a));
-                if reply.add(INodeNo(e_ino), *c, name, &self.ttl, &fa, Generation(0)) {
+                if reply.add(INodeNo(e_ino), *c, name, &ttl, &fa, Generation(0)) {
                     n.forget(e_ino, 1);
                     break;
                 }

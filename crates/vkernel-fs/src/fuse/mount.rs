@@ -65,6 +65,7 @@ pub fn mount(
     let shared = Arc::new(Shared::new());
     let watched = if opts.watch {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Drop>>();
+        *super::lock_or_recover(&shared.drops) = Some(tx.clone());
         let sh = shared.clone();
         let sink = move |inv: Invalidation, path: &[u8]| {
             let _ = tx.send(forget_changed(&sh, &inv, path));

@@ -118,7 +118,8 @@ impl VioFs {
         let epoch = self.nodes().reported;
         match self.client.lstat(&p) {
             Ok(a) => {
-                self.entry(parent, name, &a, None, reply);
+                let ino = self.entry(parent, name, &a, None, reply);
+                self.dir_attr_fetched(ino, &a);
             }
             // Absent until the server reports that a client made it; not
             // kept if a report came meanwhile (it may be of this name).

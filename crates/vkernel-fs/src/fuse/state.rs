@@ -9,6 +9,7 @@ use fuser::{Errno as FErrno, INodeNo};
 
 use super::dirs::{Snapshot, LOCAL_DIR};
 use super::handles::{close_in_batches, Head, LocalFile, LOCAL_FILE};
+use super::invalidate::Drop;
 use super::nodes::Nodes;
 use super::{ferr, lock_or_recover};
 use crate::client::Client;
@@ -26,6 +27,9 @@ pub(super) struct Shared {
     /// Tells the kernel to drop cached names, attributes and pages (set
     /// once the session exists).
     pub(super) notifier: OnceLock<fuser::Notifier>,
+    /// To the thread that tells the kernel (while watching); taken at
+    /// unmount so that thread ends.
+    pub(super) drops: Mutex<Option<std::sync::mpsc::Sender<Vec<Drop>>>>,
 }
 
 impl Shared {
@@ -35,11 +39,20 @@ impl Shared {
             open: Mutex::new(HashMap::new()),
             heads: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
+            drops: Mutex::new(None),
         }
     }
 
     pub(super) fn nodes(&self) -> MutexGuard<'_, Nodes> {
         lock_or_recover(&self.nodes)
+    }
+
+    /// Has the kernel drop these soon, on the thread that tells it (a
+    /// request's own thread must not wait on the kernel).
+    pub(super) fn drop_later(&self, drops: Vec<Drop>) {
+        if let Some(tx) = lock_or_recover(&self.drops).as_ref() {
+            let _ = tx.send(drops);
+        }
     }
 }
 
@@ -131,5 +144,17 @@ impl VioFs {
 
     pub(super) fn path(&self, ino: INodeNo) -> Result<Vec<u8>, FErrno> {
         self.nodes().path(ino.0).map_err(ferr)
+    }
+
+    /// A directory's attributes were fetched from the server (what this
+    /// mount had of them had aged out): the listing the kernel may keep
+    /// has aged too. The kernel checks a kept listing only against the
+    /// directory's mtime, which a change on the server's disk within one
+    /// clock tick of the last leaves as it was; so it is dropped, and a
+    /// kept listing lives no longer than the cache lifetime.
+    pub(super) fn dir_attr_fetched(&self, ino: u64, a: &crate::vio::Attr) {
+        if self.kernel_cache && a.mode & libc::S_IFMT == libc::S_IFDIR {
+            self.shared.drop_later(vec![Drop::Data(ino)]);
+        }
     }
 }
