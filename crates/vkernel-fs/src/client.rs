@@ -336,8 +336,14 @@ impl Client {
         Attr::decode(out).map_err(|e| ClientError::Malformed(e.to_string()))
     }
 
+    /// A path's length for a request word (`ENAMETOOLONG`, as the server
+    /// would answer, over [`vio::MAX_REQUEST_PATH`]).
     fn len32(b: &[u8]) -> Result<u32, ClientError> {
-        if b.len() > vio::MAX_PATH {
+        Self::len_upto(b, vio::MAX_REQUEST_PATH)
+    }
+
+    fn len_upto(b: &[u8], most: usize) -> Result<u32, ClientError> {
+        if b.len() > most {
             return Err(ClientError::Server(Errno::ENAMETOOLONG));
         }
         Ok(b.len() as u32)

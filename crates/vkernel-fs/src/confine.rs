@@ -13,12 +13,18 @@
 //! path from client input, so no check-then-use race can redirect an
 //! operation outside the root.
 //!
+//! A path longer than one system call takes (`PATH_MAX`) is walked in
+//! steps, each confined the same way beneath the directory the step
+//! before reached (`long`): deep trees work, and never leave the root.
+//!
 //! Before the kernel sees a path, [`check_path`] refuses NUL bytes
-//! (`EINVAL`), paths over [`MAX_PATH`] and components over [`MAX_NAME`]
-//! (`ENAMETOOLONG`) and absolute paths (`EXDEV`).
+//! (`EINVAL`), paths over [`MAX_REQUEST_PATH`] and components over
+//! [`MAX_NAME`] (`ENAMETOOLONG`) and absolute paths (`EXDEV`).
 //!
 //! All system calls go through `rustix`, whose wrappers are safe; this
 //! module has no `unsafe` code.
+
+mod long;
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -27,7 +33,9 @@ use rustix::fs::{
     AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, Stat, Timestamps, CWD, UTIME_NOW, UTIME_OMIT,
 };
 
-use crate::vio::{self, Attr, Dirent, Errno, SetAttr, StatFs, MAX_NAME, MAX_PATH};
+use crate::vio::{
+    self, Attr, Dirent, Errno, SetAttr, StatFs, MAX_NAME, MAX_PATH, MAX_REQUEST_PATH,
+};
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
@@ -36,13 +44,14 @@ fn err(e: rustix::io::Errno) -> Errno {
 }
 
 /// Lexical checks before any resolution: no NUL (`EINVAL`), at most
-/// [`MAX_PATH`] bytes and [`MAX_NAME`] per component (`ENAMETOOLONG`), not
-/// absolute (`EXDEV`: it would name something outside the root).
+/// [`MAX_REQUEST_PATH`] bytes and [`MAX_NAME`] per component
+/// (`ENAMETOOLONG`), not absolute (`EXDEV`: it would name something
+/// outside the root).
 pub fn check_path(path: &[u8]) -> Result<(), Errno> {
     if path.contains(&0) {
         return Err(Errno::EINVAL);
     }
-    if path.len() > MAX_PATH {
+    if path.len() > MAX_REQUEST_PATH {
         return Err(Errno::ENAMETOOLONG);
     }
     if path.split(|&b| b == b'/').any(|c| c.len() > MAX_NAME) {
@@ -179,6 +188,9 @@ impl Root {
         self.resolve_mode(path, flags, Mode::empty())
     }
 
+    /// The one resolution every operation goes through ([`Root::resolve`],
+    /// [`Root::parent`]): a long path's leading directories step by step
+    /// (`long::walk`), then the rest beneath the last.
     fn resolve_mode(&self, path: &[u8], flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
         check_path(path)?;
         // openat2 refuses flags that O_PATH ignores, such as O_NOCTTY.
@@ -187,7 +199,8 @@ impl Root {
         } else {
             OFlags::CLOEXEC | OFlags::NOCTTY
         };
-        rustix::fs::openat2(&self.fd, rel(path), flags | extra, mode, RESOLVE).map_err(err)
+        let (dir, rest) = long::walk(self.fd.as_fd(), path)?;
+        rustix::fs::openat2(dir, rel(rest), flags | extra, mode, RESOLVE).map_err(err)
     }
 
     /// The parent directory of `path` (resolved beneath the root) and the
@@ -611,7 +624,9 @@ mod tests {
         assert_eq!(check_path(b"/etc/passwd"), Err(Errno::EXDEV));
         assert_eq!(check_path(&[b'x'; 256]), Err(Errno::ENAMETOOLONG));
         assert_eq!(check_path(&[b'x'; 255]), Ok(()));
-        let long: Vec<u8> = b"d/".repeat(2049);
+        // Deeper than PATH_MAX is a path; over the request limit not.
+        assert_eq!(check_path(&b"d/".repeat(2049)), Ok(()));
+        let long: Vec<u8> = b"d/".repeat(MAX_REQUEST_PATH / 2 + 1);
         assert_eq!(check_path(&long), Err(Errno::ENAMETOOLONG));
     }
 

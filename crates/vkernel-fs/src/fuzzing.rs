@@ -1,9 +1,11 @@
 //! Fuzzing entry points (cargo-fuzz targets `path` and `vio` call these;
 //! unit tests run them over the committed corpora).
 //!
-//! - [`fuzz_path`]: any bytes as a client path, resolved beneath a root
-//!   that holds symbolic links pointing out of it, `..` traps and loops.
-//!   Property: every successful resolution names a file beneath the root.
+//! - [`fuzz_path`]: any bytes as a client path (alone, and behind a
+//!   prefix that makes it longer than `PATH_MAX`), resolved beneath a
+//!   root that holds symbolic links pointing out of it, `..` traps and
+//!   loops. Property: every successful resolution names a file beneath
+//!   the root.
 //! - [`fuzz_request`]: any bytes as a V I/O request (32-byte message,
 //!   then the segment) sent to a real file server on a loopback logical
 //!   host. Properties: the server answers every request, and still serves
@@ -66,18 +68,23 @@ pub fn fuzz_path(data: &[u8]) {
     let Some(f) = path_fixture() else {
         return;
     };
+    // The same bytes behind a prefix that makes the path longer than
+    // PATH_MAX: resolved in steps, as confined.
+    let long = [&b"a/"[..], &b"./".repeat(2100), data].concat();
     for flags in [
         OFlags::PATH,
         OFlags::PATH | OFlags::NOFOLLOW,
         OFlags::RDONLY,
         OFlags::PATH | OFlags::DIRECTORY,
     ] {
-        if let Ok(fd) = f.root.resolve(data, flags) {
-            assert!(
-                beneath(&fd, &f.canon),
-                "{:?} escaped the root",
-                String::from_utf8_lossy(data)
-            );
+        for p in [data, &long[..]] {
+            if let Ok(fd) = f.root.resolve(p, flags) {
+                assert!(
+                    beneath(&fd, &f.canon),
+                    "{:?} escaped the root",
+                    String::from_utf8_lossy(p)
+                );
+            }
         }
     }
     if let Ok((fd, name)) = f.root.parent(data) {

@@ -525,7 +525,9 @@ impl Handler for Shared {
 }
 
 /// Requests whose segment is at most this long come to the dispatcher
-/// whole, for [`Handler::runs_inline`] (two paths and a record).
+/// whole, for [`Handler::runs_inline`] (two paths and a record). Longer
+/// paths (up to [`vio::MAX_REQUEST_PATH`]) are rare: `gather` pulls them
+/// by MoveFrom.
 const INLINE_UPTO: usize = 2 * vio::MAX_PATH + 256;
 
 /// What a handler answers: a status with reply words, and bytes for the

@@ -35,8 +35,14 @@ pub use records::*;
 pub use request::*;
 pub use status::*;
 
-/// Longest path a request may carry (bytes, like Linux `PATH_MAX`).
+/// Longest path one system call takes (bytes, Linux `PATH_MAX`): the
+/// longest symbolic link target a request may carry.
 pub const MAX_PATH: usize = 4096;
+/// Longest path (from the export root) a request may carry: deeper than
+/// [`MAX_PATH`], as a program whose working directory is deep in a tree
+/// reaches with short relative paths. The server walks such a path in
+/// steps of at most [`MAX_PATH`] (docs/VIO.md, "Long paths").
+pub const MAX_REQUEST_PATH: usize = 64 << 10;
 /// Longest path component (bytes, like Linux `NAME_MAX`).
 pub const MAX_NAME: usize = 255;
 /// Most bytes one READ or WRITE moves; larger counts are answered short.

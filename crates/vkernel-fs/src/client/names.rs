@@ -138,7 +138,7 @@ impl Client {
     ) -> Result<Attr, ClientError> {
         let (t, p) = (target.as_ref(), path.as_ref());
         let req = Request::Symlink {
-            target_len: Self::len32(t)?,
+            target_len: Self::len_upto(t, vio::MAX_PATH)?,
             path_len: Self::len32(p)?,
             owner,
         };

@@ -61,7 +61,7 @@ impl Client {
 fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
     let mut m = Message::zero();
     // Room for a rename's two paths.
-    let mut path = vec![0u8; 2 * vio::MAX_PATH + 1];
+    let mut path = vec![0u8; 2 * vio::MAX_REQUEST_PATH + 1];
     loop {
         let i = match p.receive_with_segment(&mut m, &mut path) {
             Ok(i) => i,
@@ -70,9 +70,17 @@ fn callback_loop<F: Fn(vio::Invalidation, &[u8])>(p: &Process, sink: &F) {
         };
         let status = match vio::Invalidation::decode(&m) {
             Ok(inv) => {
-                let n = (inv.path_len as usize).min(i.seg_bytes).min(path.len());
-                sink(inv, &path[..n]);
-                Errno::OK
+                let n = (inv.path_len as usize).min(path.len());
+                let have = i.seg_bytes.min(n);
+                // Long paths do not all come appended: the rest by MoveFrom.
+                let whole =
+                    have == n || p.move_from(i.from, have as u32, &mut path[have..n]).is_ok();
+                if whole {
+                    sink(inv, &path[..n]);
+                    Errno::OK
+                } else {
+                    Errno::EIO
+                }
             }
             Err(_) => Errno::EPROTO,
         };

@@ -117,13 +117,16 @@ impl Nodes {
             parts.push(name);
             at = *parent;
             hops += 1;
-            if hops > vio::MAX_PATH {
+            // Each name and its '/' take two bytes at least.
+            if hops > vio::MAX_REQUEST_PATH / 2 {
                 return Err(Errno::ELOOP);
             }
         }
         parts.reverse();
         let p = parts.join(&b'/');
-        if p.len() > vio::MAX_PATH {
+        // Deeper than PATH_MAX is fine: programs reach it with relative
+        // paths, and the server walks it in steps.
+        if p.len() > vio::MAX_REQUEST_PATH {
             return Err(Errno::ENAMETOOLONG);
         }
         Ok(p)

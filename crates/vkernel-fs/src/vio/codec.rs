@@ -221,17 +221,22 @@ impl Request {
     }
 
     /// Decodes a request message: `ENOSYS` for an unknown code,
-    /// `ENAMETOOLONG` for a path length over [`MAX_PATH`], `EINVAL` for
-    /// bad flag values.
+    /// `ENAMETOOLONG` for a path length over [`MAX_REQUEST_PATH`] (a
+    /// symbolic link's target over [`MAX_PATH`]), `EINVAL` for bad flag
+    /// values.
     pub fn decode(m: &Message) -> Result<Request, Errno> {
         let w = &m.0;
-        let path = |n: u32| -> Result<u32, Errno> {
-            if n as usize > MAX_PATH {
-                Err(Errno::ENAMETOOLONG)
-            } else {
-                Ok(n)
+        let upto = |most: usize| {
+            move |n: u32| -> Result<u32, Errno> {
+                if n as usize > most {
+                    Err(Errno::ENAMETOOLONG)
+                } else {
+                    Ok(n)
+                }
             }
         };
+        let path = upto(MAX_REQUEST_PATH);
+        let target = upto(MAX_PATH);
         let owner = Owner {
             uid: w[4],
             gid: w[5],
@@ -332,7 +337,7 @@ impl Request {
                 }
             }
             SYMLINK => Request::Symlink {
-                target_len: path(w[1])?,
+                target_len: target(w[1])?,
                 path_len: path(w[2])?,
                 owner,
             },

@@ -23,15 +23,15 @@ impl Invalidation {
     }
 
     /// Decodes an [`INVALIDATE`] message (`EPROTO` for another code,
-    /// unknown flags or a path over [`MAX_PATH`], two with
+    /// unknown flags or a path over [`MAX_REQUEST_PATH`], two with
     /// [`INVAL_RENAME`]).
     pub fn decode(m: &Message) -> Result<Invalidation, Errno> {
         let w = &m.0;
         let known = INVAL_ATTR | INVAL_DATA | INVAL_ENTRY | INVAL_RENAME | INVAL_EXCHANGE;
         let most = if w[1] & INVAL_RENAME != 0 {
-            2 * MAX_PATH + 1
+            2 * MAX_REQUEST_PATH + 1
         } else {
-            MAX_PATH
+            MAX_REQUEST_PATH
         };
         if w[0] & CODE_MASK != INVALIDATE || w[1] & !known != 0 || w[5] as usize > most {
             return Err(Errno::EPROTO);

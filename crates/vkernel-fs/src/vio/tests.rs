@@ -174,11 +174,23 @@ fn bad_requests_get_codes() {
         Err(Errno::ENOSYS)
     );
     let mut m = Message::with_code(STAT);
-    m.0[1] = MAX_PATH as u32 + 1;
+    m.0[1] = MAX_REQUEST_PATH as u32 + 1;
     assert_eq!(Request::decode(&m), Err(Errno::ENAMETOOLONG));
+    // Deeper than PATH_MAX is a path; a link target that long is not.
+    m.0[1] = MAX_PATH as u32 + 1;
+    assert!(Request::decode(&m).is_ok());
     m.0[1] = 1;
     m.0[2] = 6;
     assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
+    let long = Request::Symlink {
+        target_len: MAX_PATH as u32,
+        path_len: MAX_REQUEST_PATH as u32,
+        owner: Owner::default(),
+    };
+    assert_eq!(Request::decode(&long.encode()), Ok(long));
+    let mut m = long.encode();
+    m.0[1] += 1;
+    assert_eq!(Request::decode(&m), Err(Errno::ENAMETOOLONG));
     let mut m = Message::with_code(RENAME);
     m.0[3] = 3;
     assert_eq!(Request::decode(&m), Err(Errno::EINVAL));
@@ -268,8 +280,10 @@ fn invalidations_round_trip_and_bad_ones_are_refused() {
     m.0[1] |= 0x100;
     assert_eq!(Invalidation::decode(&m), Err(Errno::EPROTO));
     let mut m = inv.encode();
-    m.0[5] = MAX_PATH as u32 + 1;
+    m.0[5] = MAX_REQUEST_PATH as u32 + 1;
     assert_eq!(Invalidation::decode(&m), Err(Errno::EPROTO));
+    m.0[5] = MAX_PATH as u32 + 1;
+    assert!(Invalidation::decode(&m).is_ok());
     assert_eq!(
         Invalidation::decode(&Request::Statfs.encode()),
         Err(Errno::EPROTO)
