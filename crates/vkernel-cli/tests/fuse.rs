@@ -419,62 +419,6 @@ fn special_files_and_owners_as_on_a_local_disk() {
     );
 }
 
-/// pjdfstest (the POSIX file-system conformance suite, its maintained
-/// Rust rewrite from crates.io; `.ci/run` installs it) on the mount, as
-/// root with two dummy users. Every test it can run here must pass; the
-/// ones it skips need a read-only remount, a second file system, or
-/// 32,000 links (docs/VIO.md, "Conformance").
-#[test]
-fn the_posix_conformance_suite_passes_on_the_mount() {
-    if fuse_available().is_none() {
-        return;
-    }
-    if !have("pjdfstest") {
-        if std::env::var("VKERNEL_REQUIRE_PJDFSTEST").as_deref() == Ok("1") {
-            panic!(
-                "pjdfstest required but missing (cargo install pjdfstest --version 0.2.2 --locked)"
-            );
-        }
-        eprintln!("skipping: pjdfstest is not installed");
-        return;
-    }
-    let work = Scratch::short("p");
-    let root = work.path().join("export");
-    let mnt = work.path().join("mnt");
-    for d in [&root, &mnt] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let conf = work.path().join("pjdfstest.toml");
-    std::fs::write(
-        &conf,
-        "[features]\nutime_now = {}\nutimensat = {}\nposix_fallocate = {}\nrename_ctime = {}\n\n\
-         [dummy_auth]\nentries = [[\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"]]\n",
-    )
-    .unwrap();
-    // Other users switch into the suite's directories: allow_other.
-    let _m = Mount::with(&root, &mnt, &["--allow-other"]);
-    let (_, out) = sh(
-        work.path(),
-        &format!("pjdfstest -c {} -p {} 2>&1", conf.display(), mnt.display()),
-        Duration::from_secs(600),
-    );
-    let summary = out
-        .lines()
-        .find(|l| l.starts_with("Summary:"))
-        .unwrap_or_else(|| panic!("no summary from pjdfstest:\n{out}"));
-    println!("pjdfstest on the V mount: {summary}");
-    let count = |what: &str| -> u32 {
-        summary
-            .split(',')
-            .find(|p| p.trim().ends_with(what))
-            .and_then(|p| p.split_whitespace().find_map(|w| w.parse().ok()))
-            .unwrap_or_else(|| panic!("no `{what}` count in {summary}"))
-    };
-    let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
-    assert_eq!(count("failed"), 0, "{failed:#?}\n{out}");
-    assert!(count("passed") >= 380, "{summary}");
-}
-
 /// A directory renamed through one mount while a program on the other
 /// has its working directory and an open file in it: the program carries
 /// on, and the directory is there under its new name.
