@@ -427,16 +427,11 @@ fn a_directory_renamed_elsewhere_stays_usable_here() {
     if fuse_available().is_none() {
         return;
     }
-    let work = Scratch::new("rename2");
-    let (root, a, b) = (
-        work.path().join("export"),
-        work.path().join("a"),
-        work.path().join("b"),
-    );
-    for d in [&root, &a, &b] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    let (work, dirs) = scratch_with("rename2", &["export", "a", "b"]);
+    let [root, a, b] = &dirs[..] else {
+        unreachable!()
+    };
+    let (_ma, _mb) = two_mounts(root, a, b);
     std::fs::create_dir_all(a.join("old/sub")).unwrap();
     std::fs::write(a.join("old/file"), "hello\n").unwrap();
     std::fs::write(a.join("old/sub/inner"), "inner\n").unwrap();
@@ -480,16 +475,11 @@ fn appends_from_two_mounts_land_whole() {
     if fuse_available().is_none() {
         return;
     }
-    let work = Scratch::new("append2");
-    let (root, a, b) = (
-        work.path().join("export"),
-        work.path().join("a"),
-        work.path().join("b"),
-    );
-    for d in [&root, &a, &b] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    let (_work, dirs) = scratch_with("append2", &["export", "a", "b"]);
+    let [root, a, b] = &dirs[..] else {
+        unreachable!()
+    };
+    let (_ma, _mb) = two_mounts(root, a, b);
     std::fs::write(a.join("log"), "").unwrap();
     const LINES: usize = 2000;
     // One open each (the shell writes each line with one write(2)), and
@@ -534,7 +524,7 @@ m.close()
 os.write(fd, b"more\n")
 os.close(fd)
 ' && cat m"#;
-        let (ok, out) = sh(&b, script, Duration::from_secs(30));
+        let (ok, out) = sh(b, script, Duration::from_secs(30));
         assert!(ok, "{out}");
         assert_eq!(
             std::fs::read_to_string(root.join("m")).unwrap(),

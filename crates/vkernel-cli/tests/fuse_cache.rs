@@ -56,24 +56,19 @@ fn a_clone_on_the_mount_is_listed_and_removed_whole() {
     if fuse_available().is_none() {
         return;
     }
-    let work = Scratch::new("clone-rm");
-    let (src, root, mnt) = (
-        work.path().join("src"),
-        work.path().join("export"),
-        work.path().join("mnt"),
-    );
-    for d in [&root, &mnt] {
-        std::fs::create_dir(d).unwrap();
-    }
-    make_repo(&src, 1500);
-    let _m = Mount::new(&root, &mnt);
+    let (_work, dirs) = scratch_with("clone-rm", &["src", "export", "mnt"]);
+    let [src, root, mnt] = &dirs[..] else {
+        unreachable!()
+    };
+    make_repo(src, 1500);
+    let _m = Mount::new(root, mnt);
     for round in 0..3 {
         let script = format!(
             "git clone -q {} w && git -C w status --porcelain && rm -rf w && echo gone",
             src.display()
         );
-        let (ok, out) = sh(&mnt, &script, Duration::from_secs(120));
-        let left = tree(&root);
+        let (ok, out) = sh(mnt, &script, Duration::from_secs(120));
+        let left = tree(root);
         assert!(
             ok && left.is_empty(),
             "round {round}: clone + rm -rf failed ({out}); left on the server: {:?}",
@@ -131,16 +126,11 @@ fn listings_and_links_the_kernel_keeps_follow_another_mount() {
     if fuse_available().is_none() {
         return;
     }
-    let work = Scratch::new("kcache");
-    let (root, a, b) = (
-        work.path().join("export"),
-        work.path().join("a"),
-        work.path().join("b"),
-    );
-    for d in [&root, &a, &b] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let (_ma, _mb) = two_mounts(&root, &a, &b);
+    let (_work, dirs) = scratch_with("kcache", &["export", "a", "b"]);
+    let [root, a, b] = &dirs[..] else {
+        unreachable!()
+    };
+    let (_ma, _mb) = two_mounts(root, a, b);
     std::fs::create_dir(a.join("d")).unwrap();
     for i in 0..50 {
         std::fs::write(a.join(format!("d/f{i}")), "x").unwrap();

@@ -45,25 +45,20 @@ fn fsx_with_fallocate_finds_no_error_on_the_mount() {
         eprintln!("skipping: no fsx (cargo install fsx --version 0.3.2 --locked)");
         return;
     }
-    let work = Scratch::new("fsx");
-    let (root, mnt, art) = (
-        work.path().join("export"),
-        work.path().join("mnt"),
-        work.path().join("artifacts"),
-    );
-    for d in [&root, &mnt, &art] {
-        std::fs::create_dir(d).unwrap();
-    }
+    let (work, dirs) = scratch_with("fsx", &["export", "mnt", "artifacts"]);
+    let [root, mnt, art] = &dirs[..] else {
+        unreachable!()
+    };
     let config = work.path().join("fsx.toml");
     std::fs::write(&config, CONFIG).unwrap();
-    let _m = Mount::new(&root, &mnt);
+    let _m = Mount::new(root, mnt);
     for seed in 1..=4 {
         let file = mnt.join(format!("fsx.{seed}"));
         let mut child = Command::new("fsx")
             .args(["-q", "-N", "20000", "-S", &seed.to_string(), "-f"])
             .arg(&config)
             .arg("-P")
-            .arg(&art)
+            .arg(art)
             .arg(&file)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

@@ -59,37 +59,32 @@ fn a_tree_deeper_than_path_max_is_usable_on_the_mount() {
     if fuse_available().is_none() {
         return;
     }
-    let work = Scratch::new("long");
-    let (root, mnt, local) = (
-        work.path().join("export"),
-        work.path().join("mnt"),
-        work.path().join("local"),
-    );
-    for d in [&root, &mnt, &local] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let _m = Mount::new(&root, &mnt);
+    let (_work, dirs) = scratch_with("long", &["export", "mnt", "local"]);
+    let [root, mnt, local] = &dirs[..] else {
+        unreachable!()
+    };
+    let _m = Mount::new(root, mnt);
     let limit = Duration::from_secs(120);
-    let (ok_l, made_l) = sh(&local, &make(), limit);
+    let (ok_l, made_l) = sh(local, &make(), limit);
     assert!(ok_l, "on a local directory:\n{made_l}");
-    let (ok_m, made_m) = sh(&mnt, &make(), limit);
+    let (ok_m, made_m) = sh(mnt, &make(), limit);
     assert!(ok_m, "on the mount:\n{made_m}");
     assert_eq!(made_m, made_l);
     assert!(made_m.contains("same\n307200\n"), "{made_m}");
-    let (ok, seen_m) = sh(&mnt, &inspect(), limit);
+    let (ok, seen_m) = sh(mnt, &inspect(), limit);
     assert!(ok, "looking on the mount:\n{seen_m}");
-    let (ok, seen_disk) = sh(&root, &inspect(), limit);
+    let (ok, seen_disk) = sh(root, &inspect(), limit);
     assert!(ok, "looking on the server's disk:\n{seen_disk}");
     assert_eq!(seen_m, seen_disk);
-    let (ok, seen_l) = sh(&local, &inspect(), limit);
+    let (ok, seen_l) = sh(local, &inspect(), limit);
     assert!(ok);
     assert_eq!(seen_m, seen_l);
     assert!(seen_m.contains("f2 27 2 "), "{seen_m}");
-    let (ok, out) = sh(&mnt, "rm -rf top && ls -A", limit);
+    let (ok, out) = sh(mnt, "rm -rf top && ls -A", limit);
     assert!(ok, "rm -rf on the mount: {out}");
     assert_eq!(out, "");
     assert!(
-        std::fs::read_dir(&root).unwrap().next().is_none(),
+        std::fs::read_dir(root).unwrap().next().is_none(),
         "left on the server"
     );
 }

@@ -45,6 +45,16 @@ pub fn fuse_available() -> Option<()> {
 /// A scratch directory removed on drop (after the mount is gone).
 pub struct Scratch(pub PathBuf);
 
+/// A scratch directory and the subdirectories `names` made in it.
+pub fn scratch_with(tag: &str, names: &[&str]) -> (Scratch, Vec<PathBuf>) {
+    let work = Scratch::new(tag);
+    let dirs: Vec<PathBuf> = names.iter().map(|n| work.path().join(n)).collect();
+    for d in &dirs {
+        std::fs::create_dir(d).expect("scratch subdirectory");
+    }
+    (work, dirs)
+}
+
 impl Scratch {
     pub fn new(tag: &str) -> Scratch {
         let nanos = std::time::SystemTime::now()
@@ -165,23 +175,7 @@ impl Mount {
 
     /// A mount with extra `vkernel mount` arguments.
     pub fn with(root: &Path, mnt: &Path, extra: &[&str]) -> Mount {
-        let (server, line) = start(
-            "fileserver",
-            &[
-                "fileserver",
-                "--root",
-                root.to_str().unwrap(),
-                "--bind",
-                "127.0.0.1:0",
-            ],
-            "listening on",
-        );
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|s| s.split(';').next())
-            .expect("server address")
-            .to_string();
+        let (server, addr) = fileserver(root, "127.0.0.1:0");
         let mut args = vec![
             "mount",
             &addr,
