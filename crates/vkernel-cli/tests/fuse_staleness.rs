@@ -87,6 +87,15 @@ fn listed(d: &Path, want: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Appends a line to `d/f`.
+fn append_more(d: &Path) {
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(d.join("f"))
+        .unwrap();
+    f.write_all(b"more\n").unwrap();
+}
+
 fn read(p: &Path, want: &str) -> Result<(), String> {
     let got = fs::read_to_string(p).map_err(|e| format!("cat {}: {e}", p.display()))?;
     if got == want {
@@ -159,13 +168,7 @@ fn ops() -> Vec<Op> {
             name: "append (content)",
             setup: |d| fs::write(d.join("f"), "old\n").unwrap(),
             before: |d| both(read(&d.join("f"), "old\n"), size(&d.join("f"), 4)),
-            act: |d| {
-                let mut f = fs::OpenOptions::new()
-                    .append(true)
-                    .open(d.join("f"))
-                    .unwrap();
-                f.write_all(b"more\n").unwrap();
-            },
+            act: append_more,
             after: |d| read(&d.join("f"), "old\nmore\n"),
             at_once: true,
         },
@@ -173,13 +176,7 @@ fn ops() -> Vec<Op> {
             name: "append (stat size)",
             setup: |d| fs::write(d.join("f"), "old\n").unwrap(),
             before: |d| both(read(&d.join("f"), "old\n"), size(&d.join("f"), 4)),
-            act: |d| {
-                let mut f = fs::OpenOptions::new()
-                    .append(true)
-                    .open(d.join("f"))
-                    .unwrap();
-                f.write_all(b"more\n").unwrap();
-            },
+            act: append_more,
             after: |d| size(&d.join("f"), 9),
             at_once: false,
         },
