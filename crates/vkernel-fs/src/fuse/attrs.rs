@@ -124,21 +124,28 @@ impl VioFs {
         size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // The kernel asks for security.capability before every write;
-        // once a file is known to have none, that is answered here (until
-        // its attributes change).
-        let caps = name.as_bytes() == b"security.capability";
-        if caps && self.nodes().map.get(&ino.0).is_some_and(|n| n.no_caps) {
+        // The kernel asks for security.capability before every write, and
+        // `ls -l` for ACLs and security labels of every file; once a file
+        // is known to lack one, that is answered here (until one is set
+        // here or the server reports a change to the file).
+        let key = name.as_bytes();
+        if (self.nodes().map.get(&ino.0)).is_some_and(|n| n.lacks_xattr(key)) {
             return reply.error(FErrno::from_i32(libc::ENODATA));
         }
         let p = tryf!(reply, self.path(ino));
-        match self.client.getxattr(&p, name.as_bytes(), size as usize) {
+        let epoch = self.nodes().reported;
+        match self.client.getxattr(&p, key, size as usize) {
             Ok((n, _)) if size == 0 => reply.size(n as u32),
             Ok((_, v)) => reply.data(&v),
-            Err(ClientError::Server(e)) if caps && e == Errno(libc::ENODATA as u32) => {
-                if let Some(n) = self.nodes().map.get_mut(&ino.0) {
-                    n.no_caps = true;
+            Err(ClientError::Server(e)) if e == Errno(libc::ENODATA as u32) => {
+                let mut n = self.nodes();
+                // Not kept if a report came meanwhile (it may be of this).
+                if n.reported == epoch {
+                    if let Some(node) = n.map.get_mut(&ino.0) {
+                        node.lacks(key);
+                    }
                 }
+                drop(n);
                 reply.error(FErrno::from_i32(libc::ENODATA))
             }
             Err(e) => reply.error(cerr(e)),

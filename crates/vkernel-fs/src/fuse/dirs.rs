@@ -25,7 +25,19 @@ pub(super) type Snapshot = Arc<(Instant, Vec<(Entry, Attr)>)>;
 
 /// A listing served without a handle: (cookie, entry, attributes), in
 /// cookie order.
-type ByCookie = Vec<(u64, Entry, Attr)>;
+pub(super) type ByCookie = Arc<Vec<(u64, Entry, Attr)>>;
+
+/// The last listing served without a handle, kept for the READDIR calls
+/// that follow (a large directory takes many): valid while no name
+/// changed here (`Listings::changes`), no report came, and its
+/// attributes are within their lifetime.
+pub(super) struct LastListing {
+    dir: u64,
+    changes: u64,
+    reported: u64,
+    at: Instant,
+    entries: ByCookie,
+}
 
 /// First directory handle of a listing served by the mount itself
 /// (server handles are 32-bit).
@@ -148,6 +160,15 @@ impl VioFs {
     /// The listing of a directory the kernel reads without a handle:
     /// kept, or fetched now; in [`cookie`] order, and when it was known.
     fn listing_by_inode(&self, dir: INodeNo) -> Result<(Instant, ByCookie), FErrno> {
+        let (changes, reported) = self.listing_epoch();
+        if let Some(l) = lock_or_recover(&self.last_listing).as_ref().filter(|l| {
+            l.dir == dir.0
+                && l.changes == changes
+                && l.reported == reported
+                && !left(self.ttl, l.at).is_zero()
+        }) {
+            return Ok((l.at, l.entries.clone()));
+        }
         let (at, snap) = match self.kept_listing(dir) {
             Some(s) => s,
             None => {
@@ -162,17 +183,46 @@ impl VioFs {
                 (at, l)
             }
         };
+        let entries = self.keep_by_cookie(dir, at, snap, (changes, reported));
+        Ok((at, entries))
+    }
+
+    /// What a listing served by inode is valid for: this mount's name
+    /// changes and the server's reports so far.
+    fn listing_epoch(&self) -> (u64, u64) {
+        let n = self.nodes();
+        (n.listings.changes(), n.reported)
+    }
+
+    /// `snap` in cookie order, kept as the last listing served by inode
+    /// (valid while the epoch, read before `snap` was taken, holds).
+    fn keep_by_cookie(
+        &self,
+        dir: INodeNo,
+        at: Instant,
+        snap: Vec<(Entry, Attr)>,
+        (changes, reported): (u64, u64),
+    ) -> ByCookie {
         let mut v: Vec<_> = snap
             .into_iter()
             .map(|(e, a)| (cookie(&e.name), e, a))
             .collect();
         v.sort_unstable_by_key(|x| x.0);
-        Ok((at, v))
+        let entries = Arc::new(v);
+        *lock_or_recover(&self.last_listing) = Some(LastListing {
+            dir: dir.0,
+            changes,
+            reported,
+            at,
+            entries: entries.clone(),
+        });
+        entries
     }
 
     pub(super) fn do_opendir(&self, ino: INodeNo, reply: ReplyOpen) {
         let p = tryf!(reply, self.path(ino));
         if self.watched {
+            let epoch = self.listing_epoch();
             let snap = match self.kept_listing(ino) {
                 Some(s) => Some(s),
                 None => {
@@ -181,14 +231,18 @@ impl VioFs {
                     l.map(|l| (at, l))
                 }
             };
-            if snap.is_some() && self.kernel_cache {
-                // The server lists with attributes, so any directory can
-                // be served by inode: the kernel need not open them, and
-                // then keeps their listings (FOPEN_CACHE_DIR) until a
-                // change here or a report from the server drops them.
-                self.no_dir_handles
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                return reply.error(FErrno::from_i32(libc::ENOSYS));
+            if self.kernel_cache {
+                if let Some((at, snap)) = snap {
+                    // The server lists with attributes, so any directory
+                    // can be served by inode: the kernel need not open
+                    // them, and then keeps their listings (FOPEN_CACHE_DIR)
+                    // until a change here or a report from the server
+                    // drops them. This listing serves the READDIRs next.
+                    self.keep_by_cookie(ino, at, snap, epoch);
+                    self.no_dir_handles
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    return reply.error(FErrno::from_i32(libc::ENOSYS));
+                }
             }
             if let Some(snap) = snap {
                 let fh = self

@@ -293,7 +293,7 @@ impl VioFs {
             // Made just now: no extended attributes yet (the kernel asks
             // for security.capability before its first write).
             if let Some(node) = n.map.get_mut(&ino).filter(|_| made) {
-                node.no_caps = true;
+                node.lacks(b"security.capability");
             }
             ino
         };

@@ -115,9 +115,15 @@ impl Listings {
         self.map.get_mut(&dir)?.names.remove(name)
     }
 
-    /// Forgets `dir`'s listing.
+    /// Forgets `dir`'s listing: something in it changed.
     pub fn drop_dir(&mut self, dir: u64) {
         self.changes += 1;
+        self.map.remove(&dir);
+    }
+
+    /// Forgets `dir`'s listing, nothing having changed (the kernel
+    /// forgot the directory).
+    pub fn forget_dir(&mut self, dir: u64) {
         self.map.remove(&dir);
     }
 }

@@ -30,9 +30,27 @@ pub(super) struct Node {
     /// Reads were answered for it since its data last changed: the
     /// kernel may hold its pages, so an open need not fetch its start.
     pub(super) pages: bool,
-    /// It has no security.capability attribute (asked before each write),
-    /// as of its current attributes.
-    pub(super) no_caps: bool,
+    /// Extended attributes it does not have (security.capability, asked
+    /// before each write; the ACL and security names `ls -l` asks),
+    /// until one is set here or the server reports a change to it.
+    pub(super) no_xattrs: Vec<Vec<u8>>,
+}
+
+/// Most absent extended-attribute names kept per node.
+const MAX_NO_XATTRS: usize = 4;
+
+impl Node {
+    /// Is `name` known absent from this node's extended attributes?
+    pub(super) fn lacks_xattr(&self, name: &[u8]) -> bool {
+        self.no_xattrs.iter().any(|n| n == name)
+    }
+
+    /// `name` was found absent (or the node was just made).
+    pub(super) fn lacks(&mut self, name: &[u8]) {
+        if !self.lacks_xattr(name) && self.no_xattrs.len() < MAX_NO_XATTRS {
+            self.no_xattrs.push(name.to_vec());
+        }
+    }
 }
 
 /// Inode numbers ↔ files and their names. A file's inode number is its
@@ -77,7 +95,7 @@ impl Nodes {
                 lookups: 1,
                 attr: None,
                 pages: false,
-                no_caps: false,
+                no_xattrs: Vec::new(),
             },
         );
         Nodes {
@@ -194,7 +212,7 @@ impl Nodes {
             lookups: 0,
             attr: None,
             pages: false,
-            no_caps: false,
+            no_xattrs: Vec::new(),
         });
         // A directory has one name: found by another, it was moved (a
         // change this table missed), and its old name would build a
@@ -229,7 +247,7 @@ impl Nodes {
             None => false,
         };
         if gone {
-            self.listings.drop_dir(ino);
+            self.listings.forget_dir(ino);
             self.contents.remove(ino);
             if let Some(node) = self.map.remove(&ino) {
                 for key in node.names {
@@ -336,7 +354,7 @@ impl Nodes {
     /// Forgets what is known of the node's extended attributes.
     pub(super) fn clear_xattrs(&mut self, ino: u64) {
         if let Some(n) = self.map.get_mut(&ino) {
-            n.no_caps = false;
+            n.no_xattrs.clear();
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fuser::{Errno as FErrno, INodeNo};
 
-use super::dirs::{Snapshot, LOCAL_DIR};
+use super::dirs::{LastListing, Snapshot, LOCAL_DIR};
 use super::handles::{close_in_batches, Head, LocalFile, LOCAL_FILE};
 use super::invalidate::Drop;
 use super::nodes::Nodes;
@@ -89,6 +89,8 @@ pub struct VioFs {
     /// The kernel was told it need not open directories: every listing
     /// comes with handle 0 and is served by inode.
     pub(super) no_dir_handles: std::sync::atomic::AtomicBool,
+    /// The last listing served by inode, for the READDIRs that follow.
+    pub(super) last_listing: Mutex<Option<LastListing>>,
 }
 
 impl std::fmt::Debug for VioFs {
@@ -135,6 +137,7 @@ impl VioFs {
             watched,
             kernel_cache: false,
             no_dir_handles: std::sync::atomic::AtomicBool::new(false),
+            last_listing: Mutex::new(None),
         }
     }
 
