@@ -287,3 +287,57 @@ fn extended_attributes_known_absent_follow_changes() {
         );
     }
 }
+
+/// A read-only open is closed without FLUSH (`FOPEN_NOFLUSH`): a lock set
+/// through it still goes when it is closed, while its program lives on,
+/// so a program on another mount can take the file at once.
+#[test]
+fn a_lock_through_a_read_only_open_goes_with_its_close() {
+    if fuse_available().is_none() || !have("python3") {
+        return;
+    }
+    let (work, dirs) = scratch_with("roflush", &["export", "a", "b"]);
+    let [root, a, b] = &dirs[..] else {
+        unreachable!()
+    };
+    let (_ma, _mb) = two_mounts(root, a, b);
+    std::fs::write(a.join("f"), "x").unwrap();
+    let (closed, done) = (work.path().join("closed"), work.path().join("done"));
+    // Holds a read lock through a read-only descriptor, closes it, and
+    // lives on until told.
+    let holder = format!(
+        "import fcntl, os, time\n\
+         fd = os.open('f', os.O_RDONLY)\n\
+         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n\
+         os.close(fd)\n\
+         open('{closed}', 'w').close()\n\
+         t = time.time()\n\
+         while not os.path.exists('{done}') and time.time() - t < 30: time.sleep(0.01)\n",
+        closed = closed.display(),
+        done = done.display()
+    );
+    let dir = a.clone();
+    let h = std::thread::spawn(move || {
+        sh(
+            &dir,
+            &format!("python3 -c \"{holder}\""),
+            Duration::from_secs(60),
+        )
+    });
+    common::wait_for(Duration::from_secs(20), "the holder's close", || {
+        closed.exists().then_some(())
+    });
+    let (ok, out) = sh(
+        b,
+        "python3 -c \"import fcntl, os; fd = os.open('f', os.O_RDWR); \
+         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('locked')\"",
+        Duration::from_secs(30),
+    );
+    std::fs::write(&done, "").unwrap();
+    let (hok, hout) = h.join().unwrap();
+    assert!(hok, "the holder: {hout}");
+    assert!(
+        ok && out.trim() == "locked",
+        "the lock outlived its close: {out}"
+    );
+}

@@ -40,7 +40,8 @@ impl VioFs {
             lock_or_recover(&self.local_files).insert(fh, l);
             // Unchanged since its attributes were answered: pages the
             // kernel holds are good.
-            return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+            let flags = FopenFlags::FOPEN_KEEP_CACHE | self.no_flush(fh, f);
+            return reply.opened(FileHandle(fh), flags);
         }
         let p = tryf!(reply, self.path(ino));
         let epoch = self.nodes().reported;
@@ -91,6 +92,7 @@ impl VioFs {
         } else {
             FopenFlags::empty()
         };
+        let flags = flags | self.no_flush(u64::from(fh.0), f);
         reply.opened(FileHandle(u64::from(fh.0)), flags);
     }
 
@@ -223,6 +225,18 @@ impl VioFs {
         reply.ok();
     }
 
+    /// A read-only open needs no FLUSH at close: nothing was written
+    /// through it, and the fcntl locks set through it are dropped at its
+    /// release instead (`noflush`). So `fh` is remembered and the kernel
+    /// told `FOPEN_NOFLUSH`.
+    fn no_flush(&self, fh: u64, flags: i32) -> FopenFlags {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return FopenFlags::empty();
+        }
+        lock_or_recover(&self.noflush).insert(fh, Vec::new());
+        FopenFlags::FOPEN_NOFLUSH
+    }
+
     pub(super) fn do_release(
         &self,
         ino: INodeNo,
@@ -230,6 +244,7 @@ impl VioFs {
         lock_owner: Option<LockOwner>,
         reply: ReplyEmpty,
     ) {
+        let lockers = lock_or_recover(&self.noflush).remove(&fh.0);
         let fh = if fh.0 >= LOCAL_FILE {
             match lock_or_recover(&self.local_files).remove(&fh.0) {
                 Some(LocalFile {
@@ -241,8 +256,12 @@ impl VioFs {
         } else {
             Fh(fh.0 as u32)
         };
-        // The last close of an open file drops its flock lock.
-        if let Some(o) = lock_owner {
+        // The last close of an open file drops its flock lock, and those
+        // fcntl locks set through it that no FLUSH dropped.
+        for o in lock_owner
+            .into_iter()
+            .chain(lockers.into_iter().flatten().map(LockOwner))
+        {
             self.unlock_all(ino, fh, o);
         }
         self.closed(ino.0, fh);

@@ -90,6 +90,15 @@ impl VioFs {
         reply: ReplyEmpty,
     ) {
         let l = lock_request(lock_owner, start, end, typ, pid);
+        if l.kind != vio::LOCK_UNLOCK {
+            // Set through a handle closed without FLUSH: its release
+            // unlocks instead.
+            if let Some(owners) = lock_or_recover(&self.noflush).get_mut(&fh.0) {
+                if !owners.contains(&lock_owner.0) {
+                    owners.push(lock_owner.0);
+                }
+            }
+        }
         let fh = tryf!(reply, self.server_fh(ino, fh));
         if l.kind != vio::LOCK_UNLOCK {
             // Before asking: a close while the request waits must unlock.

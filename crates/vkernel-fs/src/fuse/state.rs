@@ -70,6 +70,10 @@ pub struct VioFs {
     pub(super) lockers: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// File handles written since their last flush or fsync.
     pub(super) written: Mutex<std::collections::HashSet<u32>>,
+    /// Handles opened read-only, which the kernel closes without FLUSH
+    /// (`FOPEN_NOFLUSH`), and the owners of fcntl locks set through
+    /// each: their release unlocks those.
+    pub(super) noflush: Mutex<HashMap<u64, Vec<u64>>>,
     /// Listings served here: directory handles (from [`LOCAL_DIR`] up)
     /// and the entries each was opened with (with attributes for
     /// readdirplus).
@@ -127,6 +131,7 @@ impl VioFs {
             client,
             shared,
             written: Mutex::new(std::collections::HashSet::new()),
+            noflush: Mutex::new(HashMap::new()),
             lockers: Mutex::new(std::collections::HashSet::new()),
             listed: Mutex::new(HashMap::new()),
             local_dirs: Mutex::new(HashMap::new()),
