@@ -990,6 +990,14 @@ fn exactly_once_at(t: &dyn Transport, at: Side) -> Result<Cell, String> {
             "{EXACTLY_ONCE_N} once each in {}; no datagram on this path for the faults to touch",
             ms(took)
         )
+    } else if lost == 0 && matches!(at, Side::Client) && w.external.is_some() {
+        // Another program's socket applies the faults and counts the
+        // drops in that program, out of this test's sight (it passed only
+        // when the host happened to drop one of its own datagrams).
+        format!(
+            "{EXACTLY_ONCE_N} once each in {}; drops counted in the client program",
+            ms(took)
+        )
     } else if lost == 0 {
         return Err("no datagram was dropped: the faults did not apply".into());
     } else {
