@@ -187,6 +187,16 @@ impl VioFs {
         Ok((at, entries))
     }
 
+    /// Forgets every listing of `dir` this mount keeps, nothing having
+    /// changed here: the next is fetched from the server.
+    pub(super) fn forget_listing(&self, dir: u64) {
+        self.nodes().listings.forget_dir(dir);
+        let mut last = lock_or_recover(&self.last_listing);
+        if last.as_ref().is_some_and(|l| l.dir == dir) {
+            *last = None;
+        }
+    }
+
     /// What a listing served by inode is valid for: this mount's name
     /// changes and the server's reports so far.
     fn listing_epoch(&self) -> (u64, u64) {

@@ -159,9 +159,12 @@ impl VioFs {
     /// has aged too. The kernel checks a kept listing only against the
     /// directory's mtime, which a change on the server's disk within one
     /// clock tick of the last leaves as it was; so it is dropped, and a
-    /// kept listing lives no longer than the cache lifetime.
+    /// kept listing lives no longer than the cache lifetime. This
+    /// mount's own listing goes too: it may be younger than the
+    /// attributes, and the kernel would keep it for another lifetime.
     pub(super) fn dir_attr_fetched(&self, ino: u64, a: &crate::vio::Attr) {
         if self.kernel_cache && a.mode & libc::S_IFMT == libc::S_IFDIR {
+            self.forget_listing(ino);
             self.shared.drop_later(vec![Drop::Data(ino)]);
         }
     }
