@@ -46,6 +46,14 @@ pub struct MountArgs {
     /// changes, which drop them).
     #[arg(long)]
     no_kernel_cache: bool,
+    /// Wait for the server on every unlink and rmdir. By default, while
+    /// the server reports changes, one the mount can decide from the
+    /// listing it keeps is answered at once and sent to the server after,
+    /// in order; an error then shows in the log and at the next fsync of
+    /// the directory, and a crash of the mount loses removals not yet
+    /// sent (as a crash loses data not yet fsynced).
+    #[arg(long)]
+    sync_removals: bool,
     /// Let other users access the mount.
     #[arg(long)]
     allow_other: bool,
@@ -174,6 +182,7 @@ pub fn run(mut a: MountArgs) -> Result<(), String> {
         fsname: format!("vkernel:{}", a.server),
         allow_other: a.allow_other,
         kernel_cache: !a.no_kernel_cache,
+        async_removals: !a.sync_removals,
     };
     let stop = fuse::Termination::install().map_err(|e| format!("signal handlers: {e}"))?;
     let session = fuse::mount(&k, Arc::new(client), &a.mountpoint, &opts)

@@ -68,6 +68,7 @@ fn a_clone_on_the_mount_is_listed_and_removed_whole() {
             src.display()
         );
         let (ok, out) = sh(mnt, &script, Duration::from_secs(120));
+        fsync_dir(mnt);
         let left = tree(root);
         assert!(
             ok && left.is_empty(),
@@ -104,6 +105,7 @@ fn names_made_in_new_directories_by_parallel_programs_are_listed() {
     assert_eq!(tree(&root).len(), 4 * 150 * 3);
     let (ok, out) = sh(&mnt, "rm -rf d* && ls | wc -l", Duration::from_secs(120));
     assert!(ok && out.trim() == "0", "rm -rf: {out}");
+    fsync_dir(&mnt);
     assert!(tree(&root).is_empty());
 }
 

@@ -83,6 +83,7 @@ fn a_tree_deeper_than_path_max_is_usable_on_the_mount() {
     let (ok, out) = sh(mnt, "rm -rf top && ls -A", limit);
     assert!(ok, "rm -rf on the mount: {out}");
     assert_eq!(out, "");
+    fsync_dir(mnt);
     assert!(
         std::fs::read_dir(root).unwrap().next().is_none(),
         "left on the server"

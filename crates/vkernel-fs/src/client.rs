@@ -218,6 +218,8 @@ pub struct Client {
     no_openread: std::sync::atomic::AtomicBool,
     no_readdirplus: std::sync::atomic::AtomicBool,
     no_closev: std::sync::atomic::AtomicBool,
+    /// The server does not know REMOVEV.
+    no_removev: std::sync::atomic::AtomicBool,
 }
 
 /// Lock waits a client has in flight at once (more queue behind them).
@@ -275,6 +277,7 @@ impl Client {
             no_openread: Default::default(),
             no_readdirplus: Default::default(),
             no_closev: Default::default(),
+            no_removev: Default::default(),
         };
         c.statfs()?;
         Ok(c)

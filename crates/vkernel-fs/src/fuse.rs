@@ -49,6 +49,7 @@ mod alloc;
 mod attrs;
 mod contents;
 mod convert;
+mod deferred;
 mod dirs;
 mod files;
 mod handles;

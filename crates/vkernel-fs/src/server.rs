@@ -697,6 +697,7 @@ impl Req<'_> {
             } => self.open(input, prefetch, path_len, flags, mode, owner),
             Request::Close { handle } => self.close_req(handle),
             Request::Closev { count } => self.closev(input, count),
+            Request::Removev { count, .. } => self.removev(input, count),
             Request::Stat { path_len, nofollow } => self.stat(input, path_len, nofollow),
             Request::Fstat { handle } => self.fstat(handle),
             Request::Opendir { path_len } => self.opendir(input, path_len),

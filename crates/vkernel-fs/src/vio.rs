@@ -210,6 +210,21 @@ pub const FALLOCATE: u32 = 0x56_0020;
 /// w1 handle, w2 whence, w3–w4 offset. Reply: w1–w2 the offset found;
 /// `ENXIO` when there is none (at or past the end).
 pub const LSEEK: u32 = 0x56_0021;
+/// Request: several UNLINKs and RMDIRs, done in order. w1 how many (at
+/// most [`MAX_REMOVEV`]), w2 the segment's length (at most
+/// [`MAX_REMOVEV_BYTES`]); segment read: per removal, its kind (u32
+/// big-endian: [`REMOVE_UNLINK`] or [`REMOVE_RMDIR`]), its path's length
+/// (u32 big-endian) and the path. Each is done and reported to watching
+/// clients as its own UNLINK or RMDIR would be; the first that fails
+/// ends the batch. A segment that does not hold `count` whole records
+/// (EPROTO) or has an unknown kind (EINVAL) is refused before any is
+/// done. Reply: w1 removals done; the status of the one that failed (the
+/// rest are not tried).
+pub const REMOVEV: u32 = 0x56_0022;
+/// [`REMOVEV`] kind: UNLINK.
+pub const REMOVE_UNLINK: u32 = 0;
+/// [`REMOVEV`] kind: RMDIR.
+pub const REMOVE_RMDIR: u32 = 1;
 /// [`FALLOCATE`] mode: do not change the file's size.
 pub const FALLOC_KEEP_SIZE: u32 = 1;
 /// [`FALLOCATE`] mode: free the range (with [`FALLOC_KEEP_SIZE`]).
@@ -226,6 +241,10 @@ pub const XATTR_REPLACE: u32 = 2;
 pub const MAX_XATTR_VALUE: u32 = 64 << 10;
 /// Most handles in one [`CLOSEV`].
 pub const MAX_CLOSEV: u32 = 1024;
+/// Most removals in one [`REMOVEV`].
+pub const MAX_REMOVEV: u32 = 256;
+/// Longest [`REMOVEV`] segment.
+pub const MAX_REMOVEV_BYTES: u32 = 64 << 10;
 /// Message from a server to a client's callback process (see [`WATCH`]):
 /// w1 flags ([`INVAL_ATTR`], [`INVAL_DATA`], [`INVAL_ENTRY`]), w2 device,
 /// w3–w4 inode (with [`INVAL_ATTR`]/[`INVAL_DATA`] and no path), w5 path

@@ -313,3 +313,11 @@ pub fn two_mounts(root: &Path, a: &Path, b: &Path) -> (Mount, Mount) {
     mb.server = Some(server);
     (ma, mb)
 }
+
+/// fsync(2) of a directory on a mount: the removals answered early in it
+/// are at the server once it returns (the rule in docs/VIO.md).
+pub fn fsync_dir(dir: &Path) {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .unwrap_or_else(|e| panic!("fsync of {}: {e}", dir.display()));
+}

@@ -87,6 +87,64 @@ impl Client {
         Ok(Self::parent_attr(&m, 0, &out))
     }
 
+    /// Removes names in order: each `(kind, path)` is an unlink
+    /// ([`vio::REMOVE_UNLINK`]) or rmdir ([`vio::REMOVE_RMDIR`]). Sent in
+    /// batches (REMOVEV; one UNLINK or RMDIR each with a server that does
+    /// not know it, or for a path too long to share one). Returns how many
+    /// were done, and the error of the next, which ended the run (the rest
+    /// are not tried).
+    pub fn remove_many(&self, items: &[(u32, &[u8])]) -> (usize, Option<ClientError>) {
+        let one = |kind: u32, p: &[u8]| match kind {
+            vio::REMOVE_RMDIR => self.rmdir_in(p).map(|_| ()),
+            _ => self.unlink_in(p).map(|_| ()),
+        };
+        let mut done = 0;
+        while done < items.len() {
+            // A batch: as many as fit, at least one.
+            let mut seg = Vec::new();
+            let mut n = 0;
+            for &(kind, p) in &items[done..] {
+                let more = 8 + p.len();
+                if n == vio::MAX_REMOVEV as usize
+                    || seg.len() + more > vio::MAX_REMOVEV_BYTES as usize
+                {
+                    break;
+                }
+                seg.extend_from_slice(&kind.to_be_bytes());
+                seg.extend_from_slice(&(p.len() as u32).to_be_bytes());
+                seg.extend_from_slice(p);
+                n += 1;
+            }
+            if n <= 1 || self.no_removev.load(std::sync::atomic::Ordering::Relaxed) {
+                let (kind, p) = items[done];
+                if let Err(e) = one(kind, p) {
+                    return (done, Some(e));
+                }
+                done += 1;
+                continue;
+            }
+            let mut m = Request::Removev {
+                count: n as u32,
+                len: seg.len() as u32,
+            }
+            .encode();
+            match self.exchange(&mut m, Some(vkernel::Segment::Read(&seg))) {
+                Ok(_) => done += n,
+                Err(ClientError::Server(vio::Errno::ENOSYS)) if vio::reply_words(&m)[0] == 0 => {
+                    // An older server: one at a time from now on.
+                    self.no_removev
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e @ ClientError::Server(_)) => {
+                    let did = (vio::reply_words(&m)[0] as usize).min(n);
+                    return (done + did, Some(e));
+                }
+                Err(e) => return (done, Some(e)),
+            }
+        }
+        (done, None)
+    }
+
     /// Removes a name.
     pub fn unlink(&self, path: impl AsRef<[u8]>) -> Result<(), ClientError> {
         self.unlink_in(path).map(|_| ())

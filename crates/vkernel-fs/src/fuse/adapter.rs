@@ -17,9 +17,14 @@ use fuser::{
 
 use super::{cerr, lock_or_recover, VioFs};
 
+/// How long a file system's counts (STATFS) are answered from the last.
+const STATFS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Filesystem for VioFs {
     fn destroy(&mut self) {
-        // Close what is queued before the session ends.
+        // Send the removals answered early, and close what is queued,
+        // before the session ends.
+        self.finish_deferred();
         lock_or_recover(&self.closer).take();
         lock_or_recover(&self.shared.drops).take();
         if let Some(t) = lock_or_recover(&self.closer_thread).take() {
@@ -93,7 +98,7 @@ impl Filesystem for VioFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let p = tryf!(reply, self.path(ino));
-        let t = tryf!(reply, self.client.readlink(&p).map_err(cerr));
+        let t = tryf!(reply, self.server().readlink(&p).map_err(cerr));
         reply.data(&t);
     }
 
@@ -273,16 +278,33 @@ impl Filesystem for VioFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Removals in it answered early are at the server once this
+        // returns; one the server refused fails it.
+        match self.deferred.as_ref().and_then(|d| d.take_error(ino.0)) {
+            Some(e) => reply.error(super::ferr(e)),
+            None => reply.ok(),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = tryf!(reply, self.client.statfs().map_err(cerr));
+        // Kept a moment: programs ask it often (rm -rf once per
+        // directory), and the counts are a snapshot anyway.
+        let kept = lock_or_recover(&self.statfs)
+            .filter(|(at, _)| at.elapsed() < STATFS_TTL)
+            .map(|(_, s)| s);
+        let s = match kept {
+            Some(s) => s,
+            None => {
+                let s = tryf!(reply, self.server().statfs().map_err(cerr));
+                *lock_or_recover(&self.statfs) = Some((std::time::Instant::now(), s));
+                s
+            }
+        };
         reply.statfs(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
         );

@@ -32,7 +32,7 @@ impl VioFs {
         }
         drop((heads, open));
         let a = self
-            .client
+            .server()
             .fallocate(sfh, mode as u32, offset, length)
             .map_err(cerr)?;
         if let Some(a) = a {
@@ -54,7 +54,10 @@ impl VioFs {
             return Err(FErrno::from_i32(libc::EINVAL));
         }
         let sfh = self.server_fh(ino, fh)?;
-        let at = self.client.seek(sfh, offset as u64, whence).map_err(cerr)?;
+        let at = self
+            .server()
+            .seek(sfh, offset as u64, whence)
+            .map_err(cerr)?;
         i64::try_from(at).map_err(|_| FErrno::from_i32(libc::EOVERFLOW))
     }
 }

@@ -20,7 +20,7 @@ impl VioFs {
             return reply.attr(&left(self.ttl, at), &file_attr(ino.0, &a));
         }
         if let Some(fh) = fh.and_then(|f| self.known_fh(f)) {
-            if let Ok(a) = self.client.fstat(fh) {
+            if let Ok(a) = self.server().fstat(fh) {
                 self.nodes().set_attr(ino.0, &a);
                 self.dir_attr_fetched(ino.0, &a);
                 return reply.attr(&self.ttl, &file_attr(ino.0, &a));
@@ -28,12 +28,12 @@ impl VioFs {
         }
         let by_path = self
             .path(ino)
-            .and_then(|p| self.client.lstat(&p).map_err(cerr));
+            .and_then(|p| self.server().lstat(&p).map_err(cerr));
         let a = match by_path {
             Ok(a) => a,
             // Its names are gone, but it may be open here.
             Err(e) => match self.any_handle(ino.0) {
-                Some(fh) => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
+                Some(fh) => tryf!(reply, self.server().fstat(fh).map_err(cerr)),
                 None => return reply.error(e),
             },
         };
@@ -68,7 +68,7 @@ impl VioFs {
         };
         if let (Some(sz), Some(fh)) = (size, fh) {
             // Through the handle: works for an open file whose name is gone.
-            tryf!(reply, self.client.ftruncate(fh, sz).map_err(cerr));
+            tryf!(reply, self.server().ftruncate(fh, sz).map_err(cerr));
         } else if let Some(sz) = size {
             s.valid |= vio::SET_SIZE;
             s.size = sz;
@@ -106,11 +106,11 @@ impl VioFs {
                 .flatten()
         });
         let a = match handle {
-            Some(fh) if s.valid == 0 => tryf!(reply, self.client.fstat(fh).map_err(cerr)),
-            Some(fh) => tryf!(reply, self.client.fsetattr(fh, &s).map_err(cerr)),
+            Some(fh) if s.valid == 0 => tryf!(reply, self.server().fstat(fh).map_err(cerr)),
+            Some(fh) => tryf!(reply, self.server().fsetattr(fh, &s).map_err(cerr)),
             None => {
                 let p = tryf!(reply, self.path(ino));
-                tryf!(reply, self.client.setattr(&p, &s).map_err(cerr))
+                tryf!(reply, self.server().setattr(&p, &s).map_err(cerr))
             }
         };
         self.nodes().set_attr(ino.0, &a);
@@ -134,7 +134,7 @@ impl VioFs {
         }
         let p = tryf!(reply, self.path(ino));
         let epoch = self.nodes().reported;
-        match self.client.getxattr(&p, key, size as usize) {
+        match self.server().getxattr(&p, key, size as usize) {
             Ok((n, _)) if size == 0 => reply.size(n as u32),
             Ok((_, v)) => reply.data(&v),
             Err(ClientError::Server(e)) if e == Errno(libc::ENODATA as u32) => {
@@ -154,7 +154,7 @@ impl VioFs {
 
     pub(super) fn do_listxattr(&self, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
         let p = tryf!(reply, self.path(ino));
-        match self.client.listxattr(&p, size as usize) {
+        match self.server().listxattr(&p, size as usize) {
             Ok((n, _)) if size == 0 => reply.size(n as u32),
             Ok((_, v)) => reply.data(&v),
             Err(e) => reply.error(cerr(e)),
@@ -184,7 +184,7 @@ impl VioFs {
         }
         tryf!(
             reply,
-            self.client
+            self.server()
                 .setxattr(&p, name.as_bytes(), value, f)
                 .map_err(cerr)
         );
@@ -200,7 +200,7 @@ impl VioFs {
         }
         tryf!(
             reply,
-            self.client.removexattr(&p, name.as_bytes()).map_err(cerr)
+            self.server().removexattr(&p, name.as_bytes()).map_err(cerr)
         );
         reply.ok();
     }

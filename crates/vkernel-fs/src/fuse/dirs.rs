@@ -95,12 +95,12 @@ impl VioFs {
             let n = self.nodes();
             (n.reported, n.listings.changes())
         };
-        let (fh, _) = self.client.opendir(path)?;
+        let (fh, _) = self.server().opendir(path)?;
         let mut out = Vec::new();
         let mut at = 0;
         let r =
             loop {
-                match self.client.readdirplus_at(fh, at) {
+                match self.server().readdirplus_at(fh, at) {
                     Ok(Some(c)) => {
                         out.extend(c.entries.into_iter().filter(|(_, a)| a.ino != 0).map(
                             |(e, a)| {
@@ -262,7 +262,7 @@ impl VioFs {
                 return reply.opened(FileHandle(fh), FopenFlags::empty());
             }
         }
-        let (fh, _) = tryf!(reply, self.client.opendir(&p).map_err(cerr));
+        let (fh, _) = tryf!(reply, self.server().opendir(&p).map_err(cerr));
         reply.opened(FileHandle(u64::from(fh.0)), FopenFlags::empty());
     }
 
@@ -322,7 +322,7 @@ impl VioFs {
         loop {
             let c = tryf!(
                 reply,
-                self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
+                self.server().readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
             );
             let inos: Vec<u64> = {
                 let n = self.nodes();
@@ -419,7 +419,7 @@ impl VioFs {
         loop {
             let chunk = tryf!(
                 reply,
-                self.client
+                self.server()
                     .readdirplus_at(Fh(fh.0 as u32), at)
                     .map_err(cerr)
             );
@@ -429,12 +429,12 @@ impl VioFs {
                 None => {
                     let c = tryf!(
                         reply,
-                        self.client.readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
+                        self.server().readdir_at(Fh(fh.0 as u32), at).map_err(cerr)
                     );
                     let mut with = Vec::new();
                     for e in c.entries {
                         let p = tryf!(reply, self.child(ino, OsStr::from_bytes(&e.name)));
-                        let a = self.client.lstat(&p).unwrap_or_default();
+                        let a = self.server().lstat(&p).unwrap_or_default();
                         with.push((e, a));
                     }
                     (with, c.next, c.done)

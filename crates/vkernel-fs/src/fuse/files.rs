@@ -56,10 +56,10 @@ impl VioFs {
         let (fh, a, head) = if want_head && small && !pages {
             tryf!(
                 reply,
-                self.client.open_read(&p, f, OPEN_READ_MAX).map_err(cerr)
+                self.server().open_read(&p, f, OPEN_READ_MAX).map_err(cerr)
             )
         } else {
-            let (fh, a) = tryf!(reply, self.client.open(&p, f, 0).map_err(cerr));
+            let (fh, a) = tryf!(reply, self.server().open(&p, f, 0).map_err(cerr));
             (fh, a, None)
         };
         // Pages the kernel holds stay good if the file has not changed
@@ -137,7 +137,10 @@ impl VioFs {
             }
         }
         let mut buf = vec![0u8; size as usize];
-        let n = tryf!(reply, self.client.read(sfh, offset, &mut buf).map_err(cerr));
+        let n = tryf!(
+            reply,
+            self.server().read(sfh, offset, &mut buf).map_err(cerr)
+        );
         reply.data(&buf[..n]);
     }
 
@@ -172,11 +175,12 @@ impl VioFs {
         // (The kernel may write back through an O_APPEND handle without
         // saying so in `flags`.)
         let w = if cached {
-            self.client.write_flagged(sfh, offset, data, vio::WRITE_AT)
+            self.server()
+                .write_flagged(sfh, offset, data, vio::WRITE_AT)
         } else if flags.0 & libc::O_APPEND != 0 {
-            self.client.append_attr(sfh, offset, data)
+            self.server().append_attr(sfh, offset, data)
         } else {
-            self.client.write_attr(sfh, offset, data)
+            self.server().write_attr(sfh, offset, data)
         };
         let (written, a) = tryf!(reply, w.map_err(cerr));
         match a {
@@ -220,7 +224,7 @@ impl VioFs {
         if !lock_or_recover(&self.written).contains(&fh) {
             return reply.ok();
         }
-        tryf!(reply, self.client.flush(Fh(fh)).map_err(cerr));
+        tryf!(reply, self.server().flush(Fh(fh)).map_err(cerr));
         lock_or_recover(&self.written).remove(&fh);
         reply.ok();
     }
@@ -275,7 +279,7 @@ impl VioFs {
 
     pub(super) fn do_fsync(&self, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let fh = tryf!(reply, self.server_fh(ino, fh));
-        tryf!(reply, self.client.fsync(fh, datasync).map_err(cerr));
+        tryf!(reply, self.server().fsync(fh, datasync).map_err(cerr));
         lock_or_recover(&self.written).remove(&fh.0);
         reply.ok();
     }
@@ -294,7 +298,7 @@ impl VioFs {
         let p = tryf!(reply, self.child(parent, name));
         let (fh, a, dir, made) = tryf!(
             reply,
-            self.client
+            self.server()
                 .create_in(
                     &p,
                     flags | libc::O_CREAT,

@@ -88,7 +88,7 @@ impl VioFs {
             return Ok(s);
         }
         let p = self.path(ino)?;
-        let (s, _) = self.client.open(&p, libc::O_RDONLY, 0).map_err(cerr)?;
+        let (s, _) = self.server().open(&p, libc::O_RDONLY, 0).map_err(cerr)?;
         let mut files = lock_or_recover(&self.local_files);
         let (got, spare) = match files.get_mut(&fh.0) {
             Some(l) => match l.server {

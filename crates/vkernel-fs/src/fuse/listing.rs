@@ -101,6 +101,20 @@ impl Listings {
             .is_some_and(|l| l.at.elapsed() < ttl && !l.names.contains_key(name))
     }
 
+    /// The `DT_*` type of `name` in `dir`, if a listing younger than
+    /// `ttl` holds it.
+    pub fn kind(&self, dir: u64, name: &[u8], ttl: Duration) -> Option<u8> {
+        let l = self.map.get(&dir).filter(|l| l.at.elapsed() < ttl)?;
+        l.names.get(name).map(|&(_, kind)| kind)
+    }
+
+    /// Is `dir` known empty (a listing younger than `ttl` without names)?
+    pub fn is_empty(&self, dir: u64, ttl: Duration) -> bool {
+        self.map
+            .get(&dir)
+            .is_some_and(|l| l.at.elapsed() < ttl && l.names.is_empty())
+    }
+
     /// A name was made in `dir` here.
     pub fn add(&mut self, dir: u64, name: &[u8], ino: u64, kind: u8) {
         self.changes += 1;

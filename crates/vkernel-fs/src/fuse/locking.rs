@@ -43,7 +43,7 @@ impl VioFs {
             start: 0,
             end: u64::MAX,
         };
-        if let Err(e) = self.client.lock(fh, &l, false) {
+        if let Err(e) = self.server().lock(fh, &l, false) {
             tracing::debug!("vkernel mount: unlocking at close: {e}");
         }
     }
@@ -62,7 +62,7 @@ impl VioFs {
     ) {
         let l = lock_request(lock_owner, start, end, typ, pid);
         let fh = tryf!(reply, self.server_fh(ino, fh));
-        match self.client.test_lock(fh, &l) {
+        match self.server().test_lock(fh, &l) {
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
             Ok(Some(c)) => {
                 let t = if c.kind == vio::LOCK_WRITE {
@@ -104,7 +104,7 @@ impl VioFs {
             // Before asking: a close while the request waits must unlock.
             lock_or_recover(&self.lockers).insert((ino.0, lock_owner.0));
         }
-        match self.client.lock(fh, &l, false) {
+        match self.server().lock(fh, &l, false) {
             Ok(()) => reply.ok(),
             // Held elsewhere: wait on a thread of its own, so waiting
             // programs never take the mount's threads (the holder may

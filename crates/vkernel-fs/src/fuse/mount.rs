@@ -35,6 +35,12 @@ pub struct FuseOptions {
     /// kernel's readdir cache) and symbolic links. The server's reports
     /// drop them.
     pub kernel_cache: bool,
+    /// While the server reports changes, answer an unlink or rmdir the
+    /// mount can decide from the listings it keeps at once, and send it
+    /// to the server after, in order (errors: logged, and at the next
+    /// fsync of the directory). Every other request waits until the
+    /// removals answered before it are at the server.
+    pub async_removals: bool,
 }
 
 impl Default for FuseOptions {
@@ -47,6 +53,7 @@ impl Default for FuseOptions {
             fsname: "vkernel".into(),
             allow_other: false,
             kernel_cache: true,
+            async_removals: true,
         }
     }
 }
@@ -104,6 +111,9 @@ pub fn mount(
     let ttl = if watched { opts.cache_ttl } else { opts.ttl };
     let mut fs = VioFs::with_shared(client, ttl, watched, shared.clone());
     fs.kernel_cache = watched && opts.kernel_cache;
+    if opts.async_removals {
+        fs.defer_removals()?;
+    }
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         fuser::MountOption::FSName(opts.fsname.clone()),

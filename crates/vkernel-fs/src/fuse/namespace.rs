@@ -9,6 +9,7 @@ use std::time::Duration;
 use fuser::{Errno as FErrno, Generation, INodeNo, RenameFlags, ReplyEmpty, ReplyEntry, Request};
 
 use super::convert::{dt_of_mode, file_attr};
+use super::deferred::Removal;
 use super::nodes::left;
 use super::{cerr, ferr, VioFs};
 use crate::client::ClientError;
@@ -116,7 +117,7 @@ impl VioFs {
         }
         let p = tryf!(reply, self.child(parent, name));
         let epoch = self.nodes().reported;
-        match self.client.lstat(&p) {
+        match self.server().lstat(&p) {
             Ok(a) => {
                 let ino = self.entry(parent, name, &a, None, reply);
                 self.dir_attr_fetched(ino, &a);
@@ -152,7 +153,9 @@ impl VioFs {
         let mode = (mode & libc::S_IFMT) | (mode & !umask & 0o7777);
         let a = tryf!(
             reply,
-            self.client.mknod(&p, mode, rdev, owner(req)).map_err(cerr)
+            self.server()
+                .mknod(&p, mode, rdev, owner(req))
+                .map_err(cerr)
         );
         self.entry(parent, name, &a, Some(None), reply);
     }
@@ -169,7 +172,7 @@ impl VioFs {
         let p = tryf!(reply, self.child(parent, name));
         let (a, dir) = tryf!(
             reply,
-            self.client
+            self.server()
                 .mkdir_in(&p, mode & !umask & 0o7777, owner(req))
                 .map_err(cerr)
         );
@@ -179,7 +182,10 @@ impl VioFs {
     pub(super) fn do_unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
         self.materialize_named(parent, name);
-        let dir = tryf!(reply, self.client.unlink_in(&p).map_err(cerr));
+        if self.defer(Removal::Unlink, parent, name, &p) {
+            return reply.ok();
+        }
+        let dir = tryf!(reply, self.server().unlink_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
         self.nodes().listings.remove(parent.0, name.as_bytes());
         self.nodes().detach(parent.0, name.as_bytes());
@@ -188,7 +194,10 @@ impl VioFs {
 
     pub(super) fn do_rmdir(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryf!(reply, self.child(parent, name));
-        let dir = tryf!(reply, self.client.rmdir_in(&p).map_err(cerr));
+        if self.defer(Removal::Rmdir, parent, name, &p) {
+            return reply.ok();
+        }
+        let dir = tryf!(reply, self.server().rmdir_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
         {
             let mut n = self.nodes();
@@ -212,7 +221,7 @@ impl VioFs {
         let p = tryf!(reply, self.child(parent, link_name));
         let a = tryf!(
             reply,
-            self.client
+            self.server()
                 .symlink_as(target.as_os_str().as_bytes(), &p, owner(req))
                 .map_err(cerr)
         );
@@ -241,7 +250,7 @@ impl VioFs {
             return reply.error(FErrno::from_i32(libc::EINVAL));
         }
         self.materialize_named(newparent, newname);
-        tryf!(reply, self.client.rename(&a, &b, f).map_err(cerr));
+        tryf!(reply, self.server().rename(&a, &b, f).map_err(cerr));
         self.changed_name(parent, name);
         self.changed_name(newparent, newname);
         {
@@ -276,7 +285,7 @@ impl VioFs {
     ) {
         let old = tryf!(reply, self.path(ino));
         let new = tryf!(reply, self.child(newparent, newname));
-        let a = tryf!(reply, self.client.link(&old, &new).map_err(cerr));
+        let a = tryf!(reply, self.server().link(&old, &new).map_err(cerr));
         self.entry(newparent, newname, &a, Some(None), reply);
     }
 }

@@ -337,6 +337,23 @@ impl Nodes {
         }
     }
 
+    /// A name in directory `ino` was removed here before the server was
+    /// told: its kept attributes get the change's times (and one link
+    /// fewer for a subdirectory), living no longer than they would have.
+    pub(super) fn touched(&mut self, ino: u64, lost_subdir: bool) {
+        let Some((a, _)) = self.map.get_mut(&ino).and_then(|n| n.attr.as_mut()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let (s, ns) = (now.as_secs() as i64, now.subsec_nanos());
+        (a.mtime, a.mtime_ns, a.ctime, a.ctime_ns) = (s, ns, s, ns);
+        if lost_subdir {
+            a.nlink = a.nlink.saturating_sub(1);
+        }
+    }
+
     /// The whole of the file, if kept and its attributes (fresh within
     /// `ttl`) show it unchanged.
     pub(super) fn content(&self, ino: u64, ttl: Duration) -> Option<Arc<Vec<u8>>> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use fuser::{Errno as FErrno, INodeNo};
 
+use super::deferred::{send_in_order, Deferred};
 use super::dirs::{LastListing, Snapshot, LOCAL_DIR};
 use super::handles::{close_in_batches, Head, LocalFile, LOCAL_FILE};
 use super::invalidate::Drop;
@@ -95,6 +96,12 @@ pub struct VioFs {
     pub(super) no_dir_handles: std::sync::atomic::AtomicBool,
     /// The last listing served by inode, for the READDIRs that follow.
     pub(super) last_listing: Mutex<Option<LastListing>>,
+    /// Unlinks and rmdirs answered before the server has them, and the
+    /// thread that sends them (`None`: every change waits for the server).
+    pub(super) deferred: Option<Arc<Deferred>>,
+    pub(super) deferred_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The last STATFS answer and when it came.
+    pub(super) statfs: Mutex<Option<(std::time::Instant, crate::vio::StatFs)>>,
 }
 
 impl std::fmt::Debug for VioFs {
@@ -143,6 +150,45 @@ impl VioFs {
             kernel_cache: false,
             no_dir_handles: std::sync::atomic::AtomicBool::new(false),
             last_listing: Mutex::new(None),
+            deferred: None,
+            deferred_thread: Mutex::new(None),
+            statfs: Mutex::new(None),
+        }
+    }
+
+    /// Answers unlinks and rmdirs it can decide from kept listings at
+    /// once, sending them to the server on a thread of their own (only
+    /// while `watched`: the listings must be kept true).
+    pub(super) fn defer_removals(&mut self) -> std::io::Result<()> {
+        if !self.watched || self.deferred.is_some() {
+            return Ok(());
+        }
+        let d = Arc::new(Deferred::default());
+        let (c, sh, d2) = (self.client.clone(), self.shared.clone(), d.clone());
+        let t = std::thread::Builder::new()
+            .name("vkernel-deferred".into())
+            .spawn(move || send_in_order(&c, &sh, &d2))?;
+        self.deferred = Some(d);
+        *lock_or_recover(&self.deferred_thread) = Some(t);
+        Ok(())
+    }
+
+    /// The server, once every change answered before now was sent to it
+    /// (so no request sees the namespace as it was before them).
+    pub(super) fn server(&self) -> &Client {
+        if let Some(d) = &self.deferred {
+            d.settle();
+        }
+        &self.client
+    }
+
+    /// Sends what is queued and ends the sender (at unmount).
+    pub(super) fn finish_deferred(&self) {
+        if let Some(d) = &self.deferred {
+            d.close();
+        }
+        if let Some(t) = lock_or_recover(&self.deferred_thread).take() {
+            let _ = t.join();
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::{path, two, Answer, Owners, Req};
 use crate::confine;
-use crate::vio::{Attr, Errno, Owner, ATTR_LEN};
+use crate::vio::{self, Attr, Errno, Owner, Request, ATTR_LEN};
 
 impl Req<'_> {
     /// MKDIR: a new directory.
@@ -51,6 +51,36 @@ impl Req<'_> {
         let p = path(input, path_len)?;
         root.rmdir(p)?;
         Ok(self.with_parent(Answer::Words(vec![]), p, 0))
+    }
+
+    /// REMOVEV: each removal as its own UNLINK or RMDIR request (executed
+    /// and reported to watchers alike), in order, until one fails. A
+    /// batch that does not parse whole is refused before any is done.
+    pub(super) fn removev(&self, input: &[u8], count: u32) -> Result<Answer, Errno> {
+        let word = |b: &[u8], at: usize| -> Result<u32, Errno> {
+            let w = b.get(at..at + 4).ok_or(Errno::EPROTO)?;
+            Ok(u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+        };
+        let mut subs = Vec::with_capacity(count as usize);
+        let mut rest = input;
+        for _ in 0..count {
+            let (kind, len) = (word(rest, 0)?, word(rest, 4)?);
+            let p = rest.get(8..8 + len as usize).ok_or(Errno::EPROTO)?;
+            subs.push(match kind {
+                vio::REMOVE_UNLINK => (Request::Unlink { path_len: len }, p),
+                vio::REMOVE_RMDIR => (Request::Rmdir { path_len: len }, p),
+                _ => return Err(Errno::EINVAL),
+            });
+            rest = &rest[8 + len as usize..];
+        }
+        for (done, (sub, p)) in subs.into_iter().enumerate() {
+            let r = self.execute(sub, p);
+            match r {
+                Ok(_) => self.report(&sub, p, &r),
+                Err(e) => return Ok(Answer::Fail(e, vec![done as u32])),
+            }
+        }
+        Ok(Answer::Words(vec![count]))
     }
 
     /// UNLINK: removes a name.

@@ -163,6 +163,10 @@ impl Request {
                 w[1] = count;
                 CLOSEV
             }
+            Request::Removev { count, len } => {
+                (w[1], w[2]) = (count, len);
+                REMOVEV
+            }
             Request::Lock {
                 handle,
                 flags,
@@ -436,6 +440,15 @@ impl Request {
                     return Err(Errno::EINVAL);
                 }
                 Request::Closev { count: w[1] }
+            }
+            REMOVEV => {
+                if w[1] > MAX_REMOVEV || w[2] > MAX_REMOVEV_BYTES {
+                    return Err(Errno::EINVAL);
+                }
+                Request::Removev {
+                    count: w[1],
+                    len: w[2],
+                }
             }
             _ => return Err(Errno::ENOSYS),
         };

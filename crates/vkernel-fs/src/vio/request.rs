@@ -253,6 +253,13 @@ pub enum Request {
         /// Handles in the segment.
         count: u32,
     },
+    /// [`REMOVEV`].
+    Removev {
+        /// Removals in the segment.
+        count: u32,
+        /// The segment's length.
+        len: u32,
+    },
     /// [`READDIRPLUS`].
     Readdirplus {
         /// Directory handle.
@@ -286,6 +293,7 @@ impl Request {
             | Request::Setxattr { .. }
             | Request::Removexattr { .. }
             | Request::Fallocate { .. }
+            | Request::Removev { .. }
             | Request::Link { .. } => true,
             Request::Close { .. }
             | Request::Read { .. }
@@ -350,6 +358,7 @@ impl Request {
             Request::Write { count, .. } => count as usize,
             Request::Watch { members, .. } => members as usize * 4,
             Request::Closev { count } => count as usize * 4,
+            Request::Removev { len, .. } => len as usize,
             Request::Lock { .. } => LOCK_RANGE_LEN,
             Request::Fallocate { .. } => FALLOC_RANGE_LEN,
             Request::Getxattr {

@@ -30,6 +30,7 @@ fn all_requests() -> Vec<Request> {
             index: 9,
         },
         Request::Closev { count: 12 },
+        Request::Removev { count: 3, len: 40 },
         Request::Getxattr {
             path_len: 3,
             name_len: 6,
