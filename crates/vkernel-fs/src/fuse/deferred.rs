@@ -164,12 +164,14 @@ pub(super) fn send_in_order(client: &Client, shared: &Shared, d: &Arc<Deferred>)
         };
         let path = String::from_utf8_lossy(&c.path);
         if let ClientError::Server(Errno::ENOENT) = e {
-            // Gone already: another client removed it first.
+            // Gone already (another client removed it first), or moved
+            // there by another client's rename: what this mount made of
+            // the directory is dropped, so the truth shows either way.
             tracing::info!(
-                "{:?} of {path} sent after its answer: already gone",
+                "{:?} of {path} sent after its answer: not there any more",
                 c.removal
             );
-            shared.nodes().clear_attr(c.parent);
+            refused(shared, c.parent, &c.name);
             d.done(c.parent, None);
             continue;
         }

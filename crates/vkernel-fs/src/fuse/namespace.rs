@@ -11,7 +11,7 @@ use fuser::{Errno as FErrno, Generation, INodeNo, RenameFlags, ReplyEmpty, Reply
 use super::convert::{dt_of_mode, file_attr};
 use super::deferred::Removal;
 use super::nodes::left;
-use super::{cerr, ferr, VioFs};
+use super::{cerr, ferr, lock_or_recover, VioFs};
 use crate::client::ClientError;
 use crate::vio::{self, Attr, Errno, Owner};
 
@@ -180,11 +180,15 @@ impl VioFs {
     }
 
     pub(super) fn do_unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // A path queued must be the one the server will have when it is
+        // sent: no rename here moves it meanwhile.
+        let paths = lock_or_recover(&self.paths);
         let p = tryf!(reply, self.child(parent, name));
         self.materialize_named(parent, name);
         if self.defer(Removal::Unlink, parent, name, &p) {
             return reply.ok();
         }
+        drop(paths);
         let dir = tryf!(reply, self.server().unlink_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
         self.nodes().listings.remove(parent.0, name.as_bytes());
@@ -193,10 +197,12 @@ impl VioFs {
     }
 
     pub(super) fn do_rmdir(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let paths = lock_or_recover(&self.paths);
         let p = tryf!(reply, self.child(parent, name));
         if self.defer(Removal::Rmdir, parent, name, &p) {
             return reply.ok();
         }
+        drop(paths);
         let dir = tryf!(reply, self.server().rmdir_in(&p).map_err(cerr));
         self.changed_name_in(parent, name, dir);
         {
@@ -237,6 +243,9 @@ impl VioFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        // Held until the node table has the new paths (removals queued
+        // meanwhile would carry the old ones).
+        let _paths = lock_or_recover(&self.paths);
         let a = tryf!(reply, self.child(parent, name));
         let b = tryf!(reply, self.child(newparent, newname));
         let mut f = 0;

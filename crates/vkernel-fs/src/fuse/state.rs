@@ -100,6 +100,9 @@ pub struct VioFs {
     /// thread that sends them (`None`: every change waits for the server).
     pub(super) deferred: Option<Arc<Deferred>>,
     pub(super) deferred_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held by a rename here until the node table has the new paths, and
+    /// by a removal answered early while it takes its path.
+    pub(super) paths: Mutex<()>,
     /// The last STATFS answer and when it came.
     pub(super) statfs: Mutex<Option<(std::time::Instant, crate::vio::StatFs)>>,
 }
@@ -153,6 +156,7 @@ impl VioFs {
             deferred: None,
             deferred_thread: Mutex::new(None),
             statfs: Mutex::new(None),
+            paths: Mutex::new(()),
         }
     }
 
