@@ -123,6 +123,20 @@ impl Deferred {
         lock_or_recover(&self.q).changes.front().cloned()
     }
 
+    /// The `n` changes at the head were sent and done: one wake-up for
+    /// the batch, not one per change.
+    fn sent_ok(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut q = lock_or_recover(&self.q);
+        let n = n.min(q.changes.len());
+        q.changes.drain(..n);
+        self.sent.fetch_add(n as u64, Ordering::SeqCst);
+        drop(q);
+        self.cv.notify_all();
+    }
+
     /// The head change was sent: `failed` is the server's error, if any.
     fn done(&self, parent: u64, failed: Option<Errno>) {
         let mut q = lock_or_recover(&self.q);
@@ -156,9 +170,7 @@ pub(super) fn send_in_order(client: &Client, shared: &Shared, d: &Arc<Deferred>)
             })
             .collect();
         let (did, err) = client.remove_many(&items);
-        for c in &batch[..did] {
-            d.done(c.parent, None);
-        }
+        d.sent_ok(did);
         let (Some(e), Some(c)) = (err, batch.get(did)) else {
             continue;
         };
