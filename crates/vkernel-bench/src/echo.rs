@@ -15,6 +15,12 @@ pub const ECHO: u32 = 0x0e_c400;
 /// flips every byte (XOR 0xff) and MoveTos it back before replying.
 pub const ECHO_BULK: u32 = 0x0e_c401;
 
+/// Request code of a move echo: the segment's first half is MoveFrom'd
+/// into a buffer the server keeps warm and MoveTo'd into its second half.
+/// The server touches no byte itself, so the client times the transport
+/// alone (it fills and checks the halves outside the timed interval).
+pub const ECHO_MOVE: u32 = 0x0e_c402;
+
 /// Largest segment a bulk echo accepts.
 pub const MAX_BULK: usize = 256 << 20;
 
@@ -34,6 +40,9 @@ pub fn served() -> u64 {
 pub fn serve(p: Process) {
     let mut m = Message::zero();
     let mut buf = vec![0u8; vkernel_proto::MAX_APPEND];
+    // A move echo's buffer, kept between requests: its pages are faulted
+    // in once, not on every exchange.
+    let mut warm = Vec::new();
     loop {
         let i = match p.receive_with_segment(&mut m, &mut buf) {
             Ok(i) => i,
@@ -42,10 +51,15 @@ pub fn serve(p: Process) {
         };
         SERVED.fetch_add(1, Ordering::Relaxed);
         let access = m.seg_access();
-        if m.code() == ECHO_BULK {
+        if m.code() == ECHO_BULK || m.code() == ECHO_MOVE {
             // A failed move still gets an answer (word 1 = u32::MAX): an
             // unanswered Send would wait on replyPending forever.
-            match bulk(&p, &mut m, i.from) {
+            let r = if m.code() == ECHO_MOVE {
+                move_halves(&p, &mut m, i.from, &mut warm)
+            } else {
+                bulk(&p, &mut m, i.from)
+            };
+            match r {
                 Ok(()) => {}
                 Err(e) if ends(&e) => return,
                 Err(e) => {
@@ -96,6 +110,37 @@ fn bulk(p: &Process, m: &mut Message, from: vkernel::Pid) -> Result<(), IpcError
     Ok(())
 }
 
+fn move_halves(
+    p: &Process,
+    m: &mut Message,
+    from: vkernel::Pid,
+    warm: &mut Vec<u8>,
+) -> Result<(), IpcError> {
+    let len = m.seg_len() as usize;
+    let a = m.seg_access();
+    let n = len / 2;
+    if !(a.read && a.write) || n > MAX_BULK || !len.is_multiple_of(2) {
+        m.0[1] = u32::MAX;
+        return Ok(());
+    }
+    if warm.len() < n {
+        warm.resize(n, 0);
+    }
+    let data = &mut warm[..n];
+    p.move_from(from, 0, data)?;
+    p.move_to(from, n as u32, data)?;
+    m.0[1] = n as u32;
+    Ok(())
+}
+
+/// Marks a move echo's first half as round `i`'s (a word every MiB), so
+/// that data left from an earlier round cannot pass the check.
+fn mark_round(half: &mut [u8], i: usize) {
+    for at in (0..half.len().saturating_sub(7)).step_by(1 << 20) {
+        half[at..at + 8].copy_from_slice(&(i as u64).to_le_bytes());
+    }
+}
+
 /// What [`time_exchanges`] sends.
 #[derive(Clone, Debug)]
 pub struct Timing {
@@ -107,6 +152,11 @@ pub struct Timing {
     pub size: usize,
     /// Bulk echo of a segment of this many bytes instead.
     pub bulk: Option<usize>,
+    /// With `bulk`: the server inverts the data (the older ECHO_BULK, whose
+    /// timed interval includes the server's pass over every byte) instead
+    /// of moving it untouched between the halves of a twice-as-large
+    /// segment.
+    pub invert: bool,
     /// Fail at the first failed exchange.
     pub stop_on_error: bool,
     /// Stop early (with the exchanges so far) once this is set: Ctrl-C.
@@ -114,6 +164,13 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// A bulk run's rate at the median exchange: bytes moved both ways
+    /// per second, in MB/s (`None` without bulk or without a median).
+    pub fn rate_mb_s(&self, s: &Summary) -> Option<f64> {
+        let b = self.bulk?;
+        (s.n > 0 && s.median_us > 0.0).then(|| b as f64 * 2.0 / (s.median_us * 1e-6) / 1e6)
+    }
+
     /// The outcome of a run in words.
     pub fn describe(&self, s: &Summary, failures: usize) -> String {
         match self.bulk {
@@ -147,9 +204,19 @@ pub fn time_exchanges(
     a: &Timing,
 ) -> Result<(Summary, usize, Option<IpcError>, Duration), String> {
     let seg_len = a.bulk.unwrap_or(a.size - 32);
+    // A move echo: the data goes out in the first half and comes back,
+    // untouched, in the second.
+    let moving = a.bulk.is_some() && !a.invert;
     let out: Vec<u8> = (0..seg_len).map(|i| (i * 7 + 3) as u8).collect();
-    let inverted: Vec<u8> = out.iter().map(|b| b ^ 0xff).collect();
+    let inverted: Vec<u8> = if a.bulk.is_some() && a.invert {
+        out.iter().map(|b| b ^ 0xff).collect()
+    } else {
+        Vec::new()
+    };
     let mut buf = out.clone();
+    if moving {
+        buf.resize(2 * seg_len, 0);
+    }
     let mut samples = Vec::with_capacity(a.count);
     let mut failures = 0usize;
     let mut last_err = None;
@@ -164,13 +231,21 @@ pub fn time_exchanges(
         }
         let mut m = Message::with_code(ECHO);
         m.0[1] = i as u32;
-        let t0 = Instant::now();
-        let r = if a.bulk.is_some() {
+        // The segment is filled before the clock starts and checked after
+        // it stops: only the exchange is timed.
+        if moving {
+            m.set_code(ECHO_MOVE);
+            let (first, second) = buf.split_at_mut(seg_len);
+            mark_round(first, i);
+            second.fill(0);
+        } else if a.bulk.is_some() {
             m.set_code(ECHO_BULK);
             buf.copy_from_slice(&out);
-            p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
         } else if seg_len > 0 {
             buf.copy_from_slice(&out);
+        }
+        let t0 = Instant::now();
+        let r = if seg_len > 0 {
             p.send_with_segment(&mut m, server, Segment::ReadWrite(&mut buf))
         } else {
             p.send(&mut m, server)
@@ -182,6 +257,16 @@ pub fn time_exchanges(
                     "exchange {i} failed after {:.0} ms: the server's move failed",
                     dt.as_secs_f64() * 1e3
                 ));
+            }
+            Ok(_) if moving && m.0[1] == i as u32 && i as u32 != seg_len as u32 => {
+                return Err(format!(
+                    "the server answered exchange {i} without moving anything: an echo older \
+                     than move echoes? (`vkernel ping --invert` uses the older bulk echo)"
+                ));
+            }
+            Ok(_) if moving => {
+                let (first, second) = buf.split_at(seg_len);
+                m.0[1] as usize == seg_len && first == second
             }
             Ok(_) if a.bulk.is_some() => m.0[1] as usize == seg_len && buf == inverted,
             Ok(rep) => m.0[1] == i as u32 && rep.seg_bytes == seg_len && buf == out,
@@ -224,6 +309,7 @@ mod tests {
             warmup: 0,
             size: 32,
             bulk: Some(1 << 20),
+            invert: false,
             stop_on_error: false,
             stop: None,
         };

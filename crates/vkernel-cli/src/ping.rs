@@ -28,10 +28,17 @@ pub struct PingArgs {
     /// segment of (size − 32) bytes that the echo server returns with its reply.
     #[arg(long, default_value_t = 32)]
     size: usize,
-    /// Bulk mode: each exchange lends a segment of this many bytes that the
-    /// server reads with MoveFrom and writes back (inverted) with MoveTo.
+    /// Bulk mode: each exchange moves this many bytes each way. The
+    /// client lends a segment of twice that: the server MoveFroms the
+    /// first half into a buffer it keeps and MoveTos it into the second
+    /// half. The client fills and checks the halves outside the timed
+    /// interval, so the times are the transport's.
     #[arg(long, value_name = "BYTES")]
     bulk: Option<usize>,
+    /// With --bulk: the older bulk echo instead, whose server inverts
+    /// every byte between its MoveFrom and its MoveTo (timed too).
+    #[arg(long, requires = "bulk")]
+    invert: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -109,6 +116,7 @@ pub fn run(a: PingArgs) -> Result<(), String> {
         warmup: a.warmup,
         size: a.size,
         bulk: a.bulk,
+        invert: a.invert,
         stop_on_error: a.stop_on_error,
         // Ctrl-C or SIGTERM ends the run with what it has, as ping(8) does.
         stop: Some(stop.flag()),
@@ -134,6 +142,8 @@ pub fn run(a: PingArgs) -> Result<(), String> {
             "retransmits": st.retransmits, "bulk_retransmits": st.bulk_retransmits, "spin_us": a.host.spin.max.as_micros() as u64, "adaptive_spin": a.host.spin.adaptive,
             "waits_unblocked": waits.unblocked, "waits_blocked": waits.blocked,
             "waits_blocked_crowded": waits.blocked_crowded,
+            "bulk_duplicates": st.bulk_duplicates,
+            "mb_per_s": t.rate_mb_s(&s),
         });
         println!("{j}");
     } else {

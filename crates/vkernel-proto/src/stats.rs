@@ -190,6 +190,9 @@ pub struct Stats {
     pub auth_refused_by_peer: u64,
     /// Bulk-data chunks retransmitted.
     pub bulk_retransmits: u64,
+    /// Bulk-data chunks received that were already held: each is a
+    /// retransmission that proved needless (or a copy the path made).
+    pub bulk_duplicates: u64,
     /// Bulk congestion-window cuts (a loss, or a timeout, seen by a mover).
     pub bulk_cwnd_cuts: u64,
     /// Remote MoveTos answered write-behind (before their acknowledgement).
@@ -329,6 +332,7 @@ impl Stats {
             (&mut self.retransmits_needless, o.retransmits_needless),
             (&mut self.auth_refused_by_peer, o.auth_refused_by_peer),
             (&mut self.bulk_retransmits, o.bulk_retransmits),
+            (&mut self.bulk_duplicates, o.bulk_duplicates),
             (&mut self.bulk_cwnd_cuts, o.bulk_cwnd_cuts),
             (&mut self.bulk_write_behind, o.bulk_write_behind),
             (&mut self.duplicates, o.duplicates),

@@ -479,6 +479,7 @@ fn stats_json_is_one_serde_document_with_every_field() {
         "retransmits_deferred",
         "retransmits_needless",
         "bulk_retransmits",
+        "bulk_duplicates",
         "bulk_cwnd_cuts",
         "bulk_write_behind",
         "duplicates",

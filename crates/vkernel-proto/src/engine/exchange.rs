@@ -84,6 +84,7 @@ impl Engine {
             received: false,
             remote: None,
             inbound: Vec::new(),
+            served: Vec::new(),
             no_ahead: false,
             deadline: None,
         };
@@ -734,6 +735,7 @@ impl Engine {
             o.received = false;
             o.seq = seq;
             o.inbound.clear();
+            o.served.clear();
             if to_local {
                 self.enqueue(now, to, Pending::Local(from));
             } else {

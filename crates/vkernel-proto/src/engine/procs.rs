@@ -26,6 +26,10 @@ pub(super) struct Outgoing {
     pub(super) remote: Option<Retx>,
     /// MoveTo transfers arriving into our segment from remote movers.
     pub(super) inbound: Vec<InBulk>,
+    /// MoveFrom chunks sent from our segment lately: (mover, transfer,
+    /// chunk, when). A request for one of them is older than its data,
+    /// not a sign of loss (see `Engine::on_move_from_request`).
+    pub(super) served: Vec<(Pid, u32, u32, Micros)>,
     /// Reply data sent ahead went missing once: ask for it to be moved.
     pub(super) no_ahead: bool,
     /// The Send fails with [`IpcError::Deadline`] if not replied to by then.
@@ -320,6 +324,7 @@ impl Proc {
             PState::Sending(mut b) => {
                 b.seg = None;
                 b.inbound = Vec::new();
+                b.served = Vec::new();
                 self.spare = Some(b);
                 PState::Ready
             }

@@ -408,6 +408,7 @@ impl Engine {
         o.remote = None;
         o.received = false;
         o.inbound.clear();
+        o.served.clear();
         let principal = o.principal;
         if self.is_local(new_dst) {
             if !self.admits(new_dst, principal) {

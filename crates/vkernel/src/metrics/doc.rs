@@ -150,6 +150,8 @@ pub struct StatsDoc {
     pub retransmits_needless: u64,
     /// Bulk chunks retransmitted.
     pub bulk_retransmits: u64,
+    /// Bulk chunks received already held (needless retransmissions).
+    pub bulk_duplicates: u64,
     /// Bulk congestion-window cuts.
     pub bulk_cwnd_cuts: u64,
     /// Remote MoveTos answered before their acknowledgement.
@@ -225,6 +227,7 @@ impl From<&Snapshot> for StatsDoc {
             retransmits_deferred: s.retransmits_deferred,
             retransmits_needless: s.retransmits_needless,
             bulk_retransmits: s.bulk_retransmits,
+            bulk_duplicates: s.bulk_duplicates,
             bulk_cwnd_cuts: s.bulk_cwnd_cuts,
             bulk_write_behind: s.bulk_write_behind,
             duplicates: s.duplicates,
@@ -271,6 +274,7 @@ impl StatsDoc {
             retransmits_deferred: self.retransmits_deferred,
             retransmits_needless: self.retransmits_needless,
             bulk_retransmits: self.bulk_retransmits,
+            bulk_duplicates: self.bulk_duplicates,
             bulk_cwnd_cuts: self.bulk_cwnd_cuts,
             bulk_write_behind: self.bulk_write_behind,
             duplicates: self.duplicates,

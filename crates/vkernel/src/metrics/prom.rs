@@ -150,6 +150,11 @@ impl Snapshot {
             ),
             ("bulk_retransmits", "Bulk chunks retransmitted", s.bulk_retransmits),
             (
+                "bulk_duplicates",
+                "Bulk chunks received already held (needless retransmissions)",
+                s.bulk_duplicates,
+            ),
+            (
                 "bulk_cwnd_cuts",
                 "Bulk congestion-window cuts (a loss or a timeout seen by a mover)",
                 s.bulk_cwnd_cuts,

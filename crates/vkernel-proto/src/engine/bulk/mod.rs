@@ -43,6 +43,14 @@ const MAX_ACK_SPAN: usize = 8192 * 8;
 const MAX_INBOUND: usize = 16;
 /// Shortest tail-loss probe delay (see `MoveOp::tlp`).
 const TLP_MIN: Micros = 200;
+/// Shortest reordering window of a MoveFrom gap (see `MoveOp::gap_due`).
+const REORDER_MIN: Micros = 100;
+/// How long an owner takes a MoveFrom chunk it sent for still in flight
+/// (see `Outgoing::served`): no longer than the shortest reordering
+/// window, so that no request for a lost chunk is ever ignored.
+const SERVED_FOR: Micros = REORDER_MIN;
+/// MoveFrom chunks an owner remembers sending, per exchange.
+const MAX_SERVED: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dir {
@@ -93,6 +101,18 @@ pub(crate) struct MoveOp {
     tlp: Micros,
     /// The probe was sent since the last progress.
     probed: bool,
+    /// MoveFrom: the chunk a tail-loss probe asked for again (the last
+    /// one outstanding). When a copy of it arrives, every chunk still
+    /// missing below it was lost (the owner sends in order) and is asked
+    /// for at once; until then nothing is resent, as the rest may only be
+    /// late (TCP's TLP with RACK).
+    tlp_probe: Option<usize>,
+    /// MoveFrom: when the chunks still missing below `.1` (`max_seen`
+    /// when the gap was seen) count as lost and are asked for again. A
+    /// gap waits a reordering window first: the owner's or this host's
+    /// threads may hand chunks over out of order, and a copy of one that
+    /// is only late is a needless resend.
+    gap_due: Option<(Micros, usize)>,
     /// Not started: it waits for the mover's write-behind MoveTos to the
     /// same process to be acknowledged first (its range overlaps one).
     waiting: bool,
@@ -295,6 +315,13 @@ impl Engine {
         self.srtt(host).map_or(0, |s| (2 * s).max(TLP_MIN))
     }
 
+    /// How long a MoveFrom gap may be reordering, not loss: half a
+    /// smoothed round trip.
+    fn reorder_window(&self, host: crate::pid::HostId) -> Micros {
+        self.srtt(host)
+            .map_or(REORDER_MIN, |s| (s / 2).max(REORDER_MIN))
+    }
+
     fn window_chunks(&self, chunk: usize) -> usize {
         (self.cfg.window / chunk.max(1)).max(1)
     }
@@ -351,6 +378,8 @@ impl Engine {
             cwnd,
             tlp: self.tlp_for(peer.host()),
             probed: false,
+            tlp_probe: None,
+            gap_due: None,
             waiting: false,
             open,
         }

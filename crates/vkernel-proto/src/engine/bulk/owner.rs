@@ -140,12 +140,18 @@ impl Engine {
         let b = &mut o.inbound[pos];
         b.highest = b.highest.max(idx + 1);
         let full = b.got.full();
-        if ahead || !(h.flags & F_ACK_NOW != 0 || (full && fresh)) {
-            return;
+        let ack = !ahead && (h.flags & F_ACK_NOW != 0 || (full && fresh));
+        let answer = ack.then(|| {
+            let cum = b.got.first_clear_from(0);
+            let end = b.highest.max(cum).min(cum + MAX_ACK_SPAN);
+            (cum, end, b.got.pack(cum, end))
+        });
+        if !fresh {
+            self.stats.bulk_duplicates += 1;
         }
-        let cum = b.got.first_clear_from(0);
-        let end = b.highest.max(cum).min(cum + MAX_ACK_SPAN);
-        let map = b.got.pack(cum, end);
+        let Some((cum, end, map)) = answer else {
+            return;
+        };
         let mut r = Header::new(PacketType::MoveToReply);
         r.seq = h.seq;
         r.src = h.dst;
@@ -261,10 +267,6 @@ impl Engine {
         // Serve at most two of our windows per request, so no request can
         // make us burst more than that.
         let cap = 2 * self.window_chunks(chunk);
-        let todo: Vec<usize> = (lo..hi)
-            .filter(|&i| !packed_get(pkt.data, i - lo))
-            .take(cap)
-            .collect();
         let retx = h.flags & F_RETRANSMIT != 0;
         let mut r = Header::new(PacketType::MoveFromReply);
         r.seq = h.seq;
@@ -277,10 +279,37 @@ impl Engine {
             ..bm
         }
         .message();
-        let seq = match self.outgoing(h.dst) {
-            Some(o) if rights::read(o.access, o.seg.as_ref(), base, total).is_ok() => o.seq,
-            _ => return,
+        let Some(o) = self.outgoing_mut(h.dst) else {
+            return;
         };
+        if rights::read(o.access, o.seg.as_ref(), base, total).is_err() {
+            return;
+        }
+        let seq = o.seq;
+        // A chunk sent less than `SERVED_FOR` ago is still on its way: a
+        // request for it was sent before it could arrive (it overtook the
+        // request that had it sent, or it was a probe queued behind that
+        // request here), so it is not sent again. A mover asks again for
+        // a lost chunk only a reordering window (at least as long) plus a
+        // round trip after it left.
+        o.served
+            .retain(|&(_, _, _, t)| now.saturating_sub(t) < SERVED_FOR);
+        let recent: std::collections::HashSet<u32> = o
+            .served
+            .iter()
+            .filter(|&&(p, x, _, _)| p == h.src && x == bm.xfer)
+            .map(|&(_, _, i, _)| i)
+            .collect();
+        let todo: Vec<usize> = (lo..hi)
+            .filter(|&i| !packed_get(pkt.data, i - lo) && !recent.contains(&(i as u32)))
+            .take(cap)
+            .collect();
+        if o.served.len() + todo.len() > MAX_SERVED {
+            let k = (o.served.len() + todo.len() - MAX_SERVED).min(o.served.len());
+            o.served.drain(..k);
+        }
+        o.served
+            .extend(todo.iter().map(|&i| (h.src, bm.xfer, i as u32, now)));
         for (j, &i) in todo.iter().enumerate() {
             let start = i * chunk;
             let end = (start + chunk).min(total);

@@ -271,6 +271,7 @@ impl Engine {
 
     pub(in crate::engine) fn on_move_from_reply(&mut self, now: Micros, pkt: &Packet<'_>) {
         let h = pkt.header;
+        let reo = self.reorder_window(h.src.host());
         let host_timeout = self.cfg.host_timeout;
         let rto = self.rto_for(h.src.host());
         let tlp = self.tlp_for(h.src.host());
@@ -299,6 +300,9 @@ impl Engine {
             op.tlp = tlp;
             op.cwnd.acked(1, win);
         }
+        if !fresh {
+            self.stats.bulk_duplicates += 1;
+        }
         let Some(op) = self.move_answered(now, MoveRef::Proc(h.dst), fresh) else {
             return;
         };
@@ -309,20 +313,25 @@ impl Engine {
         let nc = op.done.len();
         let outstanding = op.next_new - op.done.ones().min(op.next_new);
         // Chunks are sent in index order: a gap below a newly seen chunk
-        // means loss (or reordering). Re-request the gap at once; a loss of
-        // the re-requested chunks, or of the last one, falls to the timer.
+        // means loss, or reordering. The gap is asked for again once a
+        // reordering window has passed (`MoveOp::gap_due`); a loss of the
+        // re-requested chunks, or of the last one, falls to the timer.
         let cum = op.done.first_clear_from(0);
-        let mut rereq = None;
-        let mut cut = false;
+        let mut gap = false;
         if idx >= op.max_seen {
-            let first = op.done.first_clear_from(op.max_seen);
-            if first < idx {
-                rereq = Some((first, idx));
-                // Marks are chunk indices: a gap among chunks asked for
-                // before the last cut is that cut's episode.
-                cut = op.cwnd.lost(first as u32 + 1, op.next_new as u32);
-            }
+            gap = op.done.first_clear_from(op.max_seen) < idx;
             op.max_seen = idx + 1;
+        }
+        // A copy of the probed chunk (or its original) has come: whatever
+        // is still missing below it, earlier resends included, was lost.
+        if op.tlp_probe == Some(idx) {
+            op.tlp_probe = None;
+            gap |= cum < idx;
+        }
+        let mut arm = None;
+        if gap && op.gap_due.is_none() {
+            op.gap_due = Some((now + reo, op.max_seen.max(idx)));
+            arm = Some(now + reo);
         }
         let limit = op.cwnd.limit(win);
         let mut more = None;
@@ -333,11 +342,8 @@ impl Engine {
             more = Some((op.next_new, end));
             op.next_new = end;
         }
-        if cut {
-            self.stats.bulk_cwnd_cuts += 1;
-        }
-        if let Some((a, b)) = rereq {
-            self.request_range(now, h.dst, a, b, true);
+        if let Some(t) = arm {
+            self.arm(t);
         }
         if let Some((a, b)) = more {
             self.request_range(now, h.dst, a, b, false);
@@ -375,6 +381,10 @@ impl Engine {
                     (o.0 < b.order).then_some(o.1)
                 }),
             };
+            let Some(peer) = self.op_mut(m).map(|op| op.peer.host()) else {
+                continue;
+            };
+            let reo = self.reorder_window(peer);
             let Some(op) = self.op_mut(m) else { continue };
             // An older write-behind MoveTo of the same mover to the same
             // host is unacknowledged: this one's data is queued behind it
@@ -388,6 +398,22 @@ impl Engine {
                 *next = (*next).min(op.timer).min(op.deadline);
                 continue;
             }
+            if let Some((_, top)) = op.gap_due.filter(|&(d, _)| now >= d) {
+                // Gaps seen since wait a window of their own.
+                let later = op.done.first_clear_from(top) < op.max_seen;
+                op.gap_due = later.then_some((now + reo, op.max_seen));
+                let Some(op) = self.op_mut(m) else { continue };
+                let cum = op.done.first_clear_from(0);
+                if let (Dir::From, MoveRef::Proc(p), true) = (op.dir, m, cum < top) {
+                    // Marks are chunk indices: a gap among chunks asked for
+                    // before the last cut is that cut's episode.
+                    if op.cwnd.lost(cum as u32 + 1, op.next_new as u32) {
+                        self.stats.bulk_cwnd_cuts += 1;
+                    }
+                    self.request_range(now, p, cum, top, true);
+                }
+            }
+            let Some(op) = self.op_mut(m) else { continue };
             if now >= op.timer && op.open {
                 // No MoveTo continued the stream in time: it ends here.
                 op.open = false;
@@ -434,13 +460,28 @@ impl Engine {
                     }
                     (Dir::From, MoveRef::Proc(p)) => {
                         let end = op.next_new;
-                        self.request_range(now, p, cum, end, true);
+                        // A probe asks again for the last chunk outstanding
+                        // only: on a clean path the rest are late, not lost.
+                        let last = (cum..end).rev().find(|&i| !op.done.get(i));
+                        match last.filter(|_| probe) {
+                            Some(i) => {
+                                op.tlp_probe = Some(i);
+                                self.request_range(now, p, i, i + 1, true);
+                            }
+                            None => {
+                                op.tlp_probe = None;
+                                self.request_range(now, p, cum, end, true);
+                            }
+                        }
                     }
                     (Dir::From, MoveRef::Behind(_)) => {}
                 }
             }
             if let Some(op) = self.op_mut(m) {
                 *next = (*next).min(op.timer).min(op.deadline);
+                if let Some((d, _)) = op.gap_due {
+                    *next = (*next).min(d);
+                }
             }
         }
     }

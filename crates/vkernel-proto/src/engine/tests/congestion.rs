@@ -36,6 +36,11 @@ struct Path {
     /// Datagrams the queue dropped, and random losses.
     overflows: u64,
     lost: u64,
+    /// Extra delay of each datagram, random up to this (µs): reordering.
+    jitter: Micros,
+    /// Engine 1 stops for `.1` µs every `.0` µs (a descheduled thread):
+    /// what arrives meanwhile, and its timers, wait for the end.
+    stall: Option<(Micros, Micros)>,
 }
 
 /// What one transfer did.
@@ -80,6 +85,8 @@ impl Path {
             rng: rand::rngs::SmallRng::seed_from_u64(seed),
             overflows: 0,
             lost: 0,
+            jitter: 0,
+            stall: None,
         };
         p.run_until(1_000_000, |_| false);
         p
@@ -107,8 +114,23 @@ impl Path {
             } else {
                 self.now + self.delay
             };
+            let at = at
+                + if self.jitter > 0 {
+                    self.rng.gen_range(0..=self.jitter)
+                } else {
+                    0
+                };
+            let at = if i == 0 { self.resumed(at) } else { at };
             self.order += 1;
             self.flights.push(Reverse((at, self.order, 1 - i, t.data)));
+        }
+    }
+
+    /// When engine 1 is running again at or after `t`.
+    fn resumed(&self, t: Micros) -> Micros {
+        match self.stall {
+            Some((every, long)) if t % every < long => t - t % every + long,
+            _ => t,
         }
     }
 
@@ -123,7 +145,12 @@ impl Path {
                 return true;
             }
             let f = self.flights.peek().map(|r| r.0 .0);
-            let t = self.e.iter().map(|e| e.poll_timeout()).min();
+            let t = [
+                self.e[0].poll_timeout(),
+                self.resumed(self.e[1].poll_timeout()),
+            ]
+            .into_iter()
+            .min();
             let Some(next) = f.into_iter().chain(t).min().filter(|&n| n <= end) else {
                 self.now = self.now.max(end);
                 return done(self);
@@ -135,9 +162,10 @@ impl Path {
                     testing::deliver(&mut self.e[to], now, addr(1 - to), &data, true);
                 }
             } else {
-                for e in &mut self.e {
-                    if now >= e.poll_timeout() {
-                        e.handle_timeout(now);
+                for i in 0..2 {
+                    let due = self.e[i].poll_timeout();
+                    if now >= due && (i == 0 || self.resumed(now) == now) {
+                        self.e[i].handle_timeout(now);
                     }
                 }
             }
@@ -332,5 +360,31 @@ fn a_lost_tail_is_probed_for_after_two_round_trips() {
         if to {
             same_bytes(&seg.snapshot(), &data, "moved to");
         }
+    }
+}
+
+/// On a path that loses nothing no bulk chunk is sent twice: not when
+/// datagrams overtake each other (by up to 40 µs), nor, for MoveFrom,
+/// when the owner stops for 0.8 ms every 2 ms, long enough for the
+/// mover's tail-loss probe to fire while its requests wait unread.
+#[test]
+fn a_path_that_loses_nothing_resends_nothing() {
+    for (to, jitter, stall) in [
+        (true, 0, None),
+        (false, 0, None),
+        (false, 40, None),
+        (false, 40, Some((2_000, 800))),
+    ] {
+        let mut p = Path::new(if to { 0 } else { 1 }, 1_000, 4096, 0, 3);
+        p.jitter = jitter;
+        p.stall = stall;
+        let r = p.transfer(to, 16 << 20);
+        let dups = p.e[0].stats().bulk_duplicates + p.e[1].stats().bulk_duplicates;
+        println!(
+            "{} jitter {jitter} µs, stalls {stall:?}: {r:?}, {dups} duplicates",
+            if to { "MoveTo" } else { "MoveFrom" }
+        );
+        assert_eq!(r.overflows, 0, "{r:?}");
+        assert_eq!((r.retx, dups), (0.0, 0), "{r:?}: nothing was lost");
     }
 }
