@@ -1,7 +1,9 @@
 //! Section 13: one machine host shared by programs. The null exchange
 //! between two attached programs, between two threads of one program,
 //! and a Unix-domain datagram ping-pong, each busy-polling and blocking;
-//! a 64 MiB MoveTo between attached programs against memcpy.
+//! a 64 MiB MoveTo between attached programs against memcpy; 64 MiB each
+//! way between two programs (`vkernel echo` and `vkernel ping --bulk`),
+//! over UDP and attached, against a TCP loopback stream.
 
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,6 +26,8 @@ pub struct Attach {
     pub move_mbps: f64,
     /// Single-thread memcpy of 64 MiB, MB/s.
     pub memcpy_mbps: f64,
+    /// 64 MiB each way between two programs, and over TCP.
+    pub bulk: Vec<crate::bulkprograms::BulkRow>,
 }
 
 /// A null exchange's round trip.
@@ -473,6 +477,7 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "  64 MiB MoveTo between attached programs {move_mbps:>8.0} MB/s; memcpy {memcpy:>8.0} MB/s ({:.2}×)",
         move_mbps / memcpy
     );
+    let bulk = bulk_rows(&path, if c.quick { 2 } else { 5 }, memcpy);
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
     let med = |what: &str, wait: &str| {
@@ -486,7 +491,12 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
         "Unix datagram ping-pong",
     );
     let (rem, udp) = ("attached program to a remote host", "raw UDP ping-pong");
-    let goals = vec![
+    let mbps = |what: &str| {
+        bulk.iter()
+            .find(|r| r.what == what)
+            .map_or(f64::NAN, |r| r.median_mbps)
+    };
+    let mut goals = vec![
         Goal::at_most("attached null exchange, spin", med(att, "spin"), 1.0, " µs"),
         Goal::at_most(
             "attached / Unix datagram, spin",
@@ -527,15 +537,71 @@ pub(crate) fn section(c: &mut Ctx) -> Result<Outcome, String> {
             "×",
         ),
     ];
+    if !bulk.is_empty() {
+        goals.push(Goal::at_least(
+            "64 MiB each way, two programs over UDP / TCP",
+            mbps(BULK_UDP) / mbps(BULK_TCP),
+            0.9,
+            "×",
+        ));
+        goals.push(Goal::at_least(
+            "64 MiB each way, two attached programs / memcpy",
+            mbps(BULK_ATTACHED) / memcpy,
+            0.8,
+            "×",
+        ));
+    }
     Ok(Outcome {
         report: SectionReport::Attach(Attach {
             rows,
             move_mbps,
             memcpy_mbps: memcpy,
+            bulk,
         }),
         goals,
         charts: Vec::new(),
     })
+}
+
+const BULK_UDP: &str = "two programs over UDP (ping --bulk)";
+const BULK_ATTACHED: &str = "two attached programs (ping --bulk)";
+const BULK_TCP: &str = "TCP loopback stream, two threads";
+
+/// The rows of 64 MiB each way between two programs (separate
+/// processes of this executable; none when the bench runs elsewhere, as
+/// in tests), the attached ones through the host at `sock`.
+fn bulk_rows(sock: &std::path::Path, n: usize, memcpy: f64) -> Vec<crate::bulkprograms::BulkRow> {
+    use crate::bulkprograms as b;
+    let Some(exe) = crate::programs::client_program() else {
+        crate::outln!("  (64 MiB between programs: only when run as `vkernel bench`)");
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    let tcp = b::tcp(n);
+    let tcp_mbps = tcp.as_ref().map_or(f64::NAN, |r| r.median_mbps);
+    for (what, r) in [
+        (BULK_UDP, b::remote(&exe, n)),
+        (BULK_ATTACHED, b::attached(&exe, sock, n)),
+        (BULK_TCP, tcp),
+    ] {
+        match r {
+            Ok(mut row) => {
+                crate::outln!(
+                    "  64 MiB each way, {what:<36} median {:>7.0} MB/s  p99 {:>7.0} MB/s  \
+                     ({:.2}× TCP, {:.2}× memcpy; {} chunks resent)",
+                    row.median_mbps,
+                    row.p99_mbps,
+                    row.median_mbps / tcp_mbps,
+                    row.median_mbps / memcpy,
+                    row.resent
+                );
+                row.what = what.into();
+                rows.push(row);
+            }
+            Err(e) => crate::outln!("  64 MiB each way, {what}: skipped: {e}"),
+        }
+    }
+    rows
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@
 mod asyncrt;
 mod attach;
 pub mod baseline;
+mod bulkprograms;
 pub mod chart;
 mod clients;
 pub mod demo;
