@@ -7,7 +7,7 @@
 #            holding the host's socket (the Kubernetes pod pattern),
 #   client   `vkernel ping --peer vkhost:7000`, a remote client that finds
 #            the host by its DNS name on the podman network;
-# then stops vkecho and vkhost with SIGTERM (`podman stop`) and checks
+# then stops vkecho, then vkhost, with SIGTERM (`podman stop`) and checks
 # both exit 0 with their summaries, and that the socket is removed.
 #
 #   scripts/check-containers.sh
@@ -82,7 +82,12 @@ echo "$out"
 echo "$out" | grep -q "failures 0" || fail "exchanges failed"
 
 t0=$(date +%s%N)
-p stop -t 10 "vkecho-$id" "vkhost-$id" >/dev/null
+# The attached echo first, as a deployment stops a host's dependents
+# before the host: stopped together, the host could exit first and the
+# echo would end with "the machine host has gone" (exit 1) before its
+# own SIGTERM was handled.
+p stop -t 10 "vkecho-$id" >/dev/null
+p stop -t 10 "vkhost-$id" >/dev/null
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 for c in vkecho vkhost; do
   code=$(p inspect --format '{{.State.ExitCode}}' "$c-$id")
