@@ -34,3 +34,42 @@ fn ping_counts_bulk_retransmissions() {
     );
     assert_eq!(nums[0], nums[1] + nums[2], "{out}");
 }
+
+/// `ping --bulk --json` reports the rate and the counters, for the move
+/// echo (transport alone) and the older inverting one: the same bytes
+/// moved, and the move echo's rate is the one its median gives.
+#[test]
+fn ping_bulk_json_reports_the_rate_of_both_echoes() {
+    let (_echo, addr, _) = common::echo(&[]);
+    for invert in [false, true] {
+        let mut c = Command::new(BIN);
+        c.args(["ping", "--peer", &addr, "-n", "3", "--warmup", "1"])
+            .args(["--bulk", "4194304", "--json"]);
+        if invert {
+            c.arg("--invert");
+        }
+        let o = c.output().expect("run ping");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{out}");
+        let j: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+        assert_eq!(j["failures"], 0, "{out}");
+        let median = j["summary"]["median_us"].as_f64().expect("median");
+        let rate = j["mb_per_s"].as_f64().expect("mb_per_s");
+        let want = 2.0 * 4_194_304.0 / median;
+        assert!((rate - want).abs() < 1e-6 * want, "{rate} vs {want}: {out}");
+        assert!(j["bulk_duplicates"].is_u64(), "{out}");
+    }
+    // A plain ping has no rate.
+    let o = Command::new(BIN)
+        .args(["ping", "--peer", &addr, "-n", "3", "--json"])
+        .output()
+        .expect("run ping");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(j["mb_per_s"].is_null(), "{j}");
+    // --invert needs --bulk.
+    let o = Command::new(BIN)
+        .args(["ping", "--peer", &addr, "--invert"])
+        .output()
+        .expect("run ping");
+    assert!(!o.status.success());
+}
