@@ -87,9 +87,14 @@ pub struct HostOpts {
     /// Id of the key to send with (default: the last key given).
     #[arg(long, value_name = "ID")]
     pub send_key: Option<u8>,
-    /// Also encrypt message and data (ChaCha20-Poly1305), not only authenticate.
+    /// Also encrypt message and data, not only authenticate.
     #[arg(long)]
     pub encrypt: bool,
+    /// The cipher of --encrypt: chacha20-poly1305 (the default) or
+    /// aes-256-gcm (several times faster on CPUs with AES instructions).
+    /// Every host of the cluster must use the same.
+    #[arg(long, value_name = "NAME", requires = "encrypt", value_parser = vkernel::auth::Cipher::parse)]
+    pub cipher: Option<vkernel::auth::Cipher>,
     /// Record every datagram and exchange phase in FILE (JSON lines) for
     /// `vkernel trace report`.
     #[arg(long, value_name = "FILE")]
@@ -171,6 +176,7 @@ impl HostOpts {
             send_key: self.send_key,
             max_clock_skew: self.max_clock_skew,
             encrypt: self.encrypt,
+            cipher: self.cipher.unwrap_or_default(),
             bind: self
                 .bind
                 .unwrap_or_else(|| vkernel::default_bind(&self.peers)),

@@ -73,3 +73,38 @@ fn ping_bulk_json_reports_the_rate_of_both_echoes() {
         .expect("run ping");
     assert!(!o.status.success());
 }
+
+/// `--cipher aes-256-gcm` encrypts with AES-256-GCM: a ping and an echo
+/// that both name it exchange (bulk included); one that does not is
+/// refused; the flag without `--encrypt`, or an unknown cipher, is a
+/// usage error.
+#[test]
+fn ping_and_echo_agree_on_the_cipher() {
+    let key = "1:4242424242424242424242424242424242424242424242424242424242424242";
+    let args = ["--key", key, "--encrypt", "--cipher", "aes-256-gcm"];
+    let aes: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let (_echo, addr, _) = common::echo(&aes);
+    let ping = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["ping", "--peer", &addr, "-n", "3", "--warmup", "0"])
+            .args(["--bulk", "1048576", "--deadline", "2s", "--key", key])
+            .args(extra)
+            .output()
+            .expect("run ping")
+    };
+    let o = ping(&["--encrypt", "--cipher", "aes-256-gcm"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("failures 0"), "{out}");
+    let o = ping(&["--encrypt"]);
+    assert!(!o.status.success(), "ChaCha20-Poly1305 against AES-256-GCM");
+    let o = ping(&["--cipher", "aes-256-gcm"]);
+    assert_eq!(o.status.code(), Some(2), "--cipher without --encrypt");
+    let o = ping(&["--encrypt", "--cipher", "rot13"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("chacha20-poly1305 or aes-256-gcm"));
+}

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::pattern;
+use vkernel::auth::Cipher;
 use vkernel::{IpcError, Kernel, KernelConfig, Message, Process, Segment};
 use vkernel_proto::auth::{Key, Reject};
 
@@ -27,10 +28,21 @@ fn host(
     encrypt: bool,
     peers: Vec<std::net::SocketAddr>,
 ) -> Kernel {
+    host_with(keys, send, encrypt.then(Cipher::default), peers)
+}
+
+/// A host that encrypts with `cipher`, or only authenticates (`None`).
+fn host_with(
+    keys: Vec<Key>,
+    send: Option<u8>,
+    cipher: Option<Cipher>,
+    peers: Vec<std::net::SocketAddr>,
+) -> Kernel {
     Kernel::start(KernelConfig {
         keys,
         send_key: send,
-        encrypt,
+        encrypt: cipher.is_some(),
+        cipher: cipher.unwrap_or_default(),
         peers,
         host_timeout: Duration::from_millis(800),
         ..Default::default()
@@ -81,7 +93,7 @@ fn exchange(c: &Process, s: vkernel::Pid, bulk: usize) -> Result<(), IpcError> {
 /// Two hosts with key 1 (sealed, or `encrypt`ed), a server on the first
 /// and a client process on the second.
 fn keyed_pair(
-    encrypt: bool,
+    cipher: Option<Cipher>,
 ) -> (
     Kernel,
     Kernel,
@@ -89,19 +101,26 @@ fn keyed_pair(
     std::thread::JoinHandle<()>,
     vkernel::Process,
 ) {
-    let a = host(vec![key(1, 7)], None, encrypt, vec![]);
-    let b = host(vec![key(1, 7)], None, encrypt, vec![a.local_addr()]);
+    let a = host_with(vec![key(1, 7)], None, cipher, vec![]);
+    let b = host_with(vec![key(1, 7)], None, cipher, vec![a.local_addr()]);
     a.add_peer(b.local_addr());
     let (s, h) = a.spawn("srv", serve).unwrap();
     let c = b.create_process().unwrap();
     (a, b, s, h, c)
 }
 
+/// The modes: MAC only, and each AEAD.
+const MODES: [Option<Cipher>; 3] = [
+    None,
+    Some(Cipher::ChaCha20Poly1305),
+    Some(Cipher::Aes256Gcm),
+];
+
 #[test]
 fn keyed_hosts_exchange_in_mac_and_aead_modes() {
     let mut keep = Vec::new();
-    for encrypt in [false, true] {
-        let (a, b, s, h, c) = keyed_pair(encrypt);
+    for cipher in MODES {
+        let (a, b, s, h, c) = keyed_pair(cipher);
         for _ in 0..50 {
             exchange(&c, s, 100).unwrap();
         }
@@ -268,8 +287,9 @@ fn keyed_hosts_keep_the_direct_path() {
     // host's keys now (one packet counter per host, shared with the
     // engine), in both modes.
     let mut keep = Vec::new();
-    for encrypt in [false, true] {
-        let (a, b, s, h, c) = keyed_pair(encrypt);
+    for cipher in MODES {
+        let encrypt = cipher.is_some();
+        let (a, b, s, h, c) = keyed_pair(cipher);
         let direct = || {
             b.net_counters()
                 .direct_sends
@@ -310,4 +330,25 @@ fn keyed_hosts_keep_the_direct_path() {
     assert!(a.stats().auth_rejects_of(Reject::BadTag) >= 1);
     drop(a);
     h.join().unwrap();
+}
+
+/// Hosts that encrypt with different ciphers cannot talk: each refuses
+/// the other's datagrams as forged (counted), and the Send fails.
+#[test]
+fn hosts_with_different_ciphers_refuse_each_other() {
+    let a = host_with(vec![key(1, 7)], None, Some(Cipher::Aes256Gcm), vec![]);
+    let b = host_with(
+        vec![key(1, 7)],
+        None,
+        Some(Cipher::ChaCha20Poly1305),
+        vec![a.local_addr()],
+    );
+    a.add_peer(b.local_addr());
+    let (s, _h) = a.spawn("srv", serve).unwrap();
+    let c = b.create_process().unwrap();
+    c.set_send_deadline(Some(Duration::from_millis(500)));
+    let mut m = Message::with_code(1);
+    assert!(c.send(&mut m, s).is_err(), "an exchange across ciphers");
+    let bad = a.stats().auth_rejects_of(Reject::BadTag);
+    assert!(bad > 0, "{:?}", a.stats().auth_rejects);
 }

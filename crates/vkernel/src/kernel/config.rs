@@ -76,8 +76,10 @@ pub struct KernelConfig {
     /// nothing captured before a restart is accepted after it (see
     /// `docs/SECURITY.md`).
     pub max_clock_skew: Duration,
-    /// Also encrypt message and data (ChaCha20-Poly1305).
+    /// Also encrypt message and data (with `cipher`).
     pub encrypt: bool,
+    /// The AEAD when encrypting; the same on every host of a cluster.
+    pub cipher: vkernel_proto::auth::Cipher,
     /// Record every datagram and exchange phase in this file (JSON lines;
     /// see `vkernel trace report`).
     pub trace: Option<std::path::PathBuf>,
@@ -135,6 +137,7 @@ impl Default for KernelConfig {
             send_key: None,
             max_clock_skew: Duration::from_secs(1),
             encrypt: false,
+            cipher: vkernel_proto::auth::Cipher::default(),
             trace: None,
             metrics: true,
             side_sockets: true,
@@ -240,6 +243,7 @@ fn auth_config(
         keys: cfg.keys.clone(),
         send_key,
         encrypt: cfg.encrypt,
+        cipher: cfg.cipher,
         // Above any counter this host id used before a restart, and the
         // base of the floor below which counters are refused.
         counter_start: now,

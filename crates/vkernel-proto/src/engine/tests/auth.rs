@@ -4,6 +4,7 @@ use super::*;
 
 fn keyed(id: u8, secret: u8, encrypt: bool) -> crate::auth::AuthConfig {
     crate::auth::AuthConfig {
+        cipher: crate::auth::Cipher::default(),
         keys: vec![crate::auth::Key {
             id,
             secret: [secret; 32],
