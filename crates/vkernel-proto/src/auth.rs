@@ -294,6 +294,9 @@ impl CounterCell for AtomicU64 {
 #[derive(Clone)]
 pub struct Sealer {
     cfg: Arc<AuthConfig>,
+    /// Each key's AEAD, keyed once (in AEAD mode): AES-256-GCM's key
+    /// schedule is not redone for every datagram.
+    aeads: Arc<Vec<(u8, LessSafeKey)>>,
     counter: Arc<dyn CounterCell>,
     /// Engine time at the start: the wall clock is
     /// `counter_start + (now - started)`.
@@ -318,8 +321,17 @@ impl Sealer {
     /// [`Sealer::lend`] gave them and the host's counter `cell`, at the
     /// program's clock time `now` (µs).
     pub fn lent(cfg: AuthConfig, cell: Arc<dyn CounterCell>, now: u64) -> Sealer {
+        let aeads = if cfg.encrypt {
+            cfg.keys
+                .iter()
+                .filter_map(|k| Some((k.id, aead(cfg.cipher, &k.secret)?)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Sealer {
             counter: cell,
+            aeads: Arc::new(aeads),
             floor: cfg.counter_start.saturating_sub(cfg.max_skew),
             cfg: Arc::new(cfg),
             started: now,
@@ -374,6 +386,11 @@ impl Sealer {
         self.cfg.keys.iter().find(|k| k.id == id)
     }
 
+    /// Key `id`'s AEAD (AEAD mode).
+    fn aead(&self, id: u8) -> Option<&LessSafeKey> {
+        self.aeads.iter().find(|(k, _)| *k == id).map(|(_, a)| a)
+    }
+
     /// Whether datagrams are encrypted, not only authenticated.
     pub fn encrypts(&self) -> bool {
         self.cfg.encrypt
@@ -400,7 +417,8 @@ impl Sealer {
             let body = &mut d[HEADER_BYTES..];
             // Encryption in place of a buffer this size cannot fail (the
             // limit is 2^38 bytes); on error send nothing useful.
-            let tag = aead(self.cfg.cipher, &key.secret)
+            let tag = self
+                .aead(key.id)
                 .and_then(|k| {
                     k.seal_in_place_separate_tag(nonce(&salt, &ctr), Aad::from(aad), body)
                         .ok()
@@ -446,7 +464,7 @@ impl Sealer {
             scratch.clear();
             scratch.extend_from_slice(&d[..n]);
             let tag = Tag::try_from(tag).map_err(|_| Reject::Truncated)?;
-            aead(self.cfg.cipher, &key.secret)
+            self.aead(key.id)
                 .ok_or(Reject::BadTag)?
                 .open_in_place_separate_tag(
                     nonce(salt, ctr),

@@ -104,8 +104,9 @@ pub(crate) struct MoveOp {
     /// MoveFrom: the chunk a tail-loss probe asked for again (the last
     /// one outstanding). When a copy of it arrives, every chunk still
     /// missing below it was lost (the owner sends in order) and is asked
-    /// for at once; until then nothing is resent, as the rest may only be
-    /// late (TCP's TLP with RACK).
+    /// for again after the reordering window (`gap_due`); until then
+    /// nothing is resent, as the rest may only be late (TCP's TLP with
+    /// RACK).
     tlp_probe: Option<usize>,
     /// MoveFrom: when the chunks still missing below `.1` (`max_seen`
     /// when the gap was seen) count as lost and are asked for again. A

@@ -294,14 +294,14 @@ impl Engine {
         // round trip after it left.
         o.served
             .retain(|&(_, _, _, t)| now.saturating_sub(t) < SERVED_FOR);
-        let recent: std::collections::HashSet<u32> = o
-            .served
-            .iter()
-            .filter(|&&(p, x, _, _)| p == h.src && x == bm.xfer)
-            .map(|&(_, _, i, _)| i)
-            .collect();
+        // (A short list: what left in the last 100 µs.)
+        let recent = |i: usize| {
+            o.served
+                .iter()
+                .any(|&(p, x, c, _)| c as usize == i && p == h.src && x == bm.xfer)
+        };
         let todo: Vec<usize> = (lo..hi)
-            .filter(|&i| !packed_get(pkt.data, i - lo) && !recent.contains(&(i as u32)))
+            .filter(|&i| !packed_get(pkt.data, i - lo) && !recent(i))
             .take(cap)
             .collect();
         if o.served.len() + todo.len() > MAX_SERVED {
