@@ -64,6 +64,30 @@ pub fn check_path(path: &[u8]) -> Result<(), Errno> {
 }
 
 /// The path as given to `openat2`: the empty path is the root itself.
+/// How often [`openat2_beneath`] tries again when the kernel could not
+/// be sure a `..` stayed beneath.
+const RACE_RETRIES: usize = 16;
+
+/// `openat2(2)` of `path` beneath `dir`. The kernel answers EAGAIN when a
+/// rename or mount anywhere on the system raced a `..` of the walk and it
+/// cannot tell whether the walk stayed beneath; openat2(2) says to try
+/// again, which is done here a bounded number of times (a client then
+/// sees EAGAIN only under a storm of renames).
+fn openat2_beneath(
+    dir: impl AsFd,
+    path: &[u8],
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, rustix::io::Errno> {
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(dir.as_fd(), path, flags, mode, RESOLVE) {
+            Err(rustix::io::Errno::AGAIN) if tries < RACE_RETRIES => tries += 1,
+            r => return r,
+        }
+    }
+}
+
 fn rel(path: &[u8]) -> &[u8] {
     if path.is_empty() {
         b"."
@@ -200,7 +224,7 @@ impl Root {
             OFlags::CLOEXEC | OFlags::NOCTTY
         };
         let (dir, rest) = long::walk(self.fd.as_fd(), path)?;
-        rustix::fs::openat2(dir, rel(rest), flags | extra, mode, RESOLVE).map_err(err)
+        openat2_beneath(dir, rel(rest), flags | extra, mode).map_err(err)
     }
 
     /// The parent directory of `path` (resolved beneath the root) and the
@@ -615,6 +639,43 @@ fn chmod_opath(fd: &impl AsFd, mode: Mode) -> Result<(), Errno> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `..` resolved while renames happen elsewhere on the system (a
+    /// busy server's other clients) is retried, never refused: openat2
+    /// answers EAGAIN when a rename raced the walk.
+    #[test]
+    fn dot_dot_survives_renames_elsewhere() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("f"), b"x").unwrap();
+        let r = Root::open(&root).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let (x, y) = (other.path().join("x"), other.path().join("y"));
+        std::fs::write(&x, b"").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                for i in 0..200_000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let (a, b) = if i % 2 == 0 { (&x, &y) } else { (&y, &x) };
+                    let _ = std::fs::rename(a, b);
+                }
+            })
+        };
+        let mut refused = 0;
+        for _ in 0..20_000 {
+            if r.resolve(b"a/b/../../f", OFlags::PATH).is_err() {
+                refused += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        renamer.join().unwrap();
+        assert_eq!(refused, 0, "of 20,000 resolutions during renames");
+    }
 
     #[test]
     fn lexical_checks() {

@@ -26,7 +26,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{Mode, OFlags};
 
-use super::{err, RESOLVE};
+use super::err;
 use crate::vio::{Errno, MAX_REQUEST_PATH};
 
 /// Longest path one `openat2` takes: `PATH_MAX` counts the final NUL.
@@ -60,7 +60,7 @@ pub(super) fn walk<'r, 'p>(
     while rest.len() > STEP {
         let (piece, tail) = cut(rest)?;
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat2(&dir, piece, flags, Mode::empty(), RESOLVE).map_err(err)?;
+        let fd = super::openat2_beneath(&dir, piece, flags, Mode::empty()).map_err(err)?;
         dir = Dir::Step(fd);
         rest = tail;
     }
