@@ -53,7 +53,7 @@ if ! p run --rm $lim --network none "$tag" --version >/dev/null 2>&1; then
   runtime=runc
   p run --rm $lim --network none "$tag" --version >/dev/null || fail "the image does not run with crun or runc"
 fi
-echo "container runtime: ${runtime:-podman's default}"
+echo "container runtime: ${runtime:-the default of podman}"
 p network create --subnet 198.51.100.0/24 "$net" >/dev/null
 # The host runs as uid 10001 and makes its socket in the shared volume.
 chown 10001:10001 "$sock"

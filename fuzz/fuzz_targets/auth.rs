@@ -1,13 +1,13 @@
 //! Authenticated datagrams: arbitrary bytes, and genuine sealed datagrams
-//! with fuzzed mutations, fed to a keyed engine (MAC and AEAD modes). It
-//! never panics, and nothing unauthentic reaches the protocol.
+//! with fuzzed mutations, fed to a keyed engine (MAC, and AEAD with either
+//! cipher). It never panics, and nothing unauthentic reaches the protocol.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vkernel_proto::auth::{AuthConfig, Key};
+use vkernel_proto::auth::{AuthConfig, Cipher, Key};
 use vkernel_proto::{Config, Engine, HostId, Message};
 
-fn keyed(host: u16, encrypt: bool) -> Engine {
+fn keyed(host: u16, encrypt: bool, cipher: Cipher) -> Engine {
     let cfg = Config {
         host_id: Some(HostId(host)),
         discovery: vec![([127, 0, 0, 1], 4000 + host).into()],
@@ -18,6 +18,7 @@ fn keyed(host: u16, encrypt: bool) -> Engine {
             }],
             send_key: 1,
             encrypt,
+            cipher,
             counter_start: 1 << 40,
             max_skew: 1_000_000,
             salt: host as u32,
@@ -35,8 +36,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let encrypt = mode & 1 == 1;
-    let mut a = keyed(1, encrypt);
-    let mut b = keyed(2, encrypt);
+    let cipher = if mode & 2 == 2 {
+        Cipher::Aes256Gcm
+    } else {
+        Cipher::ChaCha20Poly1305
+    };
+    let mut a = keyed(1, encrypt, cipher);
+    let mut b = keyed(2, encrypt, cipher);
     // A genuine sealed request from b to a process of a.
     let s = a.create_process().expect("process");
     let c = b.create_process().expect("process");
