@@ -343,3 +343,36 @@ fn a_lock_through_a_read_only_open_goes_with_its_close() {
         "the lock outlived its close: {out}"
     );
 }
+
+/// A mount that unmounts tells the server (UNWATCH), so the changes the
+/// other mount makes afterwards do not wait on the gone mount's callback.
+/// Before UNWATCH, the first change after an unmount took the server's
+/// 2 s callback deadline.
+#[test]
+fn an_unmounted_mount_is_no_longer_told_of_changes() {
+    if fuse_available().is_none() {
+        return;
+    }
+    let (_work, dirs) = scratch_with("unwatch", &["export", "a", "b"]);
+    let [root, a, b] = &dirs[..] else {
+        unreachable!()
+    };
+    let (mut ma, _mb) = two_mounts(root, a, b);
+    // A holds B's file's attributes, so B's writes would be reported to it.
+    std::fs::write(b.join("f"), "x").unwrap();
+    assert_eq!(std::fs::read(a.join("f")).unwrap(), b"x");
+    ma.unmount();
+    for i in 0..5 {
+        let t = std::time::Instant::now();
+        std::fs::write(b.join(format!("g{i}")), "y").unwrap();
+        std::fs::write(b.join("f"), format!("{i}")).unwrap();
+        std::fs::remove_file(b.join(format!("g{i}"))).unwrap();
+        fsync_dir(b);
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "change {i} through B took {took:?}: the server still waited on the unmounted A"
+        );
+    }
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"4");
+}

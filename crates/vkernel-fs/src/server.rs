@@ -763,6 +763,7 @@ impl Req<'_> {
                 members,
                 flags,
             } => self.watch(input, callback, members, flags),
+            Request::Unwatch { callback } => self.unwatch(callback),
             Request::Statfs => self.statfs(),
             // Handled before the input is gathered.
             Request::Read { .. } | Request::Write { .. } | Request::Lock { .. } => {

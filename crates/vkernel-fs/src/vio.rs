@@ -221,6 +221,13 @@ pub const LSEEK: u32 = 0x56_0021;
 /// done. Reply: w1 removals done; the status of the one that failed (the
 /// rest are not tried).
 pub const REMOVEV: u32 = 0x56_0022;
+/// Request: stop telling me of changes (a client that unmounts). w1 the
+/// callback pid its [`WATCH`] named; the request must come from one of
+/// that WATCH's members. Reply: OK, also when no such client watches
+/// (already dropped, or the server restarted), so it is safe to repeat.
+/// Older servers answer ENOSYS; they keep Sending until the callback
+/// cannot be reached.
+pub const UNWATCH: u32 = 0x56_0023;
 /// [`REMOVEV`] kind: UNLINK.
 pub const REMOVE_UNLINK: u32 = 0;
 /// [`REMOVEV`] kind: RMDIR.

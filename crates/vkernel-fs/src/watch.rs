@@ -116,6 +116,17 @@ impl Watchers {
         Ok(())
     }
 
+    /// Forgets the client whose callback is `callback`, if `from` is one
+    /// of its members (no other process may end a client's watch); true
+    /// if it watched.
+    pub(crate) fn remove(&self, callback: Pid, from: Pid) -> bool {
+        let mut l = self.list();
+        let before = l.len();
+        l.retain(|w| w.callback != callback || !w.members.contains(&from));
+        self.count.store(l.len(), Ordering::Release);
+        l.len() < before
+    }
+
     /// The server answered `from` the attributes of file `id`: its
     /// client may cache them from now on.
     pub(crate) fn saw(&self, from: Pid, id: (u32, u64)) {
@@ -260,6 +271,11 @@ mod tests {
         // A process of no watcher: nothing remembered.
         w.saw(Pid(99), (1, 8));
         assert!(w.list().iter().all(|x| !x.interest.contains(&(1, 8))));
+        // Only a member of the client ends its watch, and only once.
+        assert!(!w.remove(Pid(11), Pid(3)));
+        assert!(w.remove(Pid(11), Pid(4)));
+        assert!(!w.remove(Pid(11), Pid(4)));
+        assert_eq!(w.len(), 1);
         assert_eq!(
             members(&[0, 0, 0, 7, 0, 1, 0, 2]),
             vec![Pid(7), Pid(0x10002)]

@@ -33,6 +33,29 @@ impl Client {
         }
     }
 
+    /// Asks the server to tell this client nothing more (UNWATCH), as
+    /// a mount does when it unmounts, so the server's later changes do not
+    /// wait on a callback process that is gone. `Ok(false)` if this client
+    /// does not watch, or its server does not know UNWATCH.
+    pub fn unwatch(&self) -> Result<bool, ClientError> {
+        let Some(cb) = *lock(&self.callback) else {
+            return Ok(false);
+        };
+        let p = self.pool.take();
+        let mut m = Request::Unwatch { callback: cb.0 }.encode();
+        let r = p.send(&mut m, self.server());
+        self.pool.give(p);
+        r?;
+        match vio::status(&m) {
+            Errno::OK => {
+                *lock(&self.callback) = None;
+                Ok(true)
+            }
+            Errno::ENOSYS => Ok(false),
+            e => Err(ClientError::Server(e)),
+        }
+    }
+
     pub(super) fn send_watch(&self, p: &Process, server: Pid, cb: Pid) -> Result<(), ClientError> {
         let members: Vec<u8> = self
             .members

@@ -25,6 +25,13 @@ impl Filesystem for VioFs {
         // Send the removals answered early, and close what is queued,
         // before the session ends.
         self.finish_deferred();
+        // The server stops Sending this mount invalidations: once its
+        // process is gone, each would wait out the callback deadline.
+        if self.watched {
+            if let Err(e) = self.client.unwatch() {
+                tracing::debug!("UNWATCH at unmount: {e}");
+            }
+        }
         lock_or_recover(&self.closer).take();
         lock_or_recover(&self.shared.drops).take();
         if let Some(t) = lock_or_recover(&self.closer_thread).take() {

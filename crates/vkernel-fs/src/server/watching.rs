@@ -30,6 +30,20 @@ impl Req<'_> {
         Ok(Answer::Words(vec![]))
     }
 
+    /// UNWATCH: the client whose callback is `callback` (and which
+    /// sends from this request's process) is told nothing more.
+    pub(super) fn unwatch(&self, callback: u32) -> Result<Answer, Errno> {
+        let sh = self.sh;
+        if sh.watchers.remove(Pid(callback), self.r.from) {
+            tracing::info!(
+                "file server: a client (callback {}) unmounted; {} mounts watch",
+                Pid(callback),
+                sh.watchers.len()
+            );
+        }
+        Ok(Answer::Words(vec![]))
+    }
+
     /// Tells watching clients what a successful request changed, before
     /// its client gets the reply.
     pub(super) fn report(&self, req: &Request, input: &[u8], r: &Result<Answer, Errno>) {

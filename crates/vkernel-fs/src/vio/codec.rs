@@ -155,6 +155,10 @@ impl Request {
                 (w[1], w[2], w[3]) = (callback, members, flags);
                 WATCH
             }
+            Request::Unwatch { callback } => {
+                w[1] = callback;
+                UNWATCH
+            }
             Request::Readdirplus { handle, index } => {
                 (w[1], w[2]) = (handle, index);
                 READDIRPLUS
@@ -374,6 +378,7 @@ impl Request {
                     flags: w[3] & WATCH_RENAMES,
                 }
             }
+            UNWATCH => Request::Unwatch { callback: w[1] },
             READDIRPLUS => Request::Readdirplus {
                 handle: w[1],
                 index: w[2],

@@ -187,6 +187,11 @@ pub enum Request {
         /// [`WATCH_RENAMES`] or 0.
         flags: u32,
     },
+    /// [`UNWATCH`].
+    Unwatch {
+        /// The callback process its WATCH named.
+        callback: u32,
+    },
     /// [`FALLOCATE`].
     Fallocate {
         /// File handle.
@@ -305,6 +310,7 @@ impl Request {
             | Request::Readlink { .. }
             | Request::Statfs
             | Request::Watch { .. }
+            | Request::Unwatch { .. }
             | Request::Closev { .. }
             | Request::Lock { .. }
             | Request::Getxattr { .. }

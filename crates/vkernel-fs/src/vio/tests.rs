@@ -25,6 +25,9 @@ fn all_requests() -> Vec<Request> {
             members: 3,
             flags: WATCH_RENAMES,
         },
+        Request::Unwatch {
+            callback: 0x0001_0002,
+        },
         Request::Readdirplus {
             handle: 5,
             index: 9,
