@@ -490,7 +490,7 @@ impl Handler for Shared {
 
     /// Requests that take a few system calls on the exported tree (no
     /// data moved, no fsync, no wait for a lock, no Send to a watching
-    /// client) run on the dispatcher: a hand-off to a worker costs a
+    /// client) and LOCK run on the dispatcher: a hand-off to a worker costs a
     /// thread wake-up, often more than the request itself.
     fn runs_inline(&self, r: &PoolRequest<'_>) -> bool {
         let Ok(req) = Request::decode(&r.message) else {
@@ -508,7 +508,10 @@ impl Handler for Shared {
             | Request::Readdir { .. }
             | Request::Readdirplus { .. }
             | Request::Close { .. }
-            | Request::Closev { .. } => true,
+            | Request::Closev { .. }
+            // A lock is a table change under a mutex; a wait for one is
+            // forwarded to the lock-waiting process at once.
+            | Request::Lock { .. } => true,
             Request::Open { flags, .. } => {
                 flags & (libc::O_CREAT | libc::O_TRUNC) as u32 == 0 || quiet()
             }
