@@ -39,6 +39,7 @@ mod kernel_ops;
 mod loading;
 mod metadata;
 pub mod mode;
+pub mod mtu;
 pub mod out;
 mod overhead;
 pub mod paper;

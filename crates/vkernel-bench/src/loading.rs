@@ -219,6 +219,8 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             "×",
         ));
     }
+    let (mtu_units, mtu_goals) = crate::mtu::rows(c.quick, c.pl);
+    goals.extend(mtu_goals);
     let (bulk, bulk_goals, bulk_chart) = transfers::rows(c)?;
     goals.extend(bulk_goals);
     let bars: Vec<(String, f64)> = rows
@@ -237,6 +239,7 @@ pub(crate) fn loading(c: &mut Ctx) -> Result<Outcome, String> {
             },
             units_without_write_behind_mbps: no_wb,
             units_shared_mbps: shared_units,
+            mtu_units,
             bulk,
         }),
         goals,

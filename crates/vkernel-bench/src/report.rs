@@ -215,6 +215,10 @@ pub struct Loading {
     /// The largest image in 64 KiB units from a buffer the server shares
     /// (`Process::move_to_shared`: write-behind without a copy), MB/s.
     pub units_shared_mbps: f64,
+    /// 64 KiB units against one MoveTo across a veth pair of real MTUs
+    /// (1,500 and 9,000) between two network namespaces; empty where
+    /// namespaces cannot be made.
+    pub mtu_units: Vec<crate::mtu::MtuUnits>,
     /// Cost against bytes, loss, segmentation offload.
     pub bulk: BulkRows,
 }

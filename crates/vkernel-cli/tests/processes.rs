@@ -377,6 +377,20 @@ fn demo_and_bench_run_and_report() {
         "{s}"
     );
     assert!(pos(&s["section5"]["units_shared_mbps"]), "{s}");
+    // The units across a veth pair of MTU 1,500 and 9,000 (network
+    // namespaces: root and iproute2, which CI has).
+    let mtu = s["section5"]["mtu_units"].as_array().expect("mtu_units");
+    if std::env::var("VKERNEL_REQUIRE_NETNS").as_deref() == Ok("1") {
+        let mtus: Vec<_> = mtu.iter().map(|r| r["mtu"].as_u64()).collect();
+        assert_eq!(mtus, [Some(1500), Some(9000)], "{mtu:?}");
+    }
+    for r in mtu {
+        assert!(
+            pos(&r["one_mbps"]) && pos(&r["units_mbps"]) && pos(&r["shared_units_mbps"]),
+            "{r}"
+        );
+        assert_eq!(r["datagram"].as_u64(), r["mtu"].as_u64().map(|m| m - 28));
+    }
     // Section 5's bulk rows: cost by size, clean and lossy pairs, and
     // 1,472-byte datagrams with and without segmentation offload.
     let b = &s["section5"]["bulk"];
