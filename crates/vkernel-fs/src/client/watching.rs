@@ -5,6 +5,9 @@ use vkernel::{IpcError, Kernel, Message, Pid, Process, Segment};
 use super::{lock, Client, ClientError};
 use crate::vio::{self, Errno, Request};
 
+/// How long an UNWATCH waits for its answer.
+const UNWATCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Client {
     /// Asks the server to tell this client of changes other clients make
     /// (WATCH): `sink` is called with each [`vio::Invalidation`] and its
@@ -36,14 +39,16 @@ impl Client {
     /// Asks the server to tell this client nothing more (UNWATCH), as
     /// a mount does when it unmounts, so the server's later changes do not
     /// wait on a callback process that is gone. `Ok(false)` if this client
-    /// does not watch, or its server does not know UNWATCH.
+    /// does not watch, or its server does not know UNWATCH; a server that
+    /// does not answer within 1 s is an error.
     pub fn unwatch(&self) -> Result<bool, ClientError> {
         let Some(cb) = *lock(&self.callback) else {
             return Ok(false);
         };
         let p = self.pool.take();
         let mut m = Request::Unwatch { callback: cb.0 }.encode();
-        let r = p.send(&mut m, self.server());
+        // An unmount waits at most this long for a server that is gone.
+        let r = p.send_within(&mut m, self.server(), Some(UNWATCH_DEADLINE));
         self.pool.give(p);
         r?;
         match vio::status(&m) {
