@@ -59,7 +59,8 @@ impl Drop for Sshfs {
     }
 }
 
-fn run_quiet(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` with no input; its first line of stderr as the error.
+pub(crate) fn run_quiet(cmd: &mut Command) -> Result<(), String> {
     let name = cmd.get_program().to_string_lossy().into_owned();
     let o = cmd
         .stdin(Stdio::null())

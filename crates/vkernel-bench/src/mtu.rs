@@ -27,20 +27,8 @@ struct NsPair {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    crate::files::run_quiet(Command::new("ip").args(args))
+        .map_err(|e| format!("{e} (ip {})", args.join(" ")))
 }
 
 /// Addresses of the two ends (TEST-NET-1, inside the namespaces only).
